@@ -1,0 +1,40 @@
+"""spot-jax: soft prompts (Prompt Tuning, SPoT, SMoP, Residual) for frozen T5 in JAX/Flax."""
+import setuptools
+
+setuptools.setup(
+    name="spot-jax",
+    version="0.1.0",
+    description="Soft-prompt adaptation of frozen T5 models in JAX/Flax: Prompt Tuning, SPoT, SMoP, Residual Prompt Tuning.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["spot_jax", "spot_jax.*", "tasks", "tasks.*"]),
+    package_data={"": ["*.gin"]},
+    install_requires=[
+        "jax>=0.6,<0.11",
+        "flax>=0.10,<0.13",
+        "optax>=0.2.4,<0.3",
+        "orbax-checkpoint>=0.11,<0.13",
+        "tensorstore>=0.1.70",
+        "gin-config>=0.5.0",
+        "seqio>=0.0.19",
+        "tensorflow-datasets>=4.9.6",
+        "importlib_resources",
+        "sentencepiece>=0.2",
+        "safetensors>=0.4",
+        "msgpack>=1.0",
+        "numpy>=1.26",
+        "scipy>=1.11",
+        "scikit-learn>=1.3",
+        "tensorboard>=2.15",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "torch==2.13.0",
+            "transformers>=4.45,<6",
+        ],
+        "hf": ["datasets>=2.18"],
+    },
+)
