@@ -1,0 +1,3 @@
+"""Frozen T5 backbone: configuration, Flax network, checkpoints and generation."""
+from spot_jax.t5.config import CONFIGS, T5Config, config_by_name
+from spot_jax.t5.network import Transformer

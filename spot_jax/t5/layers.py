@@ -1,0 +1,261 @@
+"""T5 building blocks in Flax linen, with t5x's parameter names and logical axes.
+
+Every parameter is created float32 with logical axis names (`nn.with_logical_partitioning`);
+activations are cast to `dtype`. Parameter shapes match t5x checkpoints exactly: attention
+kernels are stored 2-D ([embed, joined_kv] and [joined_kv, embed]) and reshaped at use.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+Initializer = Callable[..., Array]
+
+NEG_INF = -1e10
+
+
+def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int],
+           axes: tuple[Optional[str], ...]) -> Array:
+  """A float32 parameter carrying logical axis names."""
+  return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape), jnp.float32)
+
+
+def constrain(x: Array, axes: tuple[Optional[str], ...]) -> Array:
+  """Logical sharding constraint on a large activation (a no-op outside a mesh/rules context)."""
+  return nn.with_logical_constraint(x, axes)
+
+
+class RMSNorm(nn.Module):
+  """T5's layer norm: no mean subtraction, no bias, computed in float32.
+
+  Attributes:
+    epsilon: added to the mean square.
+    dtype: output dtype.
+  """
+  epsilon: float = 1e-6
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """[..., E] -> [..., E]."""
+    x = x.astype(jnp.float32)
+    scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",))
+    var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    y = x * jax.lax.rsqrt(var + self.epsilon)
+    return (y * scale).astype(self.dtype)
+
+
+class Embed(nn.Module):
+  """Token embedding table [V, E], also usable as a tied output projection.
+
+  Attributes:
+    num_embeddings: V.
+    features: E.
+    dtype: activation dtype.
+  """
+  num_embeddings: int
+  features: int
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.embedding = _param(self, "embedding", nn.initializers.normal(stddev=1.0),
+                            (self.num_embeddings, self.features), ("vocab", "embed"))
+
+  def __call__(self, tokens: Array) -> Array:
+    """[B, T] int -> [B, T, E]."""
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise ValueError(f"token ids must be integers, got dtype {tokens.dtype}")
+    out = jnp.take(jnp.asarray(self.embedding, self.dtype), tokens, axis=0)
+    return constrain(out, ("batch", "length", "embed"))
+
+  def attend(self, query: Array) -> Array:
+    """[B, T, E] -> [B, T, V] logits against the table."""
+    return jnp.einsum("bte,ve->btv", query, jnp.asarray(self.embedding, self.dtype))
+
+  def table(self) -> Array:
+    """The raw [V, E] float32 table (for prompt initialisers)."""
+    return self.embedding
+
+
+class Dense(nn.Module):
+  """A bias-free projection whose kernel is stored 2-D, as in t5x checkpoints.
+
+  Attributes:
+    features: output shape after the last input axis (e.g. (H, D) for attention).
+    kernel_axes: logical names of the stored 2-D kernel [in, prod(features)].
+    kernel_init: initialiser of the stored kernel.
+    dtype: activation dtype.
+  """
+  features: tuple[int, ...]
+  kernel_axes: tuple[str, str]
+  kernel_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+  dtype: jnp.dtype = jnp.float32
+  in_axes: int = 1
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """[..., *in] -> [..., *features] where `in` spans the last `in_axes` axes."""
+    in_shape = x.shape[-self.in_axes:]
+    n_in, n_out = int(np.prod(in_shape)), int(np.prod(self.features))
+    kernel = _param(self, "kernel", self.kernel_init, (n_in, n_out), self.kernel_axes)
+    kernel = jnp.asarray(kernel, self.dtype)
+    x = jnp.asarray(x, self.dtype).reshape(x.shape[:-self.in_axes] + (n_in,))
+    y = jnp.dot(x, kernel)
+    return y.reshape(x.shape[:-1] + tuple(self.features))
+
+
+_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "gelu": functools.partial(nn.gelu, approximate=True),
+    "gelu_exact": functools.partial(nn.gelu, approximate=False),
+    "relu": nn.relu,
+    "silu": nn.silu,
+    "linear": lambda x: x,
+}
+
+
+class MlpBlock(nn.Module):
+  """Feed-forward block: product of activated input projections, then `wo`.
+
+  Attributes:
+    mlp_dim: hidden width.
+    activations: one name per input projection; one projection is named `wi`, several
+      `wi_0`, `wi_1`, ... (t5x's convention).
+    dropout_rate: dropout on the hidden activations.
+    dtype: activation dtype.
+  """
+  mlp_dim: int
+  activations: tuple[str, ...] = ("relu",)
+  dropout_rate: float = 0.1
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    """[B, T, E] -> [B, T, E]."""
+    init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+    hidden = None
+    for i, act in enumerate(self.activations):
+      name = "wi" if len(self.activations) == 1 else f"wi_{i}"
+      h = _ACTIVATIONS[act](Dense((self.mlp_dim,), ("embed", "mlp"), init, self.dtype, name=name)(x))
+      hidden = h if hidden is None else hidden * h
+    hidden = constrain(hidden, ("batch", "length", "mlp"))
+    hidden = nn.Dropout(self.dropout_rate)(hidden, deterministic=deterministic)
+    out = Dense((x.shape[-1],), ("mlp", "embed"), init, self.dtype, name="wo")(hidden)
+    return constrain(out, ("batch", "length", "embed"))
+
+
+def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> np.ndarray:
+  """T5's bucketing of (memory - query) positions; static, computed with numpy."""
+  ret = np.zeros_like(relative_position, dtype=np.int32)
+  n = -relative_position
+  if bidirectional:
+    num_buckets //= 2
+    ret += (n < 0).astype(np.int32) * num_buckets
+    n = np.abs(n)
+  else:
+    n = np.maximum(n, 0)
+  max_exact = num_buckets // 2
+  is_small = n < max_exact
+  safe_n = np.maximum(n, 1).astype(np.float32)
+  large = max_exact + (np.log(safe_n / max_exact + np.finfo(np.float32).eps)
+                       / np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(np.int32)
+  large = np.minimum(large, num_buckets - 1)
+  return ret + np.where(is_small, n, large).astype(np.int32)
+
+
+class RelativePositionBiases(nn.Module):
+  """Learned per-head biases of bucketed relative positions, shared by a stack's layers.
+
+  Attributes:
+    num_buckets: buckets.
+    max_distance: largest distinguished distance.
+    num_heads: H.
+    dtype: output dtype.
+  """
+  num_buckets: int
+  max_distance: int
+  num_heads: int
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, qlen: int, klen: int, bidirectional: bool) -> Array:
+    """-> [1, H, qlen, klen] additive attention bias."""
+    rel = np.arange(klen)[None, :] - np.arange(qlen)[:, None]
+    buckets = relative_position_bucket(rel, bidirectional, self.num_buckets, self.max_distance)
+    table = _param(self, "rel_embedding", nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+                   (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
+    bias = jnp.take(table, jnp.asarray(buckets), axis=1)  # [H, q, k]
+    return bias[None].astype(self.dtype)
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """T5 attention: no 1/sqrt(D) at run time (it is folded into the query initialiser).
+
+  With `decode=True` keys and values are appended to a cache ([B, L, H, D] in the "cache"
+  collection) one position per call, as in t5x's incremental decoding.
+
+  Attributes:
+    num_heads: H.
+    head_dim: D.
+    dropout_rate: dropout on the attention weights.
+    float32_logits: compute logits and softmax in float32.
+    dtype: activation dtype.
+  """
+  num_heads: int
+  head_dim: int
+  dropout_rate: float = 0.0
+  float32_logits: bool = True
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array],
+               bias: Optional[Array], *, deterministic: bool, decode: bool = False) -> Array:
+    """inputs [B, Q, E], [B, K, E]; mask [B, 1, Q, K] bool; bias [1, H, Q, K] -> [B, Q, E]."""
+    heads, depth = self.num_heads, self.head_dim
+    fan_in = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+    query_init = lambda key, shape, dtype: fan_in(key, shape, dtype) / np.sqrt(depth)
+    proj = functools.partial(Dense, (heads, depth), ("embed", "joined_kv"), dtype=self.dtype)
+    query = proj(kernel_init=query_init, name="query")(inputs_q)
+    key = proj(kernel_init=fan_in, name="key")(inputs_kv)
+    value = proj(kernel_init=fan_in, name="value")(inputs_kv)
+    query = constrain(query, ("batch", "length", "heads", "kv"))
+    key = constrain(key, ("batch", "length", "heads", "kv"))
+    value = constrain(value, ("batch", "length", "heads", "kv"))
+
+    if decode:
+      initialized = self.has_variable("cache", "cached_key")
+      cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+      cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+      cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+      if initialized:
+        batch, length = cached_key.value.shape[:2]
+        if query.shape[1] != 1:
+          raise ValueError(f"incremental decoding takes one position per call, got {query.shape[1]}")
+        idx = cache_index.value
+        key = jax.lax.dynamic_update_slice(cached_key.value, key, (0, idx, 0, 0))
+        value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, idx, 0, 0))
+        cached_key.value, cached_value.value = key, value
+        cache_index.value = idx + 1
+        visible = (jnp.arange(length) <= idx)[None, None, None, :]
+        mask = visible if mask is None else jnp.logical_and(mask, visible)
+        if bias is not None:
+          bias = jax.lax.dynamic_slice_in_dim(bias, idx, 1, axis=2)
+
+    logits_dtype = jnp.float32 if self.float32_logits else self.dtype
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(logits_dtype), key.astype(logits_dtype))
+    if bias is not None:
+      logits = logits + bias.astype(logits_dtype)
+    if mask is not None:
+      logits = jnp.where(mask, logits, jnp.asarray(NEG_INF, logits_dtype))
+    weights = jax.nn.softmax(logits).astype(self.dtype)
+    weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+    out = Dense((inputs_q.shape[-1],), ("joined_kv", "embed"), fan_in, self.dtype,
+                in_axes=2, name="out")(out)
+    return constrain(out, ("batch", "length", "embed"))
