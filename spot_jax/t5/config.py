@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Sequence
+from typing import Optional, Sequence
 
 import jax.numpy as jnp
 
@@ -124,21 +124,33 @@ def _build_registry() -> dict[str, T5Config]:
                                 relative_attention_num_buckets=8,
                                 relative_attention_max_distance=16, **_T5_1_1)
   reg["t5_test"] = reg["t5_1_1_test"].replace(**_T5)
+  # Byte-vocabulary smoke models (seqio.ByteVocabulary has 259 ids; the table is padded to 384).
+  reg["t5_1_1_byte_tiny"] = T5Config(vocab_size=384, emb_dim=64, num_heads=4, head_dim=16, mlp_dim=128,
+                                     num_encoder_layers=2, num_decoder_layers=2, **_T5_1_1)
+  reg["t5_byte_tiny"] = reg["t5_1_1_byte_tiny"].replace(**_T5)
   return reg
 
 
 CONFIGS: dict[str, T5Config] = _build_registry()
 
 
-def config_by_name(name: str) -> T5Config:
+def config_by_name(name: str, *, dtype: Optional[str] = None,
+                   dropout_rate: Optional[float] = None) -> T5Config:
   """The named configuration, e.g. "t5_1_1_lm100k_base", "t5_large", "t5_1_1_tiny".
+
+  Args:
+    name: a key of `CONFIGS`.
+    dtype: override the activation dtype ("float32", "bfloat16").
+    dropout_rate: override the dropout rate.
 
   Raises:
     ValueError: for an unknown name, listing close matches and every valid name.
   """
   try:
-    return CONFIGS[name]
+    config = CONFIGS[name]
   except KeyError:
     close = difflib.get_close_matches(name, CONFIGS, n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise ValueError(f"unknown T5 config {name!r}{hint}; valid names: {', '.join(sorted(CONFIGS))}") from None
+  changes = {k: v for k, v in (("dtype", dtype), ("dropout_rate", dropout_rate)) if v is not None}
+  return config.replace(**changes) if changes else config

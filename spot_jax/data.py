@@ -1,0 +1,159 @@
+"""Input pipeline: seqio tasks -> unpacked, padded, deterministic, resumable training batches.
+
+A batch holds t5x's encoder-decoder features (int32 numpy, [B, T] / [B, S]):
+encoder_input_tokens, decoder_input_tokens (targets shifted right, 0 first),
+decoder_target_tokens, decoder_loss_weights; plus two [B] bool flags,
+inputs_truncated / targets_truncated, so the trainer can count and warn about truncation.
+
+Resuming: the stream is a pure function of (task, seed, host shard) and is positioned by the
+number of batches already consumed (`start_position`), which the training state records.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+from typing import Iterator, Mapping, Optional
+
+import numpy as np
+
+from spot_jax.errors import ConfigError
+
+MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
+                  "decoder_loss_weights")
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetConfig:
+  """What to read and how (names follow t5x's `utils.DatasetConfig`).
+
+  Attributes:
+    mixture_or_task_name: a registered seqio task or mixture.
+    task_feature_lengths: {"inputs": T, "targets": S} in tokens, EOS included, prompt excluded.
+    split: dataset split.
+    batch_size: global batch size (all hosts together).
+    shuffle: shuffle the examples (deterministically, from `seed`).
+    seed: shuffling/sampling seed.
+    use_cached: read seqio's offline cache.
+    pack: must be False: soft prompts and packing do not mix.
+    module: python module(s) to import first so the task is registered, e.g. "tasks"; several
+      may be given separated by commas.
+  """
+  mixture_or_task_name: str
+  task_feature_lengths: Mapping[str, int]
+  split: str = "train"
+  batch_size: int = 32
+  shuffle: bool = True
+  seed: Optional[int] = 0
+  use_cached: bool = False
+  pack: bool = False
+  module: Optional[str] = None
+
+
+def import_modules(module: Optional[str]) -> None:
+  """Imports the comma-separated task modules (MIXTURE_OR_TASK_MODULE)."""
+  for name in (m.strip() for m in (module or "").split(",")):
+    if not name:
+      continue
+    try:
+      importlib.import_module(name)
+    except ModuleNotFoundError as e:
+      raise ConfigError(f"MIXTURE_OR_TASK_MODULE {name!r} cannot be imported ({e}); give an "
+                        f"importable python module that registers seqio tasks, e.g. 'tasks'") from None
+
+
+def get_mixture_or_task(name: str):
+  """The seqio task or mixture `name`; unknown names list close registered names."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  try:
+    return seqio.get_mixture_or_task(name)
+  except ValueError:
+    names = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else (
+        f"; {len(names)} are registered (set MIXTURE_OR_TASK_MODULE to the module that "
+        f"registers yours, e.g. 'tasks'; `python -m tasks list` shows them)")
+    raise ConfigError(f"unknown seqio task or mixture {name!r}{hint}") from None
+
+
+def validate(cfg: DatasetConfig, prompt_length: int = 0) -> None:
+  """Checks a dataset config against the model before any data is read."""
+  if cfg.pack:
+    raise ConfigError("packed examples are not supported: soft prompts attach to one example per "
+                      "row, so set pack=False in the DatasetConfig")
+  lengths = dict(cfg.task_feature_lengths or {})
+  for key in ("inputs", "targets"):
+    value = lengths.get(key)
+    if not isinstance(value, int) or value <= 0:
+      raise ConfigError(f"TASK_FEATURE_LENGTHS[{key!r}] must be a positive integer, got {value!r} "
+                        f"(e.g. TASK_FEATURE_LENGTHS={{'inputs': 512, 'targets': 16}})")
+  if lengths["inputs"] < prompt_length:
+    raise ConfigError(f"TASK_FEATURE_LENGTHS['inputs']={lengths['inputs']} is shorter than the "
+                      f"prompt ({prompt_length} tokens); the input length counts real tokens only "
+                      f"and must be at least the prompt length")
+  if cfg.batch_size <= 0:
+    raise ConfigError(f"BATCH_SIZE must be a positive integer, got {cfg.batch_size}")
+
+
+def _trim(tf, tokens, length: int, eos_id: Optional[int]):
+  """Trims to `length` (keeping a final EOS when the feature has one); returns (tokens, flag)."""
+  n = tf.shape(tokens)[0]
+  truncated = n > length
+  if eos_id is None:
+    return tokens[:length], truncated
+  trimmed = tf.concat([tokens[:length - 1], tf.constant([eos_id], tokens.dtype)], axis=0)
+  return tf.cond(truncated, lambda: trimmed, lambda: tokens), truncated
+
+
+def _pad(tf, tokens, length: int):
+  tokens = tf.cast(tokens, tf.int32)
+  return tf.pad(tokens, [[0, length - tf.shape(tokens)[0]]])
+
+
+def _to_model_features(tf, ex, input_length: int, target_length: int, eos: dict):
+  inputs, in_trunc = _trim(tf, ex["inputs"], input_length, eos.get("inputs"))
+  targets, tgt_trunc = _trim(tf, ex["targets"], target_length, eos.get("targets"))
+  targets = _pad(tf, targets, target_length)
+  return {
+      "encoder_input_tokens": _pad(tf, inputs, input_length),
+      "decoder_target_tokens": targets,
+      "decoder_input_tokens": tf.concat([tf.zeros([1], tf.int32), targets[:-1]], axis=0),
+      "decoder_loss_weights": tf.cast(targets > 0, tf.int32),
+      "inputs_truncated": in_trunc,
+      "targets_truncated": tgt_trunc,
+  }
+
+
+def train_batches(cfg: DatasetConfig, *, start_position: int = 0, shard_id: int = 0,
+                  num_shards: int = 1) -> Iterator[dict[str, np.ndarray]]:
+  """An endless, deterministic iterator of this host's share of each global batch.
+
+  Args:
+    cfg: the dataset configuration.
+    start_position: batches already consumed (skipped, so a resumed run sees the same data).
+    shard_id: this host's index.
+    num_shards: number of hosts.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  validate(cfg)
+  if cfg.batch_size % num_shards:
+    raise ConfigError(f"BATCH_SIZE={cfg.batch_size} must be divisible by the number of hosts {num_shards}")
+  import_modules(cfg.module)
+  source = get_mixture_or_task(cfg.mixture_or_task_name)
+  lengths = {k: int(v) for k, v in cfg.task_feature_lengths.items()}
+  features = source.output_features
+  eos = {k: f.vocabulary.eos_id for k, f in features.items() if getattr(f, "add_eos", False)}
+  # Ask seqio for one extra token: an example that fills it was longer than the feature length,
+  # so it can be counted before we trim it ourselves.
+  ds = source.get_dataset(
+      sequence_length={k: v + 1 for k, v in lengths.items()}, split=cfg.split,
+      use_cached=cfg.use_cached, shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=None,
+      shard_info=seqio.ShardInfo(index=shard_id, num_shards=num_shards) if num_shards > 1 else None)
+  ds = ds.map(lambda ex: _to_model_features(tf, ex, lengths["inputs"], lengths["targets"], eos),
+              num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  ds = ds.batch(cfg.batch_size // num_shards, drop_remainder=True)
+  if start_position:
+    ds = ds.skip(start_position)
+  ds = ds.prefetch(2)
+  return ds.as_numpy_iterator()

@@ -1,0 +1,91 @@
+"""t5x-style command lines: --gin_file (repeatable), --gin_search_paths, --gin.KEY=VALUE.
+
+Errors a user can cause (unknown gin parameter, unknown task, missing checkpoint, ...) end the
+program with one line on stderr naming the problem and exit status 2; `--debug` shows the
+traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+from typing import Callable, Optional, Sequence
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Namespace:
+  """Parses gin flags; `--gin.X=V` becomes the binding "X=V" (t5x's convention)."""
+  parser = argparse.ArgumentParser(prog=prog, description=description)
+  parser.add_argument("--gin_file", action="append", default=[],
+                      help="gin file to parse (repeatable; later files override earlier ones)")
+  parser.add_argument("--gin_search_paths", action="append", default=[],
+                      help="comma-separated directories searched for gin files and their includes")
+  parser.add_argument("--gin_bindings", action="append", default=[],
+                      help="a gin binding such as \"TRAIN_STEPS=100\" (repeatable)")
+  parser.add_argument("--multiprocess", action="store_true",
+                      help="call jax.distributed.initialize() first (multi-host pods/clusters); "
+                           "also enabled by SPOT_JAX_MULTIPROCESS=1")
+  parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+  args, rest = parser.parse_known_args(list(argv))
+  for item in rest:
+    if item.startswith("--gin.") and "=" in item:
+      key, value = item[len("--gin."):].split("=", 1)
+      args.gin_bindings.append(f"{key}={value}")
+    else:
+      parser.error(f"unrecognised argument {item!r}; gin overrides look like --gin.TRAIN_STEPS=100")
+  if not args.gin_file:
+    parser.error("at least one --gin_file is required, e.g. --gin_file=gin/runs/prompt_tune.gin")
+  return args
+
+
+def search_paths(extra: Sequence[str]) -> list[str]:
+  paths: list[str] = []
+  for item in extra:
+    paths.extend(p for p in item.split(",") if p)
+  paths += [os.getcwd(), str(REPO_ROOT)]
+  return paths
+
+
+def parse_gin(args: argparse.Namespace) -> None:
+  """Registers search paths, then parses the files and bindings (t5x order)."""
+  import gin  # pylint: disable=g-import-not-at-top
+  for path in search_paths(args.gin_search_paths):
+    gin.add_config_file_search_path(path)
+  for f in args.gin_file:
+    if not any(pathlib.Path(p, f).is_file() for p in search_paths(args.gin_search_paths)) and not pathlib.Path(f).is_file():
+      raise FileNotFoundError(f"gin file {f!r} not found in {search_paths(args.gin_search_paths)}; "
+                              f"the shipped ones are under gin/ (models/, prompts/, runs/)")
+  gin.parse_config_files_and_bindings(args.gin_file, args.gin_bindings, finalize_config=False)
+  gin.finalize()
+
+
+def one_line(error: BaseException) -> str:
+  """The first meaningful line of an exception message (gin appends file context)."""
+  text = str(error).strip() or type(error).__name__
+  line = text.splitlines()[0].strip()
+  if isinstance(error, KeyError) and line.startswith(("'", '"')):
+    line = line.strip("'\"")
+  return line
+
+
+USER_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError, PermissionError,
+               NotADirectoryError, IsADirectoryError)
+
+
+def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str], prog: str,
+        description: str) -> int:
+  """Parses flags and gin, runs `main`, and turns user errors into one line + exit 2."""
+  args = parse_args(argv, prog, description)
+  try:
+    if args.multiprocess or os.environ.get("SPOT_JAX_MULTIPROCESS") == "1":
+      import jax  # pylint: disable=g-import-not-at-top
+      jax.distributed.initialize()
+    parse_gin(args)
+    return int(main(args) or 0)
+  except USER_ERRORS as e:
+    if args.debug:
+      raise
+    print(f"{prog}: error: {one_line(e)} (rerun with --debug for the traceback)", file=sys.stderr)
+    return 2

@@ -1,0 +1,157 @@
+"""The trainable model: a T5 `Transformer` (optionally with a prompt module) plus its loss.
+
+`EncoderDecoderModel` knows how to compute the loss of a batch, make the prompt's initial
+parameters from the frozen ones, and predict / score batches. It holds no parameters itself.
+
+Batches are dicts of int32 arrays: encoder_input_tokens [B, T], decoder_input_tokens [B, S],
+decoder_target_tokens [B, S] and optionally decoder_loss_weights [B, S] (t5x's features).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional, Union
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from spot_jax import losses
+from spot_jax.t5 import network
+
+Array = jax.Array
+Params = Mapping[str, Any]
+
+PROMPT_KEY = "prompt"
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderDecoderModel:
+  """Loss, initialisation and inference around a T5 `Transformer`.
+
+  Attributes:
+    module: the Flax network; `module.prompt` is the prompt method or None.
+    z_loss: coefficient of t5x's z-loss.
+    label_smoothing: label smoothing of the cross-entropy.
+    loss_normalizing_factor: see `losses.cross_entropy_with_z_loss`.
+    decode_method: "greedy", "beam" or "sample" for `predict_batch`.
+    num_beams: beams for beam search.
+    beam_alpha: beam search length-penalty exponent.
+    eos_id: end-of-sequence id.
+  """
+  module: network.Transformer
+  z_loss: float = 1e-4
+  label_smoothing: float = 0.0
+  loss_normalizing_factor: Union[None, str, float] = losses.NUM_REAL_TARGET_TOKENS
+  decode_method: str = "greedy"
+  num_beams: int = 4
+  beam_alpha: float = 0.6
+  eos_id: int = 1
+
+  @property
+  def config(self):
+    return self.module.config
+
+  @property
+  def has_prompt(self) -> bool:
+    return self.module.prompt is not None
+
+  @property
+  def prompt_length(self) -> int:
+    """Positions the prompt adds to the encoder input (0 without a prompt)."""
+    if self.module.prompt is None:
+      return 0
+    return int(getattr(self.module.prompt, "length"))
+
+  # --- parameters -------------------------------------------------------------------------
+
+  @staticmethod
+  def dummy_batch(input_length: int, target_length: int, batch_size: int = 1) -> dict[str, Array]:
+    """An all-ones batch of the given lengths (for shape inference and initialisation)."""
+    enc = jnp.ones((batch_size, input_length), jnp.int32)
+    dec = jnp.ones((batch_size, target_length), jnp.int32)
+    return {"encoder_input_tokens": enc, "decoder_input_tokens": dec, "decoder_target_tokens": dec}
+
+  def backbone_module(self) -> network.Transformer:
+    """The same network without the prompt (the frozen part's own tree)."""
+    return self.module.clone(prompt=None)
+
+  def init_backbone(self, rng: Array, batch: Mapping[str, Array]) -> Params:
+    """Randomly initialised backbone parameters (boxed with logical axes)."""
+    variables = self.backbone_module().init(
+        {"params": rng}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+        batch["decoder_target_tokens"], enable_dropout=False)
+    return variables["params"]
+
+  def init_prompt(self, rng: Array, frozen_params: Params, batch: Mapping[str, Array]) -> Params:
+    """Prompt-side parameters `{"prompt": ...}` (boxed), initialised against the frozen weights.
+
+    The prompt initialisers see the real (loaded) embedding table because the frozen
+    parameters are given and only the missing prompt parameters are created.
+    """
+    if not self.has_prompt:
+      return {}
+    _, variables = self.module.apply(
+        {"params": frozen_params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+        batch["decoder_target_tokens"], enable_dropout=False,
+        rngs={"params": rng, "dropout": rng}, mutable=["params"])
+    return {PROMPT_KEY: variables["params"][PROMPT_KEY]}
+
+  # --- training ---------------------------------------------------------------------------
+
+  def loss_fn(self, params: Params, batch: Mapping[str, Array], dropout_rng: Optional[Array],
+              enable_dropout: bool = True) -> tuple[Array, dict[str, Array]]:
+    """Loss of a batch and metrics (sums, prompt statistics, auxiliary losses)."""
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+    logits, state = self.module.apply(
+        {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+        batch["decoder_target_tokens"], enable_dropout=enable_dropout, rngs=rngs,
+        mutable=["intermediates", "aux_loss"])
+    targets = batch["decoder_target_tokens"]
+    weights = batch.get("decoder_loss_weights", None)
+    weights = (targets > 0) if weights is None else weights
+    loss, metrics = losses.cross_entropy_with_z_loss(
+        logits, targets, weights, z_loss=self.z_loss, label_smoothing=self.label_smoothing,
+        loss_normalizing_factor=self.loss_normalizing_factor)
+    aux = jax.tree_util.tree_leaves(state.get("aux_loss", {}))
+    aux_total = sum((jnp.sum(a) for a in aux), jnp.zeros((), jnp.float32))
+    metrics["aux_loss"] = aux_total
+    metrics["num_examples"] = jnp.asarray(targets.shape[0], jnp.float32)
+    for path, value in jax.tree_util.tree_flatten_with_path(state.get("intermediates", {}))[0]:
+      name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+      metrics[f"intermediates/{name}"] = value
+    return loss + aux_total, metrics
+
+  # --- inference --------------------------------------------------------------------------
+
+  def predict_batch(self, params: Params, encoder_input_tokens: Array, max_decode_length: int,
+                    rng: Optional[Array] = None) -> Array:
+    """Decoded token ids [B, max_decode_length] (0 after EOS)."""
+    from spot_jax.t5 import generate  # pylint: disable=g-import-not-at-top
+    tokens, _ = generate(self.module, params, encoder_input_tokens,
+                         max_decode_length=max_decode_length, method=self.decode_method,
+                         num_beams=self.num_beams, alpha=self.beam_alpha, rng=rng,
+                         eos_id=self.eos_id)
+    return tokens
+
+  def score_batch(self, params: Params, batch: Mapping[str, Array]) -> Array:
+    """Sum of target-token log-probabilities per example, [B]."""
+    logits = self.module.apply({"params": params}, batch["encoder_input_tokens"],
+                               batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+                               enable_dropout=False)
+    targets = batch["decoder_target_tokens"]
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+    token_lp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(token_lp * (targets > 0), axis=-1)
+
+
+def merge_params(frozen: Params, trainable: Params) -> dict[str, Any]:
+  """The full parameter tree from its two disjoint top-level parts."""
+  overlap = set(frozen) & set(trainable)
+  if overlap:
+    raise ValueError(f"frozen and trainable parameters overlap at {sorted(overlap)}")
+  return {**frozen, **trainable}
+
+
+def unbox(tree: Any) -> Any:
+  """Strips logical-axis boxes from a parameter tree."""
+  return nn.meta.unbox(tree)

@@ -1,0 +1,28 @@
+"""`python -m spot_jax.train`: gin-configured training (t5x's command line conventions).
+
+  python -m spot_jax.train \
+    --gin_file=gin/models/t5_1_1_base.gin \
+    --gin_file=gin/prompts/prompt_tuning_sampled_vocab.gin \
+    --gin_file=gin/runs/prompt_tune.gin \
+    --gin.MODEL_DIR="'/tmp/rte'" --gin.MIXTURE_OR_TASK_NAME="'spot_glue_rte_v200'" \
+    --gin.INITIAL_CHECKPOINT_PATH="'/ckpts/t5_1_1_lm100k_base/checkpoint_1100000'"
+
+The run files bind `spot_jax.trainer.train` (see gin/runs/); this module only parses flags.
+"""
+from __future__ import annotations
+
+import sys
+
+from spot_jax import gin_utils
+
+
+def main(args) -> int:
+  del args
+  import gin  # pylint: disable=g-import-not-at-top
+  from spot_jax import trainer  # pylint: disable=g-import-not-at-top
+  gin.get_configurable(trainer.train)()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(gin_utils.run(main, sys.argv[1:], "spot_jax.train", __doc__.splitlines()[0]))
