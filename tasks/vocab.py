@@ -1,0 +1,94 @@
+"""The T5 vocabulary and the output features every spot-jax task uses.
+
+The vocabulary path is `$SPOT_JAX_VOCAB` when set, else the public T5 path
+`gs://t5-data/vocabs/cc_all.32000/sentencepiece.model`. Registration never reads
+the file: the tasks hold a `DeferredVocabulary` that looks the path up only when
+a dataset is first tokenized, so setting `SPOT_JAX_VOCAB` after `import tasks`
+still works (tests rely on this, whatever the import order).
+
+Attributes:
+  DEFAULT_VOCAB_PATH: the public T5 SentencePiece model (cc_all.32000).
+  VOCAB_ENV: environment variable that overrides the vocabulary path.
+  EXTRA_IDS: number of sentinel ids appended to the vocabulary (T5 uses 100).
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import seqio
+
+DEFAULT_VOCAB_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
+VOCAB_ENV = "SPOT_JAX_VOCAB"
+EXTRA_IDS = 100
+
+
+def vocabulary_path() -> str:
+  """Returns the SentencePiece model path: `$SPOT_JAX_VOCAB` or the public T5 one."""
+  return os.environ.get(VOCAB_ENV) or DEFAULT_VOCAB_PATH
+
+
+def get_vocabulary() -> seqio.SentencePieceVocabulary:
+  """Returns the T5 vocabulary (32,000 pieces + 100 sentinels), loaded lazily.
+
+  Returns:
+    `seqio.SentencePieceVocabulary(vocabulary_path(), extra_ids=100)`; the file is
+    read on first use, not here.
+  """
+  return seqio.SentencePieceVocabulary(vocabulary_path(), extra_ids=EXTRA_IDS)
+
+
+class DeferredVocabulary(seqio.SentencePieceVocabulary):
+  """A `SentencePieceVocabulary` whose path is looked up when it is first loaded.
+
+  Until the model is loaded, `sentencepiece_model_file` follows
+  `vocabulary_path()`; from the first load on it is frozen to the file read.
+  It compares equal to any `SentencePieceVocabulary` with the same file and ids.
+  """
+
+  def __init__(self, extra_ids: int = EXTRA_IDS):
+    super().__init__(sentencepiece_model_file="", extra_ids=extra_ids)
+    self._sentencepiece_model_file = None
+
+  @property
+  def sentencepiece_model_file(self) -> str:
+    return self._sentencepiece_model_file or vocabulary_path()
+
+  def _model_context(self):
+    if self._model is None and self._sentencepiece_model_file is None:
+      self._sentencepiece_model_file = vocabulary_path()
+    return super()._model_context()
+
+  def __setstate__(self, state):
+    super().__setstate__(state)
+    if self._model is None:
+      # An unpickled copy resolves the path again in its own process.
+      self._sentencepiece_model_file = None
+
+  def _key(self) -> tuple:
+    return (self.sentencepiece_model_file, self._extra_ids,
+            self._reverse_extra_ids, self._normalizer_spec_overrides)
+
+  def __eq__(self, other):
+    if not isinstance(other, seqio.SentencePieceVocabulary):
+      return False
+    other_key = (other.sentencepiece_model_file, other._extra_ids,  # pylint: disable=protected-access
+                 other._reverse_extra_ids, other._normalizer_spec_overrides)  # pylint: disable=protected-access
+    return self._key() == other_key
+
+  def __hash__(self):
+    return hash((self._extra_ids, self._reverse_extra_ids))
+
+  def __str__(self) -> str:
+    return f"DeferredVocabulary(file={self.sentencepiece_model_file}, extra_ids={self._extra_ids})"
+
+
+_VOCABULARY = DeferredVocabulary()
+
+
+def output_features() -> Mapping[str, seqio.Feature]:
+  """The "inputs"/"targets" features shared by every task (same vocab, EOS added)."""
+  return {
+      "inputs": seqio.Feature(vocabulary=_VOCABULARY, add_eos=True, required=False),
+      "targets": seqio.Feature(vocabulary=_VOCABULARY, add_eos=True),
+  }
