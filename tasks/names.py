@@ -7,7 +7,7 @@ formats: it changes whenever a format, split or metric changes.
 
 Attributes:
   VERSION: suffix of every name.
-  GLUE, SUPER_GLUE, OTHER: short dataset key -> registered task name.
+  GLUE, SUPER_GLUE, OTHER, EXTRA: short dataset key -> registered task name.
   MIXTURES: short mixture key -> registered mixture name.
   SOURCE_TASKS: the 16 SPoT source tasks, short name -> task or mixture name.
   TARGET_TASKS: the 10 SPoT target tasks, short name -> task or mixture name.
@@ -42,6 +42,9 @@ SUPER_GLUE = _names(["super_glue_boolq", "super_glue_cb", "super_glue_copa", "su
                      "super_glue_record", "super_glue_rte", "super_glue_wic", "super_glue_wsc"])
 OTHER = _names(["c4_prefix_lm", "doc_nli", "yelp_polarity", "cxc", "squad", "drop", "winogrande",
                 "hellaswag", "cosmos_qa", "race_high", "race_middle", "cr"])
+# Extra tasks that complete the SPoT paper's NLI, sentiment, MRQA and RAINBOW mixtures.
+EXTRA = _names(["anli_r1", "anli_r2", "anli_r3", "snli", "imdb", "piqa", "mrqa_squad", "mrqa_news_qa",
+                "mrqa_trivia_qa", "mrqa_search_qa", "mrqa_hotpot_qa", "mrqa_natural_questions"])
 MIXTURES = _names(["glue_mnli_and_dev", "race", "glue", "super_glue", "nli", "paraphrase", "sentiment",
                    "mrqa", "rainbow", "sources"])
 
