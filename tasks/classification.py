@@ -7,7 +7,7 @@ files (`$SPOT_JAX_DATA_DIR/cr/<split>.jsonl`, `.../cxc/<split>.jsonl`).
 
 Attributes:
   CLASSIFIERS: dataset key -> (tfds name or None for local files, split map,
-    shown keys, label names, schema, hf location).
+    shown keys, label names, Hugging Face (path, name, split map or None, row_fn) or None).
 """
 from __future__ import annotations
 
@@ -22,18 +22,26 @@ _NLI3 = ("entailment", "neutral", "contradiction")
 _SENTIMENT = ("negative", "positive")
 
 
+def _anli_splits(round_: int):
+  return {"train": f"train_r{round_}", "validation": f"dev_r{round_}", "test": f"test_r{round_}"}
+
+
+def _hf_anli_row(row):
+  return {**row, "context": row["premise"]}  # Hugging Face calls ANLI's context "premise"
+
+
 def _text_schema(keys, label="int"):
   return {**{k: "str" for k in keys}, "label": label}
 
 
 CLASSIFIERS = {
     "doc_nli": ("doc_nli:1.0.0", _STD, ("hypothesis", "premise"), ("not_entailment", "entailment"), None),
-    "anli_r1": ("anli/r1:0.1.0", _STD, ("hypothesis", "context"), _NLI3, ("anli", None)),
-    "anli_r2": ("anli/r2:0.1.0", _STD, ("hypothesis", "context"), _NLI3, ("anli", None)),
-    "anli_r3": ("anli/r3:0.1.0", _STD, ("hypothesis", "context"), _NLI3, ("anli", None)),
-    "snli": ("snli:1.1.0", _STD, ("hypothesis", "premise"), _NLI3, ("snli", None)),
-    "yelp_polarity": ("yelp_polarity_reviews:0.2.0", _NO_DEV, ("text",), _SENTIMENT, ("yelp_polarity", None)),
-    "imdb": ("imdb_reviews/plain_text:1.0.0", _NO_DEV, ("text",), _SENTIMENT, ("imdb", None)),
+    "anli_r1": ("anli/r1:0.1.0", _STD, ("hypothesis", "context"), _NLI3, ("anli", None, _anli_splits(1), _hf_anli_row)),
+    "anli_r2": ("anli/r2:0.1.0", _STD, ("hypothesis", "context"), _NLI3, ("anli", None, _anli_splits(2), _hf_anli_row)),
+    "anli_r3": ("anli/r3:0.1.0", _STD, ("hypothesis", "context"), _NLI3, ("anli", None, _anli_splits(3), _hf_anli_row)),
+    "snli": ("snli:1.1.0", _STD, ("hypothesis", "premise"), _NLI3, ("snli", None, None, None)),
+    "yelp_polarity": ("yelp_polarity_reviews:0.2.0", _NO_DEV, ("text",), _SENTIMENT, ("yelp_polarity", None, None, None)),
+    "imdb": ("imdb_reviews/plain_text:1.0.0", _NO_DEV, ("text",), _SENTIMENT, ("imdb", None, None, None)),
     "cr": (None, {"train": "train", "validation": "validation", "test": "test"}, ("sentence",), _SENTIMENT, None),
     "winogrande": ("winogrande:1.2.0", {"train": "train_xl", "validation": "validation", "test": "test"},
                    ("sentence", "option1", "option2"), ("option1", "option2"), None),
@@ -72,7 +80,7 @@ def register_all() -> None:
         schema=schema,
         postprocess_fn=functools.partial(postprocessors.string_label_to_class_id, label_classes=labels),
         metric_fns=(metrics.accuracy,),
-        hf=(hf[0], hf[1], dict(splits), None) if hf else None,
+        hf=(hf[0], hf[1], hf[2] or dict(splits), hf[3]) if hf else None,
         formats=f"{key} " + " ".join(f"{k}: <{k}>" for k in keys) + " -> " + " | ".join(labels)))
 
   cxc_schema = {"sentence1": "str", "sentence2": "str", "label": "float", "idx": "int"}

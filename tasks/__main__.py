@@ -1,0 +1,78 @@
+"""`python -m tasks [list|table]`: the registered tasks and mixtures, offline.
+
+`list` (the default) prints every seqio task and mixture with its source and
+whether its data is present locally (a file-system check, never the network).
+`table` prints the Markdown table of spot tasks used in docs/tasks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+import seqio
+
+import tasks
+from tasks import registry
+
+
+def _present(source) -> str:
+  check = getattr(source, "is_present", None)
+  if check is None:
+    return "unknown"
+  try:
+    return "yes" if check() else "no"
+  except Exception as e:  # pylint: disable=broad-except
+    return f"no ({type(e).__name__})"
+
+
+def _describe(source) -> str:
+  describe = getattr(source, "describe", None)
+  return describe() if describe else type(source).__name__
+
+
+def list_lines() -> List[str]:
+  """One line per task ("task  <name>  <source>  present=<yes|no>") and per mixture."""
+  lines = [f"# TFDS data_dir: {tasks.tfds_data_dir()}   local files: {tasks.files_dir() or '(unset)'}"]
+  task_names = sorted(seqio.TaskRegistry.names())
+  for name in task_names:
+    source = seqio.get_mixture_or_task(name).source
+    lines.append(f"task     {name:48s} {_describe(source):60s} present={_present(source)}")
+  for name in sorted(seqio.MixtureRegistry.names()):
+    members = [t.name for t in seqio.get_mixture_or_task(name).tasks]
+    present = all(_present(seqio.get_mixture_or_task(t).source) == "yes" for t in members)
+    lines.append(f"mixture  {name:48s} {f'{len(members)} tasks':60s} present={'yes' if present else 'no'}")
+  return lines
+
+
+def _splits(source) -> str:
+  split_map = getattr(source, "split_map", None) or {s: s for s in source.splits}
+  return ", ".join(k if k == v else f"{k}={v}" for k, v in split_map.items())
+
+
+def table_lines() -> List[str]:
+  """Markdown rows: name | source | format | postprocessor | metrics, for every spot task."""
+  lines = ["| task | source | splits | inputs -> targets | postprocessor | metrics |",
+           "| --- | --- | --- | --- | --- | --- |"]
+  for name, spec in sorted(registry.SPECS.items()):
+    if name.endswith("_files_v200") or name.endswith("_hf_v200") or "_taskless_" in name:
+      continue
+    post = getattr(spec.postprocess_fn, "func", spec.postprocess_fn)
+    post_name = getattr(post, "__name__", "-") if post else "-"
+    metric_names = ", ".join(getattr(getattr(m, "func", m), "__name__", "?") for m in spec.metric_fns) or "-"
+    fmt = spec.formats.replace("|", "\\|")
+    source = _describe(spec.source).replace("|", "\\|")
+    lines.append(f"| `{name}` | {source} | {_splits(spec.source)} | {fmt} | {post_name} | {metric_names} |")
+  return lines
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m tasks", description=__doc__.splitlines()[0])
+  parser.add_argument("command", nargs="?", default="list", choices=["list", "table"])
+  args = parser.parse_args(argv)
+  print("\n".join(list_lines() if args.command == "list" else table_lines()))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
