@@ -134,6 +134,15 @@ def test_load_embedding_reads_only_the_table(fixture_dir):
     checkpoints.load_embedding(str(fixture_dir), TINY.replace(emb_dim=8))
 
 
+def test_newer_layout_with_target_at_the_top(fixture_dir, tmp_path):
+  ckpt = writable_copy(fixture_dir, tmp_path / "ckpt")
+  def flatten_optimizer(c):
+    optimizer = c.pop("optimizer")
+    c["target"], c["state"] = optimizer["target"], optimizer["state"]
+  edit_msgpack(ckpt, flatten_optimizer)
+  assert_identical(load_checkpoint(ckpt, TINY), load_checkpoint(str(fixture_dir), TINY))
+
+
 # ----------------------------------------------------------------------------- damaged checkpoints
 
 
@@ -296,6 +305,16 @@ def test_hf_unexpected_key(hf_dir):
   with pytest.raises(CheckpointError,
                      match=r"unexpected encoder\.block\.1\.layer\.0\.SelfAttention\.relative_attention_bias"):
     load_checkpoint(str(directory), config)
+
+
+def test_hf_unused_cross_attention_bias_is_skipped(hf_dir):
+  """Old HF exports carry a relative bias in decoder cross-attention that T5 never uses."""
+  directory, config = hf_dir
+  reference = load_checkpoint(str(directory), config)
+  def add(t):
+    t["decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"] = np.ones((8, 2), np.float32)
+  edit_safetensors(directory, add)
+  assert_identical(load_checkpoint(str(directory), config), reference)
 
 
 def test_hf_config_mismatch_names_the_field(hf_dir):

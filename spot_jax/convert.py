@@ -1,0 +1,106 @@
+"""Converts a Hugging Face T5 directory into a T5X (or orbax) checkpoint.
+
+  python -m spot_jax.convert --hf_dir=/models/t5-base-lm-adapt \
+      --output_dir=/ckpts/t5_1_1_lm100k_base/checkpoint_0 [--format=t5x|orbax] \
+      [--config_name=t5_1_1_lm100k_base] [--overwrite]
+
+The model config comes from the directory's config.json; with `--config_name` the checkpoint
+must match that named config exactly. The T5X output (msgpack `checkpoint` + gzip zarr arrays,
+float32) is read by `spot_jax.t5.load_checkpoint` and by t5x; tensors are streamed one block
+at a time, so converting XXL needs little host memory. Bad input exits non-zero with one line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Optional, Sequence
+
+from spot_jax.t5 import checkpoints, hf
+from spot_jax.t5.config import CONFIGS, T5Config, config_by_name
+
+_ARCH_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers",
+                "num_decoder_layers", "mlp_activations", "logits_via_embedding",
+                "relative_attention_num_buckets", "relative_attention_max_distance",
+                "layer_norm_epsilon")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+  """Usage errors as one line on stderr (exit status 2), like every other error here."""
+
+  def error(self, message: str):
+    self.exit(2, f"error: {message} (see --help)\n")
+
+
+def matching_names(config: T5Config) -> list[str]:
+  """Registered config names with the same architecture as `config`."""
+  key = lambda c: tuple(getattr(c, f) for f in _ARCH_FIELDS)
+  return sorted(n for n, c in CONFIGS.items() if key(c) == key(config))
+
+
+def convert(hf_dir: str, output_dir: str, *, format: str = "t5x",  # pylint: disable=redefined-builtin
+            config_name: Optional[str] = None, overwrite: bool = False) -> tuple[T5Config, int, int]:
+  """Writes the checkpoint; returns (config, number of tensors, number of parameters).
+
+  Raises:
+    FileNotFoundError: `hf_dir` or its config.json is missing.
+    FileExistsError: `output_dir` exists and `overwrite` is False.
+    ValueError: (including `CheckpointError`) for a config.json or weights that do not fit.
+  """
+  if not os.path.isdir(hf_dir):
+    raise FileNotFoundError(f"--hf_dir {hf_dir} is not a directory")
+  config_file = os.path.join(hf_dir, "config.json")
+  if not os.path.isfile(config_file):
+    raise FileNotFoundError(f"{config_file} not found; --hf_dir must be a Hugging Face T5 directory")
+  if format not in ("t5x", "orbax"):
+    raise ValueError(f"--format must be 't5x' or 'orbax', got {format!r}")
+  if os.path.exists(output_dir) and not overwrite:
+    raise FileExistsError(f"--output_dir {output_dir} exists; pass --overwrite to replace it")
+  with open(config_file, encoding="utf-8") as f:
+    config = hf.config_from_hf(json.load(f))
+  if config_name:
+    config = config_by_name(config_name)
+  params = checkpoints.stored_arrays(hf_dir, config)
+  checkpoints.save_checkpoint(_nest(params), output_dir, format=format, overwrite=overwrite)
+  return config, len(params), sum(math.prod(a.shape) for a in params.values())
+
+
+def _nest(flat: dict) -> dict:
+  tree: dict = {}
+  for path, value in flat.items():
+    *parents, leaf = path.split("/")
+    node = tree
+    for key in parents:
+      node = node.setdefault(key, {})
+    node[leaf] = value
+  return tree
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Command-line entry point; returns the exit status."""
+  parser = _OneLineParser(prog="python -m spot_jax.convert", description=__doc__.split("\n")[0])
+  parser.add_argument("--hf_dir", required=True, help="Hugging Face T5 directory (config.json + weights)")
+  parser.add_argument("--output_dir", required=True, help="checkpoint directory to create")
+  parser.add_argument("--format", default="t5x", choices=("t5x", "orbax"))
+  parser.add_argument("--config_name", default=None,
+                      help="named spot-jax config the checkpoint must match (default: from config.json)")
+  parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+  args = parser.parse_args(argv)
+  try:
+    config, tensors, size = convert(args.hf_dir, args.output_dir, format=args.format,
+                                    config_name=args.config_name, overwrite=args.overwrite)
+  except (OSError, ValueError, ImportError) as e:
+    message = " ".join(str(e).split()) or type(e).__name__
+    print(f"error: {message}", file=sys.stderr)
+    return 1
+  names = matching_names(config)
+  arch = f"config {', '.join(names)}" if names else f"config {config}"
+  print(f"wrote {args.format} checkpoint with {tensors} tensors ({size:,} parameters, float32; "
+        f"{arch}) to {args.output_dir}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
