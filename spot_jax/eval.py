@@ -82,19 +82,19 @@ def evaluate(*, model: models.EncoderDecoderModel, eval_cfg: evaluation.EvalConf
   rules = partitioning.logical_rules()
   lengths = eval_cfg.task_feature_lengths
   dummy = model.dummy_batch(lengths["inputs"], lengths["targets"])
+  backbone, _ = trainer.load_backbone(model, dummy, initial_checkpoint_path, seed, mesh, rules)
   with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
-    backbone, _ = trainer.load_backbone(model, dummy, initial_checkpoint_path, seed, mesh, rules)
     if prompt_file is not None:
       path = pathlib.Path(prompt_file)
       if not path.is_file():
         raise ConfigError(f"PROMPT_FILE {prompt_file!r} does not exist; give a .npy exported by spot_jax.train")
       abstract = jax.eval_shape(model.init_prompt, trainer.seed_keys(seed)[1], backbone, dummy)
-      names = sorted(nn.unbox(abstract).get(models.PROMPT_KEY, {}))
+      names = sorted(models.unbox(abstract).get(models.PROMPT_KEY, {}))
       if names != ["prompt"]:
         raise ConfigError(f"PROMPT_FILE fits Prompt Tuning modules (one 'prompt' parameter); this model's "
                           f"prompt has {names}: evaluate its run directory with CHECKPOINT_DIR instead")
       array = np.load(path)
-      expected = nn.unbox(abstract)[models.PROMPT_KEY]["prompt"].shape
+      expected = models.unbox(abstract)[models.PROMPT_KEY]["prompt"].shape
       if array.shape != expected:
         raise ConfigError(f"PROMPT_FILE {prompt_file!r} has shape {array.shape}; this model's prompt is {expected}")
       trained, source = {models.PROMPT_KEY: {"prompt": array.astype(np.float32)}}, str(path)

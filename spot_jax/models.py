@@ -153,5 +153,10 @@ def merge_params(frozen: Params, trainable: Params) -> dict[str, Any]:
 
 
 def unbox(tree: Any) -> Any:
-  """Strips logical-axis boxes from a parameter tree."""
-  return nn.meta.unbox(tree)
+  """Strips logical-axis boxes from a parameter tree (without adding sharding constraints,
+  so it also works on `jax.eval_shape` results inside a mesh context)."""
+  def strip(x):
+    if isinstance(x, nn.LogicallyPartitioned):
+      return x.unbox(apply_constraint=False)
+    return x.unbox() if isinstance(x, nn.meta.AxisMetadata) else x
+  return jax.tree.map(strip, tree, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))

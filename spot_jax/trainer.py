@@ -116,7 +116,7 @@ def load_backbone(model: models.EncoderDecoderModel, dummy: Mapping[str, jax.Arr
                   info: Callable[[str], None] = print) -> tuple[Any, Any]:
   """The frozen backbone on `mesh` (strictly loaded, or random from `seed`) and its shardings.
 
-  Call inside `jax.set_mesh(mesh)` and `nn.logical_axis_rules(rules)`.
+  Call outside `nn.logical_axis_rules`: shardings are explicit here.
   """
   backbone_rng = seed_keys(seed)[0]
   abstract = jax.eval_shape(model.init_backbone, backbone_rng, dummy)
@@ -145,7 +145,7 @@ def make_train_step(model: models.EncoderDecoderModel, tx: optax.GradientTransfo
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
+    metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
     lr = optimizers.current_learning_rate(state.opt_state)
     if lr is not None:
       metrics["learning_rate"] = jnp.asarray(lr, jnp.float32)
@@ -246,10 +246,11 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
                                        run_dir / "tensorboard" if jax.process_index() == 0 else None,
                                        enabled=verbose and jax.process_index() == 0)
 
+  # --- 2. frozen backbone (placed by explicit shardings, before the rules context) ------------
+  backbone, backbone_shardings = load_backbone(model, dummy, initial_checkpoint_path, seed, mesh,
+                                               rules, log.info)
+
   with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
-    # --- 2. frozen backbone ------------------------------------------------------------------
-    backbone, backbone_shardings = load_backbone(model, dummy, initial_checkpoint_path, seed, mesh,
-                                                 rules, log.info)
 
     # --- 3. trainable / frozen split (by structure: top-level keys) ---------------------------
     if model.has_prompt:

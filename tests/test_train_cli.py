@@ -1,0 +1,131 @@
+"""`python -m spot_jax.train` as a user runs it: errors, kill/resume, model-tuning baselines."""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SMOKE = ["--gin_file=gin/test/smoke.gin"]
+NO_EVAL = ["--gin.trainer.train.eval_cfg=None"]
+
+
+def _cmd(*args: str) -> list[str]:
+  return [sys.executable, "-m", "spot_jax.train", *args]
+
+
+def _env() -> dict:
+  return dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def _run(args, timeout=600) -> subprocess.CompletedProcess:
+  return subprocess.run(_cmd(*args), cwd=REPO, env=_env(), capture_output=True, text=True,
+                        timeout=timeout)
+
+
+def _losses(stdout: str) -> list[float]:
+  return [float(m.group(1)) for m in re.finditer(r"^step \d+/\d+ \| loss ([0-9.]+)", stdout, re.M)]
+
+
+def _assert_one_line_error(proc: subprocess.CompletedProcess, fragment: str) -> None:
+  assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("spot_jax.train: error:")]
+  assert len(errors) == 1, proc.stderr[-3000:]
+  assert fragment in errors[0], errors[0]
+
+
+@pytest.fixture(scope="module")
+def mismatched_checkpoint(tmp_path_factory) -> str:
+  """A valid checkpoint of another architecture (the 128-vocab test model)."""
+  from spot_jax import models  # pylint: disable=g-import-not-at-top
+  from spot_jax.t5 import Transformer, config_by_name, save_checkpoint  # pylint: disable=g-import-not-at-top
+  model = models.EncoderDecoderModel(Transformer(config_by_name("t5_1_1_test")))
+  params = models.unbox(model.init_backbone(jax.random.PRNGKey(0), model.dummy_batch(4, 4)))
+  path = tmp_path_factory.mktemp("other") / "checkpoint_0"
+  save_checkpoint(jax.device_get(params), str(path))
+  return str(path)
+
+
+def _bad_cases(tmp: pathlib.Path, mismatched: str):
+  blocker = tmp / "a_file"
+  blocker.write_text("not a directory")
+  run = f"--gin.MODEL_DIR='{tmp / 'run'}'"
+  return {
+      "unknown gin parameter": ([*SMOKE, run, "--gin.trainer.train.no_such_flag=1"],
+                                "doesn't have a parameter named 'no_such_flag'"),
+      "unknown task": ([*SMOKE, run, "--gin.MIXTURE_OR_TASK_NAME='spot_synthetic_sentimnt_v100'"],
+                       "did you mean 'spot_synthetic_sentiment_v100'"),
+      "missing checkpoint": ([*SMOKE, run, f"--gin.INITIAL_CHECKPOINT_PATH='{tmp / 'nope'}'"],
+                             "does not exist"),
+      "checkpoint/config mismatch": ([*SMOKE, run, f"--gin.INITIAL_CHECKPOINT_PATH='{mismatched}'"],
+                                     "decoder/decoder_norm/scale: expected shape [64], found [32]"),
+      "feature length shorter than prompt": (
+          [*SMOKE, run, "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 12}"],
+          "shorter than the prompt"),
+      "unwritable MODEL_DIR": ([*SMOKE, f"--gin.MODEL_DIR='{blocker / 'run'}'"], "is not writable"),
+      "missing MODEL_DIR": (SMOKE, "MODEL_DIR"),
+      "missing gin file": (["--gin_file=gin/runs/no_such_run.gin"], "not found"),
+  }
+
+
+@pytest.mark.parametrize("case", ["unknown gin parameter", "unknown task", "missing checkpoint",
+                                  "checkpoint/config mismatch", "feature length shorter than prompt",
+                                  "unwritable MODEL_DIR", "missing MODEL_DIR", "missing gin file"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, mismatched_checkpoint, case):
+  args, fragment = _bad_cases(tmp_path, mismatched_checkpoint)[case]
+  proc = _run(args, timeout=300)
+  _assert_one_line_error(proc, fragment)
+  assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_sigkill_then_restart_resumes_exactly(tmp_path):
+  common = [*SMOKE, *NO_EVAL, "--gin.TRAIN_STEPS=300", "--gin.CHECKPOINT_PERIOD=20"]
+  reference = _run([*common, f"--gin.MODEL_DIR='{tmp_path / 'ref'}'"])
+  assert reference.returncode == 0, reference.stderr[-3000:]
+
+  run_dir = tmp_path / "killed"
+  args = _cmd(*common, f"--gin.MODEL_DIR='{run_dir}'")
+  proc = subprocess.Popen(args, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 300
+  while not (run_dir / "checkpoints" / "20").is_dir():
+    assert proc.poll() is None, "training ended before it could be killed"
+    assert time.time() < deadline, "no checkpoint appeared"
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=60)
+  assert not (run_dir / "prompts" / "prompt_step_300.npy").exists(), "killed too late to test resuming"
+
+  resumed = _run([*common, f"--gin.MODEL_DIR='{run_dir}'"])
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "resumed from" in resumed.stdout
+  first_step = int(re.search(r"^step (\d+)/300", resumed.stdout, re.M).group(1))
+  assert first_step > 20  # it did not start over
+  want = np.load(tmp_path / "ref" / "prompts" / "prompt_step_300.npy")
+  got = np.load(run_dir / "prompts" / "prompt_step_300.npy")
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("run_file, task", [
+    ("gin/runs/model_tune.gin", "spot_synthetic_sentiment_v100"),
+    ("gin/runs/multitask_model_tune.gin", "spot_synthetic_mix_v100"),
+])
+def test_model_tuning_baselines_through_the_cli(tmp_path, run_file, task):
+  proc = _run(["--gin_file=gin/models/t5_1_1_byte_tiny.gin", f"--gin_file={run_file}", *NO_EVAL,
+               f"--gin.MODEL_DIR='{tmp_path}'", f"--gin.MIXTURE_OR_TASK_NAME='{task}'",
+               "--gin.MIXTURE_OR_TASK_MODULE='tasks.synthetic'",
+               "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 12}", "--gin.TRAIN_STEPS=40",
+               "--gin.BATCH_SIZE=16", "--gin.LEARNING_RATE=0.01", "--gin.trainer.train.log_period=5"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  losses = _losses(proc.stdout)
+  assert len(losses) == 8, proc.stdout
+  assert np.mean(losses[-2:]) < losses[0] - 0.5, losses
+  assert not (tmp_path / "prompts").exists()  # no prompt in model tuning
