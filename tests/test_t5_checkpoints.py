@@ -383,6 +383,8 @@ def test_orbax_layouts_and_strictness(tmp_path):
   state = {"param_states": {"m": np.zeros(3, np.float32)}, "step": np.int32(5)}
   ocp.PyTreeCheckpointer().save(tmp_path / "nested", {"optimizer": {"target": params, "state": state}})
   assert_identical(load_checkpoint(str(tmp_path / "nested"), config), params)
+  ocp.PyTreeCheckpointer().save(tmp_path / "variables", {"params": params})
+  assert_identical(load_checkpoint(str(tmp_path / "variables"), config), params)
   partial = jax.tree.map(lambda x: x, params)
   del partial["encoder"]["layers_1"]["mlp"]["wo"]
   ocp.PyTreeCheckpointer().save(tmp_path / "partial", {"target": partial})

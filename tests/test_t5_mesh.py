@@ -13,7 +13,9 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+from flax import traverse_util
 
 from spot_jax.t5 import save_checkpoint
 from spot_jax.t5 import checkpoints, config_by_name
@@ -73,8 +75,6 @@ SCRIPT = textwrap.dedent(r"""
 
 def random_params(config, seed):
   """Random parameters at initialisation scale (kernels ~ N(0, 1/fan_in), norms ~ 1)."""
-  import numpy as np
-  from flax import traverse_util
   rng = np.random.RandomState(seed)
   def draw(path, shape):
     if path.endswith("/scale"):

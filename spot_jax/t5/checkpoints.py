@@ -6,8 +6,8 @@
     relative to the checkpoint directory. Each array is read with tensorstore shard by shard
     straight into its target sharding, so no host ever holds a full copy of a large model.
   * Orbax: a directory written by orbax's PyTree/Standard checkpointers (`_METADATA`,
-    `manifest.ocdbt`, ...), parameters under `optimizer/target`, `target` or at the root;
-    restored by orbax with the target shardings.
+    `manifest.ocdbt`, ...), parameters under `optimizer/target`, `target`, a lone `params`
+    key or at the root; restored by orbax with the target shardings.
   * Hugging Face: `config.json` plus safetensors or `pytorch_model.bin` (see `spot_jax.t5.hf`).
 Optimizer state is never read. Loading is strict: every parameter of `Transformer(config)` must
 be stored with its exact shape and every stored parameter must be used, otherwise a
@@ -105,8 +105,8 @@ def _check_divisible(path: str, shape: Sequence[int], sharding: Sharding) -> Non
     parts = math.prod(sharding.mesh.shape[a] for a in axes)
     if size % parts:
       raise ValueError(f"{path} {list(shape)}: axis {dim} of size {size} cannot be split over mesh "
-                       f"axes {axes} ({parts} devices); use a mesh whose 'model' size divides it "
-                       "or a rule override")
+                       f"axes {axes} ({parts} devices); use a mesh whose axis sizes divide it or "
+                       "override its logical axis rule")
 
 
 def _allowed(path: str, prefixes: Sequence[str]) -> bool:
@@ -393,14 +393,16 @@ def _orbax_shapes(directory: str) -> tuple[tuple[str, ...], dict[str, StoredArra
     prefix = ("optimizer", "target")
   elif isinstance(tree.get("target"), dict):
     prefix = ("target",)
+  elif list(tree) == ["params"] and isinstance(tree["params"], dict):  # a flax variables dict
+    prefix = ("params",)
   else:
     prefix = ()
   for key in prefix:
     tree = tree[key]
 
-  def unreadable(idx):
-    raise AssertionError("orbax arrays are restored by orbax")
-  stored = {p: StoredArray(tuple(getattr(m, "shape", ())), unreadable, f"{directory} (orbax)")
+  def restored_by_orbax(index: Index) -> np.ndarray:
+    raise NotImplementedError(f"arrays of the orbax checkpoint {directory} are read by orbax")
+  stored = {p: StoredArray(tuple(getattr(m, "shape", ())), restored_by_orbax, f"{directory} (orbax)")
             for p, m in traverse_util.flatten_dict(tree, sep="/").items()}
   return prefix, stored
 
