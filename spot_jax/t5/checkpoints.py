@@ -91,7 +91,7 @@ def _abstract_params(config: T5Config) -> tuple[dict[str, jax.ShapeDtypeStruct],
 
 def _target_shardings(boxed: Any, mesh: Optional[Mesh], rules) -> dict[str, Sharding]:
   if mesh is None:
-    device = SingleDeviceSharding(jax.devices()[0])
+    device = SingleDeviceSharding(jax.local_devices()[0])
     return {p: device for p in traverse_util.flatten_dict(nn.unbox(boxed), sep="/")}
   rules = partitioning.DEFAULT_RULES if rules is None else rules
   return traverse_util.flatten_dict(partitioning.param_shardings(boxed, mesh, rules), sep="/")
@@ -227,7 +227,7 @@ def load_embedding(path: str, config: T5Config) -> np.ndarray:
   name, want = "token_embedder/embedding", (config.vocab_size, config.emb_dim)
   fmt, where = detect_format(path)
   if fmt == "orbax":
-    sharding = {name: SingleDeviceSharding(jax.devices()[0])}
+    sharding = {name: SingleDeviceSharding(jax.local_devices()[0])}
     stored = _orbax_shapes(where)[1]
     check_fit({name: stored[name]} if name in stored else {}, {name: want}, (), where)
     params = _load_orbax(where, {name: jax.ShapeDtypeStruct(want, jnp.float32)}, sharding,
