@@ -12,6 +12,7 @@ import os
 import pathlib
 
 import pytest
+import seqio
 
 import tasks
 from tasks import names, prepare, scoring
@@ -254,3 +255,30 @@ def test_record_without_answers_gives_one_unk_example(prepared, real_vocab):
   test = scoring.dataset_examples(names.SUPER_GLUE["super_glue_record"], "test", SEQ)
   assert [(e["inputs_pretokenized"].decode(), e["targets_pretokenized"].decode()) for e in test] == [
       ("record query: @placeholder met Y. entities: X, Y passage: X met Y.", "<unk>")]
+
+
+@pytest.mark.parametrize("name", [names.SUPER_GLUE["super_glue_record"], names.SUPER_GLUE["super_glue_multirc"],
+                                  names.SUPER_GLUE["super_glue_wsc"], names.SUPER_GLUE["super_glue_cb"],
+                                  names.GLUE["glue_mrpc"]])
+def test_seqio_evaluator_agrees_with_scoring(name, prepared, real_vocab):
+  """seqio.Evaluator (EncDecFeatureConverter, pack=False) computes the same metrics as tasks.scoring.
+
+  The predict_fn echoes each example's padded target tokens (fixed length, as a model's
+  decoder returns them), so predictions equal the gold targets.
+  """
+  evaluator = seqio.Evaluator(name, feature_converter=seqio.EncDecFeatureConverter(pack=False),
+                              eval_split="validation", sequence_length=SEQ)
+
+  def predict_fn(ds, model_feature_shapes=None):
+    del model_feature_shapes
+    return [(i, ex["decoder_target_tokens"].tolist()) for i, ex in ds.as_numpy_iterator()]
+
+  results, _ = evaluator.evaluate(compute_metrics=True, predict_fn=predict_fn)
+  got = results.result()[name]
+  examples = scoring.dataset_examples(name, "validation", SEQ)
+  expected = scoring.score(name, examples, [e["targets_pretokenized"].decode() for e in examples])
+  assert got == pytest.approx(expected, rel=1e-6)
+  if name == names.SUPER_GLUE["super_glue_wsc"]:
+    assert expected == {"accuracy": pytest.approx(100 * 2 / 3)}  # naming the wrong candidate of a label-0 example
+  else:
+    assert all(v == pytest.approx(100.0) for v in expected.values())

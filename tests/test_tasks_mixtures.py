@@ -95,3 +95,16 @@ def test_study_lists_and_sources_mixture():
   for mixture in names.MIXTURES.values():
     rates = set(seqio.get_mixture_or_task(mixture)._task_to_rate.values())  # pylint: disable=protected-access
     assert rates == {mixtures.ExamplesProportional(2 ** 19)}, mixture
+
+
+def test_mixture_feeds_the_encoder_decoder_feature_converter(two_tiny_tasks):
+  name = mixtures.register_mixture("test_mix_converter", list(two_tiny_tasks.values()))
+  ds = seqio.get_mixture_or_task(name).get_dataset(SEQ, split="train", shuffle=False, seed=0, num_epochs=1)
+  converted = seqio.EncDecFeatureConverter(pack=False)(ds, SEQ)
+  # One epoch of a mixture stops when a task runs out, so at least min(SIZES) examples exist.
+  examples = list(converted.take(min(SIZES.values())).as_numpy_iterator())
+  assert len(examples) == min(SIZES.values())
+  for ex in examples:
+    assert ex["encoder_input_tokens"].shape == (32,) and ex["decoder_target_tokens"].shape == (8,)
+    assert ex["decoder_input_tokens"][0] == 0
+    assert ex["decoder_input_tokens"][1:].tolist() == ex["decoder_target_tokens"][:-1].tolist()

@@ -13,6 +13,7 @@ import pathlib
 
 import numpy as np
 import pytest
+import seqio
 
 import tasks
 from tasks import names, prepare, scoring
@@ -210,25 +211,14 @@ def test_train_split_mappings(prepared, real_vocab):
   assert [e["targets_pretokenized"] for e in cxc] == [b"1.2"]
 
 
-@pytest.fixture(scope="module")
-def c4_prepared(tmp_path_factory):
+def test_c4_prefix_lm_splits_segments_at_random_points(prepared, real_vocab):
+  tfds_dir, _ = prepared
   text = " ".join(f"Sentence number {i} talks about topic {i % 7}." for i in range(12))
-  tfds_dir = str(tmp_path_factory.mktemp("c4"))
   meta = {"url": "u", "content-type": "text/plain", "content-length": "1", "timestamp": "t"}
   prepare.write_tfds_dataset("c4/en:3.1.0", tfds_dir, {"train": [{"text": text, **meta}, {"text": "Hi", **meta}]})
-  return tfds_dir, text
-
-
-def test_c4_prefix_lm_splits_segments_at_random_points(c4_prepared, real_vocab):
-  tfds_dir, text = c4_prepared
-  tasks.set_tfds_data_dir(tfds_dir)
-  try:
-    seq = {"inputs": 9, "targets": 16}
-    task = names.OTHER["c4_prefix_lm"]
-    runs = [list(__import__("seqio").get_mixture_or_task(task).get_dataset(seq, split="train", shuffle=False, seed=s)
-                 .as_numpy_iterator()) for s in (1, 1, 2)]
-  finally:
-    tasks.set_tfds_data_dir(None)
+  seq = {"inputs": 9, "targets": 16}
+  task = seqio.get_mixture_or_task(names.OTHER["c4_prefix_lm"])
+  runs = [list(task.get_dataset(seq, split="train", shuffle=False, seed=s).as_numpy_iterator()) for s in (1, 1, 2)]
   tokens = real_vocab.encode(text)
   segments = [tokens[i:i + 8] for i in range(0, len(tokens), 8)]
   segments += [s for s in [real_vocab.encode("Hi")] if len(s) >= 2]
