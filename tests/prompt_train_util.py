@@ -44,7 +44,8 @@ def frozen_backbone(config: T5Config = TEST_CONFIG, seed: int = 0) -> dict[str, 
 
   Shapes come from `jax.eval_shape` of the real init; values are drawn with NumPy (Flax's
   jitted init spends many seconds compiling RNG ops on CPU): fan-in scaled normal kernels,
-  unit-normal embeddings, unit layer-norm scales. Cached: callers must copy before mutating.
+  unit-normal embeddings, unit layer-norm scales. Cached: callers must copy before mutating,
+  and call it outside jit/eval_shape.
   """
   batch = synthetic_batch(0, batch=2)
   shapes = jax.eval_shape(lambda: Transformer(config).init(
@@ -55,11 +56,11 @@ def frozen_backbone(config: T5Config = TEST_CONFIG, seed: int = 0) -> dict[str, 
   def fill(path, leaf):
     name = path[-1].key
     if name == "scale":
-      return jnp.ones(leaf.shape, jnp.float32)
+      return np.ones(leaf.shape, np.float32)
     std = 1.0 if name == "embedding" else 0.5 if name == "rel_embedding" else leaf.shape[0] ** -0.5
-    return jnp.asarray(rs.normal(0.0, std, leaf.shape).astype(np.float32))
+    return rs.normal(0.0, std, leaf.shape).astype(np.float32)
 
-  return jax.tree_util.tree_map_with_path(fill, nn.meta.unbox(shapes))
+  return jax.device_put(jax.tree_util.tree_map_with_path(fill, nn.meta.unbox(shapes)))
 
 
 def create_prompt_params(model: Transformer, frozen: dict[str, Any], seed: int = 1,
@@ -137,8 +138,12 @@ def init_state(prompt: Any, optimizer: optax.GradientTransformation, seed: int =
           "opt_state": optimizer.init(prompt), "rng": jax.random.PRNGKey(seed)}
 
 
-def eval_loss(model: Transformer, frozen: dict[str, Any], prompt: Any,
-              batch: dict[str, Any]) -> float:
-  """Deterministic cross-entropy (no dropout, no perturbation)."""
-  logits, _ = _forward(model, frozen, prompt, batch, train=False, rng=jax.random.PRNGKey(0))
-  return float(cross_entropy(logits, jnp.asarray(batch["decoder_target_tokens"])))
+def make_eval_loss(model: Transformer) -> Callable[[Any, Any, dict[str, Any]], jax.Array]:
+  """Jitted deterministic cross-entropy `(frozen, prompt, batch) -> loss` (no dropout, no
+  perturbation)."""
+
+  def loss(frozen, prompt, batch):
+    logits, _ = _forward(model, frozen, prompt, batch, train=False, rng=jax.random.PRNGKey(0))
+    return cross_entropy(logits, batch["decoder_target_tokens"])
+
+  return jax.jit(loss)

@@ -171,8 +171,9 @@ class ResidualPrompt(nn.Module):
 
   def folded_module(self) -> PromptTuning:
     """The PromptTuning module that, with `fold(params)`, computes the same outputs."""
+    # parent=None: a free-standing module, not a child of this one.
     return PromptTuning(self.length, prompt_init=self.prompt_init, placement=self.placement,
-                        dtype=self.dtype)
+                        dtype=self.dtype, parent=None)
 
   def export_prompt(self, params: Any) -> np.ndarray:
     """The folded prompt P' [L, E] float32."""
