@@ -144,7 +144,8 @@ def test_from_file_equals_source(tmp_path):
   value = prompts.from_file(path)(RNG, (12, 32), None)
   assert value.dtype == jnp.float32
   np.testing.assert_array_equal(np.asarray(value), source)
-  with pytest.raises(ValueError, match=r"p\.npy.*expected a prompt of shape \(10, 32\), found \(12, 32\)"):
+  with pytest.raises(ValueError,
+                     match=r"p\.npy.*expected a prompt of shape \(10, 32\), found \(12, 32\)"):
     prompts.from_file(path)(RNG, (10, 32), None)
   with pytest.raises(FileNotFoundError, match="no prompt file at"):
     prompts.from_file(tmp_path / "missing.npy")

@@ -106,5 +106,6 @@ def test_prompt_dtype_follows_the_backbone():
                      jnp.asarray(TOKENS), method=Transformer.embed_encoder_input)
   assert x.dtype == jnp.bfloat16
   mismatched = Transformer(config, prompt=prompts.PromptTuning(2, dtype="float32"))
-  with pytest.raises(ValueError, match="PromptTuning.dtype=float32 but the backbone embeds in bfloat16"):
+  with pytest.raises(ValueError,
+                     match="PromptTuning.dtype=float32 but the backbone embeds in bfloat16"):
     util.create_prompt_params(mismatched, frozen)

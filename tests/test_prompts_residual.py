@@ -67,7 +67,7 @@ def test_forward_matches_numpy_formula(shared, skip, activation):
 def test_per_token_mlps_differ_from_a_shared_one():
   per_token = _params(shared=False)
   shared = {"prompt": per_token["prompt"],
-            "mlp": {k: np.broadcast_to(v[0], v.shape[1:]).copy() for k, v in per_token["mlp"].items()}}
+            "mlp": {k: v[0].copy() for k, v in per_token["mlp"].items()}}
   tied = {"prompt": per_token["prompt"],
           "mlp": {k: np.broadcast_to(v[0], v.shape).copy() for k, v in per_token["mlp"].items()}}
   x_shared, _ = _apply(prompts.ResidualPrompt(L, bottleneck=M), shared)

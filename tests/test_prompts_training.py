@@ -72,7 +72,8 @@ def test_method_trains_only_its_prompt_parameters(name):
   trained = jax.tree_util.tree_map(np.asarray, state["prompt"])
   assert jax.tree_util.tree_structure(trained) == jax.tree_util.tree_structure(initial_np)
   for path, leaf in jax.tree_util.tree_leaves_with_path(trained):
-    assert not np.array_equal(leaf, _at(initial_np, path)), f"{jax.tree_util.keystr(path)} did not train"
+    assert not np.array_equal(leaf, _at(initial_np, path)), \
+        f"{jax.tree_util.keystr(path)} did not train"
   if name in ALL_PROMPTS_USED:
     moved = np.abs(trained["prompts"] - initial_np["prompts"]).max(axis=(1, 2))
     assert (moved > 0).all(), moved

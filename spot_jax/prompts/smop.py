@@ -16,9 +16,12 @@ Routing variants (`routing`):
   "single":     one prompt (k must be 1), no router: Prompt Tuning of length l.
 
 Sown each call: intermediates/router_load [k] (examples per prompt, summing to the batch
-size), intermediates/router_entropy (mean routing entropy in nats), intermediates/router_probs
-[B, k]; and aux_loss/load_balancing (Switch Transformer's k * sum_i f_i * P_i times
-`load_balancing_weight`) when the weight is positive.
+size) and intermediates/router_entropy (mean routing entropy in nats), so collapse shows; and
+aux_loss/load_balancing (Switch Transformer's k * sum_i f_i * P_i times
+`load_balancing_weight`, f_i the fraction of examples sent to prompt i and P_i its mean
+probability) when the weight is positive. Without a router ("stochastic", "single") the
+entropy is that of the uniform choice (log k) and, for the mean prompt at evaluation, each
+prompt's load is B / k.
 """
 from __future__ import annotations
 
@@ -114,7 +117,6 @@ class SMoP(nn.Module):
     entropy = jnp.mean(-jnp.sum(probs * jnp.log(jnp.maximum(probs, 1e-30)), axis=-1))
     self.sow("intermediates", "router_load", load)
     self.sow("intermediates", "router_entropy", entropy)
-    self.sow("intermediates", "router_probs", probs)
     if self.load_balancing_weight > 0:
       fraction, mean_prob = load / batch, jnp.mean(probs, axis=0)
       self.sow("aux_loss", "load_balancing",
