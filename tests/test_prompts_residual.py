@@ -88,7 +88,7 @@ def test_dropout_only_in_training():
 
 
 @pytest.mark.parametrize("shared,placement", [(True, "prefix"), (False, "suffix")])
-def test_fold_preserves_logits(shared, placement):
+def test_fold_preserves_logits(shared, placement, tmp_path):
   module = prompts.ResidualPrompt(4, bottleneck=16, shared_mlp=shared, placement=placement)
   model = Transformer(util.TEST_CONFIG, prompt=module)
   frozen = util.frozen_backbone()
@@ -110,8 +110,18 @@ def test_fold_preserves_logits(shared, placement):
   original, refolded = logits(model, params), logits(folded_model, folded)
   diff = float(jnp.max(jnp.abs(original - refolded)))
   assert diff <= 1e-5, diff
-  np.testing.assert_array_equal(prompts.effective_prompt(module, params),
-                                np.asarray(folded["prompt"]))
+  exported = prompts.effective_prompt(module, params)
+  np.testing.assert_array_equal(exported, np.asarray(folded["prompt"]))
+
+  # SPoT: the exported P' seeds a Prompt Tuning model that computes the same logits.
+  (tmp_path / "prompts").mkdir()
+  np.save(tmp_path / "prompts" / "prompt_step_100.npy", exported)
+  transfer = prompts.PromptTuning(4, prompt_init=prompts.from_checkpoint(tmp_path),
+                                  placement=placement)
+  transfer_model = Transformer(util.TEST_CONFIG, prompt=transfer)
+  loaded = util.create_prompt_params(transfer_model, frozen)
+  diff = float(jnp.max(jnp.abs(original - logits(transfer_model, loaded))))
+  assert diff <= 1e-5, diff
 
 
 def test_parameter_axes():

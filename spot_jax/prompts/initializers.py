@@ -14,6 +14,7 @@ vocabulary is any object with `.encode(str) -> list[int]`.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from typing import Any, Callable, Optional, Protocol, Sequence, Union
@@ -63,7 +64,7 @@ def uniform(scale: float = 0.5) -> Initializer:
   Args:
     scale: half-width of the range; must be >= 0.
   """
-  if not isinstance(scale, (int, float)) or isinstance(scale, bool) or scale < 0:
+  if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or scale < 0:
     raise ValueError(f"uniform: scale must be a non-negative number, got {scale!r}")
 
   def init(rng: Array, shape: Shape, embedding: Array) -> Array:
@@ -85,7 +86,7 @@ def sampled_vocab(num_most_frequent: int = 5000) -> Initializer:
   Args:
     num_most_frequent: how many leading ids are candidates; must be >= 1.
   """
-  if not isinstance(num_most_frequent, int) or isinstance(num_most_frequent, bool) \
+  if not isinstance(num_most_frequent, numbers.Integral) or isinstance(num_most_frequent, bool) \
       or num_most_frequent < 1:
     raise ValueError(f"sampled_vocab: num_most_frequent must be a positive integer, "
                      f"got {num_most_frequent!r}")
@@ -93,7 +94,7 @@ def sampled_vocab(num_most_frequent: int = 5000) -> Initializer:
   def init(rng: Array, shape: Shape, embedding: Array) -> Array:
     rows, embed = _rows(shape, "sampled_vocab")
     vocab = _check_table(embedding, embed, "sampled_vocab")
-    candidates = min(num_most_frequent, vocab)
+    candidates = min(int(num_most_frequent), vocab)
     ids = jax.random.choice(rng, candidates, (rows,), replace=rows > candidates)
     table = jnp.asarray(embedding, jnp.float32)
     return jnp.take(table, ids, axis=0).reshape(tuple(shape))
@@ -261,7 +262,7 @@ def exported_prompt_path(model_dir: Union[str, os.PathLike],
       raise FileNotFoundError(f"from_checkpoint: no prompt_step_<N>.npy in {folder!r}; is "
                               f"{os.fspath(model_dir)!r} the model_dir of a finished run?")
     path = os.path.join(folder, f"prompt_step_{steps[-1]}.npy")
-  elif isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+  elif isinstance(step, numbers.Integral) and not isinstance(step, bool) and step >= 0:
     path = os.path.join(folder, f"prompt_step_{step}.npy")
   else:
     raise ValueError(f"from_checkpoint: step must be a non-negative integer, 'best' or None, "
