@@ -108,9 +108,8 @@ def test_list_command_reports_sources_and_presence(fresh_process):
   assert lines["spot_glue_cola_v200"].endswith("present=no")
   assert "files:" in lines["spot_cr_v200"] and lines["spot_cr_v200"].endswith("present=no")
   assert lines["spot_sources_v200"].startswith("mixture") and lines["spot_sources_v200"].endswith("present=no")
-  registered = {n for n in seqio.TaskRegistry.names() | seqio.MixtureRegistry.names()
-                if n.startswith("spot_") and not n.endswith(("_files_v200", "_hf_v200"))}
-  assert registered <= set(lines)
+  ours = {n for n in tasks.SPECS if not n.endswith(("_files_v200", "_hf_v200"))} | set(names.MIXTURES.values())
+  assert ours <= set(lines)
 
 
 def test_missing_data_in_process_with_alarm(tmp_path):
@@ -235,8 +234,8 @@ def test_import_is_idempotent():
     importlib.reload(importlib.import_module(module))
   assert sorted(seqio.TaskRegistry.names()) == before_tasks
   assert sorted(seqio.MixtureRegistry.names()) == before_mixtures
-  spot = [n for n in before_tasks if n.startswith("spot_") and not n.endswith(("_files_v200", "_hf_v200"))]
-  assert len(spot) == 82
+  ours = [n for n in tasks.SPECS if not n.endswith(("_files_v200", "_hf_v200"))]
+  assert len(ours) == 82 and set(ours) <= set(before_tasks)
 
 
 def test_docs_table_lists_every_task():
