@@ -28,7 +28,7 @@ class ProgressLogger:
   """
 
   def __init__(self, total_steps: int, batch_size: int, tb_dir: Optional[pathlib.Path],
-               stream: TextIO = sys.stdout, enabled: bool = True):
+               stream: Optional[TextIO] = None, enabled: bool = True):
     self.total_steps, self.batch_size = total_steps, batch_size
     self._stream, self._enabled = stream, enabled
     self._last_time: Optional[float] = None
@@ -77,13 +77,13 @@ class ProgressLogger:
     parts.append(f"ETA {format_duration(eta) if eta == eta else '?'}")
     line = " | ".join(parts)
     if self._enabled:
-      print(line, file=self._stream, flush=True)
+      print(line, file=self._stream or sys.stdout, flush=True)
     self.scalars("train", step, rate)
     return line
 
   def info(self, message: str) -> None:
     if self._enabled:
-      print(message, file=self._stream, flush=True)
+      print(message, file=self._stream or sys.stdout, flush=True)
 
   def close(self) -> None:
     for writer in self._writers.values():

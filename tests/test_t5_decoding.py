@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import itertools
 
 import flax.linen as nn
@@ -14,7 +13,7 @@ import pytest
 from spot_jax.t5 import T5Config, Transformer, decoding, generate
 
 # The package exports the function `generate`, which shadows the module of the same name.
-generate_lib = importlib.import_module("spot_jax.t5.generate")
+from spot_jax.t5 import generation as generate_lib
 
 EOS = 1
 

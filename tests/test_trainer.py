@@ -1,6 +1,8 @@
 """Trainer invariants on a tiny frozen T5 and a local seqio task (in-process)."""
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -125,3 +127,12 @@ def test_bad_configuration_is_one_clear_error(tmp_path, task_name, change, messa
                   trainable=change.get("trainable", "prompt"), verbose=False)
   assert "\n" not in str(info.value)
   assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_truncation_is_counted_and_warned(tmp_path, task_name, capsys):
+  cfg = data.DatasetConfig(task_name, {"inputs": 32, "targets": 2}, batch_size=8)
+  trainer.train(model=_model(), train_dataset_cfg=cfg, total_steps=4, model_dir=str(tmp_path),
+                log_period=2, verbose=True)
+  out = capsys.readouterr().out
+  assert "warning: 16 of 16 training examples so far had targets longer than" in out
+  assert re.search(r"truncated in this run: \d+ inputs and 32 targets of 32 examples", out)
