@@ -1,7 +1,7 @@
 """Token cross-entropy with t5x's z-loss and loss normalisation."""
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Union
 
 import jax
 import jax.numpy as jnp

@@ -22,3 +22,19 @@ def t5_fixtures() -> pathlib.Path:
 def t5_vocab_path(t5_fixtures: pathlib.Path) -> str:
   """Path of the real T5 SentencePiece model (cc_all.32000)."""
   return str(t5_fixtures / "t5_vocab")
+
+
+@pytest.fixture(scope="module")
+def real_vocab():
+  """The real T5 vocabulary as the tasks load it (SPOT_JAX_VOCAB set for the module); skips when absent."""
+  vocab_file = SHARED_T5 / "t5_vocab"
+  if not vocab_file.exists():
+    pytest.skip(f"real T5 vocabulary not found at {vocab_file} (../shared/fixtures is beside the repo)")
+  import tasks  # pylint: disable=g-import-not-at-top
+  old = os.environ.get("SPOT_JAX_VOCAB")
+  os.environ["SPOT_JAX_VOCAB"] = str(vocab_file)
+  yield tasks.get_vocabulary()
+  if old is None:
+    del os.environ["SPOT_JAX_VOCAB"]
+  else:
+    os.environ["SPOT_JAX_VOCAB"] = old

@@ -11,7 +11,6 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # pylint: disable=g-import-not-at-top
-from jax.sharding import PartitionSpec as P
 
 from spot_jax import data, models, prompts, trainer
 from spot_jax.t5 import Transformer, config_by_name

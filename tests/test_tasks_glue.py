@@ -8,8 +8,6 @@ expected scores are computed by hand in the comments.
 from __future__ import annotations
 
 import math
-import os
-import pathlib
 
 import pytest
 import seqio
@@ -17,7 +15,6 @@ import seqio
 import tasks
 from tasks import names, prepare, scoring
 
-SHARED_VOCAB = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "t5" / "t5_vocab"
 SEQ = {"inputs": 256, "targets": 32}
 
 WSC_TEXT = "Mark told Pete many lies about himself, which Pete included in his book. He should have been more truthful."
@@ -198,19 +195,6 @@ def prepared(tmp_path_factory):
   tasks.set_tfds_data_dir(data_dir)
   yield data_dir
   tasks.set_tfds_data_dir(None)
-
-
-@pytest.fixture(scope="module")
-def real_vocab():
-  if not SHARED_VOCAB.exists():
-    pytest.skip(f"real T5 vocabulary not found at {SHARED_VOCAB} (../shared/fixtures is beside the repo)")
-  old = os.environ.get("SPOT_JAX_VOCAB")
-  os.environ["SPOT_JAX_VOCAB"] = str(SHARED_VOCAB)
-  yield tasks.get_vocabulary()
-  if old is None:
-    del os.environ["SPOT_JAX_VOCAB"]
-  else:
-    os.environ["SPOT_JAX_VOCAB"] = old
 
 
 def _drop_first_word(text: str) -> str:

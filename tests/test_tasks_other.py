@@ -8,8 +8,6 @@ padding and trailing space).
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 
 import numpy as np
 import pytest
@@ -18,7 +16,6 @@ import seqio
 import tasks
 from tasks import names, prepare, scoring
 
-SHARED_VOCAB = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "t5" / "t5_vocab"
 SEQ = {"inputs": 256, "targets": 32}
 _EMPTY_TOKENS = {"offsets": [], "tokens": []}
 
@@ -147,19 +144,6 @@ CASES = {
                          ["In France."], {"em": 100.0, "f1": 100.0})
        for c in ("squad", "news_qa", "trivia_qa", "search_qa", "hotpot_qa", "natural_questions")},
 }
-
-
-@pytest.fixture(scope="module")
-def real_vocab():
-  if not SHARED_VOCAB.exists():
-    pytest.skip(f"real T5 vocabulary not found at {SHARED_VOCAB} (../shared/fixtures is beside the repo)")
-  old = os.environ.get("SPOT_JAX_VOCAB")
-  os.environ["SPOT_JAX_VOCAB"] = str(SHARED_VOCAB)
-  yield tasks.get_vocabulary()
-  if old is None:
-    del os.environ["SPOT_JAX_VOCAB"]
-  else:
-    os.environ["SPOT_JAX_VOCAB"] = old
 
 
 @pytest.fixture(scope="module")
