@@ -14,6 +14,7 @@ import seqio
 
 import tasks
 from tasks import names, prepare, scoring
+from tests.task_checks import check_task_case
 
 SEQ = {"inputs": 256, "targets": 32}
 
@@ -197,10 +198,6 @@ def prepared(tmp_path_factory):
   tasks.set_tfds_data_dir(None)
 
 
-def _drop_first_word(text: str) -> str:
-  return text.split(" ", 1)[1]
-
-
 def test_every_glue_and_super_glue_task_has_a_case():
   assert set(CASES) == set(names.GLUE.values()) | set(names.SUPER_GLUE.values())
 
@@ -208,17 +205,7 @@ def test_every_glue_and_super_glue_task_has_a_case():
 @pytest.mark.parametrize("taskless", [False, True], ids=["named", "taskless"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_t5_format_tokens_and_metrics(name, taskless, prepared, real_vocab):
-  split, expected, predictions, expected_metrics = CASES[name]
-  task_name = names.taskless_name(name) if taskless else name
-  examples = scoring.dataset_examples(task_name, split, SEQ)
-  assert len(examples) == len(predictions)
-  for example, (inputs, targets) in zip(examples, expected):
-    inputs = _drop_first_word(inputs) if taskless else inputs
-    assert example["inputs_pretokenized"].decode() == inputs
-    assert example["targets_pretokenized"].decode() == targets
-    assert example["inputs"].tolist() == real_vocab.encode(inputs) + [1]
-    assert example["targets"].tolist() == real_vocab.encode(targets) + [1]
-  assert scoring.score(task_name, examples, predictions) == pytest.approx(expected_metrics, rel=1e-6, abs=1e-9)
+  check_task_case(name, taskless, CASES[name], real_vocab, SEQ)
 
 
 def test_mnli_split_routing(prepared, real_vocab):

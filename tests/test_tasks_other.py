@@ -15,6 +15,7 @@ import seqio
 
 import tasks
 from tasks import names, prepare, scoring
+from tests.task_checks import check_task_case
 
 SEQ = {"inputs": 256, "targets": 32}
 _EMPTY_TOKENS = {"offsets": [], "tokens": []}
@@ -171,17 +172,7 @@ def test_every_other_task_has_a_case():
 @pytest.mark.parametrize("name,taskless", [(n, t) for n in sorted(CASES) for t in (False, True)
                                            if not (t and n in names.NO_TASKLESS)])  # SQuAD has no task name
 def test_format_tokens_and_metrics(name, taskless, prepared, real_vocab):
-  split, expected, predictions, expected_metrics = CASES[name]
-  task_name = names.taskless_name(name) if taskless else name
-  examples = scoring.dataset_examples(task_name, split, SEQ)
-  assert len(examples) == len(predictions)
-  for example, (inputs, targets) in zip(examples, expected):
-    inputs = inputs.split(" ", 1)[1] if taskless else inputs
-    assert example["inputs_pretokenized"].decode() == inputs
-    assert example["targets_pretokenized"].decode() == targets
-    assert example["inputs"].tolist() == real_vocab.encode(inputs) + [1]
-    assert example["targets"].tolist() == real_vocab.encode(targets) + [1]
-  assert scoring.score(task_name, examples, predictions) == pytest.approx(expected_metrics, rel=1e-6, abs=1e-9)
+  check_task_case(name, taskless, CASES[name], real_vocab, SEQ)
 
 
 def test_train_split_mappings(prepared, real_vocab):
