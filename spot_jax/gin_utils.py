@@ -12,12 +12,14 @@ import pathlib
 import sys
 from typing import Callable, Optional, Sequence
 
+from spot_jax import cli
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Namespace:
   """Parses gin flags; `--gin.X=V` becomes the binding "X=V" (t5x's convention)."""
-  parser = argparse.ArgumentParser(prog=prog, description=description)
+  parser = cli.ArgumentParser(prog=prog, description=description)
   parser.add_argument("--gin_file", action="append", default=[],
                       help="gin file to parse (repeatable; later files override earlier ones)")
   parser.add_argument("--gin_search_paths", action="append", default=[],
@@ -61,31 +63,16 @@ def parse_gin(args: argparse.Namespace) -> None:
   gin.finalize()
 
 
-def one_line(error: BaseException) -> str:
-  """The first meaningful line of an exception message (gin appends file context)."""
-  text = str(error).strip() or type(error).__name__
-  line = text.splitlines()[0].strip()
-  if isinstance(error, KeyError) and line.startswith(("'", '"')):
-    line = line.strip("'\"")
-  return line
-
-
-USER_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError, PermissionError,
-               NotADirectoryError, IsADirectoryError)
-
-
 def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str], prog: str,
         description: str) -> int:
-  """Parses flags and gin, runs `main`, and turns user errors into one line + exit 2."""
-  args = parse_args(argv, prog, description)
-  try:
+  """Parses flags and gin, runs `main`; user errors become one line + exit 2 (`spot_jax.cli`)."""
+
+  def program(argv: Sequence[str]) -> Optional[int]:
+    args = parse_args(argv, prog, description)
     if args.multiprocess or os.environ.get("SPOT_JAX_MULTIPROCESS") == "1":
       import jax  # pylint: disable=g-import-not-at-top
       jax.distributed.initialize()
     parse_gin(args)
-    return int(main(args) or 0)
-  except USER_ERRORS as e:
-    if args.debug:
-      raise
-    print(f"{prog}: error: {one_line(e)} (rerun with --debug for the traceback)", file=sys.stderr)
-    return 2
+    return main(args)
+
+  return cli.run(program, argv, prog)

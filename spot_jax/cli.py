@@ -1,0 +1,93 @@
+"""The error boundary shared by every command line (`python -m spot_jax.<prog>`, `python -m tasks`).
+
+A user error ends the program with exactly one line on stderr,
+`spot_jax.<prog>: error: <what is wrong>; <what would be valid>`, and exit status 2. An
+unexpected failure prints one line too (exit 1) unless `--debug` is given, which shows the
+traceback instead. Argument-parsing mistakes follow the same one-line form.
+
+  def main(argv):
+    parser = cli.ArgumentParser(prog="spot_jax.infer", description=...)
+    args = parser.parse_args(argv)
+    ...
+
+  if __name__ == "__main__":
+    sys.exit(cli.run(main, sys.argv[1:], "spot_jax.infer"))
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, NoReturn, Optional, Sequence
+
+from spot_jax.errors import ConfigError
+
+EXIT_USER_ERROR = 2
+EXIT_INTERNAL_ERROR = 1
+
+# Errors a user's input can cause. Anything else is a bug and keeps its traceback (--debug).
+USER_ERRORS = (ValueError, KeyError, TypeError, OSError, ImportError)
+
+
+class UsageError(ConfigError):
+  """A command-line argument is missing, unknown or malformed."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse, but a usage error raises `UsageError` (one line through `run`) instead of exiting."""
+
+  def error(self, message: str) -> NoReturn:
+    raise UsageError(f"{message} (see --help)")
+
+
+def one_line(error: BaseException) -> str:
+  """The first meaningful line of an exception message (gin and orbax append context lines)."""
+  text = str(error).strip() or type(error).__name__
+  line = text.splitlines()[0].strip()
+  if isinstance(error, KeyError) and line.startswith(("'", '"')):
+    line = line.strip("'\"")
+  return line
+
+
+def error_line(prog: str, message: str) -> str:
+  """`<prog>: error: <message>` with `prog` as the user typed it after `python -m`."""
+  return f"{prog}: error: {message}"
+
+
+def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], prog: str,
+        user_errors: tuple[type[BaseException], ...] = USER_ERRORS) -> int:
+  """Runs `main(argv)` and turns its failures into one stderr line and an exit status.
+
+  Args:
+    main: the program; returns an exit status (None means 0).
+    argv: the arguments after the program name.
+    prog: the program's name in messages, e.g. "spot_jax.train".
+    user_errors: exception types reported as user errors (exit 2).
+
+  Returns:
+    The exit status: main's, 2 for a user error, 1 for an unexpected one, 130 on Ctrl-C.
+  """
+  argv = list(argv)
+  debug = "--debug" in argv
+  try:
+    return int(main(argv) or 0)
+  except SystemExit:
+    raise
+  except KeyboardInterrupt:
+    _print(error_line(prog, "interrupted"))
+    return 130
+  except user_errors as e:
+    if debug:
+      raise
+    _print(error_line(prog, one_line(e)))
+    return EXIT_USER_ERROR
+  except Exception as e:  # pylint: disable=broad-except
+    if debug:
+      raise
+    _print(error_line(prog, f"internal error: {type(e).__name__}: {one_line(e)} "
+                            f"(rerun with --debug for the traceback)"))
+    return EXIT_INTERNAL_ERROR
+
+
+def _print(line: str) -> None:
+  sys.stdout.flush()
+  print(line, file=sys.stderr, flush=True)
