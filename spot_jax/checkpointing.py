@@ -9,15 +9,24 @@ Layout under MODEL_DIR:
 
 Every write goes to a temporary name first and is renamed into place, so a run killed at any
 moment leaves either the previous or the new file, never a torn one.
+
+A state that cannot be read (a truncated or lost file: disk full, a copy cut short) is told
+apart from one that does not fit the run's configuration: its metadata is compared with the
+run's state first (a mismatch is a `ConfigError`, and nothing is moved), then the arrays are
+read. `restore_latest` falls back from a damaged state to the newest readable one and moves the
+damaged directory aside to `<step>.corrupt` (orbax ignores such names and never deletes them).
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import pathlib
 import re
+import sys
 import tempfile
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 import numpy as np
@@ -26,12 +35,75 @@ import orbax.checkpoint as ocp
 from spot_jax.errors import ConfigError
 
 PROMPT_STEP_RE = re.compile(r"^prompt_step_(\d+)\.npy$")
+CORRUPT_SUFFIX = ".corrupt"
+
+
+class DamagedCheckpoint(Exception):
+  """A saved state whose files cannot be read (raised by `Checkpointer.restore`).
+
+  Attributes:
+    step: the checkpoint's step.
+    path: its directory.
+    reason: one line from the reader, naming the array and the file that failed.
+  """
+
+  def __init__(self, step: int, path: pathlib.Path, reason: str):
+    super().__init__(f"{path}: {reason}")
+    self.step, self.path, self.reason = step, path, reason
 
 
 def _manager(directory: pathlib.Path, max_to_keep: Optional[int]) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                          enable_async_checkpointing=False)
-  return ocp.CheckpointManager(directory, options=options)
+  return ocp.CheckpointManager(directory, options=options,
+                               item_handlers=ocp.StandardCheckpointHandler())
+
+
+def _root_cause(error: BaseException) -> str:
+  """The innermost cause's first line (tensorstore names the array and the file there)."""
+  while error.__cause__ is not None or (error.__context__ is not None and not error.__suppress_context__):
+    error = error.__cause__ or error.__context__
+  text = " ".join(str(error).strip().split("\n")[0].split()) or type(error).__name__
+  return text[:400]
+
+
+@contextlib.contextmanager
+def _quiet_abandoned_reads() -> Iterator[None]:
+  """Drops the tracebacks of reads orbax abandons when one array of a restore fails.
+
+  orbax gathers one coroutine per array; when one fails, the others are left pending and
+  Python prints each at garbage collection. They belong to the failure already reported.
+  """
+  hook = sys.unraisablehook
+  sys.unraisablehook = lambda unused: None
+  try:
+    yield
+  finally:
+    gc.collect()
+    sys.unraisablehook = hook
+
+
+def _flat_shapes(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+  import jax.tree_util as tu  # pylint: disable=g-import-not-at-top
+  out = {}
+  for path, leaf in tu.tree_flatten_with_path(tree)[0]:
+    name = "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+    out[name] = (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
+  return out
+
+
+def describe_mismatch(stored: Any, wanted: Any) -> Optional[str]:
+  """The first difference between a checkpoint's array metadata and the run's state, or None."""
+  have, want = _flat_shapes(stored), _flat_shapes(wanted)
+  for name in sorted(set(have) | set(want), key=lambda n: (not n.startswith("params"), n)):
+    if name not in have:
+      return f"this run has {name}, the checkpoint does not"
+    if name not in want:
+      return f"the checkpoint has {name}, this run does not"
+    if have[name] != want[name]:
+      return (f"{name} is {have[name][1]}{list(have[name][0])} in the checkpoint, "
+              f"{want[name][1]}{list(want[name][0])} in this run")
+  return None
 
 
 def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
@@ -73,7 +145,10 @@ class Checkpointer:
     model_dir: the run directory.
   """
 
-  def __init__(self, model_dir: str | os.PathLike, *, keep: int = 1):
+  def __init__(self, model_dir: str | os.PathLike, *, keep: int = 2):
+    if keep < 1:
+      raise ConfigError(f"CheckpointConfig.keep={keep}; keep at least 1 training state (2 or more "
+                        f"lets a restart fall back when the latest one is damaged)")
     self.model_dir = pathlib.Path(model_dir)
     self._latest = _manager(self.model_dir / "checkpoints", keep)
     self._best = _manager(self.model_dir / "best", 1)
@@ -89,14 +164,58 @@ class Checkpointer:
     self._latest.wait_until_finished()
 
   def restore(self, step: int, abstract_state: Any) -> Any:
-    """Restores checkpoint `step` onto the shardings of `abstract_state` (ShapeDtypeStructs)."""
-    try:
-      return self._latest.restore(step, args=ocp.args.StandardRestore(abstract_state))
-    except (ValueError, KeyError, TypeError) as e:
-      first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-      raise ConfigError(f"the checkpoint {self.model_dir / 'checkpoints' / str(step)} does not match "
-                        f"this run's configuration ({first[:300]}); use a new MODEL_DIR or the "
-                        f"configuration that wrote it") from None
+    """Restores checkpoint `step` onto the shardings of `abstract_state` (ShapeDtypeStructs).
+
+    Raises:
+      ConfigError: the checkpoint is readable but holds another configuration's state.
+      DamagedCheckpoint: its files cannot be read.
+    """
+    return _restore(self._latest, step, self.model_dir / "checkpoints" / str(step), abstract_state)
+
+  def restore_latest(self, abstract_state: Any, warn: Callable[[str], None] = print
+                     ) -> tuple[Optional[Any], Optional[int]]:
+    """The newest readable training state and its step; (None, None) when there is none yet.
+
+    Damaged newer states are moved aside to `checkpoints/<step>.corrupt` with one warning line
+    each, once an older readable state has been found. When no state is readable nothing is
+    moved and a `ConfigError` names the directory (starting over silently would lose the run).
+    """
+    directory = self.model_dir / "checkpoints"
+    damaged: list[DamagedCheckpoint] = []
+    for step in sorted(self._latest.all_steps(), reverse=True):
+      try:
+        state = self.restore(step, abstract_state)
+      except DamagedCheckpoint as e:
+        damaged.append(e)
+        continue
+      for bad in damaged:
+        aside = _move_aside(bad.path)
+        warn(f"warning: the training state of step {bad.step} cannot be read ({bad.reason}); "
+             f"moved it to {aside} and resumed from step {step}")
+      if damaged:
+        self._latest.reload()
+      return state, step
+    if damaged:
+      steps = ", ".join(str(d.step) for d in damaged)
+      raise ConfigError(f"no readable training state in {directory} (step {steps}: "
+                        f"{damaged[0].reason}); nothing was changed: restore the files, or move "
+                        f"{directory} aside (or use a new MODEL_DIR) to start over")
+    return None, None
+
+  def check_best(self, abstract_state: Any, warn: Callable[[str], None] = print) -> None:
+    """Moves a damaged best/ state (and its metric.json) aside, so the next evaluation replaces it."""
+    for step in self._best.all_steps():
+      path = self.model_dir / "best" / str(step)
+      try:
+        _restore(self._best, step, path, abstract_state)
+      except DamagedCheckpoint as e:
+        aside = _move_aside(path)
+        metric = self.model_dir / "best" / "metric.json"
+        if metric.exists():
+          os.replace(metric, aside / "metric.json")
+        self._best.reload()
+        warn(f"warning: the best state (step {step}) cannot be read ({e.reason}); moved it to "
+             f"{aside}; the next evaluation starts a new best")
 
   def best_metric(self) -> Optional[float]:
     path = self.model_dir / "best" / "metric.json"
@@ -121,3 +240,32 @@ class Checkpointer:
   def close(self) -> None:
     self._latest.close()
     self._best.close()
+
+
+def _restore(manager: ocp.CheckpointManager, step: int, path: pathlib.Path, abstract_state: Any) -> Any:
+  try:
+    stored = manager.item_metadata(step)
+  except Exception as e:  # pylint: disable=broad-except
+    raise DamagedCheckpoint(step, path, _root_cause(e)) from None
+  if stored is None:
+    raise DamagedCheckpoint(step, path, "its metadata is missing")
+  mismatch = describe_mismatch(stored, abstract_state)
+  if mismatch is not None:
+    raise ConfigError(f"the checkpoint {path} does not match this run's configuration ({mismatch}); "
+                      f"use a new MODEL_DIR or the configuration that wrote it")
+  with _quiet_abandoned_reads():
+    try:
+      return manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    except Exception as e:  # pylint: disable=broad-except
+      raise DamagedCheckpoint(step, path, _root_cause(e)) from None
+
+
+def _move_aside(path: pathlib.Path) -> pathlib.Path:
+  """Renames a damaged checkpoint to `<step>.corrupt` (or `.corrupt.N`); never deletes it."""
+  aside = path.with_name(path.name + CORRUPT_SUFFIX)
+  n = 1
+  while aside.exists():
+    aside = path.with_name(f"{path.name}{CORRUPT_SUFFIX}.{n}")
+    n += 1
+  os.replace(path, aside)
+  return aside

@@ -16,7 +16,9 @@ traceback instead. Argument-parsing mistakes follow the same one-line form.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
+import threading
 from typing import Callable, NoReturn, Optional, Sequence
 
 from spot_jax.errors import ConfigError
@@ -79,13 +81,32 @@ def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], pro
     if debug:
       raise
     _print(error_line(prog, one_line(e)))
+    quiet_teardown()
     return EXIT_USER_ERROR
   except Exception as e:  # pylint: disable=broad-except
     if debug:
       raise
     _print(error_line(prog, f"internal error: {type(e).__name__}: {one_line(e)} "
                             f"(rerun with --debug for the traceback)"))
+    quiet_teardown()
     return EXIT_INTERNAL_ERROR
+
+
+def quiet_teardown() -> None:
+  """After the error line, nothing else: drops exceptions raised while the process winds down.
+
+  Background libraries (orbax's asyncio reads, tensorstore callbacks) can leave coroutines
+  and callbacks behind when an error interrupts them; Python would print each one's traceback
+  at garbage collection or from its thread ("Event loop is closed"). The error has already been
+  reported in one line, so these are noise. `--debug` never reaches here.
+  """
+  sys.unraisablehook = _drop
+  threading.excepthook = _drop
+  gc.collect()
+
+
+def _drop(unused_args) -> None:
+  return None
 
 
 def _print(line: str) -> None:

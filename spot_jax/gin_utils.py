@@ -2,7 +2,8 @@
 
 Errors a user can cause (unknown gin parameter, unknown task, missing checkpoint, ...) end the
 program with one line on stderr naming the problem and exit status 2; `--debug` shows the
-traceback instead.
+traceback instead. An override that the final configuration never uses is such an error too
+(`spot_jax.gin_overrides`), unless `--allow_unused_gin_overrides` is given.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from spot_jax import cli
+from spot_jax import gin_overrides
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -29,6 +31,9 @@ def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Nam
   parser.add_argument("--multiprocess", action="store_true",
                       help="call jax.distributed.initialize() first (multi-host pods/clusters); "
                            "also enabled by SPOT_JAX_MULTIPROCESS=1")
+  parser.add_argument("--allow_unused_gin_overrides", action="store_true",
+                      help="accept --gin.X overrides that the configuration never uses (by "
+                           "default they are an error: they would change nothing)")
   parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
   args, rest = parser.parse_known_args(list(argv))
   for item in rest:
@@ -50,8 +55,14 @@ def search_paths(extra: Sequence[str]) -> list[str]:
   return paths
 
 
-def parse_gin(args: argparse.Namespace) -> None:
-  """Registers search paths, then parses the files and bindings (t5x order)."""
+def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -> None:
+  """Registers search paths, parses the files, then each binding (t5x order), and finalizes.
+
+  Args:
+    args: from `parse_args`.
+    roots: the configurables the program calls ("spot_jax.trainer.train"); overrides they never
+      reach are refused. None: the configurables the files bind that nothing references.
+  """
   import gin  # pylint: disable=g-import-not-at-top
   for path in search_paths(args.gin_search_paths):
     gin.add_config_file_search_path(path)
@@ -59,20 +70,34 @@ def parse_gin(args: argparse.Namespace) -> None:
     if not any(pathlib.Path(p, f).is_file() for p in search_paths(args.gin_search_paths)) and not pathlib.Path(f).is_file():
       raise FileNotFoundError(f"gin file {f!r} not found in {search_paths(args.gin_search_paths)}; "
                               f"the shipped ones are under gin/ (models/, prompts/, runs/)")
-  gin.parse_config_files_and_bindings(args.gin_file, args.gin_bindings, finalize_config=False)
+  gin.parse_config_files_and_bindings(args.gin_file, [], finalize_config=False)
+  from_files = set(gin.config._CONFIG)  # pylint: disable=protected-access
+  keys = []
+  for binding in args.gin_bindings:
+    gin_overrides.parse_override(binding)
+    keys.append(gin_overrides.override_key(binding))
   gin.finalize()
+  if args.gin_bindings and not getattr(args, "allow_unused_gin_overrides", False):
+    selectors = (gin_overrides.resolve_roots(roots) if roots is not None
+                 else gin_overrides.default_roots(from_files))
+    if selectors is not None:
+      gin_overrides.check_unused(args.gin_bindings, keys, selectors)
 
 
 def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str], prog: str,
-        description: str) -> int:
-  """Parses flags and gin, runs `main`; user errors become one line + exit 2 (`spot_jax.cli`)."""
+        description: str, roots: Optional[Sequence[str]] = None) -> int:
+  """Parses flags and gin, runs `main`; user errors become one line + exit 2 (`spot_jax.cli`).
+
+  `roots` names the configurables `main` calls (e.g. ("spot_jax.trainer.train",)), which decide
+  whether an override is used (see `parse_gin`).
+  """
 
   def program(argv: Sequence[str]) -> Optional[int]:
     args = parse_args(argv, prog, description)
     if args.multiprocess or os.environ.get("SPOT_JAX_MULTIPROCESS") == "1":
       import jax  # pylint: disable=g-import-not-at-top
       jax.distributed.initialize()
-    parse_gin(args)
+    parse_gin(args, roots)
     return main(args)
 
   return cli.run(program, argv, prog)

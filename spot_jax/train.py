@@ -16,6 +16,10 @@ import sys
 from spot_jax import gin_utils
 
 
+# The configurables main() calls: gin overrides they never reach are refused.
+GIN_ROOTS = ("spot_jax.trainer.train",)
+
+
 def main(args) -> int:
   del args
   import gin  # pylint: disable=g-import-not-at-top
@@ -25,4 +29,5 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(gin_utils.run(main, sys.argv[1:], "spot_jax.train", __doc__.splitlines()[0]))
+  sys.exit(gin_utils.run(main, sys.argv[1:], "spot_jax.train", __doc__.splitlines()[0],
+                         GIN_ROOTS))

@@ -45,7 +45,8 @@ class CheckpointConfig:
 
   Attributes:
     period: save the training state every this many steps (and at the end); None: EVAL_PERIOD.
-    keep: how many latest training states to keep.
+    keep: how many latest training states to keep (at least 2 lets a restart fall back when
+      the latest one is damaged; a prompt-only state is well under a megabyte).
     save_prompt_steps: extra steps at which the prompt is exported (e.g. an early step whose
       prompt serves as a SPoT task embedding).
     best_metric: "task/metric" (or "metric") whose best value selects best/ and
@@ -53,7 +54,7 @@ class CheckpointConfig:
     best_mode: "max" or "min".
   """
   period: Optional[int] = None
-  keep: int = 1
+  keep: int = 2
   save_prompt_steps: Sequence[int] = ()
   best_metric: Optional[str] = None
   best_mode: str = "max"
@@ -166,6 +167,23 @@ def _host_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
   return out
 
 
+def check_finite(metrics: Mapping[str, Any], step: int, last_saved: Optional[int]) -> None:
+  """Raises a one-line `ConfigError` when a step's loss or gradient norm is NaN or infinite.
+
+  A non-finite gradient norm means the parameters after `step` are already corrupted even when
+  the loss was finite, so both are checked before anything of that step is written.
+  """
+  for name in ("loss", "grad_norm"):
+    value = metrics.get(name)
+    if value is not None and not np.isfinite(value):
+      what = "loss" if name == "loss" else "gradient norm"
+      kept = (f"the last checkpoint (step {last_saved}) is intact" if last_saved is not None
+              else "no checkpoint had been written")
+      raise ConfigError(f"training diverged: the {what} is {value} at step {step}; nothing from step "
+                        f"{step} on was saved and {kept}; lower LEARNING_RATE (or check the data) "
+                        f"and restart")
+
+
 def _effective_prompt(model: models.EncoderDecoderModel, trainable: Any) -> Optional[np.ndarray]:
   if not model.has_prompt or models.PROMPT_KEY not in trainable:
     return None
@@ -221,6 +239,9 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
     raise ConfigError(f"TRAIN_STEPS must be a positive integer, got {total_steps!r}")
   if eval_period <= 0 or log_period <= 0:
     raise ConfigError(f"EVAL_PERIOD ({eval_period}) and log_period ({log_period}) must be positive")
+  if not isinstance(checkpoint_cfg.keep, int) or checkpoint_cfg.keep < 1:
+    raise ConfigError(f"CheckpointConfig.keep={checkpoint_cfg.keep!r}; keep at least 1 training state "
+                      f"(2 or more lets a restart fall back when the latest one is damaged)")
   if checkpoint_cfg.best_mode not in ("max", "min"):
     raise ConfigError(f"best_mode={checkpoint_cfg.best_mode!r}; valid: 'max' or 'min'")
   data_lib.validate(train_dataset_cfg, model.prompt_length)
@@ -275,83 +296,97 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
 
     # --- 5. restore: this run's own checkpoint first, else the fresh state --------------------
     checkpointer = checkpointing.Checkpointer(run_dir, keep=checkpoint_cfg.keep)
-    latest = checkpointer.latest_step()
-    if latest is not None:
+    try:
       abstract_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                                     _state_dict(fresh))
-      state = _state_from_dict(checkpointer.restore(latest, abstract_state))
-      del fresh
-      log.info(f"resumed from {run_dir / 'checkpoints' / str(latest)} (step {int(state.step)})")
-    else:
-      state = fresh
+      restored, latest = checkpointer.restore_latest(abstract_state, warn=log.info)
+      if checkpoint_cfg.best_metric:
+        checkpointer.check_best(abstract_state, warn=log.info)
+      if restored is not None:
+        state = _state_from_dict(restored)
+        del fresh
+        log.info(f"resumed from {run_dir / 'checkpoints' / str(latest)} (step {int(state.step)})")
+      else:
+        state = fresh
 
-    # --- 6. one jitted train step ----------------------------------------------------------
-    batch_sharding = partitioning.batch_sharding(mesh)
-    step_fn = jax.jit(make_train_step(model, tx),
-                      in_shardings=(state_shardings, frozen_shardings, batch_sharding),
-                      out_shardings=(state_shardings, partitioning.replicated(mesh)),
-                      donate_argnums=(0,))
-    evaluator = (evaluation.Evaluator(model, eval_cfg, log_dir=str(run_dir / "eval"))
-                 if eval_cfg is not None else None)
+      # --- 6. one jitted train step --------------------------------------------------------
+      batch_sharding = partitioning.batch_sharding(mesh)
+      step_fn = jax.jit(make_train_step(model, tx),
+                        in_shardings=(state_shardings, frozen_shardings, batch_sharding),
+                        out_shardings=(state_shardings, partitioning.replicated(mesh)),
+                        donate_argnums=(0,))
+      evaluator = (evaluation.Evaluator(model, eval_cfg, log_dir=str(run_dir / "eval"))
+                   if eval_cfg is not None else None)
 
-    # --- 7. loop --------------------------------------------------------------------------
-    start = int(state.step)
-    batches = data_lib.train_batches(train_dataset_cfg, start_position=int(state.data_position),
-                                     shard_id=jax.process_index(), num_shards=jax.process_count())
-    history: list[dict[str, float]] = []
-    eval_history: list[tuple[int, dict]] = []
-    pending: list[dict] = []
-    truncated = {"inputs": 0, "targets": 0, "seen": 0}
-    warned = set()
-    log.start(start)
-    save_prompt_steps = set(int(s) for s in checkpoint_cfg.save_prompt_steps)
+      # --- 7. loop ------------------------------------------------------------------------
+      start = int(state.step)
+      batches = data_lib.train_batches(train_dataset_cfg, start_position=int(state.data_position),
+                                       shard_id=jax.process_index(), num_shards=jax.process_count())
+      history: list[dict[str, float]] = []
+      eval_history: list[tuple[int, dict]] = []
+      pending: list[tuple[int, Any]] = []  # (step, device metrics) not yet on the host
+      truncated = {"inputs": 0, "targets": 0, "seen": 0}
+      warned = set()
+      log.start(start)
+      save_prompt_steps = set(int(s) for s in checkpoint_cfg.save_prompt_steps)
 
-    for step in range(start, total_steps):
-      host = next(batches)
-      truncated["inputs"] += int(np.sum(host.pop("inputs_truncated")))
-      truncated["targets"] += int(np.sum(host.pop("targets_truncated")))
-      truncated["seen"] += len(host["encoder_input_tokens"])
-      batch = {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in host.items()}
-      state, metrics = step_fn(state, frozen, batch)
-      pending.append(metrics)
-      done = step + 1
-
-      if done % log_period == 0 or done == total_steps:
-        for m in pending:
+      def flush() -> None:
+        """Brings pending metrics to the host; stops before anything of a diverged step is written."""
+        for step_done, m in pending:
           history.append(_host_metrics(m))
+          check_finite(history[-1], step_done, checkpointer.latest_step())
         pending.clear()
-        last = history[-1]
-        log.train_line(done, {k: v for k, v in last.items() if isinstance(v, float)})
-        for key in ("inputs", "targets"):
-          if truncated[key] and key not in warned:
-            warned.add(key)
-            log.info(f"warning: {truncated[key]} of {truncated['seen']} training examples so far had "
-                     f"{key} longer than TASK_FEATURE_LENGTHS[{key!r}]={lengths[key]} and were truncated")
 
-      if done in save_prompt_steps:
-        _export(checkpointer, model, state, f"prompt_step_{done}")
-      if done % ckpt_period == 0 or done == total_steps:
-        checkpointer.save(done, _state_dict(state))
-        _export(checkpointer, model, state, f"prompt_step_{done}")
-      if evaluator is not None and (done % eval_period == 0 or done == total_steps):
-        results = evaluator.evaluate(models.merge_params(frozen, state.params), step=done)
-        eval_history.append((done, results))
-        flat = {f"{t}/{m}": v for t, ms in results.items() for m, v in ms.items()}
-        log.info(f"eval step {done}: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(flat.items())))
-        log.scalars("eval", done, flat)
-        if checkpoint_cfg.best_metric:
-          value = evaluation.lookup_metric(results, checkpoint_cfg.best_metric)
-          best = checkpointer.best_metric()
-          better = best is None or (value > best if checkpoint_cfg.best_mode == "max" else value < best)
-          if better:
-            checkpointer.save_best(done, _state_dict(state), checkpoint_cfg.best_metric, value)
-            _export(checkpointer, model, state, "prompt_best")
+      for step in range(start, total_steps):
+        host = next(batches)
+        truncated["inputs"] += int(np.sum(host.pop("inputs_truncated")))
+        truncated["targets"] += int(np.sum(host.pop("targets_truncated")))
+        truncated["seen"] += len(host["encoder_input_tokens"])
+        batch = {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in host.items()}
+        state, metrics = step_fn(state, frozen, batch)
+        done = step + 1
+        pending.append((done, metrics))
+        saves = (done in save_prompt_steps or done % ckpt_period == 0 or done == total_steps
+                 or (evaluator is not None and (done % eval_period == 0 or done == total_steps)))
 
-    if truncated["inputs"] or truncated["targets"]:
-      log.info(f"truncated in this run: {truncated['inputs']} inputs and {truncated['targets']} targets "
-               f"of {truncated['seen']} examples")
-    checkpointer.close()
-    log.close()
+        if done % log_period == 0 or done == total_steps:
+          flush()
+          last = history[-1]
+          log.train_line(done, {k: v for k, v in last.items() if isinstance(v, float)})
+          for key in ("inputs", "targets"):
+            if truncated[key] and key not in warned:
+              warned.add(key)
+              log.info(f"warning: {truncated[key]} of {truncated['seen']} training examples so far had "
+                       f"{key} longer than TASK_FEATURE_LENGTHS[{key!r}]={lengths[key]} and were truncated")
+        elif saves:
+          flush()
+
+        if done in save_prompt_steps:
+          _export(checkpointer, model, state, f"prompt_step_{done}")
+        if done % ckpt_period == 0 or done == total_steps:
+          checkpointer.save(done, _state_dict(state))
+          _export(checkpointer, model, state, f"prompt_step_{done}")
+        if evaluator is not None and (done % eval_period == 0 or done == total_steps):
+          results = evaluator.evaluate(models.merge_params(frozen, state.params), step=done)
+          eval_history.append((done, results))
+          flat = {f"{t}/{m}": v for t, ms in results.items() for m, v in ms.items()}
+          log.info(f"eval step {done}: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(flat.items())))
+          log.scalars("eval", done, flat)
+          if checkpoint_cfg.best_metric:
+            value = evaluation.lookup_metric(results, checkpoint_cfg.best_metric)
+            best = checkpointer.best_metric()
+            better = best is None or (value > best if checkpoint_cfg.best_mode == "max" else value < best)
+            if better:
+              checkpointer.save_best(done, _state_dict(state), checkpoint_cfg.best_metric, value)
+              _export(checkpointer, model, state, "prompt_best")
+      flush()
+
+      if truncated["inputs"] or truncated["targets"]:
+        log.info(f"truncated in this run: {truncated['inputs']} inputs and {truncated['targets']} targets "
+                 f"of {truncated['seen']} examples")
+    finally:
+      checkpointer.close()
+      log.close()
     compilations = step_fn._cache_size()  # pylint: disable=protected-access
   return TrainResult(state=state, frozen_params=frozen, history=history, eval_history=eval_history,
                      compilations=compilations, mesh=mesh)
