@@ -10,17 +10,18 @@ hardware. Targets for speed and memory live here, never in timed tests.
 """
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax import models, optimizers, prompts, trainer
+from spot_jax import cli, models, optimizers, prompts, trainer
+from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from spot_jax.train_state import TrainState
 
@@ -36,7 +37,7 @@ def _prompt_module(method: str, length: int):
     return prompts.ResidualPrompt(length=length, bottleneck=128)
   if method == "model_tuning":
     return None
-  raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
+  raise ConfigError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
 
 
 def _nbytes(tree) -> int:
@@ -90,8 +91,9 @@ def bench_method(method: str, config_name: str, batch_size: int, input_length: i
   }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(prog="spot_jax.bench", description=__doc__.splitlines()[0])
+def main(argv: Sequence[str]) -> int:
+  """Command-line entry point (run it through `cli.run`, which reports errors in one line)."""
+  parser = cli.ArgumentParser(prog="spot_jax.bench", description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="t5_1_1_small", help="a spot_jax.t5 config name")
   parser.add_argument("--methods", default=",".join(METHODS))
   parser.add_argument("--batch_size", type=int, default=8)
@@ -100,18 +102,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--prompt_length", type=int, default=20)
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--json", default=None, help="write the result rows to this file")
+  parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
   args = parser.parse_args(argv)
   methods = [m for m in args.methods.split(",") if m]
-  try:
-    config_by_name(args.config)
-    for m in methods:
-      if m not in METHODS:
-        raise ValueError(f"unknown method {m!r}; valid: {', '.join(METHODS)}")
-    if min(args.batch_size, args.input_length, args.target_length, args.steps, args.prompt_length) <= 0:
-      raise ValueError("batch_size, input_length, target_length, prompt_length and steps must be positive")
-  except ValueError as e:
-    print(f"spot_jax.bench: error: {e}", file=sys.stderr)
-    return 2
+  config_by_name(args.config)
+  if not methods:
+    raise ConfigError(f"--methods is empty; valid: a comma-separated subset of {', '.join(METHODS)}")
+  for m in methods:
+    if m not in METHODS:
+      raise ConfigError(f"unknown method {m!r}; valid: {', '.join(METHODS)}")
+  if min(args.batch_size, args.input_length, args.target_length, args.steps, args.prompt_length) <= 0:
+    raise ConfigError("batch_size, input_length, target_length, prompt_length and steps must be positive")
+  if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+    raise ConfigError(f"--json={args.json}: its directory does not exist; give a file in an existing directory")
   rows = []
   print(f"{'method':<14} {'steps/s':>9} {'ex/s':>9} {'trainable':>12} {'state MiB':>10} {'1st step s':>10}")
   for method in methods:
@@ -128,4 +131,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench"))

@@ -59,7 +59,7 @@ def _manager(directory: pathlib.Path, max_to_keep: Optional[int]) -> ocp.Checkpo
                                item_handlers=ocp.StandardCheckpointHandler())
 
 
-def _root_cause(error: BaseException) -> str:
+def root_cause(error: BaseException) -> str:
   """The innermost cause's first line (tensorstore names the array and the file there)."""
   while error.__cause__ is not None or (error.__context__ is not None and not error.__suppress_context__):
     error = error.__cause__ or error.__context__
@@ -68,7 +68,7 @@ def _root_cause(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_abandoned_reads() -> Iterator[None]:
+def quiet_abandoned_reads() -> Iterator[None]:
   """Drops the tracebacks of reads orbax abandons when one array of a restore fails.
 
   orbax gathers one coroutine per array; when one fails, the others are left pending and
@@ -246,18 +246,18 @@ def _restore(manager: ocp.CheckpointManager, step: int, path: pathlib.Path, abst
   try:
     stored = manager.item_metadata(step)
   except Exception as e:  # pylint: disable=broad-except
-    raise DamagedCheckpoint(step, path, _root_cause(e)) from None
+    raise DamagedCheckpoint(step, path, root_cause(e)) from None
   if stored is None:
     raise DamagedCheckpoint(step, path, "its metadata is missing")
   mismatch = describe_mismatch(stored, abstract_state)
   if mismatch is not None:
     raise ConfigError(f"the checkpoint {path} does not match this run's configuration ({mismatch}); "
                       f"use a new MODEL_DIR or the configuration that wrote it")
-  with _quiet_abandoned_reads():
+  with quiet_abandoned_reads():
     try:
       return manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
     except Exception as e:  # pylint: disable=broad-except
-      raise DamagedCheckpoint(step, path, _root_cause(e)) from None
+      raise DamagedCheckpoint(step, path, root_cause(e)) from None
 
 
 def _move_aside(path: pathlib.Path) -> pathlib.Path:

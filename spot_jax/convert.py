@@ -7,17 +7,18 @@
 The model config comes from the directory's config.json; with `--config_name` the checkpoint
 must match that named config exactly. The T5X output (msgpack `checkpoint` + gzip zarr arrays,
 float32) is read by `spot_jax.t5.load_checkpoint` and by t5x; tensors are streamed one block
-at a time, so converting XXL needs little host memory. Bad input exits non-zero with one line.
+at a time, so converting XXL needs little host memory. Bad input is one line on stderr,
+`spot_jax.convert: error: ...`, and exit status 2 (`spot_jax.cli`).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import sys
 from typing import Optional, Sequence
 
+from spot_jax import cli
 from spot_jax.t5 import checkpoints, hf
 from spot_jax.t5.config import CONFIGS, T5Config, config_by_name
 
@@ -25,13 +26,6 @@ _ARCH_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "nu
                 "num_decoder_layers", "mlp_activations", "logits_via_embedding",
                 "relative_attention_num_buckets", "relative_attention_max_distance",
                 "layer_norm_epsilon")
-
-
-class _OneLineParser(argparse.ArgumentParser):
-  """Usage errors as one line on stderr (exit status 2), like every other error here."""
-
-  def error(self, message: str):
-    self.exit(2, f"error: {message} (see --help)\n")
 
 
 def matching_names(config: T5Config) -> list[str]:
@@ -79,22 +73,18 @@ def _nest(flat: dict) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Command-line entry point; returns the exit status."""
-  parser = _OneLineParser(prog="python -m spot_jax.convert", description=__doc__.split("\n")[0])
+  """Command-line entry point (run it through `cli.run`, which reports errors in one line)."""
+  parser = cli.ArgumentParser(prog="spot_jax.convert", description=__doc__.split("\n")[0])
   parser.add_argument("--hf_dir", required=True, help="Hugging Face T5 directory (config.json + weights)")
   parser.add_argument("--output_dir", required=True, help="checkpoint directory to create")
   parser.add_argument("--format", default="t5x", choices=("t5x", "orbax"))
   parser.add_argument("--config_name", default=None,
                       help="named spot-jax config the checkpoint must match (default: from config.json)")
   parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+  parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
   args = parser.parse_args(argv)
-  try:
-    config, tensors, size = convert(args.hf_dir, args.output_dir, format=args.format,
-                                    config_name=args.config_name, overwrite=args.overwrite)
-  except (OSError, ValueError, ImportError) as e:
-    message = " ".join(str(e).split()) or type(e).__name__
-    print(f"error: {message}", file=sys.stderr)
-    return 1
+  config, tensors, size = convert(args.hf_dir, args.output_dir, format=args.format,
+                                  config_name=args.config_name, overwrite=args.overwrite)
   names = matching_names(config)
   arch = f"config {', '.join(names)}" if names else f"config {config}"
   print(f"wrote {args.format} checkpoint with {tensors} tensors ({size:,} parameters, float32; "
@@ -103,4 +93,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.convert"))

@@ -30,20 +30,30 @@ from spot_jax import trainer
 from spot_jax.errors import ConfigError
 
 
+def _step_dirs(folder: pathlib.Path) -> list[pathlib.Path]:
+  """checkpoints/<step> (or best/<step>) directories, oldest first; `<step>.corrupt` is skipped."""
+  return sorted((p for p in folder.glob("[0-9]*") if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+
+
 def _restore_params(checkpoint_dir: pathlib.Path, step: Optional[int], use_best: bool) -> tuple[Any, str]:
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from spot_jax import checkpointing  # pylint: disable=g-import-not-at-top
   candidates = []
   if step is not None:
     candidates.append(checkpoint_dir / "checkpoints" / str(step))
   else:
     if use_best:
-      best = checkpoint_dir / "best"
-      candidates += sorted((p for p in best.glob("[0-9]*") if p.is_dir()), key=lambda p: int(p.name))[-1:]
-    latest = checkpoint_dir / "checkpoints"
-    candidates += sorted((p for p in latest.glob("[0-9]*") if p.is_dir()), key=lambda p: int(p.name))[-1:]
+      candidates += _step_dirs(checkpoint_dir / "best")[-1:]
+    candidates += _step_dirs(checkpoint_dir / "checkpoints")[-1:]
   for path in candidates:
     if (path / "default").is_dir():
-      restored = ocp.StandardCheckpointer().restore(path / "default")
+      with checkpointing.quiet_abandoned_reads():
+        try:
+          restored = ocp.StandardCheckpointer().restore(path / "default")
+        except Exception as e:  # pylint: disable=broad-except
+          raise ConfigError(f"the training state {path} cannot be read ({checkpointing.root_cause(e)}); "
+                            f"evaluate another step (CHECKPOINT_STEP) or restart the training run, "
+                            f"which falls back to its newest readable state") from None
       return restored["params"], str(path)
   raise ConfigError(f"no training state found under {str(checkpoint_dir)!r} "
                     f"(looked for {'checkpoints/' + str(step) if step is not None else 'best/<step> and checkpoints/<step>'}); "

@@ -146,7 +146,9 @@ def make_train_step(model: models.EncoderDecoderModel, tx: optax.GradientTransfo
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
+    # param_norm: a finite loss and gradient can still give an infinite update (checked on the host)
+    metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads),
+                   param_norm=optax.tree.norm(params))
     lr = optimizers.current_learning_rate(state.opt_state)
     if lr is not None:
       metrics["learning_rate"] = jnp.asarray(lr, jnp.float32)
@@ -168,15 +170,14 @@ def _host_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_finite(metrics: Mapping[str, Any], step: int, last_saved: Optional[int]) -> None:
-  """Raises a one-line `ConfigError` when a step's loss or gradient norm is NaN or infinite.
+  """Raises a one-line `ConfigError` when a step's loss, gradient or new parameters are not finite.
 
-  A non-finite gradient norm means the parameters after `step` are already corrupted even when
-  the loss was finite, so both are checked before anything of that step is written.
+  A non-finite gradient or parameter norm means the parameters after `step` are corrupted even
+  when the loss was finite, so all three are checked before anything of that step is written.
   """
-  for name in ("loss", "grad_norm"):
+  for name, what in (("loss", "loss"), ("grad_norm", "gradient norm"), ("param_norm", "parameter norm")):
     value = metrics.get(name)
     if value is not None and not np.isfinite(value):
-      what = "loss" if name == "loss" else "gradient norm"
       kept = (f"the last checkpoint (step {last_saved}) is intact" if last_saved is not None
               else "no checkpoint had been written")
       raise ConfigError(f"training diverged: the {what} is {value} at step {step}; nothing from step "

@@ -6,13 +6,13 @@ whether its data is present locally (a file-system check, never the network).
 """
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import List, Optional
+from typing import List
 
 import seqio
 
 import tasks
+from spot_jax import cli
 from tasks import registry
 
 
@@ -66,13 +66,15 @@ def table_lines() -> List[str]:
   return lines
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m tasks", description=__doc__.splitlines()[0])
+def main(argv: List[str]) -> int:
+  """Command-line entry point (run it through `cli.run`, which reports errors in one line)."""
+  parser = cli.ArgumentParser(prog="tasks", description=__doc__.splitlines()[0])
   parser.add_argument("command", nargs="?", default="list", choices=["list", "table"])
+  parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
   args = parser.parse_args(argv)
   print("\n".join(list_lines() if args.command == "list" else table_lines()))
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(cli.run(main, sys.argv[1:], "tasks"))

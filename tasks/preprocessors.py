@@ -112,6 +112,9 @@ def wsc_simple(x: Example) -> Dict[str, tf.Tensor]:
   referent is the label, which the `wsc_simple` postprocessor compares against.
   """
   marked = tf.strings.regex_replace(_wsc_blanked_text(x), r" X ", tf.strings.join([" *", x["span2_text"], "* "]))
+  # T5 asserts when the pronoun is the first word; the blanked text then starts with " X ", which
+  # would leave "wsc:  *he* ..." (two spaces). Elsewhere the string stays exactly T5's.
+  marked = tf.where(tf.equal(tf.cast(x["span2_index"], tf.int32), 0), tf.strings.strip(marked), marked)
   return {"inputs": join([tf.constant("wsc:"), marked]), "targets": x["span1_text"],
           "label": tf.cast(x["label"], tf.int64), "idx": x["idx"]}
 

@@ -1,7 +1,7 @@
 """The benchmark runs and reports what trains (no timing assertions here)."""
 import json
 
-from spot_jax import bench
+from spot_jax import bench, cli
 
 
 def test_bench_rows(tmp_path):
@@ -19,5 +19,5 @@ def test_bench_rows(tmp_path):
 
 
 def test_bench_rejects_bad_input(capsys):
-  assert bench.main(["--methods=lora"]) == 2
+  assert cli.run(bench.main, ["--methods=lora"], "spot_jax.bench") == 2
   assert "unknown method 'lora'" in capsys.readouterr().err

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from spot_jax import convert  # noqa: E402
+from spot_jax import cli, convert  # noqa: E402
 from spot_jax.t5 import T5Config, Transformer, load_checkpoint  # noqa: E402
 from spot_jax.t5 import checkpoints  # noqa: E402
 
@@ -95,9 +95,10 @@ def test_orbax_output_holds_the_same_parameters(hf_model, tmp_path, capsys):
 def test_config_name_must_match(hf_model, tmp_path, capsys):
   _, hf_dir = hf_model
   out = str(tmp_path / "named")
-  assert convert.main([f"--hf_dir={hf_dir}", f"--output_dir={out}", "--config_name=t5_1_1_tiny"]) == 1
+  assert cli.run(convert.main, [f"--hf_dir={hf_dir}", f"--output_dir={out}", "--config_name=t5_1_1_tiny"],
+                 "spot_jax.convert") == 2
   err = capsys.readouterr().err
-  assert err.count("\n") == 1 and err.startswith("error: ")
+  assert err.count("\n") == 1 and err.startswith("spot_jax.convert: error: ")
   assert "d_model=16 but T5Config.emb_dim=4" in err
   assert not os.path.exists(out)
 
@@ -121,8 +122,8 @@ def test_bad_input_is_one_line_and_nonzero(hf_model, tmp_path, case):
     code, err = run.returncode, run.stderr
   else:
     code, err = _main_in_process(args)
-  assert code != 0
-  assert err.strip().count("\n") == 0 and err.startswith("error: "), err
+  assert code == 2
+  assert err.strip().count("\n") == 0 and err.startswith("spot_jax.convert: error: "), err
   assert needle in err
   assert not os.path.exists(out)
 
@@ -130,8 +131,5 @@ def test_bad_input_is_one_line_and_nonzero(hf_model, tmp_path, case):
 def _main_in_process(args):
   err = io.StringIO()
   with contextlib.redirect_stderr(err):
-    try:
-      code = convert.main(args)
-    except SystemExit as e:  # argparse usage errors
-      code = e.code
+    code = cli.run(convert.main, args, "spot_jax.convert")
   return code, err.getvalue()

@@ -253,3 +253,17 @@ def test_seqio_evaluator_agrees_with_scoring(name, prepared, real_vocab):
     assert expected == {"accuracy": pytest.approx(100 * 2 / 3)}  # naming the wrong candidate of a label-0 example
   else:
     assert all(v == pytest.approx(100.0) for v in expected.values())
+
+
+@pytest.mark.parametrize("text, index, expected", [
+    ("He told Mark lies.", 0, "wsc: *He* told Mark lies."),  # T5's own code asserts here
+    ("Mark told Pete he lied.", 3, "wsc: Mark told Pete *he* lied."),  # T5's string (see the parity test)
+])
+def test_wsc_simple_is_well_formed_when_the_pronoun_is_the_first_word(text, index, expected):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tasks import preprocessors  # pylint: disable=g-import-not-at-top
+  example = {"text": text, "span1_text": "Mark", "span1_index": 1, "span2_text": text.split()[index],
+             "span2_index": index, "label": 1, "idx": 0}
+  (out,) = list(preprocessors.wsc_simple(tf.data.Dataset.from_tensors(example)).as_numpy_iterator())
+  assert out["inputs"].decode() == expected
+  assert "  " not in out["inputs"].decode()
