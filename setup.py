@@ -36,5 +36,9 @@ setuptools.setup(
             "transformers>=4.45,<6",
         ],
         "hf": ["datasets>=2.18"],
+        # T5 parity tests (tests/test_t5_parity_tasks.py): what t5's preprocessors, postprocessors
+        # and metrics import. t5==0.9.4 itself pins tfds-nightly/seqio-nightly, so it is installed
+        # separately with `pip install --no-deps t5==0.9.4` (see .ci/run).
+        "t5parity": ["babel", "sacrebleu", "rouge-score", "editdistance", "immutabledict"],
     },
 )
