@@ -4,7 +4,8 @@
     --gin_file=gin/models/t5_1_1_base.gin --gin_file=gin/prompts/prompt_tuning_sampled_vocab.gin \
     --gin_file=gin/runs/eval.gin \
     --gin.CHECKPOINT_DIR="'/tmp/rte'" --gin.MIXTURE_OR_TASK_NAME="'spot_glue_rte_v200'" \
-    --gin.INITIAL_CHECKPOINT_PATH="'/ckpts/t5_1_1_lm100k_base/checkpoint_1100000'"
+    --gin.INITIAL_CHECKPOINT_PATH="'/ckpts/t5_1_1_lm100k_base/checkpoint_1100000'" \
+    --gin.PROMPT_LENGTH=100
 
 The prompt-side parameters come from a run directory's training state (best/ by default, else
 the latest checkpoints/ step, or `step`), which works for every method (SMoP needs its

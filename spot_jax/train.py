@@ -5,7 +5,8 @@
     --gin_file=gin/prompts/prompt_tuning_sampled_vocab.gin \
     --gin_file=gin/runs/prompt_tune.gin \
     --gin.MODEL_DIR="'/tmp/rte'" --gin.MIXTURE_OR_TASK_NAME="'spot_glue_rte_v200'" \
-    --gin.INITIAL_CHECKPOINT_PATH="'/ckpts/t5_1_1_lm100k_base/checkpoint_1100000'"
+    --gin.INITIAL_CHECKPOINT_PATH="'/ckpts/t5_1_1_lm100k_base/checkpoint_1100000'" \
+    --gin.PROMPT_LENGTH=100
 
 The run files bind `spot_jax.trainer.train` (see gin/runs/); this module only parses flags.
 """

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 
 import gin
 import pytest
@@ -59,3 +60,114 @@ def test_required_macro_is_enforced():
          ["MIXTURE_OR_TASK_NAME='x'"])
   with pytest.raises(ValueError, match="MODEL_DIR"):
     gin.finalize()
+
+
+# --- every documented command line is accepted (no override it shows is unused) -------------------
+
+DOCUMENTED = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *ALL_FILES]
+GIN_PROGRAMS = ("spot_jax.train", "spot_jax.eval")
+
+
+def documented_commands() -> list[tuple[str, str, list[str]]]:
+  """(where, module, args) of every `python -m spot_jax.train|eval ...` in the docs and gin headers."""
+  import shlex  # pylint: disable=g-import-not-at-top
+  out = []
+  for path in DOCUMENTED:
+    lines = path.read_text().splitlines()
+    if path.suffix == ".gin":
+      lines = [l[1:] for l in lines if l.startswith("#")]
+    i = 0
+    while i < len(lines):
+      start = lines[i].find("python -m spot_jax.")
+      if start < 0:
+        i += 1
+        continue
+      text, first = lines[i][start:], i
+      while text.rstrip().endswith("\\") and i + 1 < len(lines):
+        i += 1
+        text = text.rstrip()[:-1] + " " + lines[i].strip()
+      i += 1
+      tokens = shlex.split(text.split("`")[0])
+      if tokens[2] in GIN_PROGRAMS and len(tokens) > 3:  # not a mention in prose
+        out.append((f"{path.relative_to(REPO)}:{first + 1}", tokens[2], tokens[3:]))
+  return out
+
+
+def test_documented_commands_are_found():
+  where = {w.split(":")[0] for w, _, _ in documented_commands()}
+  assert {"README.md", "gin/runs/prompt_tune.gin", "gin/runs/eval.gin", "gin/test/smoke.gin"} <= where
+
+
+@pytest.mark.parametrize("where, module, args", documented_commands(), ids=lambda v: v if isinstance(v, str) and ":" in v else "")
+def test_documented_command_uses_every_override(where, module, args):
+  """Parsing each documented command (files, overrides, unused-override check) raises nothing."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  gin.clear_config(clear_constants=True)
+  program = importlib.import_module(module)
+  parsed = gin_utils.parse_args(args, module, "")
+  gin_utils.parse_gin(parsed, program.GIN_ROOTS)
+
+
+def documented_override_keys() -> list[str]:
+  """Every `--gin.KEY=` written in prose in README.md and docs/ (e.g. `--gin.NUM_PARTITIONS=N`)."""
+  keys = set()
+  for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+    keys |= set(re.findall(r"--gin\.([A-Za-z_][\w./]*)=", path.read_text()))
+  return sorted(keys - {"KEY"})  # the flag table's placeholder
+
+
+@pytest.fixture(scope="module")
+def used_by_documented_commands():
+  """For each documented command: a function telling whether an override key is used by it."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  from spot_jax import gin_overrides  # pylint: disable=g-import-not-at-top
+  checks = []
+  for where, module, args in documented_commands():
+    gin.clear_config(clear_constants=True)
+    roots = importlib.import_module(module).GIN_ROOTS
+    gin_utils.parse_gin(gin_utils.parse_args(args, module, ""), roots)
+    used = gin_overrides.used_keys(gin_overrides.resolve_roots(roots))
+    keys = {}
+    for key in documented_override_keys():
+      try:
+        keys[key] = gin_overrides.override_key(f"{key}=None") in used
+      except ValueError:  # a configurable this command does not import
+        keys[key] = False
+    checks.append((where, keys))
+  return checks
+
+
+@pytest.mark.parametrize("key", documented_override_keys())
+def test_documented_override_is_used_by_a_documented_command(key, used_by_documented_commands):
+  users = [where for where, keys in used_by_documented_commands if keys[key]]
+  assert users, f"--gin.{key}=... is documented, but no documented command would use it"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("PROMPT_LENGTH=7", "nothing in this configuration uses the macro PROMPT_LENGTH; did you mean PROMPT or "
+                        "prompts.PromptTuning.length?"),
+    ("prompts.SMoP.num_prompts=3", "prompts.SMoP"),  # unknown, or (once imported) unused
+    ("eval/data.DatasetConfig.batch_size=8", "uses data.DatasetConfig in scope 'eval'"),
+])
+def test_unused_or_unknown_override_is_refused_before_training(override, message):
+  from spot_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  gin.clear_config(clear_constants=True)
+  parsed = gin_utils.parse_args(["--gin_file=gin/test/smoke.gin", "--gin.MODEL_DIR='/tmp/x'", f"--gin.{override}"],
+                                "spot_jax.train", "")
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    gin_utils.parse_gin(parsed, ("spot_jax.trainer.train",))
+  gin.clear_config(clear_constants=True)
+  allowed = gin_utils.parse_args(["--gin_file=gin/test/smoke.gin", "--gin.MODEL_DIR='/tmp/x'", "--gin.PROMPT_LENGTH=7",
+                                  "--allow_unused_gin_overrides"], "spot_jax.train", "")
+  gin_utils.parse_gin(allowed, ("spot_jax.trainer.train",))  # the escape hatch
+
+
+def test_used_overrides_follow_scopes_and_macros():
+  """Overrides reached only through a scoped reference or a macro chain count as used."""
+  gin.clear_config(clear_constants=True)
+  parsed = gin_utils.parse_args(["--gin_file=gin/test/smoke.gin", "--gin.MODEL_DIR='/tmp/x'",
+                                 "--gin.train/data.DatasetConfig.batch_size=8", "--gin.DROPOUT_RATE=0.2",
+                                 "--gin.optimizers.adafactor.decay_rate=0.5", "--gin.prompts.sampled_vocab.num_most_frequent=100"],
+                                "spot_jax.train", "")
+  gin_utils.parse_gin(parsed, ("spot_jax.trainer.train",))
+  assert gin.query_parameter("train/data.DatasetConfig.batch_size") == 8
