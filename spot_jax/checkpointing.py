@@ -211,7 +211,7 @@ class Checkpointer:
       except DamagedCheckpoint as e:
         aside = _move_aside(path)
         metric = self.model_dir / "best" / "metric.json"
-        if metric.exists():
+        if metric.exists() and jax.process_index() == 0:
           os.replace(metric, aside / "metric.json")
         self._best.reload()
         warn(f"warning: the best state (step {step}) cannot be read ({e.reason}); moved it to "
@@ -261,11 +261,15 @@ def _restore(manager: ocp.CheckpointManager, step: int, path: pathlib.Path, abst
 
 
 def _move_aside(path: pathlib.Path) -> pathlib.Path:
-  """Renames a damaged checkpoint to `<step>.corrupt` (or `.corrupt.N`); never deletes it."""
+  """Renames a damaged checkpoint to `<step>.corrupt` (or `.corrupt.N`); never deletes it.
+
+  Only process 0 renames (every host of a multi-host run finds the same damage).
+  """
   aside = path.with_name(path.name + CORRUPT_SUFFIX)
   n = 1
   while aside.exists():
     aside = path.with_name(f"{path.name}{CORRUPT_SUFFIX}.{n}")
     n += 1
-  os.replace(path, aside)
+  if jax.process_index() == 0:
+    os.replace(path, aside)
   return aside
