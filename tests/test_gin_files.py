@@ -171,3 +171,18 @@ def test_used_overrides_follow_scopes_and_macros():
                                 "spot_jax.train", "")
   gin_utils.parse_gin(parsed, ("spot_jax.trainer.train",))
   assert gin.query_parameter("train/data.DatasetConfig.batch_size") == 8
+
+
+def test_without_declared_roots_the_unreferenced_bound_configurables_are_the_roots():
+  """Entry points that pass no roots still refuse an unused macro and accept used overrides."""
+  from spot_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  gin.clear_config(clear_constants=True)
+  parsed = gin_utils.parse_args([*SMOKE_ARGS, "--gin.PROMPT_LENGTH=7"], "spot_jax.x", "")
+  with pytest.raises(ConfigError, match="uses the macro PROMPT_LENGTH"):
+    gin_utils.parse_gin(parsed)
+  gin.clear_config(clear_constants=True)
+  gin_utils.parse_gin(gin_utils.parse_args([*SMOKE_ARGS, "--gin.TRAIN_STEPS=7", "--gin.DROPOUT_RATE=0.2"],
+                                           "spot_jax.x", ""))
+
+
+SMOKE_ARGS = ["--gin_file=gin/test/smoke.gin", "--gin.MODEL_DIR='/tmp/x'"]
