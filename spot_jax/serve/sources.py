@@ -19,6 +19,7 @@ from spot_jax import checkpointing
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import PromptTuning, ResidualPrompt, SMoP
 from spot_jax.serve.table import SMOP_EVAL_ROUTING, ServedPrompt
+from spot_jax.t5.config import T5Config
 
 
 def from_module(name: str, module: nn.Module, params: Any, source: str = "") -> ServedPrompt:
@@ -115,12 +116,19 @@ def _restore_prompt_params(run_dir: pathlib.Path, step: Optional[int]) -> dict:
   return params["prompt"]
 
 
-def load(name: str, path: str, smop_routing: str = "linear") -> ServedPrompt:
-  """A served prompt from a run directory, a .npy file or a PEFT adapter directory."""
+def load(name: str, path: str, smop_routing: str = "linear",
+         config: Optional[T5Config] = None) -> ServedPrompt:
+  """A served prompt from a run directory, a .npy file or a PEFT adapter directory.
+
+  Args:
+    name, path: the served name and where the prompt is.
+    smop_routing: the routing of an SMoP run (see `from_run_dir`).
+    config: the serving model; a PEFT adapter made for another model is refused.
+  """
   p = pathlib.Path(path)
   if p.is_dir() and (p / "adapter_config.json").exists():
     from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
-    return ServedPrompt(name, peft_io.read_adapter(str(p)), source=str(p))
+    return ServedPrompt(name, peft_io.read_adapter(str(p), config), source=str(p))
   if p.is_dir():
     return from_run_dir(name, str(p), smop_routing)
   if p.is_file():
