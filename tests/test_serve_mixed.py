@@ -13,6 +13,7 @@ from spot_jax.serve import mixed, sources
 from spot_jax.serve.table import PromptTable, ServedPrompt
 from spot_jax.t5 import Transformer, config_by_name, generate
 from spot_jax.t5.generation import search_settings
+from tests.prompt_train_util import frozen_backbone
 
 CONFIG = config_by_name("t5_1_1_test", dropout_rate=0.0)
 DECODE = 6
@@ -26,9 +27,7 @@ def _prompt_params(module, backbone, seed):
 
 @pytest.fixture(scope="module")
 def setup():
-  backbone_model = models.EncoderDecoderModel(Transformer(CONFIG))
-  backbone = models.unbox(backbone_model.init_backbone(jax.random.PRNGKey(0),
-                                                       backbone_model.dummy_batch(8, 4)))
+  backbone = frozen_backbone(CONFIG, 0)
   init = initializers.uniform(2.0)
   modules = {
       "pt": PromptTuning(3, prompt_init=init),

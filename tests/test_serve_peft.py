@@ -4,6 +4,7 @@ spot-jax's logits (float32, 1e-4) for T5.1.1 (untied) and original T5 (tied + sc
 from __future__ import annotations
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -133,3 +134,27 @@ def test_adapter_for_other_model_or_type_is_refused(exported, tmp_path):
     peft_io.read_adapter(str(two))
   with pytest.raises(ConfigError, match="exists; pass --overwrite"):
     peft_io.export_adapter(folded, config, str(adapter_dir))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--checkpoint", "{ckpt}", "--output_dir", "{out}"], "--checkpoint needs --config_name"),
+    (["--checkpoint", "{ckpt}", "--config_name", "t5_nope", "--output_dir", "{out}"],
+     "unknown T5 config 't5_nope'"),
+    (["--checkpoint", "{ckpt}", "--config_name", "t5_test", "--output_dir", "{out}"],
+     "does not fit the model config"),  # a T5.1.1 checkpoint for a T5 config: strict load
+    (["--checkpoint", "{ckpt}", "--hf_dir", "{ckpt}", "--output_dir", "{out}"], "exactly one of"),
+])
+def test_convert_to_hf_bad_input(tmp_path, capsys, argv, message):
+  ckpt = tmp_path / "checkpoint_0"
+  backbone = jax.tree_util.tree_map(np.asarray, frozen_backbone(config_by_name("t5_1_1_test"), 0))
+  checkpoints.save_checkpoint(backbone, str(ckpt), format="t5x")
+  argv = [a.format(ckpt=ckpt, out=tmp_path / "out") for a in argv]
+  try:
+    status = convert.main(argv)
+  except SystemExit as e:  # usage errors leave through argparse
+    status = e.code
+  err = capsys.readouterr().err
+  assert status != 0 and len(err.strip().splitlines()) == 1, err
+  assert message in err, err
+  assert not (tmp_path / "out").exists()
+  assert [p for p in os.listdir(tmp_path) if p.startswith(".out")] == []
