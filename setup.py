@@ -34,6 +34,7 @@ setuptools.setup(
             "pytest>=8",
             "torch==2.13.0",
             "transformers>=4.45,<6",
+            "peft==0.21.2",  # PEFT adapter interop tests (tests/test_serve_peft.py)
         ],
         "hf": ["datasets>=2.18"],
     },
