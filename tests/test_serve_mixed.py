@@ -7,22 +7,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spot_jax import models
 from spot_jax.prompts import PromptTuning, ResidualPrompt, SMoP, initializers
 from spot_jax.serve import mixed, sources
 from spot_jax.serve.table import PromptTable, ServedPrompt
 from spot_jax.t5 import Transformer, config_by_name, generate
 from spot_jax.t5.generation import search_settings
-from tests.prompt_train_util import frozen_backbone
+from tests.prompt_train_util import create_prompt_params, frozen_backbone
 
 CONFIG = config_by_name("t5_1_1_test", dropout_rate=0.0)
 DECODE = 6
 
 
 def _prompt_params(module, backbone, seed):
-  model = models.EncoderDecoderModel(Transformer(CONFIG, prompt=module))
-  dummy = model.dummy_batch(8, 4)
-  return models.unbox(model.init_prompt(jax.random.PRNGKey(seed), backbone, dummy))["prompt"]
+  return create_prompt_params(Transformer(CONFIG, prompt=module), backbone, seed)
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +99,31 @@ def test_smop_routes_per_example(setup):
 
 def test_mixed_beam_search_matches_per_example(setup):
   backbone, modules, params, table, tokens = setup
-  mix = np.array([0, 1, 2], np.int32)
-  served = _serve(backbone, table, mix, tokens[:3], method="beam")
+  mix = np.array([2, 0], np.int32)  # SMoP and Prompt Tuning rows (one reference compile each)
+  served = _serve(backbone, table, mix, tokens[:2], method="beam")
   for row, entry in enumerate(mix):
     name = table.names[entry]
     ref, _ = generate(Transformer(CONFIG, prompt=modules[name]),
                       {**backbone, "prompt": params[name]}, jnp.asarray(tokens[row][None]),
                       max_decode_length=DECODE, method="beam", num_beams=2)
     np.testing.assert_array_equal(served[row], np.asarray(ref[0]))
+
+
+@pytest.mark.parametrize("placement", ["after_bos", "suffix"])
+def test_other_placements_match_per_example(setup, placement):
+  """Prompts of different lengths, placed after the first token or after the last real one."""
+  backbone, _, _, _, tokens = setup
+  rs = np.random.RandomState(5)
+  values = {"short": rs.normal(0, 2, (2, CONFIG.emb_dim)), "long": rs.normal(0, 2, (4, CONFIG.emb_dim))}
+  table = PromptTable([ServedPrompt(n, v) for n, v in values.items()], CONFIG.emb_dim)
+  mix = np.array([0, 1, 1, 0], np.int32)
+  dynamic, static = search_settings(Transformer(CONFIG), max_decode_length=DECODE)
+  served, _ = mixed.generate_mixed(Transformer(CONFIG), backbone, table.arrays, jnp.asarray(mix),
+                                   jnp.asarray(tokens[:4]), *dynamic, placement=placement, **static)
+  for row, entry in enumerate(mix):
+    value = values[table.names[entry]]
+    module = PromptTuning(value.shape[0], placement=placement)
+    ref, _ = generate(Transformer(CONFIG, prompt=module),
+                      {**backbone, "prompt": {"prompt": jnp.asarray(value, jnp.float32)}},
+                      jnp.asarray(tokens[row][None]), max_decode_length=DECODE)
+    np.testing.assert_array_equal(np.asarray(served[row]), np.asarray(ref[0]))
