@@ -22,7 +22,6 @@ import json
 import os
 import pathlib
 import sys
-import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -39,7 +38,8 @@ def _parser() -> cli.ArgumentParser:
   a("--config_name", required=True, help="the backbone's config, e.g. t5_1_1_lm100k_base")
   a("--checkpoint", default=None, help="frozen backbone: T5X, orbax or Hugging Face directory "
     "(default: the random backbone of --seed)")
-  a("--seed", type=int, default=0, help="seed of the random backbone (no --checkpoint) and sampling")
+  a("--seed", type=int, default=0,
+    help="seed of the random backbone (no --checkpoint) and of sampling")
   a("--prompt", action="append", default=[], metavar="NAME=PATH", help="a prompt (repeatable)")
   a("--smop_routing", default="linear", help="routing of SMoP runs: linear, top2, gumbel, "
     "stochastic or single")
@@ -49,7 +49,8 @@ def _parser() -> cli.ArgumentParser:
   a("--split", default="validation")
   a("--task_module", default=None, help="module registering --task (e.g. tasks.synthetic)")
   a("--num_examples", type=int, default=None, help="serve at most this many task examples")
-  a("--vocab", default=None, help="'byte', a SentencePiece model, or T5's (default; SPOT_JAX_VOCAB)")
+  a("--vocab", default=None,
+    help="'byte', a SentencePiece model, or T5's (default; SPOT_JAX_VOCAB)")
   a("--output", default=None, help="predictions JSONL (interpretation: JSON) to write")
   a("--default_prompt", default=None, help="prompt of inputs that name none")
   a("--input_length", type=int, default=128, help="encoder tokens per input (EOS included)")
@@ -150,7 +151,8 @@ def _interpret(args, table, config) -> int:
   else:
     embedding = np.asarray(_backbone(args, config)["token_embedder"]["embedding"])
   vocab = _vocab_or_none(args.vocab)
-  records = [r for e in table.entries for r in interpret.interpret(e, embedding, args.top_tokens, vocab)]
+  records = [r for e in table.entries
+             for r in interpret.interpret(e, embedding, args.top_tokens, vocab)]
   if args.output:
     from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
     with inputs.atomic_jsonl(args.output) as f:
@@ -170,7 +172,8 @@ def _vocab_or_none(name: Optional[str]):
 
 
 def _predict(args, table, config) -> int:
-  from spot_jax.serve import inputs, server as server_lib  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from spot_jax.serve import inputs, predict, server as server_lib
   if not args.output:
     raise ConfigError("--output is required: the predictions JSONL to write")
   if (args.input is None) == (args.task is None):
@@ -204,9 +207,11 @@ def _predict(args, table, config) -> int:
   from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
   srv = server_lib.Server(Transformer(config), _backbone(args, config), table,
                           placement=args.placement, settings=settings)
-  run = _Run(args, srv, vocab, labels)
+  runner = predict.Predictor(srv, vocab, batch_size=args.batch_size, labels=args.label or None,
+                             label_tokens=labels, ensemble=args.ensemble, combine=args.combine,
+                             progress=predict.tty_progress(PROG))
   with inputs.atomic_jsonl(args.output) as f:
-    summary = run.all(examples, names, tokens, f)
+    summary = runner.run(examples, names, tokens, f)
   if summary is not None:
     summary_path = args.output + ".summary.json"
     with inputs.atomic_jsonl(summary_path) as f:
@@ -246,102 +251,6 @@ def _tokens(args, vocab, examples) -> np.ndarray:
     print(f"warning: {cut} of {len(examples)} inputs were longer than --input_length="
           f"{args.input_length} tokens and were truncated", file=sys.stderr)
   return tokens
-
-
-class _Run:
-  """Batches the examples through the server and writes one JSONL record per input."""
-
-  def __init__(self, args, srv, vocab, labels):
-    self.args, self.srv, self.vocab, self.labels = args, srv, vocab, labels
-    self.prompts = srv.table.names
-
-  def all(self, examples, names, tokens, out) -> Optional[dict]:
-    b, total, start = self.args.batch_size, len(examples), time.time()
-    per_prompt, combined = [], []
-    for i, lo in enumerate(range(0, total, b)):
-      chunk = slice(lo, min(lo + b, total))
-      n = chunk.stop - chunk.start
-      rows = np.zeros((b, tokens.shape[1]), np.int32)
-      rows[:n] = tokens[chunk]
-      batch_names = names[chunk] + [self.prompts[0]] * (b - n)
-      for ex, record in zip(examples[chunk], self._batch(batch_names, rows, i)[:n]):
-        record = {**({"id": ex.id} if ex.id is not None else {}), "input": ex.input, **record}
-        if ex.target is not None:
-          record["target"] = ex.target
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        if self.args.ensemble:
-          per_prompt.append([record["predictions"][p] for p in self.prompts])
-          combined.append(record["prediction"])
-        else:
-          per_prompt.append(record)
-      _progress(chunk.stop, total, start)
-    if self.args.ensemble:
-      from spot_jax.serve import ensemble  # pylint: disable=g-import-not-at-top
-      return ensemble.report(self.prompts, per_prompt, combined, [e.target for e in examples])
-    return _accuracy_by_prompt(per_prompt)
-
-  def _batch(self, names, rows, index) -> list[dict]:
-    if self.args.ensemble:
-      return self._ensemble(rows, index)
-    if self.labels is not None:
-      scores = self.srv.classify(names, rows, self.labels)
-      return [{"prompt": n, "prediction": self.args.label[int(np.argmax(s))],
-               "score": float(np.max(s)),
-               "label_scores": dict(zip(self.args.label, map(float, s)))}
-              for n, s in zip(names, scores)]
-    out, scores = self.srv.generate(names, rows, index)
-    return [{"prompt": n, "prediction": self._text(o), "score": float(s)}
-            for n, o, s in zip(names, out, scores)]
-
-  def _ensemble(self, rows, index) -> list[dict]:
-    from spot_jax.serve import ensemble  # pylint: disable=g-import-not-at-top
-    label = f"ensemble({','.join(self.prompts)})"
-    if self.labels is not None:
-      ll = ensemble.classify(self.srv, self.prompts, rows, self.labels)  # [B, N, C]
-      texts = [[self.args.label[int(c)] for c in np.argmax(r, axis=-1)] for r in ll]
-      scores = np.max(ll, axis=-1)
-      if self.args.combine == "logprob":
-        chosen = [self.args.label[int(c)] for c in ensemble.mean_logprob_choice(ll)]
-      else:
-        chosen = [ensemble.majority_vote(t, s) for t, s in zip(texts, scores)]
-    else:
-      out, scores = ensemble.generate(self.srv, self.prompts, rows, index)  # [B, N, S], [B, N]
-      texts = [[self._text(o) for o in r] for r in out]
-      if self.args.combine == "logprob":
-        ll = ensemble.rescore(self.srv, self.prompts, rows, out)  # candidates = the N answers
-        chosen = [t[int(c)] for t, c in zip(texts, ensemble.mean_logprob_choice(ll))]
-      else:
-        chosen = [ensemble.majority_vote(t, s) for t, s in zip(texts, scores)]
-    return [{"prompt": label, "prediction": c, "votes": dict(_count(t)),
-             "predictions": dict(zip(self.prompts, t)),
-             "scores": dict(zip(self.prompts, map(float, s)))}
-            for c, t, s in zip(chosen, texts, scores)]
-
-  def _text(self, ids) -> str:
-    from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
-    return inputs.decode(self.vocab, ids)
-
-
-def _count(texts):
-  import collections  # pylint: disable=g-import-not-at-top
-  return collections.Counter(texts).most_common()
-
-
-def _accuracy_by_prompt(records: list[dict]) -> Optional[dict]:
-  scored = [r for r in records if "target" in r]
-  if not scored:
-    return None
-  by = {}
-  for r in scored:
-    by.setdefault(r["prompt"], []).append(r["prediction"] == r["target"])
-  return {"num_scored": len(scored), "accuracy": {p: float(np.mean(v)) for p, v in by.items()}}
-
-
-def _progress(done: int, total: int, start: float) -> None:
-  if sys.stderr.isatty():
-    rate = done / max(time.time() - start, 1e-9)
-    end = "\n" if done == total else ""
-    print(f"\r{PROG}: {done}/{total} inputs ({rate:.1f}/s)", end=end, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

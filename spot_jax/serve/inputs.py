@@ -45,8 +45,9 @@ def read_examples(path: str, stdin: Optional[IO[str]] = None) -> list[Example]:
       with open(path, encoding="utf-8") as f:
         text = f.read()
   except (OSError, UnicodeDecodeError) as e:
-    raise ConfigError(f"cannot read --input {where} ({getattr(e, 'strerror', None) or type(e).__name__}); "
-                      f"give a UTF-8 text or JSONL file, or - for stdin") from None
+    why = getattr(e, "strerror", None) or type(e).__name__
+    raise ConfigError(f"cannot read --input {where} ({why}); give a UTF-8 text or JSONL file, "
+                      f"or - for stdin") from None
   lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
   if not lines:
     raise ConfigError(f"--input {where} holds no inputs; give one input per line (text) or one "

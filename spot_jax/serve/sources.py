@@ -44,8 +44,9 @@ def read_npy(path: str) -> np.ndarray:
   try:
     array = np.load(path, allow_pickle=False)
   except (OSError, ValueError, EOFError) as e:
-    raise ConfigError(f"{path} is not a readable .npy file ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                      f"give a prompt saved with numpy.save") from None
+    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise ConfigError(f"{path} is not a readable .npy file ({why}); give a prompt saved with "
+                      f"numpy.save") from None
   if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.floating):
     raise ConfigError(f"{path} holds {getattr(array, 'dtype', type(array))} data; a prompt is a "
                       f"float [L, E] array")
@@ -89,7 +90,8 @@ def from_run_dir(name: str, path: str, smop_routing: str = "linear") -> ServedPr
   if array.ndim == 2:
     return ServedPrompt(name, array, source=str(file))
   if smop_routing not in SMOP_EVAL_ROUTING:
-    raise ConfigError(f"SMoP routing {smop_routing!r} is unknown; valid: {', '.join(SMOP_EVAL_ROUTING)}")
+    raise ConfigError(f"SMoP routing {smop_routing!r} is unknown; valid: "
+                      f"{', '.join(SMOP_EVAL_ROUTING)}")
   params = _restore_prompt_params(run_dir, step)
   routing = SMOP_EVAL_ROUTING[smop_routing]
   router = params.get("router", {}).get("kernel") if routing != "mean" else None

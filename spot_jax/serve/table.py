@@ -15,6 +15,7 @@ mix of entries: the row's entry index selects its arrays by a gather (see `mixed
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -120,8 +121,9 @@ class PromptTable:
     want = emb_dim if emb_dim is not None else entries[0].width
     for e in entries:
       if e.width != want:
-        raise ConfigError(f"prompt {e.name!r} ({e.source or 'given'}) has width {e.width} but the "
-                          f"model's embedding width is {want}; give a prompt trained for this model")
+        raise ConfigError(f"prompt {e.name!r} ({e.source or 'given'}) has width {e.width} but "
+                          f"the model's embedding width is {want}; give a prompt trained for "
+                          f"this model")
     self.entries = entries
     self._index = {n: i for i, n in enumerate(names)}
     big_k = max(e.num_prompts for e in entries)
@@ -157,7 +159,9 @@ class PromptTable:
       ConfigError: an unknown name (the message lists the known ones).
     """
     if name not in self._index:
-      raise ConfigError(f"unknown prompt name {name!r}; valid: {', '.join(self.names)}")
+      close = difflib.get_close_matches(str(name), self.names, n=3)
+      hint = f" (did you mean {', '.join(close)}?)" if close else ""
+      raise ConfigError(f"unknown prompt name {name!r}{hint}; valid: {', '.join(self.names)}")
     return self._index[name]
 
   def indices(self, names: Sequence[str]) -> np.ndarray:

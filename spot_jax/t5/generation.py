@@ -94,7 +94,8 @@ def generate(model: Transformer, params: PyTree, encoder_input_tokens: Array, *,
   if jnp.ndim(encoder_input_tokens) != 2 or not jnp.issubdtype(
       jnp.result_type(encoder_input_tokens), jnp.integer):
     raise ValueError("encoder_input_tokens must be a [batch, length] integer array, got shape "
-                     f"{jnp.shape(encoder_input_tokens)} dtype {jnp.result_type(encoder_input_tokens)}")
+                     f"{jnp.shape(encoder_input_tokens)} dtype "
+                     f"{jnp.result_type(encoder_input_tokens)}")
   dynamic, static = search_settings(
       model, max_decode_length=max_decode_length, method=method, num_beams=num_beams, alpha=alpha,
       temperature=temperature, top_k=top_k, rng=rng, eos_id=eos_id,
