@@ -98,3 +98,41 @@ def test_nearest_tokens_of_vocabulary_rows():
       (0, 0, 5), (0, 1, 17), (1, 0, 42), (1, 1, 101)]
   table = interpret.format_table(records)
   assert table.splitlines()[1].startswith("smop\t0\t0\t<5> (1.000)")
+
+
+def test_interpret_reads_the_folded_residual_prompt():
+  from spot_jax.prompts import ResidualPrompt  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve import sources  # pylint: disable=g-import-not-at-top
+  from tests.prompt_train_util import create_prompt_params  # pylint: disable=g-import-not-at-top
+  module = ResidualPrompt(3, bottleneck=8)
+  params = create_prompt_params(Transformer(CONFIG, prompt=module), frozen_backbone(CONFIG, 0))
+  entry = sources.from_module("r", module, params)
+  folded = np.asarray(module.fold(params)["prompt"])
+  assert np.array_equal(entry.prompts[0], folded) and not np.allclose(folded, params["prompt"])
+  embedding = np.asarray(frozen_backbone(CONFIG, 0)["token_embedder"]["embedding"])
+  ids, _ = interpret.nearest_tokens(folded, embedding, 4)
+  records = interpret.interpret(entry, embedding, 4)
+  assert [[n["id"] for n in r["neighbours"]] for r in records] == ids.tolist()
+
+
+def test_read_examples_text_jsonl_stdin(tmp_path):
+  import io  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
+  (tmp_path / "in.txt").write_text("first input\n\n  second  \n")
+  assert [e.input for e in inputs.read_examples(str(tmp_path / "in.txt"))] == ["first input",
+                                                                                "second"]
+  got = inputs.read_examples("-", io.StringIO('{"input": "x", "prompt": "p", "id": 3}\n'))
+  assert (got[0].input, got[0].prompt, got[0].id, got[0].target) == ("x", "p", 3, None)
+  assert inputs.read_examples("-", io.StringIO("plain text\n"))[0].input == "plain text"
+  (tmp_path / "bad.jsonl").write_text('{"input": "x", "prompt": 3}\n')
+  with pytest.raises(ConfigError, match="line 1: \"prompt\" must be a string"):
+    inputs.read_examples(str(tmp_path / "bad.jsonl"))
+  (tmp_path / "latin.txt").write_bytes(b"caf\xe9\n")
+  with pytest.raises(ConfigError, match="cannot read --input"):
+    inputs.read_examples(str(tmp_path / "latin.txt"))
+  with pytest.raises(ConfigError, match="cannot read --input"):
+    inputs.read_examples(str(tmp_path / "missing.txt"))
+  vocab = __import__("seqio").ByteVocabulary()
+  tokens, cut = inputs.tokenize(vocab, ["ab", "abcdef"], 4)
+  assert cut == 1 and tokens.tolist() == [[100, 101, 1, 0], [100, 101, 102, 1]]
+  assert inputs.decode(vocab, np.array([100, 101, 1, 0])) == "ab"
