@@ -90,7 +90,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--checkpoint", default=None,
                       help="T5X or orbax checkpoint to convert to a Hugging Face directory "
                            "(needs --config_name)")
-  parser.add_argument("--output_dir", required=True, help="checkpoint directory to create")
+  parser.add_argument("--output_dir", default=None,
+                      help="checkpoint (or, with --checkpoint, Hugging Face) directory to create")
   parser.add_argument("--format", default="t5x", choices=("t5x", "orbax"))
   parser.add_argument("--config_name", default=None,
                       help="named spot-jax config the checkpoint must match (default: from config.json)")
@@ -98,6 +99,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parser.parse_args(argv)
   if (args.hf_dir is None) == (args.checkpoint is None):
     parser.error("give exactly one of --hf_dir (HF -> T5X) or --checkpoint (T5X/orbax -> HF)")
+  if not args.output_dir:
+    parser.error("the following arguments are required: --output_dir")
   if args.checkpoint is not None:
     return _to_hf(args)
   try:
