@@ -133,6 +133,13 @@ def test_class_labels_and_ensemble(files, capsys):
   assert json.loads(out.splitlines()[0]) == summary
   # 3 inputs, 4 prompts, batch_size 4: one batch of 16 rows, one compilation.
   assert mixed.generate_mixed._cache_size() - before == 1  # pylint: disable=protected-access
+  # Mean log-prob combination: the answer is one of the prompts' answers.
+  status, _, err = _run(COMMON + _prompts(root) + [f"--checkpoint={root}/ckpt", f"--input={jsonl}",
+                                                   f"--output={ens}", "--ensemble",
+                                                   "--combine=logprob"], capsys)
+  assert status == 0, err
+  for r in (json.loads(l) for l in ens.read_text().splitlines()):
+    assert r["prediction"] in r["predictions"].values()
 
 
 def test_interpret_and_exports(files, capsys):

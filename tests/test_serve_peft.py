@@ -159,3 +159,22 @@ def test_convert_to_hf_bad_input(tmp_path, capsys, argv, message):
   assert message in err, err
   assert not (tmp_path / "out").exists()
   assert [p for p in os.listdir(tmp_path) if p.startswith(".out")] == []
+
+
+def test_orbax_checkpoint_converts_to_the_same_hf_tensors(exported, tmp_path):
+  name, config, backbone, _, _, _, hf_dir, _ = exported
+  checkpoints.save_checkpoint(backbone, str(tmp_path / "orbax"), format="orbax")
+  assert convert.main(["--checkpoint", str(tmp_path / "orbax"), "--config_name", name,
+                       "--output_dir", str(tmp_path / "hf")]) == 0
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  a, b = load_file(str(hf_dir / "model.safetensors")), load_file(str(tmp_path / "hf" / "model.safetensors"))
+  assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+  assert ("lm_head.weight" in a) is (not config.logits_via_embedding)
+  # Converting back (HF -> T5X) returns the original parameters exactly.
+  assert convert.main(["--hf_dir", str(tmp_path / "hf"), "--output_dir", str(tmp_path / "t5x"),
+                       "--config_name", name]) == 0
+  again = checkpoints.load_checkpoint(str(tmp_path / "t5x"), config)
+  flat = lambda t: {"/".join(str(k.key) for k in p): np.asarray(v)
+                    for p, v in jax.tree_util.tree_flatten_with_path(t)[0]}
+  want, got = flat(backbone), flat(again)
+  assert sorted(want) == sorted(got) and all(np.array_equal(want[k], got[k]) for k in want)
