@@ -1,7 +1,6 @@
 """Prompt ensembles (one batched pass, vote and mean log-prob) and nearest-token interpretation."""
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 
@@ -48,7 +47,8 @@ def server():
   rs = np.random.RandomState(0)
   entries = [ServedPrompt(f"p{i}", rs.normal(0, 2.0, (2 + i, CONFIG.emb_dim))) for i in range(3)]
   settings = DecodeSettings(max_decode_length=5)
-  return Server(Transformer(CONFIG), frozen_backbone(CONFIG, 0), PromptTable(entries, CONFIG.emb_dim),
+  return Server(Transformer(CONFIG), frozen_backbone(CONFIG, 0),
+                PromptTable(entries, CONFIG.emb_dim),
                 settings=settings)
 
 

@@ -129,7 +129,8 @@ def test_class_labels_and_ensemble(files, capsys):
     assert r["votes"][r["prediction"]] == max(r["votes"].values())
     assert sum(r["votes"].values()) == 4
   summary = json.loads((root / "ens.jsonl.summary.json").read_text())
-  assert set(summary) >= {"ensemble_accuracy", "mean_accuracy", "best_single", "per_prompt_accuracy"}
+  assert set(summary) >= {"ensemble_accuracy", "mean_accuracy", "best_single",
+                          "per_prompt_accuracy"}
   assert json.loads(out.splitlines()[0]) == summary
   # 3 inputs, 4 prompts, batch_size 4: one batch of 16 rows, one compilation.
   assert mixed.generate_mixed._cache_size() - before == 1  # pylint: disable=protected-access
@@ -170,7 +171,8 @@ def test_interpret_and_exports(files, capsys):
 
 
 @pytest.mark.parametrize("case, extra, message", [
-    ("width", ["--prompt=n={root}/narrow.npy"], "has width 32 but the model's embedding width is 64"),
+    ("width", ["--prompt=n={root}/narrow.npy"],
+     "has width 32 but the model's embedding width is 64"),
     ("empty", ["--prompt=a={root}/a.npy", "--input={root}/empty.jsonl"], "holds no inputs"),
     ("malformed", ["--prompt=a={root}/a.npy", "--input={root}/bad.jsonl"],
      "line 2 is not valid JSON"),
@@ -189,11 +191,13 @@ def test_bad_input_one_line_and_no_output(files, capsys, case, extra, message):
   (root / "empty.jsonl").write_text("\n  \n")
   (root / "bad.jsonl").write_text('{"input": "ok"}\n{"input": "x"\n')
   (root / "noinput.jsonl").write_text('{"text": "ok"}\n')
-  (root / "unknown.jsonl").write_text('{"input": "ok", "prompt": "a"}\n{"input": "x", "prompt": "zzz"}\n')
+  (root / "unknown.jsonl").write_text('{"input": "ok", "prompt": "a"}\n'
+                                      '{"input": "x", "prompt": "zzz"}\n')
   out_dir = root / f"bad_{case}"
   out_dir.mkdir()
   extra = [e.format(root=root) for e in extra]
-  default_input = [] if any(e.startswith("--input=") for e in extra) else [f"--input={root}/in.jsonl"]
+  has_input = any(e.startswith("--input=") for e in extra)
+  default_input = [] if has_input else [f"--input={root}/in.jsonl"]
   argv = COMMON + extra + default_input + [f"--output={out_dir}/out.jsonl"]
   status, _, err = _run(argv, capsys)
   assert status == 2

@@ -114,7 +114,8 @@ def test_other_placements_match_per_example(setup, placement):
   """Prompts of different lengths, placed after the first token or after the last real one."""
   backbone, _, _, _, tokens = setup
   rs = np.random.RandomState(5)
-  values = {"short": rs.normal(0, 2, (2, CONFIG.emb_dim)), "long": rs.normal(0, 2, (4, CONFIG.emb_dim))}
+  values = {"short": rs.normal(0, 2, (2, CONFIG.emb_dim)),
+            "long": rs.normal(0, 2, (4, CONFIG.emb_dim))}
   table = PromptTable([ServedPrompt(n, v) for n, v in values.items()], CONFIG.emb_dim)
   mix = np.array([0, 1, 1, 0], np.int32)
   dynamic, static = search_settings(Transformer(CONFIG), max_decode_length=DECODE)

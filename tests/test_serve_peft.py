@@ -167,7 +167,8 @@ def test_orbax_checkpoint_converts_to_the_same_hf_tensors(exported, tmp_path):
   assert convert.main(["--checkpoint", str(tmp_path / "orbax"), "--config_name", name,
                        "--output_dir", str(tmp_path / "hf")]) == 0
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  a, b = load_file(str(hf_dir / "model.safetensors")), load_file(str(tmp_path / "hf" / "model.safetensors"))
+  a = load_file(str(hf_dir / "model.safetensors"))
+  b = load_file(str(tmp_path / "hf" / "model.safetensors"))
   assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
   assert ("lm_head.weight" in a) is (not config.logits_via_embedding)
   # Converting back (HF -> T5X) returns the original parameters exactly.
