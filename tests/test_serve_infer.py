@@ -208,7 +208,8 @@ def test_bad_input_one_line_and_no_output(files, capsys, case, extra, message):
 
 
 def test_failure_mid_run_leaves_no_partial_output(files, capsys, monkeypatch):
-  """A crash in the second batch: the earlier output file stays as it was, no temp file."""
+  """A crash in the second batch (5 inputs, 4 per batch): the earlier output file stays as it
+  was and no temp file is left."""
   root, _ = files
   out_dir = root / "crash"
   out_dir.mkdir()
@@ -224,7 +225,7 @@ def test_failure_mid_run_leaves_no_partial_output(files, capsys, monkeypatch):
 
   monkeypatch.setattr(mixed, "generate_mixed", failing)
   status, _, err = _run(COMMON + _prompts(root) + [f"--checkpoint={root}/ckpt",
-                                                   f"--input={root}/in.jsonl", "--batch_size=2",
+                                                   f"--input={root}/in.jsonl",
                                                    f"--output={out_dir}/out.jsonl"], capsys)
   assert status == 130 and len(calls) == 2, err
   assert os.listdir(out_dir) == ["out.jsonl"]
