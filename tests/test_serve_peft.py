@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from spot_jax import convert, prompts  # noqa: E402
+from spot_jax import checkpointing, cli, convert, infer, prompts  # noqa: E402
 from spot_jax.errors import ConfigError  # noqa: E402
 from spot_jax.prompts import ResidualPrompt, initializers  # noqa: E402
 from spot_jax.serve import peft_io  # noqa: E402
@@ -49,9 +49,14 @@ def exported(request, tmp_path_factory):
                        "--output_dir", str(root / "hf")]) == 0
   module = ResidualPrompt(LENGTH, bottleneck=8, prompt_init=initializers.uniform(1.0))
   params = create_prompt_params(Transformer(config, prompt=module), frozen_backbone(config, 0))
+  # What a run exports (trainer._export: the effective, folded prompt), then the command line.
   folded = prompts.effective_prompt(module, params)
-  peft_io.export_adapter(folded, config, str(root / "adapter"),
-                         base_model_name_or_path=str(root / "hf"))
+  run = checkpointing.Checkpointer(str(root / "run"))
+  run.export_prompt("prompt_best", folded)
+  run.close()
+  assert cli.run(infer.main, [f"--config_name={name}", f"--prompt=r={root / 'run'}",
+                              f"--export_peft={root / 'adapter'}", f"--base_model={root / 'hf'}"],
+                 infer.PROG) == 0
   return name, config, backbone, module, params, folded, root / "hf", root / "adapter"
 
 
