@@ -34,6 +34,7 @@ setuptools.setup(
             "pytest>=8",
             "torch==2.13.0",
             "transformers>=4.45,<6",
+            "peft==0.21.2",  # PEFT adapter interop tests (tests/test_serve_peft.py)
         ],
         "hf": ["datasets>=2.18"],
         # T5 parity tests (tests/test_t5_parity_tasks.py): what t5's preprocessors, postprocessors

@@ -1,8 +1,13 @@
-"""Converts a Hugging Face T5 directory into a T5X (or orbax) checkpoint.
+"""Converts a Hugging Face T5 directory into a T5X (or orbax) checkpoint, and back.
 
   python -m spot_jax.convert --hf_dir=/models/t5-base-lm-adapt \
       --output_dir=/ckpts/t5_1_1_lm100k_base/checkpoint_0 [--format=t5x|orbax] \
       [--config_name=t5_1_1_lm100k_base] [--overwrite]
+  python -m spot_jax.convert --checkpoint=/ckpts/t5_1_1_lm100k_base/checkpoint_1100000 \
+      --config_name=t5_1_1_lm100k_base --output_dir=/models/t5-base-lm-adapt-hf [--overwrite]
+
+The second form (T5X or orbax -> Hugging Face) writes config.json + model.safetensors
+(`spot_jax.t5.hf_export`), e.g. as the base model of an exported PEFT prompt adapter.
 
 The model config comes from the directory's config.json; with `--config_name` the checkpoint
 must match that named config exactly. The T5X output (msgpack `checkpoint` + gzip zarr arrays,
@@ -75,20 +80,44 @@ def _nest(flat: dict) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Command-line entry point (run it through `cli.run`, which reports errors in one line)."""
   parser = cli.ArgumentParser(prog="spot_jax.convert", description=__doc__.split("\n")[0])
-  parser.add_argument("--hf_dir", required=True, help="Hugging Face T5 directory (config.json + weights)")
-  parser.add_argument("--output_dir", required=True, help="checkpoint directory to create")
+  parser.add_argument("--hf_dir", default=None, help="Hugging Face T5 directory (config.json + weights)")
+  parser.add_argument("--checkpoint", default=None,
+                      help="T5X or orbax checkpoint to convert to a Hugging Face directory "
+                           "(needs --config_name)")
+  parser.add_argument("--output_dir", default=None,
+                      help="checkpoint (or, with --checkpoint, Hugging Face) directory to create")
   parser.add_argument("--format", default="t5x", choices=("t5x", "orbax"))
   parser.add_argument("--config_name", default=None,
                       help="named spot-jax config the checkpoint must match (default: from config.json)")
   parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
   parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
   args = parser.parse_args(argv)
+  if (args.hf_dir is None) == (args.checkpoint is None):
+    parser.error("give exactly one of --hf_dir (HF -> T5X) or --checkpoint (T5X/orbax -> HF)")
+  if not args.output_dir:
+    parser.error("the following arguments are required: --output_dir")
+  if args.checkpoint is not None:
+    return _to_hf(args)
   config, tensors, size = convert(args.hf_dir, args.output_dir, format=args.format,
                                   config_name=args.config_name, overwrite=args.overwrite)
   names = matching_names(config)
   arch = f"config {', '.join(names)}" if names else f"config {config}"
   print(f"wrote {args.format} checkpoint with {tensors} tensors ({size:,} parameters, float32; "
         f"{arch}) to {args.output_dir}")
+  return 0
+
+
+def _to_hf(args) -> int:
+  """--checkpoint -> Hugging Face directory (the dispatch of `main`)."""
+  if not args.config_name:
+    raise ValueError("--checkpoint needs --config_name (T5X checkpoints do not record their "
+                     f"architecture); valid: {', '.join(sorted(CONFIGS))}")
+  from spot_jax.t5 import hf_export  # pylint: disable=g-import-not-at-top
+  config = config_by_name(args.config_name)
+  params = checkpoints.load_checkpoint(args.checkpoint, config)
+  tensors = hf_export.export_hf(params, config, args.output_dir, overwrite=args.overwrite)
+  print(f"wrote Hugging Face T5 directory with {tensors} tensors (config {args.config_name}) "
+        f"to {args.output_dir}")
   return 0
 
 

@@ -91,16 +91,38 @@ def generate(model: Transformer, params: PyTree, encoder_input_tokens: Array, *,
   Raises:
     ValueError: for an unknown method or out-of-range setting.
   """
+  if jnp.ndim(encoder_input_tokens) != 2 or not jnp.issubdtype(
+      jnp.result_type(encoder_input_tokens), jnp.integer):
+    raise ValueError("encoder_input_tokens must be a [batch, length] integer array, got shape "
+                     f"{jnp.shape(encoder_input_tokens)} dtype "
+                     f"{jnp.result_type(encoder_input_tokens)}")
+  dynamic, static = search_settings(
+      model, max_decode_length=max_decode_length, method=method, num_beams=num_beams, alpha=alpha,
+      temperature=temperature, top_k=top_k, rng=rng, eos_id=eos_id,
+      return_all_beams=return_all_beams)
+  tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
+  return _generate(model, params, tokens, *dynamic, **static)
+
+
+def search_settings(model: Transformer, *, max_decode_length: int, method: str = "greedy",
+                    num_beams: int = 4, alpha: float = 0.6, temperature: float = 1.0,
+                    top_k: int = 0, rng: Optional[Array] = None, eos_id: int = 1,
+                    return_all_beams: bool = False) -> tuple[tuple, dict[str, Any]]:
+  """Checks `generate`'s search settings and normalises the ones a method ignores.
+
+  Returns:
+    ((rng, alpha, temperature) to pass as traced arguments, {static keyword arguments of
+    `search`}); settings irrelevant to `method` get fixed values so they never recompile.
+
+  Raises:
+    ValueError: for an unknown method or out-of-range setting.
+  """
   if not isinstance(model, Transformer):
     raise ValueError(f"generate needs a spot_jax.t5.Transformer, got {type(model).__name__}")
   if method not in METHODS:
     raise ValueError(f"unknown generation method {method!r}; valid methods: {', '.join(METHODS)}")
   if not isinstance(max_decode_length, int) or max_decode_length <= 0:
     raise ValueError(f"max_decode_length must be a positive integer, got {max_decode_length!r}")
-  if jnp.ndim(encoder_input_tokens) != 2 or not jnp.issubdtype(
-      jnp.result_type(encoder_input_tokens), jnp.integer):
-    raise ValueError("encoder_input_tokens must be a [batch, length] integer array, got shape "
-                     f"{jnp.shape(encoder_input_tokens)} dtype {jnp.result_type(encoder_input_tokens)}")
   if not isinstance(eos_id, int) or not 0 < eos_id < model.config.vocab_size:
     raise ValueError(f"eos_id must be an integer in [1, vocab_size={model.config.vocab_size}), "
                      f"got {eos_id!r}")
@@ -123,11 +145,10 @@ def generate(model: Transformer, params: PyTree, encoder_input_tokens: Array, *,
     rng, temperature, top_k = None, 0.0, 0
   if method != "beam":
     alpha = 0.0
-  tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
-  return _generate(model, params, tokens, rng, jnp.asarray(alpha, jnp.float32),
-                   jnp.asarray(temperature, jnp.float32),
-                   max_decode_length=max_decode_length, method=method, num_beams=num_beams,
-                   top_k=top_k, eos_id=eos_id, return_all_beams=return_all_beams)
+  dynamic = (rng, jnp.asarray(alpha, jnp.float32), jnp.asarray(temperature, jnp.float32))
+  static = dict(max_decode_length=max_decode_length, method=method, num_beams=num_beams,
+                top_k=top_k, eos_id=eos_id, return_all_beams=return_all_beams)
+  return dynamic, static
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_decode_length", "method", "num_beams",
@@ -136,8 +157,29 @@ def _generate(model: Transformer, params: PyTree, encoder_input_tokens: Array,
               rng: Optional[Array], alpha: Array, temperature: Array, *, max_decode_length: int,
               method: str, num_beams: int, top_k: int, eos_id: int, return_all_beams: bool
               ) -> tuple[Array, Array]:
-  batch = encoder_input_tokens.shape[0]
   encoded, valid = encode(model, params, encoder_input_tokens)
+  return search(model, params, encoded, valid, rng, alpha, temperature,
+                max_decode_length=max_decode_length, method=method, num_beams=num_beams,
+                top_k=top_k, eos_id=eos_id, return_all_beams=return_all_beams)
+
+
+def search(model: Transformer, params: PyTree, encoded: Array, encoder_valid: Array,
+           rng: Optional[Array], alpha: Array, temperature: Array, *, max_decode_length: int,
+           method: str, num_beams: int, top_k: int, eos_id: int, return_all_beams: bool
+           ) -> tuple[Array, Array]:
+  """The decoder search of `generate` from an already-encoded batch (call inside jit).
+
+  Args:
+    model, params: as `generate` (the prompt subtree is not used here).
+    encoded: [B, T', E] encoder output; encoder_valid: [B, T'] bool.
+    rng, alpha, temperature: as `generate`, already checked and normalised.
+    max_decode_length, method, num_beams, top_k, eos_id, return_all_beams: static settings.
+
+  Returns:
+    As `generate`.
+  """
+  batch = encoded.shape[0]
+  valid = encoder_valid
   cache = init_cache(model, params, encoded, valid, max_decode_length)
   if method == "beam":
     step = make_tokens_to_logits(model, params, decoding.expand_beams(encoded, num_beams),

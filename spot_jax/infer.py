@@ -1,0 +1,257 @@
+"""`python -m spot_jax.infer`: serve soft prompts on a frozen T5.
+
+  # Predictions (JSONL: input, prompt, prediction, score) for a file of inputs; rows name
+  # their prompt ("prompt" field) or use --default_prompt / the only prompt given.
+  python -m spot_jax.infer --config_name=t5_1_1_lm100k_base --checkpoint=/ckpts/checkpoint_1100000 \
+    --prompt=rte=/runs/rte_pt --prompt=boolq=/prompts/boolq.npy --input=in.jsonl --output=out.jsonl
+  # Class-label scoring instead of decoding:  --label=entailment --label=not_entailment
+  # Ensemble of all --prompt (one batched pass per batch):  --ensemble [--combine=logprob]
+  # Inputs from a seqio task split:  --task=spot_super_glue_rte_v200 --split=validation
+  # Nearest vocabulary tokens of every prompt token:  --interpret [--top_tokens=5] [--output=x.json]
+  # Export one prompt:  --export_peft=DIR [--base_model=NAME_OR_DIR]  |  --export_npy=FILE
+
+Prompts (`--prompt NAME=PATH`, or PATH alone to use its file/directory name) come from a
+spot_jax.train run directory (its exported prompt; Residual prompts are folded; SMoP runs also
+read the router), a .npy [L, E] prompt, or a PEFT prompt-tuning adapter directory. Without
+--checkpoint the backbone is the random one of --seed (what a smoke run trains against).
+See docs/serving.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from spot_jax import cli
+from spot_jax.errors import ConfigError
+
+PROG = "spot_jax.infer"
+
+
+def _parser() -> cli.ArgumentParser:
+  p = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+  a = p.add_argument
+  a("--config_name", required=True, help="the backbone's config, e.g. t5_1_1_lm100k_base")
+  a("--checkpoint", default=None, help="frozen backbone: T5X, orbax or Hugging Face directory "
+    "(default: the random backbone of --seed)")
+  a("--seed", type=int, default=0,
+    help="seed of the random backbone (no --checkpoint) and of sampling")
+  a("--prompt", action="append", default=[], metavar="NAME=PATH", help="a prompt (repeatable)")
+  a("--smop_routing", default="linear", help="routing of SMoP runs: linear, top2, gumbel, "
+    "stochastic or single")
+  a("--placement", default="prefix", choices=("prefix", "after_bos", "suffix"))
+  a("--input", default=None, help="text or JSONL file of inputs, or - for stdin")
+  a("--task", default=None, help="seqio task whose --split is served instead of --input")
+  a("--split", default="validation")
+  a("--task_module", default=None, help="module registering --task (e.g. tasks.synthetic)")
+  a("--num_examples", type=int, default=None, help="serve at most this many task examples")
+  a("--vocab", default=None,
+    help="'byte', a SentencePiece model, or T5's (default; SPOT_JAX_VOCAB)")
+  a("--output", default=None, help="predictions JSONL (interpretation: JSON) to write")
+  a("--default_prompt", default=None, help="prompt of inputs that name none")
+  a("--input_length", type=int, default=128, help="encoder tokens per input (EOS included)")
+  a("--max_decode_length", type=int, default=32)
+  a("--batch_size", type=int, default=16, help="inputs per batch")
+  a("--method", default="greedy", choices=("greedy", "beam", "sample"))
+  a("--num_beams", type=int, default=4)
+  a("--alpha", type=float, default=0.6, help="beam search length penalty")
+  a("--temperature", type=float, default=1.0)
+  a("--top_k", type=int, default=0)
+  a("--label", action="append", default=[], help="class label (repeatable): rank the labels by "
+    "log-likelihood instead of decoding")
+  a("--ensemble", action="store_true", help="every input through all prompts; combine them")
+  a("--combine", default="vote", choices=("vote", "logprob"), help="ensemble combination")
+  a("--interpret", action="store_true", help="nearest vocabulary tokens of every prompt token")
+  a("--top_tokens", type=int, default=5)
+  a("--export_peft", default=None, help="write the (single) prompt as a PEFT adapter directory")
+  a("--export_npy", default=None, help="write the (single) prompt as a bare [L, E] .npy")
+  a("--base_model", default=None, help="base_model_name_or_path recorded in the PEFT adapter")
+  a("--overwrite", action="store_true", help="replace existing export outputs")
+  a("--debug", action="store_true", help="show tracebacks")
+  return p
+
+
+def _prompt_specs(values: Sequence[str]) -> list[tuple[str, str]]:
+  specs = []
+  for v in values:
+    name, sep, path = v.partition("=")
+    if not sep:
+      name, path = pathlib.Path(v.rstrip("/")).stem, v
+    if not name or not path:
+      raise ConfigError(f"--prompt {v!r} is malformed; use --prompt NAME=PATH or --prompt PATH")
+    specs.append((name, path))
+  return specs
+
+
+def main(argv: Sequence[str]) -> int:
+  args = _parser().parse_args(argv)
+  from spot_jax.serve import sources, table as table_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.t5.config import config_by_name  # pylint: disable=g-import-not-at-top
+  config = config_by_name(args.config_name, dropout_rate=0.0)
+  modes = [m for m in ("interpret", "export_peft", "export_npy") if getattr(args, m)]
+  if len(modes) > 1:
+    raise ConfigError(f"give one of --interpret, --export_peft, --export_npy, not {len(modes)}")
+  specs = _prompt_specs(args.prompt)
+  entries = [sources.load(n, p, args.smop_routing, config) for n, p in specs]
+  table = table_lib.PromptTable(entries, config.emb_dim)
+  if args.export_peft or args.export_npy:
+    return _export(args, table, config)
+  if args.interpret:
+    return _interpret(args, table, config)
+  return _predict(args, table, config)
+
+
+def _single(table, what: str):
+  if len(table) != 1:
+    raise ConfigError(f"{what} exports one prompt; {len(table)} given ({', '.join(table.names)})")
+  entry = table.entries[0]
+  if entry.num_prompts != 1:
+    raise ConfigError(f"prompt {entry.name!r} is an SMoP mixture of {entry.num_prompts} prompts "
+                      f"with a router; {what} holds one [L, E] prompt")
+  return entry
+
+
+def _export(args, table, config) -> int:
+  from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
+  if args.export_peft:
+    entry = _single(table, "--export_peft")
+    peft_io.export_adapter(entry.prompts[0], config, args.export_peft,
+                           base_model_name_or_path=args.base_model, overwrite=args.overwrite)
+    print(f"wrote PEFT prompt-tuning adapter ({entry.length} tokens x {entry.width}) of "
+          f"{entry.name!r} to {args.export_peft}")
+  else:
+    entry = _single(table, "--export_npy")
+    if os.path.exists(args.export_npy) and not args.overwrite:
+      raise ConfigError(f"{args.export_npy} exists; pass --overwrite to replace it")
+    peft_io.export_npy(entry.prompts[0], args.export_npy)
+    print(f"wrote [{entry.length}, {entry.width}] prompt {entry.name!r} to {args.export_npy}")
+  return 0
+
+
+def _backbone(args, config) -> Any:
+  from spot_jax import models, partitioning, trainer  # pylint: disable=g-import-not-at-top
+  from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  model = models.EncoderDecoderModel(Transformer(config))
+  mesh = partitioning.create_mesh(1)
+  note = lambda line: print(line, file=sys.stderr)
+  params, _ = trainer.load_backbone(model, model.dummy_batch(4, 4), args.checkpoint, args.seed,
+                                    mesh, partitioning.logical_rules(), info=note)
+  return params
+
+
+def _interpret(args, table, config) -> int:
+  from spot_jax.serve import interpret  # pylint: disable=g-import-not-at-top
+  if args.checkpoint:
+    from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
+    embedding = checkpoints.load_embedding(args.checkpoint, config)
+  else:
+    embedding = np.asarray(_backbone(args, config)["token_embedder"]["embedding"])
+  vocab = _vocab_or_none(args.vocab)
+  records = [r for e in table.entries
+             for r in interpret.interpret(e, embedding, args.top_tokens, vocab)]
+  if args.output:
+    from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
+    with inputs.atomic_jsonl(args.output) as f:
+      json.dump(records, f, indent=1)
+  print(interpret.format_table(records))
+  return 0
+
+
+def _vocab_or_none(name: Optional[str]):
+  from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
+  try:
+    return inputs.get_vocabulary(name)
+  except ConfigError:
+    raise
+  except Exception:  # pylint: disable=broad-except  (no vocabulary reachable: show ids)
+    return None
+
+
+def _predict(args, table, config) -> int:
+  # pylint: disable-next=g-import-not-at-top
+  from spot_jax.serve import inputs, predict, server as server_lib
+  if not args.output:
+    raise ConfigError("--output is required: the predictions JSONL to write")
+  if (args.input is None) == (args.task is None):
+    raise ConfigError("give exactly one of --input (file or -) or --task (a seqio task)")
+  for flag in ("batch_size", "input_length", "max_decode_length"):
+    if getattr(args, flag) < 1:
+      raise ConfigError(f"--{flag} must be a positive integer, got {getattr(args, flag)}")
+  folder = os.path.dirname(os.path.abspath(args.output))
+  if not os.path.isdir(folder):
+    raise ConfigError(f"--output {args.output}: directory {folder} does not exist")
+  if args.task:
+    examples, vocab = inputs.task_examples(args.task, args.split, args.input_length,
+                                           args.task_module, args.num_examples)
+    names = _resolve_prompts(args, table, examples)
+  else:
+    examples = inputs.read_examples(args.input)
+    names = _resolve_prompts(args, table, examples)  # before the (slow) vocabulary import
+    vocab = inputs.get_vocabulary(args.vocab)
+  if vocab.vocab_size > config.vocab_size:
+    raise ConfigError(f"the vocabulary has {vocab.vocab_size} ids but the model's table has "
+                      f"{config.vocab_size}; give the model's vocabulary (--vocab)")
+  tokens = _tokens(args, vocab, examples)
+  labels = None
+  if args.label:
+    labels, cut = inputs.tokenize(vocab, args.label, args.max_decode_length)
+    if cut:
+      raise ConfigError(f"{cut} --label strings are longer than --max_decode_length="
+                        f"{args.max_decode_length} tokens; raise it")
+  settings = server_lib.DecodeSettings(args.max_decode_length, args.method, args.num_beams,
+                                       args.alpha, args.temperature, args.top_k, args.seed)
+  from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  srv = server_lib.Server(Transformer(config), _backbone(args, config), table,
+                          placement=args.placement, settings=settings)
+  runner = predict.Predictor(srv, vocab, batch_size=args.batch_size, labels=args.label or None,
+                             label_tokens=labels, ensemble=args.ensemble, combine=args.combine,
+                             progress=predict.tty_progress(PROG))
+  with inputs.atomic_jsonl(args.output) as f:
+    summary = runner.run(examples, names, tokens, f)
+  if summary is not None:
+    summary_path = args.output + ".summary.json"
+    with inputs.atomic_jsonl(summary_path) as f:
+      json.dump(summary, f, indent=2)
+    print(json.dumps(summary))
+  print(f"wrote {len(examples)} predictions to {args.output}")
+  return 0
+
+
+def _resolve_prompts(args, table, examples) -> list[str]:
+  if args.ensemble:
+    return [""] * len(examples)
+  default = args.default_prompt or (table.names[0] if len(table) == 1 else None)
+  if default is not None:
+    table.index(default)
+  names = []
+  for i, ex in enumerate(examples):
+    name = ex.prompt or default
+    if name is None:
+      raise ConfigError(f"input {i + 1} names no prompt and {len(table)} are loaded; give each "
+                        f"JSONL line a \"prompt\" or pass --default_prompt (valid: "
+                        f"{', '.join(table.names)})")
+    table.index(name)  # unknown names fail here, before any decoding
+    names.append(name)
+  return names
+
+
+def _tokens(args, vocab, examples) -> np.ndarray:
+  from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
+  if examples[0].tokens is not None:
+    out = np.zeros((len(examples), args.input_length), np.int32)
+    for i, ex in enumerate(examples):
+      out[i, :len(ex.tokens)] = ex.tokens
+    return out
+  tokens, cut = inputs.tokenize(vocab, [ex.input for ex in examples], args.input_length)
+  if cut:
+    print(f"warning: {cut} of {len(examples)} inputs were longer than --input_length="
+          f"{args.input_length} tokens and were truncated", file=sys.stderr)
+  return tokens
+
+
+if __name__ == "__main__":
+  sys.exit(cli.run(main, sys.argv[1:], PROG))

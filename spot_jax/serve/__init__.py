@@ -1,0 +1,14 @@
+"""Serving frozen T5 models with soft prompts (above the trainer; nothing here trains).
+
+  table        PromptTable: named prompts (Prompt Tuning, folded Residual, SMoP) stacked
+  mixed        jitted decoding / scoring of batches whose rows each name their prompt
+  sources      prompts from modules, .npy files, run directories and PEFT adapters
+  ensemble     N prompts of one task in one batched pass; majority vote or mean log-probs
+  server       a frozen backbone + table; fixed-size jitted calls, counted
+  predict      batches examples through a server into JSONL records and a summary
+  interpret    nearest vocabulary tokens of every prompt token (cosine similarity)
+  peft_io      Hugging Face PEFT prompt-tuning adapters and google-research/prompt-tuning .npy
+  inputs       text / JSONL / stdin / seqio inputs; outputs written atomically as JSONL
+
+The command line is `python -m spot_jax.infer` (see docs/serving.md).
+"""

@@ -1,0 +1,150 @@
+"""Inputs to serve and the predictions file.
+
+Inputs: a text file (one input per non-empty line), a JSONL file (`.jsonl`/`.json`: one object
+per line with "input" and optionally "prompt", "target", "id"), stdin ("-", text or JSONL by
+the first character), or a seqio task split (its tokenized inputs and target strings).
+Predictions: JSONL written to a temporary file and renamed when complete, so a failed run
+leaves no half-written output.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+from typing import IO, Any, Iterator, Optional, Sequence
+
+import numpy as np
+
+from spot_jax.errors import ConfigError
+
+
+@dataclasses.dataclass
+class Example:
+  """One input. `tokens` is set for seqio inputs (already tokenized), else None."""
+  input: str
+  prompt: Optional[str] = None
+  target: Optional[str] = None
+  id: Any = None
+  tokens: Optional[np.ndarray] = None
+
+
+def read_examples(path: str, stdin: Optional[IO[str]] = None) -> list[Example]:
+  """Examples from a text/JSONL file or stdin ("-").
+
+  Raises:
+    ConfigError: a missing, unreadable, empty or malformed file (the message names the line).
+  """
+  where = "stdin" if path == "-" else path
+  try:
+    if path == "-":
+      text = (stdin or sys.stdin).read()
+    else:
+      with open(path, encoding="utf-8") as f:
+        text = f.read()
+  except (OSError, UnicodeDecodeError) as e:
+    why = getattr(e, "strerror", None) or type(e).__name__
+    raise ConfigError(f"cannot read --input {where} ({why}); give a UTF-8 text or JSONL file, "
+                      f"or - for stdin") from None
+  lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+  if not lines:
+    raise ConfigError(f"--input {where} holds no inputs; give one input per line (text) or one "
+                      f"JSON object per line with an \"input\" field (JSONL)")
+  is_jsonl = path.endswith((".jsonl", ".json")) or (path == "-" and lines[0][1].lstrip()[:1] == "{")
+  if not is_jsonl:
+    return [Example(line.strip()) for _, line in lines]
+  return [_example(where, n, line) for n, line in lines]
+
+
+def _example(where: str, n: int, line: str) -> Example:
+  try:
+    obj = json.loads(line)
+  except ValueError as e:
+    raise ConfigError(f"{where} line {n} is not valid JSON ({e.msg}); each line must be an object "
+                      f"like {{\"input\": \"...\", \"prompt\": \"name\"}}") from None
+  if not isinstance(obj, dict) or not isinstance(obj.get("input"), str):
+    raise ConfigError(f"{where} line {n} has no string \"input\" field; each line must be an "
+                      f"object like {{\"input\": \"...\", \"prompt\": \"name\"}}")
+  for key in ("prompt", "target"):
+    if obj.get(key) is not None and not isinstance(obj[key], str):
+      raise ConfigError(f"{where} line {n}: \"{key}\" must be a string, got {obj[key]!r}")
+  return Example(obj["input"], obj.get("prompt"), obj.get("target"), obj.get("id"))
+
+
+def task_examples(task_name: str, split: str, input_length: int, module: Optional[str] = None,
+                  num_examples: Optional[int] = None) -> tuple[list[Example], Any]:
+  """(examples, vocabulary) of a seqio task split; inputs come tokenized as the task makes them."""
+  from spot_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  data_lib.import_modules(module)
+  task = data_lib.get_mixture_or_task(task_name)
+  ds = task.get_dataset({"inputs": input_length, "targets": 512}, split=split, shuffle=False)
+  if num_examples:
+    ds = ds.take(num_examples)
+  vocab = task.output_features["inputs"].vocabulary
+  out = []
+  for i, ex in enumerate(ds.as_numpy_iterator()):
+    text = ex.get("inputs_pretokenized")
+    target = ex.get("targets_pretokenized")
+    tokens = np.asarray(ex["inputs"], np.int32)[:input_length]
+    out.append(Example(text.decode() if text is not None else vocab.decode(tokens.tolist()),
+                       target=target.decode() if target is not None else None, id=i,
+                       tokens=tokens))
+  if not out:
+    raise ConfigError(f"task {task_name!r} split {split!r} is empty")
+  return out, vocab
+
+
+def get_vocabulary(name: Optional[str]) -> Any:
+  """"byte" (seqio.ByteVocabulary), a SentencePiece model path, or None for T5's (tasks)."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  if name == "byte":
+    return seqio.ByteVocabulary()
+  if name:
+    if "://" not in name and not os.path.isfile(name):
+      raise ConfigError(f"--vocab {name} does not exist; give 'byte' or a SentencePiece model file")
+    return seqio.SentencePieceVocabulary(name)
+  import tasks  # pylint: disable=g-import-not-at-top
+  return tasks.get_vocabulary()
+
+
+def tokenize(vocab: Any, texts: Sequence[str], length: int, eos_id: int = 1
+             ) -> tuple[np.ndarray, int]:
+  """([N, length] int32 right-padded ids ending in EOS, number of inputs truncated)."""
+  out = np.zeros((len(texts), length), np.int32)
+  truncated = 0
+  for i, text in enumerate(texts):
+    ids = list(vocab.encode(text))
+    if len(ids) > length - 1:
+      truncated += 1
+      ids = ids[:length - 1]
+    out[i, :len(ids) + 1] = ids + [eos_id]
+  return out, truncated
+
+
+def decode(vocab: Any, ids: np.ndarray, eos_id: int = 1) -> str:
+  """Text of a decoded row (stops at EOS; 0 is padding)."""
+  row = [int(t) for t in ids]
+  if eos_id in row:
+    row = row[:row.index(eos_id)]
+  return vocab.decode([t for t in row if t > 0])
+
+
+@contextlib.contextmanager
+def atomic_jsonl(path: str) -> Iterator[IO[str]]:
+  """A text file at `path` that appears only if the block completes (temp file + rename)."""
+  folder = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(folder):
+    raise ConfigError(f"--output {path}: directory {folder} does not exist")
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise

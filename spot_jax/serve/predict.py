@@ -1,0 +1,131 @@
+"""Batches examples through a `Server` and writes one JSONL record per input, in input order.
+
+Records: {"id"?, "input", "prompt", "prediction", "score", "target"?}; with class labels also
+"label_scores"; for an ensemble "prompt" is "ensemble(a,b,...)" with per-prompt "predictions"
+and "scores" and the "votes". The last batch is padded to the batch size (no recompilation).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import sys
+import time
+from typing import IO, Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from spot_jax.serve import ensemble, inputs
+from spot_jax.serve.server import Server
+
+Progress = Callable[[int, int, float], None]
+
+
+class Predictor:
+  """Runs examples through a server.
+
+  Attributes:
+    server: the `Server` (its table's names are the prompts).
+    vocab: the seqio vocabulary decoding predictions.
+    batch_size: inputs per call (an ensemble call holds batch_size * N rows).
+    labels: class label strings (None: decode), with label_tokens [C, S] their targets.
+    ensemble: run every input through all prompts and combine them.
+    combine: "vote" or "logprob".
+    progress: called as progress(done, total, start_time) after each batch.
+  """
+
+  def __init__(self, server: Server, vocab: Any, *, batch_size: int,
+               labels: Optional[Sequence[str]] = None, label_tokens: Optional[np.ndarray] = None,
+               ensemble: bool = False,  # pylint: disable=redefined-outer-name
+               combine: str = "vote",
+               progress: Optional[Progress] = None):
+    self.server, self.vocab, self.batch_size = server, vocab, batch_size
+    self.labels, self.label_tokens = labels, label_tokens
+    self.ensemble, self.combine = ensemble, combine
+    self.progress = progress or (lambda done, total, start: None)
+    self.prompts = server.table.names
+
+  def run(self, examples: Sequence[inputs.Example], names: Sequence[str], tokens: np.ndarray,
+          out: IO[str]) -> Optional[dict]:
+    """Writes the records to `out`; returns the accuracy summary (None without targets)."""
+    b, total, start = self.batch_size, len(examples), time.time()
+    per_prompt, combined = [], []
+    for i, lo in enumerate(range(0, total, b)):
+      chunk = slice(lo, min(lo + b, total))
+      n = chunk.stop - chunk.start
+      rows = np.zeros((b, tokens.shape[1]), np.int32)
+      rows[:n] = tokens[chunk]
+      batch_names = list(names[chunk]) + [self.prompts[0]] * (b - n)
+      for ex, record in zip(examples[chunk], self._batch(batch_names, rows, i)[:n]):
+        record = {**({"id": ex.id} if ex.id is not None else {}), "input": ex.input, **record}
+        if ex.target is not None:
+          record["target"] = ex.target
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        if self.ensemble:
+          per_prompt.append([record["predictions"][p] for p in self.prompts])
+          combined.append(record["prediction"])
+        else:
+          per_prompt.append(record)
+      self.progress(chunk.stop, total, start)
+    if self.ensemble:
+      return ensemble.report(self.prompts, per_prompt, combined, [e.target for e in examples])
+    return accuracy_by_prompt(per_prompt)
+
+  def _batch(self, names: list[str], rows: np.ndarray, index: int) -> list[dict]:
+    if self.ensemble:
+      return self._ensemble(rows, index)
+    if self.labels is not None:
+      scores = self.server.classify(names, rows, self.label_tokens)
+      return [{"prompt": n, "prediction": self.labels[int(np.argmax(s))],
+               "score": float(np.max(s)), "label_scores": dict(zip(self.labels, map(float, s)))}
+              for n, s in zip(names, scores)]
+    out, scores = self.server.generate(names, rows, index)
+    return [{"prompt": n, "prediction": self._text(o), "score": float(s)}
+            for n, o, s in zip(names, out, scores)]
+
+  def _ensemble(self, rows: np.ndarray, index: int) -> list[dict]:
+    if self.labels is not None:
+      ll = ensemble.classify(self.server, self.prompts, rows, self.label_tokens)  # [B, N, C]
+      texts = [[self.labels[int(c)] for c in np.argmax(r, axis=-1)] for r in ll]
+      scores = np.max(ll, axis=-1)
+      if self.combine == "logprob":
+        chosen = [self.labels[int(c)] for c in ensemble.mean_logprob_choice(ll)]
+      else:
+        chosen = [ensemble.majority_vote(t, s) for t, s in zip(texts, scores)]
+    else:
+      out, scores = ensemble.generate(self.server, self.prompts, rows, index)  # [B, N, S]
+      texts = [[self._text(o) for o in r] for r in out]
+      if self.combine == "logprob":  # candidates: the N answers, scored under every prompt
+        ll = ensemble.rescore(self.server, self.prompts, rows, out)
+        chosen = [t[int(c)] for t, c in zip(texts, ensemble.mean_logprob_choice(ll))]
+      else:
+        chosen = [ensemble.majority_vote(t, s) for t, s in zip(texts, scores)]
+    label = f"ensemble({','.join(self.prompts)})"
+    return [{"prompt": label, "prediction": c,
+             "votes": dict(collections.Counter(t).most_common()),
+             "predictions": dict(zip(self.prompts, t)),
+             "scores": dict(zip(self.prompts, map(float, s)))}
+            for c, t, s in zip(chosen, texts, scores)]
+
+  def _text(self, ids: np.ndarray) -> str:
+    return inputs.decode(self.vocab, ids, self.server.settings.eos_id)
+
+
+def accuracy_by_prompt(records: Sequence[dict]) -> Optional[dict]:
+  """Exact-match accuracy per prompt over the records that carry a target."""
+  scored = [r for r in records if "target" in r]
+  if not scored:
+    return None
+  by: dict[str, list[bool]] = {}
+  for r in scored:
+    by.setdefault(r["prompt"], []).append(r["prediction"] == r["target"])
+  return {"num_scored": len(scored), "accuracy": {p: float(np.mean(v)) for p, v in by.items()}}
+
+
+def tty_progress(prog: str) -> Progress:
+  """A progress display on stderr ("prog: done/total inputs (rate/s)"), only on a terminal."""
+  def show(done: int, total: int, start: float) -> None:
+    if sys.stderr.isatty():
+      rate = done / max(time.time() - start, 1e-9)
+      print(f"\r{prog}: {done}/{total} inputs ({rate:.1f}/s)", end="\n" if done == total else "",
+            file=sys.stderr, flush=True)
+  return show

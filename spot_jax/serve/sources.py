@@ -1,0 +1,139 @@
+"""Where served prompts come from: prompt modules, .npy files, run directories, PEFT adapters.
+
+  from_module     a prompt module and its parameter subtree (Residual prompts are folded)
+  from_npy        a [L, E] .npy (spot-jax exports, google-research/prompt-tuning's format)
+  from_run_dir    a `spot_jax.train` MODEL_DIR: prompts/prompt_best.npy, else the latest
+                  prompts/prompt_step_N.npy; SMoP runs also restore the router from the state
+  load            any of the above by path (a directory holding adapter_config.json is a
+                  PEFT adapter, see `peft_io`)
+"""
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Optional
+
+import flax.linen as nn
+import numpy as np
+
+from spot_jax import checkpointing
+from spot_jax.errors import ConfigError
+from spot_jax.prompts import PromptTuning, ResidualPrompt, SMoP
+from spot_jax.serve.table import SMOP_EVAL_ROUTING, ServedPrompt
+from spot_jax.t5.config import T5Config
+
+
+def from_module(name: str, module: nn.Module, params: Any, source: str = "") -> ServedPrompt:
+  """The served form of a prompt module's parameters (its `prompt/` subtree).
+
+  PromptTuning: its prompt; ResidualPrompt: the folded P'; SMoP: its prompts, router and the
+  routing it uses at evaluation.
+  """
+  params = nn.meta.unbox(params)
+  if isinstance(module, SMoP):
+    routing = SMOP_EVAL_ROUTING[module.routing]
+    router = params["router"]["kernel"] if "router" in params else None
+    return ServedPrompt(name, module.export_prompt(params), router, routing, source)
+  if isinstance(module, (PromptTuning, ResidualPrompt)):
+    return ServedPrompt(name, module.export_prompt(params), source=source)
+  raise ConfigError(f"cannot serve a {type(module).__name__}; valid prompt modules: PromptTuning, "
+                    f"ResidualPrompt, SMoP")
+
+
+def read_npy(path: str) -> np.ndarray:
+  """A float array from a .npy file, with one-line errors for unreadable files."""
+  try:
+    array = np.load(path, allow_pickle=False)
+  except (OSError, ValueError, EOFError) as e:
+    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise ConfigError(f"{path} is not a readable .npy file ({why}); give a prompt saved with "
+                      f"numpy.save") from None
+  if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.floating):
+    raise ConfigError(f"{path} holds {getattr(array, 'dtype', type(array))} data; a prompt is a "
+                      f"float [L, E] array")
+  return array.astype(np.float32)
+
+
+def from_npy(name: str, path: str) -> ServedPrompt:
+  """A plain [L, E] prompt from a .npy file (a [k, l, E] SMoP export needs its run directory)."""
+  array = read_npy(path)
+  if array.ndim == 3:
+    raise ConfigError(f"{path} holds {array.shape[0]} SMoP prompts {array.shape} without their "
+                      f"router; give the run directory (MODEL_DIR) instead")
+  if array.ndim != 2:
+    raise ConfigError(f"{path} has shape {array.shape}; a prompt file holds one [L, E] prompt")
+  return ServedPrompt(name, array, source=path)
+
+
+def exported_prompt(run_dir: pathlib.Path) -> tuple[pathlib.Path, Optional[int]]:
+  """(prompt file, its step or None for best) a run directory serves."""
+  best = run_dir / "prompts" / "prompt_best.npy"
+  if best.is_file():
+    return best, None
+  step = checkpointing.latest_prompt_step(run_dir)
+  if step is None:
+    raise ConfigError(f"{run_dir} holds no exported prompt (prompts/prompt_best.npy or "
+                      f"prompts/prompt_step_N.npy); give the MODEL_DIR of a spot_jax.train run")
+  return run_dir / "prompts" / f"prompt_step_{step}.npy", step
+
+
+def from_run_dir(name: str, path: str, smop_routing: str = "linear") -> ServedPrompt:
+  """The prompt a training run exported (folded for Residual runs).
+
+  Args:
+    name: the served name.
+    path: the run's MODEL_DIR.
+    smop_routing: the SMoP run's routing (a key of SMOP_EVAL_ROUTING), when it is one.
+  """
+  run_dir = pathlib.Path(path)
+  file, step = exported_prompt(run_dir)
+  array = read_npy(str(file))
+  if array.ndim == 2:
+    return ServedPrompt(name, array, source=str(file))
+  if smop_routing not in SMOP_EVAL_ROUTING:
+    raise ConfigError(f"SMoP routing {smop_routing!r} is unknown; valid: "
+                      f"{', '.join(SMOP_EVAL_ROUTING)}")
+  params = _restore_prompt_params(run_dir, step)
+  routing = SMOP_EVAL_ROUTING[smop_routing]
+  router = params.get("router", {}).get("kernel") if routing != "mean" else None
+  if routing != "mean" and router is None:
+    raise ConfigError(f"{run_dir}'s SMoP state has no router; pass --smop_routing=stochastic "
+                      f"or single for router-less SMoP runs")
+  prompts = np.asarray(params.get("prompts", array), np.float32)
+  return ServedPrompt(name, prompts, None if router is None else np.asarray(router), routing,
+                      f"{file} + router")
+
+
+def _restore_prompt_params(run_dir: pathlib.Path, step: Optional[int]) -> dict:
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  folder = run_dir / ("best" if step is None else "checkpoints")
+  steps = sorted((p for p in folder.glob("[0-9]*") if p.is_dir()), key=lambda p: int(p.name))
+  chosen = [p for p in steps if step is None or int(p.name) == step]
+  if not chosen or not (chosen[-1] / "default").is_dir():
+    raise ConfigError(f"{run_dir}: no training state in {folder.name}/ to read the SMoP router "
+                      f"from; give the MODEL_DIR of a complete spot_jax.train run")
+  restored = ocp.StandardCheckpointer().restore(chosen[-1] / "default")
+  params = restored.get("params", {})
+  if "prompt" not in params:
+    raise ConfigError(f"{chosen[-1]} holds no prompt parameters; give a prompt-tuning run")
+  return params["prompt"]
+
+
+def load(name: str, path: str, smop_routing: str = "linear",
+         config: Optional[T5Config] = None) -> ServedPrompt:
+  """A served prompt from a run directory, a .npy file or a PEFT adapter directory.
+
+  Args:
+    name, path: the served name and where the prompt is.
+    smop_routing: the routing of an SMoP run (see `from_run_dir`).
+    config: the serving model; a PEFT adapter made for another model is refused.
+  """
+  p = pathlib.Path(path)
+  if p.is_dir() and (p / "adapter_config.json").exists():
+    from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
+    return ServedPrompt(name, peft_io.read_adapter(str(p), config), source=str(p))
+  if p.is_dir():
+    return from_run_dir(name, str(p), smop_routing)
+  if p.is_file():
+    return from_npy(name, str(p))
+  raise ConfigError(f"prompt {name!r}: {path} does not exist; give a run directory (MODEL_DIR), "
+                    f"a .npy prompt or a PEFT adapter directory")

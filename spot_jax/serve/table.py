@@ -1,0 +1,169 @@
+"""A stacked table of servable prompts: Prompt Tuning, folded Residual and SMoP in one array set.
+
+Every entry is stored as a mixture of k prompts of length l with a router, padded to the
+table's largest k (K) and l (L):
+
+  prompts [N, K, L, E] float32   entry n's prompts, left-aligned along L, zero padding
+  router  [N, E, K] float32      SMoP's bias-free router kernel (zeros when there is none)
+  num_prompts [N] int32          k_n (1 for Prompt Tuning and folded Residual prompts)
+  lengths [N] int32              l_n
+  routing [N] int32              ROUTING_CODES[...]: how the k_n prompts combine per example
+
+A plain prompt is the mixture k = 1 combined with weight 1, so one jitted function serves any
+mix of entries: the row's entry index selects its arrays by a gather (see `mixed`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from spot_jax.errors import ConfigError
+
+# "mean": weight 1/k each (a plain prompt when k = 1; SMoP "stochastic"/"single" at evaluation).
+# "linear": the most probable prompt scaled by its probability (SMoP's default).
+# "top2": p1 * P_i1 + p2 * P_i2.  "hard": the most probable prompt, weight 1 (SMoP "gumbel").
+ROUTING_CODES = {"mean": 0, "linear": 1, "top2": 2, "hard": 3}
+# SMoP module routing -> how it routes at evaluation.
+SMOP_EVAL_ROUTING = {"linear": "linear", "top2": "top2", "gumbel": "hard", "stochastic": "mean",
+                     "single": "mean"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedPrompt:
+  """One servable prompt.
+
+  Attributes:
+    name: the name inputs use to select it.
+    prompts: [k, l, E] float32 (k = 1 for a plain prompt).
+    router: [E, k] float32 router kernel, or None (then routing must be "mean").
+    routing: a key of ROUTING_CODES.
+    source: where it came from (for messages and outputs).
+  """
+  name: str
+  prompts: np.ndarray
+  router: Optional[np.ndarray] = None
+  routing: str = "mean"
+  source: str = ""
+
+  def __post_init__(self):
+    prompts = np.asarray(self.prompts, np.float32)
+    if prompts.ndim == 2:
+      prompts = prompts[None]
+    if prompts.ndim != 3 or 0 in prompts.shape:
+      raise ConfigError(f"prompt {self.name!r} has shape {np.shape(self.prompts)}; expected "
+                        f"[L, E] (Prompt Tuning, folded Residual) or [k, l, E] (SMoP)")
+    if not np.all(np.isfinite(prompts)):
+      raise ConfigError(f"prompt {self.name!r} ({self.source}) holds NaN or infinite values; "
+                        f"give a finite prompt")
+    if self.routing not in ROUTING_CODES:
+      raise ConfigError(f"prompt {self.name!r}: routing {self.routing!r} is unknown; valid: "
+                        f"{', '.join(ROUTING_CODES)}")
+    k, _, embed = prompts.shape
+    router = None if self.router is None else np.asarray(self.router, np.float32)
+    if router is None and self.routing != "mean":
+      raise ConfigError(f"prompt {self.name!r}: routing {self.routing!r} needs a router kernel; "
+                        f"only 'mean' works without one")
+    if router is not None and router.shape != (embed, k):
+      raise ConfigError(f"prompt {self.name!r}: router kernel of shape {router.shape} does not fit "
+                        f"{k} prompts of width {embed}; expected {(embed, k)}")
+    if self.routing == "top2" and k < 2:
+      raise ConfigError(f"prompt {self.name!r}: routing 'top2' needs at least 2 prompts, got {k}")
+    object.__setattr__(self, "prompts", prompts)
+    object.__setattr__(self, "router", router)
+
+  @property
+  def num_prompts(self) -> int:
+    return self.prompts.shape[0]
+
+  @property
+  def length(self) -> int:
+    return self.prompts.shape[1]
+
+  @property
+  def width(self) -> int:
+    return self.prompts.shape[2]
+
+
+class TableArrays(NamedTuple):
+  """The stacked arrays (a pytree; see the module docstring for shapes)."""
+  prompts: np.ndarray
+  router: np.ndarray
+  num_prompts: np.ndarray
+  lengths: np.ndarray
+  routing: np.ndarray
+
+
+class PromptTable:
+  """Named prompts stacked for serving.
+
+  Attributes:
+    entries: the `ServedPrompt`s, in table order.
+    arrays: their `TableArrays`.
+  """
+
+  def __init__(self, entries: Sequence[ServedPrompt], emb_dim: Optional[int] = None):
+    """Stacks `entries`; `emb_dim` (the model's width) is checked when given.
+
+    Raises:
+      ConfigError: no entries, duplicate names, or widths that differ from each other or from
+        `emb_dim`.
+    """
+    entries = list(entries)
+    if not entries:
+      raise ConfigError("no prompts to serve; give at least one --prompt NAME=PATH")
+    names = [e.name for e in entries]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+      raise ConfigError(f"prompt names must be unique; {', '.join(dupes)} given twice")
+    want = emb_dim if emb_dim is not None else entries[0].width
+    for e in entries:
+      if e.width != want:
+        raise ConfigError(f"prompt {e.name!r} ({e.source or 'given'}) has width {e.width} but "
+                          f"the model's embedding width is {want}; give a prompt trained for "
+                          f"this model")
+    self.entries = entries
+    self._index = {n: i for i, n in enumerate(names)}
+    big_k = max(e.num_prompts for e in entries)
+    big_l = max(e.length for e in entries)
+    prompts = np.zeros((len(entries), big_k, big_l, want), np.float32)
+    router = np.zeros((len(entries), want, big_k), np.float32)
+    for i, e in enumerate(entries):
+      prompts[i, :e.num_prompts, :e.length] = e.prompts
+      if e.router is not None:
+        router[i, :, :e.num_prompts] = e.router
+    self.arrays = TableArrays(
+        prompts=prompts, router=router,
+        num_prompts=np.array([e.num_prompts for e in entries], np.int32),
+        lengths=np.array([e.length for e in entries], np.int32),
+        routing=np.array([ROUTING_CODES[e.routing] for e in entries], np.int32))
+
+  @property
+  def names(self) -> list[str]:
+    return [e.name for e in self.entries]
+
+  @property
+  def max_length(self) -> int:
+    """L, the positions every row's prompt occupies after padding."""
+    return int(self.arrays.prompts.shape[2])
+
+  def __len__(self) -> int:
+    return len(self.entries)
+
+  def index(self, name: str) -> int:
+    """The row of prompt `name`.
+
+    Raises:
+      ConfigError: an unknown name (the message lists the known ones).
+    """
+    if name not in self._index:
+      close = difflib.get_close_matches(str(name), self.names, n=3)
+      hint = f" (did you mean {', '.join(close)}?)" if close else ""
+      raise ConfigError(f"unknown prompt name {name!r}{hint}; valid: {', '.join(self.names)}")
+    return self._index[name]
+
+  def indices(self, names: Sequence[str]) -> np.ndarray:
+    """[B] int32 rows for a list of names."""
+    return np.array([self.index(n) for n in names], np.int32)
