@@ -26,6 +26,7 @@ import pathlib
 import re
 import sys
 import tempfile
+import time
 from typing import Any, Callable, Iterator, Optional
 
 import jax
@@ -71,13 +72,21 @@ def root_cause(error: BaseException) -> str:
 def quiet_abandoned_reads() -> Iterator[None]:
   """Drops the tracebacks of reads orbax abandons when one array of a restore fails.
 
-  orbax gathers one coroutine per array; when one fails, the others are left pending and
-  Python prints each at garbage collection. They belong to the failure already reported.
+  orbax gathers one coroutine per array in a private event loop; when one read fails, the
+  loop is closed with the others still pending. Each is freed (and printed by Python) when its
+  tensorstore read completes in the background. After a failure this waits for those reads
+  (a fraction of a second) so that nothing surfaces later in the run; they belong to the
+  failure already reported.
   """
   hook = sys.unraisablehook
   sys.unraisablehook = lambda unused: None
   try:
     yield
+  except BaseException:
+    for _ in range(10):
+      gc.collect()
+      time.sleep(0.05)
+    raise
   finally:
     gc.collect()
     sys.unraisablehook = hook
