@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-
 import pathlib
 from typing import Any, Optional
 
