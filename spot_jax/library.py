@@ -12,6 +12,8 @@
   python -m spot_jax.library show --library=/lib --id=spot_glue_mnli_v200.mnli
   python -m spot_jax.library remove --library=/lib --id=spot_glue_mnli_v200.mnli
 
+Entry ids default to <task>.<run_id> (just <task> when the run directory is named after it).
+
 A refused `add` (wrong embedding size, another frozen model, truncated .npy, duplicate id,
 unknown task) prints one line, exits 2 and leaves the library unchanged.
 """
@@ -131,7 +133,7 @@ def add(args) -> int:
   embedding = library_lib.load_npy(found["embedding"], "task embedding")
   run_id = args.run_id or (pathlib.Path(args.run_dir).resolve().name if args.run_dir
                            else pathlib.Path(args.prompt).stem)
-  entry_id = args.id or f"{found['task']}.{run_id}"
+  entry_id = args.id or (found["task"] if run_id == found["task"] else f"{found['task']}.{run_id}")
   entry = library_lib.Library(args.library).add(
       entry_id=entry_id, task=found["task"], run_id=run_id, seed=found["seed"],
       fingerprint=found["fingerprint"], prompt=prompt, embedding=embedding, score=found["score"],

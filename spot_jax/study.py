@@ -31,6 +31,8 @@ def _parser() -> cli.ArgumentParser:
   parser.add_argument("--targets", default=None, help="comma-separated target tasks (default: the paper's 10)")
   parser.add_argument("--seeds", default="0,1,2", help="comma-separated target-run seeds")
   parser.add_argument("--source_seed", type=int, default=0)
+  parser.add_argument("--source_train_steps", type=int, default=None,
+                      help="training steps of the source runs (default: --train_steps)")
   parser.add_argument("--generic", action="store_true", help="also generic SPoT (mixture of all sources)")
   parser.add_argument("--shard_index", type=int, default=0)
   parser.add_argument("--num_shards", type=int, default=1)
@@ -55,6 +57,9 @@ def _seeds(value: str) -> tuple[int, ...]:
 
 def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
+  if args.num_shards < 1 or not 0 <= args.shard_index < args.num_shards:
+    raise ConfigError(f"--shard_index={args.shard_index} --num_shards={args.num_shards}; valid: "
+                      f"num_shards >= 1 and 0 <= shard_index < num_shards")
   default_sources: Sequence[str] = ()
   default_targets: Sequence[str] = ()
   if args.sources is None or args.targets is None:
@@ -62,8 +67,12 @@ def main(argv: Sequence[str]) -> int:
     default_sources, default_targets = names.SOURCE_TASKS.values(), names.TARGET_TASKS.values()
   grid = study.Grid(sources=_names(args.sources, default_sources),
                     targets=_names(args.targets, default_targets), seeds=_seeds(args.seeds),
-                    source_seed=args.source_seed, generic=args.generic)
+                    source_seed=args.source_seed, generic=args.generic,
+                    source_train_steps=args.source_train_steps)
   settings = settings_lib.from_args(args)
+  if args.source_train_steps is not None and not settings.embedding_step <= args.source_train_steps:
+    raise ConfigError(f"--source_train_steps={args.source_train_steps} must be a positive integer >= "
+                      f"--embedding_step={settings.embedding_step} (the source embedding is exported then)")
   settings_lib.check_tasks(grid.sources + grid.targets, args.task_module)
   if not args.initial_checkpoint_path and set(grid.seeds) != {grid.source_seed}:
     print(f"{PROG}: warning: no --initial_checkpoint_path: each seed draws its own random backbone, "

@@ -125,7 +125,8 @@ def train_prompt(settings: RunSettings, task: str, run_dir: str | pathlib.Path, 
   eval_cfg = (evaluation.EvalConfig(task, dict(settings.lengths), batch_size=settings.eval_batch_size,
                                     num_examples=settings.eval_num_examples,
                                     module=settings.task_module) if evaluate else None)
-  checkpoint_cfg = trainer.CheckpointConfig(save_prompt_steps=(settings.embedding_step,),
+  checkpoint_cfg = trainer.CheckpointConfig(period=settings.checkpoint_period,
+                                            save_prompt_steps=(settings.embedding_step,),
                                             best_metric=metric if evaluate else None)
   trainer.train(model=model, train_dataset_cfg=train_cfg, total_steps=settings.train_steps,
                 model_dir=str(run_dir), optimizer=optimizers.adafactor(learning_rate=settings.learning_rate),

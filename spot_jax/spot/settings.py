@@ -35,6 +35,7 @@ class RunSettings:
     train_steps: steps of every full run.
     embedding_step: the early step whose prompt is the task embedding (SAVE_PROMPT_STEPS).
     eval_period: steps between validation evaluations (the best one is kept).
+    checkpoint_period: steps between training-state checkpoints (None: eval_period).
     eval_batch_size: evaluation batch size.
     eval_num_examples: validation examples per evaluation (None: all).
     prompt_length: L of the Prompt Tuning prompts.
@@ -53,6 +54,7 @@ class RunSettings:
   train_steps: int = 30000
   embedding_step: int = 10000
   eval_period: int = 1000
+  checkpoint_period: Optional[int] = None
   eval_batch_size: int = 32
   eval_num_examples: Optional[int] = None
   prompt_length: int = 100
@@ -67,6 +69,9 @@ class RunSettings:
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
         raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
+    if self.checkpoint_period is not None and (not isinstance(self.checkpoint_period, int)
+                                               or self.checkpoint_period <= 0):
+      raise ConfigError(f"--checkpoint_period must be a positive integer, got {self.checkpoint_period!r}")
     if self.embedding_step > self.train_steps:
       raise ConfigError(f"--embedding_step={self.embedding_step} is after the end of training "
                         f"(--train_steps={self.train_steps}); give a step <= train_steps")
@@ -108,6 +113,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--embedding_step", type=int, default=10000,
                       help="the early step whose prompt is the task embedding")
   parser.add_argument("--eval_period", type=int, default=1000)
+  parser.add_argument("--checkpoint_period", type=int, default=None,
+                      help="steps between checkpoints (default: --eval_period)")
   parser.add_argument("--eval_batch_size", type=int, default=32)
   parser.add_argument("--eval_num_examples", type=int, default=None)
   parser.add_argument("--prompt_length", type=int, default=100)
@@ -179,6 +186,7 @@ def from_args(args: argparse.Namespace) -> RunSettings:
       lengths={"inputs": args.inputs_length, "targets": args.targets_length},
       batch_size=args.batch_size, train_steps=args.train_steps,
       embedding_step=args.embedding_step, eval_period=args.eval_period,
+      checkpoint_period=args.checkpoint_period,
       eval_batch_size=args.eval_batch_size, eval_num_examples=args.eval_num_examples,
       prompt_length=args.prompt_length, learning_rate=args.learning_rate, metric=args.metric,
       task_metrics=_parse_task_metrics(args.task_metric), metric_max=args.metric_max,

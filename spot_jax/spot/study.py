@@ -75,12 +75,15 @@ class Grid:
     seeds: target-run seeds.
     source_seed: the seed of the source runs.
     generic: include generic SPoT (mixture of all sources).
+    source_train_steps: training steps of the source (and generic source) runs (None: the
+      settings' train_steps, as for the target runs).
   """
   sources: tuple[str, ...]
   targets: tuple[str, ...]
   seeds: tuple[int, ...]
   source_seed: int = 0
   generic: bool = False
+  source_train_steps: Optional[int] = None
 
   def __post_init__(self):
     for name in ("sources", "targets", "seeds"):
@@ -109,16 +112,18 @@ def _settings_record(settings: RunSettings) -> dict:
   return {"model": settings.model_name, "fingerprint": settings.fingerprint_for(0)["id"],
           "lengths": dict(settings.lengths), "batch_size": settings.batch_size,
           "train_steps": settings.train_steps, "embedding_step": settings.embedding_step,
-          "eval_period": settings.eval_period, "eval_num_examples": settings.eval_num_examples,
+          "eval_period": settings.eval_period, "checkpoint_period": settings.checkpoint_period,
+          "eval_num_examples": settings.eval_num_examples,
           "prompt_length": settings.prompt_length, "learning_rate": settings.learning_rate,
           "metric": settings.metric, "task_metrics": dict(settings.task_metrics),
           "metric_max": settings.metric_max}
 
 
-def check_config(study_dir: pathlib.Path, settings: RunSettings) -> None:
+def check_config(study_dir: pathlib.Path, settings: RunSettings, grid: Grid) -> None:
   """Records the run settings; a restart with different ones is refused (cells would mix)."""
   path = study_dir / CONFIG
-  record = _settings_record(settings)
+  record = dict(_settings_record(settings), source_seed=grid.source_seed,
+                source_train_steps=grid.source_train_steps)
   if path.is_file():
     old = json.loads(path.read_text())
     changed = sorted(k for k in record if old.get(k) != record[k])
@@ -137,11 +142,15 @@ def run_cell(settings: RunSettings, study_dir: pathlib.Path, cell: Cell, grid: G
              verbose: bool = False) -> Optional[runs_lib.RunOutcome]:
   """Runs (or resumes) one cell; None when it needs a stage-1 cell that is not finished."""
   run_dir = study_dir / cell.path
-  if cell.kind in ("source", "baseline"):
+  source_settings = (dataclasses.replace(settings, train_steps=grid.source_train_steps)
+                     if grid.source_train_steps else settings)
+  if cell.kind == "baseline":
     return runs_lib.train_prompt(settings, cell.task, run_dir, cell.seed, verbose=verbose)
+  if cell.kind == "source":
+    return runs_lib.train_prompt(source_settings, cell.task, run_dir, cell.seed, verbose=verbose)
   if cell.kind == "generic_source":
-    return runs_lib.train_prompt(settings, _generic_mixture(grid), run_dir, cell.seed, evaluate=False,
-                                 verbose=verbose)
+    return runs_lib.train_prompt(source_settings, _generic_mixture(grid), run_dir, cell.seed,
+                                 evaluate=False, verbose=verbose)
   origin = Cell("source", cell.source, grid.source_seed) if cell.kind == "transfer" else \
       Cell("generic_source", "", grid.source_seed)
   source = runs_lib.read_record(study_dir / origin.path)
@@ -149,6 +158,11 @@ def run_cell(settings: RunSettings, study_dir: pathlib.Path, cell: Cell, grid: G
     return None
   return runs_lib.train_prompt(settings, cell.task, run_dir, cell.seed, init=source.prompt(),
                                init_note=f"best prompt of {origin.path}", verbose=verbose)
+
+
+def shard_cells(cells: Sequence[Cell], shard_index: int, num_shards: int) -> list[Cell]:
+  """This shard's cells of one stage (round-robin, so shards get similar work)."""
+  return [cell for i, cell in enumerate(cells) if i % num_shards == shard_index]
 
 
 def run(settings: RunSettings, study_dir: str | pathlib.Path, grid: Grid, *, shard_index: int = 0,
@@ -159,12 +173,10 @@ def run(settings: RunSettings, study_dir: str | pathlib.Path, grid: Grid, *, sha
                       f"num_shards >= 1 and 0 <= shard_index < num_shards")
   study_dir = pathlib.Path(study_dir)
   study_dir.mkdir(parents=True, exist_ok=True)
-  check_config(study_dir, settings)
+  check_config(study_dir, settings, grid)
   counts = {"skipped": 0, "ran": 0, "waiting": 0}
   for stage in (grid.stage1(), grid.stage2()):
-    for i, cell in enumerate(stage):
-      if i % num_shards != shard_index:
-        continue
+    for cell in shard_cells(stage, shard_index, num_shards):
       if runs_lib.read_record(study_dir / cell.path) is not None:
         counts["skipped"] += 1
         log(f"cell {cell.path}: finished, skipped")
