@@ -33,9 +33,10 @@ RUN_FLAGS = ["--model=t5_1_1_byte_tiny", "--task_module=tests.spot_tasks", "--in
              "--targets_length=6", "--batch_size=8", "--train_steps=4", "--embedding_step=2",
              "--eval_period=4", "--checkpoint_period=2", "--eval_batch_size=16", "--eval_num_examples=16", "--prompt_length=4",
              "--metric=char_match"]
-STUDY_FLAGS = [f"--sources={','.join(SOURCES)}", f"--targets={','.join(TARGETS)}", "--seeds=0", *RUN_FLAGS]
-ALL_CELLS = {c.path for c in study.Grid(tuple(SOURCES), tuple(TARGETS), (0,)).stage1() +
-             study.Grid(tuple(SOURCES), tuple(TARGETS), (0,)).stage2()}
+STUDY_FLAGS = [f"--sources={','.join(SOURCES)}", f"--targets={','.join(TARGETS)}", "--seeds=0", "--generic",
+               *RUN_FLAGS]
+GRID = study.Grid(tuple(SOURCES), tuple(TARGETS), (0,), generic=True)
+ALL_CELLS = {c.path for c in GRID.stage1() + GRID.stage2()}  # 3 + 2 + 1, then 6 + 2
 
 
 @pytest.fixture(scope="module")
@@ -65,26 +66,30 @@ def _finished(study_dir: pathlib.Path) -> set[str]:
 def uninterrupted(tmp_path_factory, env) -> pathlib.Path:
   study_dir = tmp_path_factory.mktemp("study_full") / "study"
   proc = _run(env, "study", f"--study_dir={study_dir}", *STUDY_FLAGS)
-  assert "11 cells run, 0 already finished, 0 waiting; 8 rows" in proc.stdout, proc.stdout[-2000:]
+  assert "14 cells run, 0 already finished, 0 waiting; 10 rows" in proc.stdout, proc.stdout[-2000:]
   return study_dir
 
 
 def test_study_writes_the_table(uninterrupted):
   doc = json.loads((uninterrupted / "results.json").read_text())
   rows = doc["rows"]
-  assert len(rows) == 2 * (1 + 3)  # per target: baseline + 3 sources
+  assert len(rows) == 2 * (1 + 3 + 1)  # per target: baseline, 3 sources, generic SPoT
   header = (uninterrupted / "results.csv").read_text().splitlines()[0]
   assert header.split(",") == list(study.COLUMNS)
   for row in rows:
     base = runs.read_record(uninterrupted / f"targets/{row['target']}/seed0/baseline")
-    cell = "baseline" if row["init"] == "baseline" else f"from/{row['init']}"
+    cell = row["init"] if row["init"] in ("baseline", "generic") else f"from/{row['init']}"
     rec = runs.read_record(uninterrupted / f"targets/{row['target']}/seed0/{cell}")
     best = json.loads((pathlib.Path(rec.run_dir) / "best" / "metric.json").read_text())
     assert row["score"] == best["value"] and best["metric"] == "char_match"
     assert row["baseline_score"] == base.score
     assert row["relative_error_reduction"] == pytest.approx(
         ((100 - base.score) - (100 - row["score"])) / (100 - base.score), abs=1e-12)
-    if row["init"] != "baseline":
+    if row["init"] == "generic":  # from the prompt tuned on the mixture of all sources
+      assert rec.init == "best prompt of generic/source"
+      generic = runs.read_record(uninterrupted / "generic" / "source")
+      assert generic.task.startswith("spot_generic_") and generic.score is None
+    elif row["init"] != "baseline":
       source = runs.read_record(uninterrupted / f"sources/{row['init']}")
       want = similarity.similarities(base.embedding(), [source.embedding()], "per_token")[0]
       assert row["similarity_per_token"] == pytest.approx(want, abs=1e-12)
@@ -138,7 +143,8 @@ def test_report_writes_figures_and_tables(uninterrupted, env):
     want = [next(r["relative_error_reduction"] for r in rows if r["target"] == target and r["init"] == s)
             for s in SOURCES]
     np.testing.assert_allclose(values, want, rtol=1e-3, atol=1e-4)
-  for fragment in ("Pearson r", "Spearman r", "share of oracle gain kept", "best_of_top_1", "oracle"):
+  for fragment in ("Pearson r", "Spearman r", "share of oracle gain kept", "best_of_top_1", "oracle", "| generic |",
+                   "Sources ranked by similarity"):
     assert fragment in md
 
 
@@ -225,3 +231,37 @@ def test_shards_partition_every_stage():
     parts = [study.shard_cells(stage, i, 3) for i in range(3)]
     assert sorted(c.path for p in parts for c in p) == sorted(c.path for c in stage)
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def _settings(**change):
+  from spot_jax.spot import settings as settings_lib  # pylint: disable=g-import-not-at-top
+  model, name = settings_lib.load_model("t5_1_1_byte_tiny")
+  base = dict(model=model, model_name=name, initial_checkpoint_path=None, task_module="tests.spot_tasks",
+              lengths={"inputs": 24, "targets": 6}, train_steps=4, embedding_step=2, eval_period=4,
+              prompt_length=4, fingerprint=settings_lib.model_fingerprint(model, None, 0))
+  return settings_lib.RunSettings(**{**base, **change})
+
+
+def test_restart_with_other_settings_is_refused(tmp_path):
+  study.check_config(tmp_path, _settings(), GRID)
+  before = (tmp_path / study.CONFIG).read_bytes()
+  study.check_config(tmp_path, _settings(), GRID)  # same settings: fine
+  with pytest.raises(study.ConfigError, match="learning_rate differ"):
+    study.check_config(tmp_path, _settings(learning_rate=0.1), GRID)
+  assert (tmp_path / study.CONFIG).read_bytes() == before
+
+
+def test_model_from_gin_file_has_the_config_names_fingerprint(tmp_path):
+  from spot_jax.spot import settings as settings_lib  # pylint: disable=g-import-not-at-top
+  by_name, _ = settings_lib.load_model("t5_1_1_byte_tiny")
+  by_file, _ = settings_lib.load_model("gin/models/t5_1_1_byte_tiny.gin", ["DROPOUT_RATE=0.3"])
+  assert by_file.config.dropout_rate == 0.3 and not by_file.has_prompt
+  assert settings_lib.model_fingerprint(by_file, None, 0) == settings_lib.model_fingerprint(by_name, None, 0)
+  assert settings_lib.model_fingerprint(by_file, None, 1) != settings_lib.model_fingerprint(by_name, None, 0)
+  ckpt = tmp_path / "ckpt"
+  ckpt.mkdir()
+  (ckpt / "a.bin").write_bytes(b"weights")
+  first = settings_lib.model_fingerprint(by_name, str(ckpt), 0)
+  assert first["checkpoint"].startswith("files:") and first != settings_lib.model_fingerprint(by_name, None, 0)
+  (ckpt / "a.bin").write_bytes(b"weightz")
+  assert settings_lib.model_fingerprint(by_name, str(ckpt), 0) != first

@@ -118,6 +118,21 @@ def retrieval_table(rows: Sequence[dict], sources: Sequence[str], metric: str,
   return out
 
 
+def source_ranking(rows: Sequence[dict], targets: Sequence[str], sources: Sequence[str],
+                   metric: str) -> dict[str, list[tuple[str, float, float]]]:
+  """Per target: (source, mean similarity, mean relative error reduction) by decreasing similarity."""
+  out = {}
+  for t in targets:
+    items = []
+    for s in sources:
+      mine = [r for r in rows if r["target"] == t and r["init"] == s]
+      if mine:
+        items.append((s, _mean([r[f"similarity_{metric}"] for r in mine]),
+                      _mean([r["relative_error_reduction"] for r in mine])))
+    out[t] = sorted(items, key=lambda x: -x[1])
+  return out
+
+
 def _fmt(x) -> str:
   if x is None or (isinstance(x, float) and math.isnan(x)):
     return "-"
@@ -159,7 +174,7 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
     raise ConfigError(f"{str(study_dir)!r} has no finished target runs yet; run the study first")
 
   transfer = transfer_matrix(rows, targets, sources)
-  fig, ax = plt.subplots(figsize=(1.0 + 0.5 * len(sources), 1.0 + 0.4 * len(targets)))
+  fig, ax = plt.subplots(figsize=(3.0 + 0.5 * len(sources), 2.0 + 0.4 * len(targets)))
   fig.colorbar(_heatmap(ax, transfer, targets, sources, "relative error reduction (target x source)",
                         "RdBu"), ax=ax)
   fig.tight_layout()
@@ -171,7 +186,7 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
   sim = similarity.pairwise(embeddings, metric)
   order = cluster_order(sim)
   ordered = [names[i] for i in order]
-  fig, ax = plt.subplots(figsize=(1.5 + 0.45 * len(names), 1.0 + 0.45 * len(names)))
+  fig, ax = plt.subplots(figsize=(3.0 + 0.45 * len(names), 1.5 + 0.45 * len(names)))
   fig.colorbar(_heatmap(ax, sim[np.ix_(order, order)], ordered, ordered,
                         f"task-embedding similarity ({metric}), clustered", "viridis"), ax=ax)
   fig.tight_layout()
@@ -200,6 +215,7 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
   plt.close(fig)
 
   retrieval = retrieval_table(rows, sources, metric)
+  ranking = source_ranking(rows, targets, sources, metric)
   md = [f"# SPoT study report: {study_dir.name}", "",
         f"{len(rows)} finished target runs; sources: {', '.join(sources)}; targets: "
         f"{', '.join(targets)}; seeds: {', '.join(map(str, grid['seeds']))}.", "",
@@ -209,6 +225,10 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
         f"## Task-embedding similarity ({metric}), clustered", "",
         "![similarity heatmap](similarity_heatmap.png)", "",
         _table(["task"] + ordered, [[n] + list(sim[i, order]) for n, i in zip(ordered, order)]), "",
+        "## Sources ranked by similarity to each target (seed-averaged)", "",
+        _table(["target", "ranking (similarity, relative error reduction)"],
+               [[t, ", ".join(f"{s} ({_fmt(sim_)}, {_fmt(rer)})" for s, sim_, rer in ranking[t])]
+                for t in targets]), "",
         "## Similarity vs transfer", "", "![scatter](similarity_vs_transfer.png)", "",
         _table(["target", "n", "Pearson r", "p", "Spearman r", "p"],
                [[t, corr[t]["n"], corr[t]["pearson_r"], corr[t]["pearson_p"], corr[t]["spearman_r"],
@@ -219,4 +239,4 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
                  r["search_space_removed"]] for r in retrieval]), ""]
   (out / "report.md").write_text("\n".join(md))
   return {"transfer": transfer, "similarity": sim, "names": names, "order": order,
-          "correlations": corr, "retrieval": retrieval, "out_dir": str(out)}
+          "correlations": corr, "retrieval": retrieval, "ranking": ranking, "out_dir": str(out)}
