@@ -165,12 +165,15 @@ def library_dir(uninterrupted, tmp_path_factory) -> pathlib.Path:
   return lib
 
 
-def test_retrieval_runs_every_strategy_and_reports(library_dir, uninterrupted, env, tmp_path):
+def test_retrieval_runs_every_strategy_and_reports(library_dir, uninterrupted, tmp_path, capsys):
   strategies = ["best_of_top_k", "weighted_average", "mixture", "smop_experts", "smop", "generic", "baseline"]
   work = tmp_path / "retrieve"
-  proc = _run(env, "retrieve", f"--library={library_dir}", "--target_task=spot_test_review_v1",
-              f"--strategy={','.join(strategies)}", "--k=2", "--expert_length=2",
-              f"--work_dir={work}", *RUN_FLAGS)
+  # in-process (faster: one Python, warm caches); the command line's own checks are below
+  code = cli.run(retrieve_cli.main, [f"--library={library_dir}", "--target_task=spot_test_review_v1",
+                                     f"--strategy={','.join(strategies)}", "--k=2", "--expert_length=2",
+                                     f"--work_dir={work}", *RUN_FLAGS], retrieve_cli.PROG)
+  proc = capsys.readouterr()
+  assert code == 0, proc.err[-3000:]
   report = json.loads((work / "retrieval.json").read_text())
   # the ranking is the similarity of the target's early prompt to each library embedding
   target_emb = np.load(work / "embedding" / "prompts" / "prompt_step_2.npy")
@@ -180,13 +183,13 @@ def test_retrieval_runs_every_strategy_and_reports(library_dir, uninterrupted, e
   assert ranked == sorted(SOURCES, key=lambda s: -sims[s])
   for r in report["ranking"]:
     assert r["similarity"] == pytest.approx(sims[r["id"]], abs=1e-12)
-    assert f"{r['id']} ({r['task']}) similarity {r['similarity']:.4f}" in proc.stdout
+    assert f"{r['id']} ({r['task']}) similarity {r['similarity']:.4f}" in proc.out
   results = {r["strategy"]: r for r in report["results"]}
   assert list(results) == strategies
   for name, res in results.items():
     rec = runs.read_record(res["run_dir"])
     assert rec is not None and rec.score == res["score"] and rec.task == "spot_test_review_v1", name
-    assert f"{name}: score {res['score']:.4g}" in proc.stdout
+    assert f"{name}: score {res['score']:.4g}" in proc.out
   best = results["best_of_top_k"]
   assert set(best["tried"]) == set(ranked[:2]) and best["score"] == max(best["tried"].values())
   assert best["chosen"] == [max(best["tried"], key=best["tried"].get)]
@@ -265,3 +268,9 @@ def test_model_from_gin_file_has_the_config_names_fingerprint(tmp_path):
   assert first["checkpoint"].startswith("files:") and first != settings_lib.model_fingerprint(by_name, None, 0)
   (ckpt / "a.bin").write_bytes(b"weightz")
   assert settings_lib.model_fingerprint(by_name, str(ckpt), 0) != first
+
+
+def test_stage2_cell_waits_for_a_source_of_another_shard(tmp_path):
+  for cell in (study.Cell("transfer", TARGETS[0], 0, SOURCES[0]), study.Cell("generic", TARGETS[0], 0)):
+    assert study.run_cell(_settings(), tmp_path, cell, GRID) is None
+    assert not (tmp_path / cell.path).exists()  # nothing trained, nothing written
