@@ -122,7 +122,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--metric", default="accuracy",
                       help="validation metric selecting the best prompt (default: accuracy)")
   parser.add_argument("--task_metric", action="append", default=[],
-                      help="per-task metric, TASK=METRIC (repeatable), e.g. spot_glue_stsb_v200=pearson")
+                      help="per-task metric, TASK=METRIC (repeatable), e.g. spot_glue_stsb_v200=pearson_corrcoef")
   parser.add_argument("--metric_max", type=float, default=100.0,
                       help="best possible metric value (errors are metric_max - score)")
 
@@ -164,7 +164,7 @@ def _parse_task_metrics(items: Sequence[str]) -> dict[str, str]:
     task, sep, metric = item.partition("=")
     if not sep or not task or not metric:
       raise ConfigError(f"--task_metric {item!r} is malformed; give TASK=METRIC, e.g. "
-                        f"spot_glue_stsb_v200=pearson")
+                        f"spot_glue_stsb_v200=pearson_corrcoef")
     out[task] = metric
   return out
 
