@@ -28,6 +28,7 @@ setuptools.setup(
         "scipy>=1.11",
         "scikit-learn>=1.3",
         "tensorboard>=2.15",
+        "matplotlib>=3.7",
     ],
     extras_require={
         "test": [

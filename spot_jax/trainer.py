@@ -364,9 +364,6 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
 
         if done in save_prompt_steps:
           _export(checkpointer, model, state, f"prompt_step_{done}")
-        if done % ckpt_period == 0 or done == total_steps:
-          checkpointer.save(done, _state_dict(state))
-          _export(checkpointer, model, state, f"prompt_step_{done}")
         if evaluator is not None and (done % eval_period == 0 or done == total_steps):
           results = evaluator.evaluate(models.merge_params(frozen, state.params), step=done)
           eval_history.append((done, results))
@@ -378,8 +375,15 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
             best = checkpointer.best_metric()
             better = best is None or (value > best if checkpoint_cfg.best_mode == "max" else value < best)
             if better:
-              checkpointer.save_best(done, _state_dict(state), checkpoint_cfg.best_metric, value)
+              # metric.json (written last by save_best) commits the new best: a kill before it
+              # makes the resumed run redo this evaluation and both writes.
               _export(checkpointer, model, state, "prompt_best")
+              checkpointer.save_best(done, _state_dict(state), checkpoint_cfg.best_metric, value)
+        # Saved after the evaluation: a run killed between the two redoes this segment and its
+        # evaluation (deterministically), instead of resuming past an evaluation that never ran.
+        if done % ckpt_period == 0 or done == total_steps:
+          checkpointer.save(done, _state_dict(state))
+          _export(checkpointer, model, state, f"prompt_step_{done}")
       flush()
 
       if truncated["inputs"] or truncated["targets"]:

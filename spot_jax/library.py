@@ -1,0 +1,182 @@
+"""`python -m spot_jax.library add|list|show|remove`: the SPoT prompt library.
+
+  # from a run made by this layer (spot_run.json knows task, seed, score and frozen model):
+  python -m spot_jax.library add --library=/lib --run_dir=/runs/mnli
+  # from any spot_jax.train run directory, naming what it does not record:
+  python -m spot_jax.library add --library=/lib --run_dir=/runs/mnli --task=spot_glue_mnli_v200 \
+    --model=gin/models/t5_1_1_lm100k_base.gin --initial_checkpoint_path=/ckpts/... --embedding_step=10000
+  # from .npy files:
+  python -m spot_jax.library add --library=/lib --prompt=p.npy --embedding=e.npy \
+    --task=spot_glue_mnli_v200 --score=86.1 --model=... --initial_checkpoint_path=...
+  python -m spot_jax.library list --library=/lib
+  python -m spot_jax.library show --library=/lib --id=spot_glue_mnli_v200.mnli
+  python -m spot_jax.library remove --library=/lib --id=spot_glue_mnli_v200.mnli
+
+Entry ids default to <task>.<run_id> (just <task> when the run directory is named after it).
+
+A refused `add` (wrong embedding size, another frozen model, truncated .npy, duplicate id,
+unknown task) prints one line, exits 2 and leaves the library unchanged.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from typing import Optional, Sequence
+
+import numpy as np
+
+from spot_jax import cli
+from spot_jax.errors import ConfigError
+from spot_jax.spot import fingerprint as fingerprint_lib
+from spot_jax.spot import library as library_lib
+from spot_jax.spot import runs as runs_lib
+from spot_jax.spot import settings as settings_lib
+
+PROG = "spot_jax.library"
+
+
+def _parser() -> cli.ArgumentParser:
+  parser = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+  parser.add_argument("--debug", action="store_true", help="show tracebacks")
+  sub = parser.add_subparsers(dest="command", required=True)
+  add = sub.add_parser("add", help="add an entry from a run directory or .npy files")
+  add.add_argument("--library", required=True)
+  add.add_argument("--run_dir", help="a training run's MODEL_DIR")
+  add.add_argument("--prompt", help="best prompt .npy (instead of --run_dir)")
+  add.add_argument("--embedding", help="task embedding .npy (instead of --run_dir)")
+  add.add_argument("--task", help="the source task (a registered seqio task)")
+  add.add_argument("--score", type=float, help="the prompt's best validation score")
+  add.add_argument("--metric", default=None, help="the score's metric (default: accuracy)")
+  add.add_argument("--seed", type=int, default=None)
+  add.add_argument("--run_id", default=None, help="default: the run directory's name")
+  add.add_argument("--id", default=None, help="entry id (default: <task>.<run_id>)")
+  add.add_argument("--embedding_step", type=int, default=None,
+                   help="with --run_dir: the step whose exported prompt is the task embedding")
+  add.add_argument("--task_module", default="tasks", help="module(s) registering the task")
+  settings_lib.add_model_arguments(add, required=False)
+  add.add_argument("--debug", action="store_true")
+  for name in ("list", "show", "remove"):
+    p = sub.add_parser(name)
+    p.add_argument("--library", required=True)
+    if name != "list":
+      p.add_argument("--id", required=True)
+    p.add_argument("--debug", action="store_true")
+  return parser
+
+
+def _from_run_dir(args, record: Optional[runs_lib.RunOutcome]) -> dict:
+  run_dir = pathlib.Path(args.run_dir)
+  if not run_dir.is_dir():
+    raise ConfigError(f"--run_dir {args.run_dir!r} is not a directory; give a training run's MODEL_DIR")
+  if record is not None:
+    if args.task and args.task != record.task:
+      raise ConfigError(f"--task {args.task!r} differs from the run's task {record.task!r}; drop --task")
+    embedding = record.embedding_path
+    step = int(record.embedding_file.rsplit("_", 1)[-1].split(".")[0])
+    if args.embedding_step is not None:
+      step, embedding = args.embedding_step, run_dir / "prompts" / f"prompt_step_{args.embedding_step}.npy"
+    return {"task": record.task, "seed": record.seed, "score": record.score, "metric": record.metric,
+            "prompt": record.prompt_path, "embedding": embedding, "embedding_step": step,
+            "fingerprint": record.fingerprint}
+  if not args.task:
+    raise ConfigError(f"{args.run_dir!r} has no {runs_lib.RECORD} (not a spot_jax.study/retrieve run); "
+                      f"give --task, --model and --initial_checkpoint_path")
+  from spot_jax import checkpointing  # pylint: disable=g-import-not-at-top
+  step = args.embedding_step
+  if step is None:
+    exported = sorted(int(m.group(1)) for p in (run_dir / "prompts").glob("prompt_step_*.npy")
+                      if (m := checkpointing.PROMPT_STEP_RE.match(p.name)))
+    if not exported:
+      raise ConfigError(f"no prompts/prompt_step_<N>.npy in {args.run_dir!r}; give --embedding_step "
+                        f"of a run that exported its early prompt (SAVE_PROMPT_STEPS)")
+    step = exported[0]
+  metric_file = run_dir / "best" / "metric.json"
+  score, metric = args.score, args.metric
+  if score is None and metric_file.is_file():
+    best = json.loads(metric_file.read_text())
+    score, metric = float(best["value"]), metric or best["metric"]
+  return {"task": args.task, "seed": args.seed or 0, "score": score, "metric": metric or "accuracy",
+          "prompt": run_dir / "prompts" / "prompt_best.npy",
+          "embedding": run_dir / "prompts" / f"prompt_step_{step}.npy", "embedding_step": step,
+          "fingerprint": None}
+
+
+def add(args) -> int:
+  if (args.run_dir is None) == (args.prompt is None):
+    raise ConfigError("give exactly one source: --run_dir=<run directory> or --prompt=<.npy> "
+                      "(with --embedding)")
+  record = runs_lib.read_record(args.run_dir) if args.run_dir else None
+  if args.run_dir:
+    found = _from_run_dir(args, record)
+  else:
+    if not args.embedding or not args.task:
+      raise ConfigError("--prompt needs --embedding=<.npy> and --task=<task name>")
+    found = {"task": args.task, "seed": args.seed or 0, "score": args.score,
+             "metric": args.metric or "accuracy", "prompt": args.prompt, "embedding": args.embedding,
+             "embedding_step": args.embedding_step, "fingerprint": None}
+  settings_lib.check_tasks([found["task"]], args.task_module)
+  embed_dim = None
+  if args.model:
+    model, _ = settings_lib.load_model(args.model, args.model_binding)
+    embed_dim = int(model.config.emb_dim)
+    given = settings_lib.model_fingerprint(model, args.initial_checkpoint_path, found["seed"])
+    if found["fingerprint"] is not None and not fingerprint_lib.same_model(given, found["fingerprint"]):
+      raise ConfigError(f"the run was made with another frozen model "
+                        f"({fingerprint_lib.describe(found['fingerprint'])}) than --model/"
+                        f"--initial_checkpoint_path ({fingerprint_lib.describe(given)})")
+    found["fingerprint"] = given
+  if found["fingerprint"] is None:
+    raise ConfigError("the frozen model is unknown: give --model (and --initial_checkpoint_path) of "
+                      "the model the prompt was trained with")
+  prompt = library_lib.load_npy(found["prompt"], "prompt")
+  embedding = library_lib.load_npy(found["embedding"], "task embedding")
+  run_id = args.run_id or (pathlib.Path(args.run_dir).resolve().name if args.run_dir
+                           else pathlib.Path(args.prompt).stem)
+  entry_id = args.id or (found["task"] if run_id == found["task"] else f"{found['task']}.{run_id}")
+  entry = library_lib.Library(args.library).add(
+      entry_id=entry_id, task=found["task"], run_id=run_id, seed=found["seed"],
+      fingerprint=found["fingerprint"], prompt=prompt, embedding=embedding, score=found["score"],
+      metric=found["metric"], embedding_step=found["embedding_step"], embed_dim=embed_dim)
+  print(f"added {entry.id}: task {entry.task}, prompt {list(entry.prompt.shape)}, "
+        f"embedding {list(entry.embedding.shape)}, score {entry.score}")
+  return 0
+
+
+def _report_problems(problems: Sequence[str]) -> None:
+  for line in problems:
+    print(f"{PROG}: warning: {line}", file=sys.stderr)
+
+
+def main(argv: Sequence[str]) -> int:
+  args = _parser().parse_args(argv)
+  if args.command == "add":
+    return add(args)
+  lib = library_lib.Library(args.library)
+  if not lib.root.is_dir():
+    raise ConfigError(f"--library {args.library!r} does not exist; `add` creates a library")
+  if args.command == "list":
+    entries, problems = lib.load()
+    _report_problems(problems)
+    print(f"{'id':40s} {'task':32s} {'seed':>4s} {'score':>8s}  prompt     embedding")
+    for e in entries:
+      score = "-" if e.score is None else f"{e.score:.4g}"
+      print(f"{e.id:40s} {e.task:32s} {e.seed:4d} {score:>8s}  {str(list(e.prompt.shape)):10s} "
+            f"{list(e.embedding.shape)}")
+    print(f"{len(entries)} entries" + (f", {len(problems)} skipped" if problems else ""))
+  elif args.command == "show":
+    e = lib.get(args.id)
+    info = {k: getattr(e, k) for k in ("id", "task", "run_id", "seed", "score", "metric",
+                                       "embedding_step", "fingerprint")}
+    info.update(prompt_shape=list(e.prompt.shape), embedding_shape=list(e.embedding.shape),
+                prompt_mean_token_norm=float(np.linalg.norm(e.prompt, axis=-1).mean()),
+                embedding_mean_token_norm=float(np.linalg.norm(e.embedding, axis=-1).mean()))
+    print(json.dumps(info, indent=1))
+  else:
+    lib.remove(args.id)
+    print(f"removed {args.id}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(cli.run(main, sys.argv[1:], PROG))

@@ -1,0 +1,80 @@
+"""`python -m spot_jax.retrieve`: pick source prompts for a new target task and train it.
+
+  python -m spot_jax.retrieve --library=/lib --target_task=spot_glue_rte_v200 \
+    --strategy=best_of_top_k --k=3 --work_dir=/runs/retrieve_rte \
+    --model=gin/models/t5_1_1_lm100k_base.gin --initial_checkpoint_path=/ckpts/... \
+    --train_steps=30000 --embedding_step=10000 --prompt_length=100
+
+Several strategies may be given, comma-separated (best_of_top_k, weighted_average, mixture,
+smop_experts, smop, generic, baseline). It prints the ranking (the similarities), what each
+strategy chose and its validation score, and writes the same as JSON to <work_dir>/retrieval.json.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from typing import Sequence
+
+from spot_jax import checkpointing
+from spot_jax import cli
+from spot_jax.errors import ConfigError
+from spot_jax.spot import fingerprint as fingerprint_lib
+from spot_jax.spot import library as library_lib
+from spot_jax.spot import retrieval
+from spot_jax.spot import settings as settings_lib
+
+PROG = "spot_jax.retrieve"
+
+
+def _parser() -> cli.ArgumentParser:
+  parser = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+  parser.add_argument("--library", required=True, help="the prompt library directory")
+  parser.add_argument("--target_task", required=True)
+  parser.add_argument("--strategy", default="best_of_top_k",
+                      help=f"comma-separated, of: {', '.join(retrieval.STRATEGIES)}")
+  parser.add_argument("--k", type=int, default=3)
+  parser.add_argument("--similarity", default="average", help="average or per_token")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--expert_length", type=int, default=5, help="tokens per SMoP expert")
+  parser.add_argument("--compression", default="mean_pool", help="first or mean_pool")
+  parser.add_argument("--work_dir", required=True, help="where the runs go (resumable)")
+  parser.add_argument("--verbose", action="store_true", help="the trainer's progress lines")
+  parser.add_argument("--debug", action="store_true")
+  settings_lib.add_run_arguments(parser)
+  return parser
+
+
+def main(argv: Sequence[str]) -> int:
+  args = _parser().parse_args(argv)
+  strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
+  options = retrieval.Options(k=args.k, metric=args.similarity, seed=args.seed,
+                              expert_length=args.expert_length, compression=args.compression)
+  for s in strategies:
+    if s not in retrieval.STRATEGIES:
+      raise ConfigError(f"--strategy {s!r} is unknown; valid: {', '.join(retrieval.STRATEGIES)}")
+  settings = settings_lib.from_args(args)
+  settings_lib.check_tasks([args.target_task], args.task_module)
+  lib = library_lib.Library(args.library)
+  header = lib.header()
+  if header is None:
+    raise ConfigError(f"--library {args.library!r} is empty or missing; add source prompts with "
+                      f"`python -m spot_jax.library add`")
+  expected = settings.fingerprint_for(args.seed)
+  if not fingerprint_lib.same_model(header["fingerprint"], expected):
+    raise ConfigError(f"the library belongs to another frozen model "
+                      f"({fingerprint_lib.describe(header['fingerprint'])}) than --model/"
+                      f"--initial_checkpoint_path/--seed ({fingerprint_lib.describe(expected)})")
+  entries, problems = lib.load()
+  for line in problems:
+    print(f"{PROG}: warning: {line}", file=sys.stderr)
+  work_dir = pathlib.Path(args.work_dir)
+  report = retrieval.retrieve(settings, args.target_task, entries, strategies, work_dir, options)
+  report["library"] = str(lib.root)
+  checkpointing.atomic_write_bytes(work_dir / "retrieval.json", json.dumps(report, indent=1).encode())
+  print(f"wrote {work_dir / 'retrieval.json'}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(cli.run(main, sys.argv[1:], PROG))

@@ -1,0 +1,72 @@
+"""The identity of a frozen backbone: its configuration plus its checkpoint's files.
+
+Two prompts can only be compared or transferred when they were trained against the same frozen
+model. A fingerprint is a dict {"id", "config", "checkpoint"}: `config` hashes the T5Config
+fields that define the weights' meaning (dropout and activation dtype excluded), `checkpoint`
+is "random:<seed>" for a randomly initialised backbone, or a hash of every file of the
+checkpoint directory (relative path, size, first and last MiB), which is cheap for multi-GB
+checkpoints and changes whenever a file does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+from typing import Any, Optional
+
+_IGNORED_FIELDS = ("dropout_rate", "dtype")
+_CHUNK = 1 << 20
+
+
+def config_hash(config: Any) -> str:
+  """sha256 of the weight-defining fields of a T5Config (dataclass)."""
+  fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in _IGNORED_FIELDS}
+  return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def checkpoint_identity(path: Optional[str], seed: int) -> str:
+  """"random:<seed>" without a checkpoint, else "files:<sha256>" of the checkpoint's files."""
+  if not path:
+    return f"random:{int(seed)}"
+  root = pathlib.Path(path)
+  if not root.exists():
+    raise FileNotFoundError(f"checkpoint {path!r} does not exist; give the frozen model's "
+                            f"checkpoint directory")
+  files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+  digest = hashlib.sha256()
+  for file in files:
+    size = file.stat().st_size
+    digest.update(f"{file.relative_to(root) if file != root else file.name}\0{size}\0".encode())
+    with open(file, "rb") as f:
+      digest.update(f.read(_CHUNK))
+      if size > 2 * _CHUNK:
+        f.seek(size - _CHUNK)
+        digest.update(f.read(_CHUNK))
+      elif size > _CHUNK:
+        digest.update(f.read())
+  return "files:" + digest.hexdigest()
+
+
+def fingerprint(config: Any, checkpoint_path: Optional[str], seed: int = 0) -> dict[str, str]:
+  """{"id": short combined hash, "config": ..., "checkpoint": ...} of a frozen backbone.
+
+  Args:
+    config: the backbone's T5Config.
+    checkpoint_path: INITIAL_CHECKPOINT_PATH, or None for a random backbone.
+    seed: the run seed (it seeds a random backbone; ignored with a checkpoint).
+  """
+  cfg, ckpt = config_hash(config), checkpoint_identity(checkpoint_path, seed)
+  ident = hashlib.sha256(f"{cfg}|{ckpt}".encode()).hexdigest()[:16]
+  return {"id": ident, "config": cfg, "checkpoint": ckpt}
+
+
+def same_model(a: dict, b: dict) -> bool:
+  return isinstance(a, dict) and isinstance(b, dict) and a.get("id") == b.get("id")
+
+
+def describe(fp: dict) -> str:
+  ckpt = str(fp.get("checkpoint", "?"))
+  return f"{fp.get('id', '?')} ({ckpt[:22]}{'...' if len(ckpt) > 22 else ''})"
+
+

@@ -1,0 +1,194 @@
+"""Retrieval for a new target task (SPoT section 4) and the baselines it is compared with.
+
+The target's task embedding is its prompt after `embedding_step` steps (a short ordinary run);
+the library is ranked by similarity to it (entries of the target task itself are excluded), and
+one strategy turns the top-k into a target run:
+
+  best_of_top_k     k target runs, each initialised from one candidate's best prompt; the best
+                    on validation is kept
+  weighted_average  one run from sum_r alpha_r rho_r, alpha_r = sim_r / sum_l sim_l
+  mixture           prompt-tune on an examples-proportional mixture of the top-k sources' data
+                    plus the target's (registered at run time), then a target run from it
+  smop_experts      SMoP with k experts, expert r initialised from rho_r compressed to l tokens
+                    (`experts.py`); its router learns which source to use per input
+  smop              SMoP of the same k and l from its usual (sampled-vocabulary) start
+  generic           generic SPoT: one prompt on the mixture of every library task, then a
+                    target run from it
+  baseline          Prompt Tuning from the sampled-vocabulary start
+
+Every run is `runs.train_prompt`, i.e. one ordinary trainer run in its own directory under
+`work_dir`; finished runs are reused, so an interrupted retrieval resumes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import pathlib
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from spot_jax.errors import ConfigError
+from spot_jax.spot import experts
+from spot_jax.spot import similarity
+from spot_jax.spot.library import Entry
+from spot_jax.spot.runs import RunOutcome, train_prompt
+from spot_jax.spot.settings import RunSettings
+
+STRATEGIES = ("best_of_top_k", "weighted_average", "mixture", "smop_experts", "smop", "generic",
+              "baseline")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranked:
+  """A library entry and its similarity to the target."""
+  entry: Entry
+  similarity: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """Retrieval options.
+
+  Attributes:
+    k: how many top-ranked sources a strategy uses.
+    metric: "average" or "per_token" (see `similarity.py`).
+    seed: seed of the target runs.
+    expert_length: l, tokens per SMoP expert.
+    compression: "first" or "mean_pool" (source prompt -> expert).
+  """
+  k: int = 3
+  metric: str = "average"
+  seed: int = 0
+  expert_length: int = 5
+  compression: str = "mean_pool"
+
+  def __post_init__(self):
+    if not isinstance(self.k, int) or self.k < 1:
+      raise ConfigError(f"--k must be a positive integer, got {self.k!r}")
+    if self.metric not in similarity.METRICS:
+      raise ConfigError(f"--similarity {self.metric!r} is unknown; valid: {', '.join(similarity.METRICS)}")
+    if self.compression not in experts.COMPRESSIONS:
+      raise ConfigError(f"--compression {self.compression!r} is unknown; valid: "
+                        f"{', '.join(experts.COMPRESSIONS)}")
+
+
+def target_embedding(settings: RunSettings, target: str, run_dir: pathlib.Path, seed: int,
+                     verbose: bool = False) -> RunOutcome:
+  """Trains the target's prompt for the early-step budget; its export is the task embedding."""
+  short = dataclasses.replace(settings, train_steps=settings.embedding_step)
+  return train_prompt(short, target, run_dir, seed, evaluate=False, verbose=verbose)
+
+
+def rank(embedding: np.ndarray, entries: Sequence[Entry], metric: str,
+         exclude_task: Optional[str] = None) -> list[Ranked]:
+  """Library entries by decreasing similarity of their task embeddings to `embedding`."""
+  pool = [e for e in entries if e.task != exclude_task]
+  if not pool:
+    raise ConfigError(f"the library has no source other than the target {exclude_task!r}; add "
+                      f"source prompts with `python -m spot_jax.library add`")
+  sims = similarity.similarities(embedding, [e.embedding for e in pool], metric)
+  return [Ranked(pool[i], float(sims[i])) for i in similarity.rank(sims)]
+
+
+def register_runtime_mixture(prefix: str, task_names: Sequence[str]) -> str:
+  """An examples-proportional mixture of `task_names`, registered under a content-derived name."""
+  from tasks import mixtures  # pylint: disable=g-import-not-at-top
+  names = sorted(set(task_names))
+  digest = hashlib.sha256("|".join(names).encode()).hexdigest()[:10]
+  return mixtures.register_mixture(f"{prefix}_{digest}", names)
+
+
+def _check_lengths(settings: RunSettings, chosen: Sequence[Ranked]) -> None:
+  for r in chosen:
+    if r.entry.prompt.shape[0] != settings.prompt_length:
+      raise ConfigError(f"library entry {r.entry.id!r} has a prompt of {r.entry.prompt.shape[0]} tokens; "
+                        f"the target prompt has --prompt_length={settings.prompt_length} (they must match)")
+
+
+def run_strategy(strategy: str, settings: RunSettings, target: str, ranked: Sequence[Ranked],
+                 all_entries: Sequence[Entry], work_dir: pathlib.Path, options: Options,
+                 log: Callable[[str], None] = print) -> dict:
+  """Runs one strategy; returns {"strategy", "score", "chosen", "similarities", "run_dir", ...}."""
+  if strategy not in STRATEGIES:
+    raise ConfigError(f"--strategy {strategy!r} is unknown; valid: {', '.join(STRATEGIES)}")
+  top = list(ranked[:options.k])
+  sims = {r.entry.id: r.similarity for r in top}
+  out_dir = work_dir / strategy
+  seed = options.seed
+  result = {"strategy": strategy, "chosen": [r.entry.id for r in top], "similarities": sims}
+  if strategy == "best_of_top_k":
+    _check_lengths(settings, top)
+    tried = {}
+    for r in top:
+      run = train_prompt(settings, target, out_dir / r.entry.id, seed, init=r.entry.prompt,
+                         init_note=f"library entry {r.entry.id}")
+      tried[r.entry.id] = run.score
+      log(f"  {strategy}: from {r.entry.id} (similarity {r.similarity:.4f}) -> {run.score:.4g}")
+    best = max(tried, key=lambda i: tried[i])
+    result.update(score=tried[best], chosen=[best], tried=tried, run_dir=str(out_dir / best))
+  elif strategy == "weighted_average":
+    _check_lengths(settings, top)
+    init = similarity.weighted_average([r.entry.prompt for r in top], [r.similarity for r in top])
+    run = train_prompt(settings, target, out_dir, seed, init=init,
+                       init_note="weighted average of " + ", ".join(sims))
+    result.update(score=run.score, run_dir=run.run_dir,
+                  alphas={i: s / sum(sims.values()) for i, s in sims.items()})
+  elif strategy in ("mixture", "generic"):
+    if strategy == "mixture":
+      members = [r.entry.task for r in top] + [target]
+    else:
+      members = sorted({e.task for e in all_entries if e.task != target})
+      result.update(chosen=members, similarities={})
+    mixture = register_runtime_mixture(f"spot_{strategy}", members)
+    source = train_prompt(settings, mixture, out_dir / "source", seed, evaluate=False)
+    run = train_prompt(settings, target, out_dir / "target", seed, init=source.prompt(),
+                       init_note=f"prompt tuned on {mixture} ({', '.join(sorted(set(members)))})")
+    result.update(score=run.score, run_dir=run.run_dir, mixture=mixture, mixture_tasks=sorted(set(members)))
+  elif strategy == "smop_experts":
+    init = experts.expert_prompts([r.entry.prompt for r in top], options.expert_length,
+                                  options.compression)
+    run = train_prompt(settings, target, out_dir / options.compression, seed, init=init,
+                       smop={"num_prompts": len(top), "length": options.expert_length},
+                       init_note=f"SMoP experts from {', '.join(sims)} ({options.compression})")
+    result.update(score=run.score, run_dir=run.run_dir, compression=options.compression)
+  elif strategy == "smop":
+    run = train_prompt(settings, target, out_dir, seed,
+                       smop={"num_prompts": len(top), "length": options.expert_length})
+    result.update(score=run.score, run_dir=run.run_dir, chosen=[], similarities={})
+  else:  # baseline
+    run = train_prompt(settings, target, out_dir, seed)
+    result.update(score=run.score, run_dir=run.run_dir, chosen=[], similarities={})
+  return result
+
+
+def retrieve(settings: RunSettings, target: str, entries: Sequence[Entry], strategies: Sequence[str],
+             work_dir: str | pathlib.Path, options: Options,
+             log: Callable[[str], None] = print) -> dict:
+  """The whole retrieval: embedding, ranking, then each strategy; returns a JSON-able report."""
+  work_dir = pathlib.Path(work_dir)
+  for s in strategies:
+    if s not in STRATEGIES:
+      raise ConfigError(f"--strategy {s!r} is unknown; valid: {', '.join(STRATEGIES)}")
+  if not entries:
+    raise ConfigError("the library has no usable entries; add source prompts with "
+                      "`python -m spot_jax.library add`")
+  wrong = [e.id for e in entries if e.embedding.shape[-1] != settings.embed_dim]
+  if wrong:
+    raise ConfigError(f"library entries {wrong} have embedding size {entries[0].embedding.shape[-1]}, "
+                      f"the model's is {settings.embed_dim}; use the library of this model")
+  emb_run = target_embedding(settings, target, work_dir / "embedding", options.seed)
+  ranked = rank(emb_run.embedding(), entries, options.metric, exclude_task=target)
+  log(f"target {target}: task embedding = prompt at step {settings.embedding_step}; "
+      f"ranking by {options.metric} similarity:")
+  for i, r in enumerate(ranked):
+    log(f"  {i + 1}. {r.entry.id} ({r.entry.task}) similarity {r.similarity:.4f}")
+  results = [run_strategy(s, settings, target, ranked, entries, work_dir, options, log)
+             for s in strategies]
+  for res in results:
+    log(f"{res['strategy']}: score {res['score']:.4g} (chose {', '.join(res['chosen']) or '-'})")
+  return {"target": target, "metric": settings.metric_for(target), "similarity": options.metric,
+          "k": options.k, "seed": options.seed,
+          "ranking": [{"id": r.entry.id, "task": r.entry.task, "similarity": r.similarity}
+                      for r in ranked],
+          "results": results}

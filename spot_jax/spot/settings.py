@@ -1,0 +1,203 @@
+"""What every run of the SPoT layer shares: the frozen model, the data lengths and the budgets.
+
+Each command line (`spot_jax.library`, `spot_jax.retrieve`, `spot_jax.study`) takes the same
+flags, so the same study runs on a tiny test model, the embedded toy T5 or T5.1.1 XXL by
+changing only `--model`, `--initial_checkpoint_path` and the task names:
+
+  --model=gin/models/t5_1_1_lm100k_base.gin   (a gin model file providing MODEL, or a config
+                                               name such as t5_1_1_byte_tiny)
+  --model_binding="DROPOUT_RATE=0.0"          (gin bindings for the model file, repeatable)
+  --initial_checkpoint_path=/ckpts/...        (the frozen backbone; omit: random, tests only)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+from typing import Mapping, Optional, Sequence
+
+from spot_jax import models
+from spot_jax.errors import ConfigError
+from spot_jax.spot import fingerprint as fingerprint_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+  """Shared settings of the prompt-tuning runs this layer makes.
+
+  Attributes:
+    model: the backbone model (its `module.prompt` is None; each run adds its prompt).
+    model_name: the --model value, for records.
+    initial_checkpoint_path: the frozen backbone (None: random, from the run seed).
+    task_module: module(s) registering the tasks (MIXTURE_OR_TASK_MODULE).
+    lengths: {"inputs": T, "targets": S} (prompt excluded).
+    batch_size: training batch size.
+    train_steps: steps of every full run.
+    embedding_step: the early step whose prompt is the task embedding (SAVE_PROMPT_STEPS).
+    eval_period: steps between validation evaluations (the best one is kept).
+    checkpoint_period: steps between training-state checkpoints (None: eval_period).
+    eval_batch_size: evaluation batch size.
+    eval_num_examples: validation examples per evaluation (None: all).
+    prompt_length: L of the Prompt Tuning prompts.
+    learning_rate: Adafactor learning rate (Prompt Tuning: 0.3).
+    metric: the validation metric selecting the best prompt, e.g. "accuracy".
+    task_metrics: per-task overrides of `metric`.
+    metric_max: the metric's best possible value (errors are metric_max - score).
+    fingerprint: the frozen model's fingerprint (see `fingerprint.py`), for seed 0.
+  """
+  model: models.EncoderDecoderModel
+  model_name: str
+  initial_checkpoint_path: Optional[str]
+  task_module: str
+  lengths: Mapping[str, int]
+  batch_size: int = 32
+  train_steps: int = 30000
+  embedding_step: int = 10000
+  eval_period: int = 1000
+  checkpoint_period: Optional[int] = None
+  eval_batch_size: int = 32
+  eval_num_examples: Optional[int] = None
+  prompt_length: int = 100
+  learning_rate: float = 0.3
+  metric: str = "accuracy"
+  task_metrics: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  metric_max: float = 100.0
+  fingerprint: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    for name in ("batch_size", "train_steps", "embedding_step", "eval_period", "prompt_length"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
+    if self.checkpoint_period is not None and (not isinstance(self.checkpoint_period, int)
+                                               or self.checkpoint_period <= 0):
+      raise ConfigError(f"--checkpoint_period must be a positive integer, got {self.checkpoint_period!r}")
+    if self.embedding_step > self.train_steps:
+      raise ConfigError(f"--embedding_step={self.embedding_step} is after the end of training "
+                        f"(--train_steps={self.train_steps}); give a step <= train_steps")
+
+  @property
+  def embed_dim(self) -> int:
+    return int(self.model.config.emb_dim)
+
+  def metric_for(self, task: str) -> str:
+    return self.task_metrics.get(task, self.metric)
+
+  def fingerprint_for(self, seed: int) -> dict[str, str]:
+    """The backbone's fingerprint for a run of `seed` (a random backbone depends on the seed)."""
+    if self.initial_checkpoint_path:
+      return dict(self.fingerprint)
+    return fingerprint_lib.fingerprint(self.model.config, None, seed)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+  """The flags naming the frozen model."""
+  parser.add_argument("--model", required=required,
+                      help="gin model file (e.g. gin/models/t5_1_1_lm100k_base.gin) or config "
+                           "name (e.g. t5_1_1_byte_tiny)")
+  parser.add_argument("--model_binding", action="append", default=[],
+                      help="gin binding for the model file, e.g. \"DROPOUT_RATE=0.0\" (repeatable)")
+  parser.add_argument("--initial_checkpoint_path", default=None,
+                      help="the frozen backbone's checkpoint (omit: random backbone, tests only)")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+  """The model flags plus the data, budget and metric flags of every run."""
+  add_model_arguments(parser)
+  parser.add_argument("--task_module", default="tasks",
+                      help="module(s) registering the tasks, comma-separated (default: tasks)")
+  parser.add_argument("--inputs_length", type=int, default=512)
+  parser.add_argument("--targets_length", type=int, default=16)
+  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--train_steps", type=int, default=30000)
+  parser.add_argument("--embedding_step", type=int, default=10000,
+                      help="the early step whose prompt is the task embedding")
+  parser.add_argument("--eval_period", type=int, default=1000)
+  parser.add_argument("--checkpoint_period", type=int, default=None,
+                      help="steps between checkpoints (default: --eval_period)")
+  parser.add_argument("--eval_batch_size", type=int, default=32)
+  parser.add_argument("--eval_num_examples", type=int, default=None)
+  parser.add_argument("--prompt_length", type=int, default=100)
+  parser.add_argument("--learning_rate", type=float, default=0.3)
+  parser.add_argument("--metric", default="accuracy",
+                      help="validation metric selecting the best prompt (default: accuracy)")
+  parser.add_argument("--task_metric", action="append", default=[],
+                      help="per-task metric, TASK=METRIC (repeatable), e.g. spot_glue_stsb_v200=pearson_corrcoef")
+  parser.add_argument("--metric_max", type=float, default=100.0,
+                      help="best possible metric value (errors are metric_max - score)")
+
+
+def load_model(spec: str, bindings: Sequence[str] = ()) -> tuple[models.EncoderDecoderModel, str]:
+  """The backbone model of a gin model file (its MODEL macro) or of a config name."""
+  if spec.endswith(".gin"):
+    import gin  # pylint: disable=g-import-not-at-top
+    from spot_jax import gin_utils  # pylint: disable=g-import-not-at-top
+    path = next((pathlib.Path(p, spec) for p in gin_utils.search_paths([])
+                 if pathlib.Path(p, spec).is_file()), pathlib.Path(spec))
+    if not path.is_file():
+      raise ConfigError(f"--model {spec!r}: no such gin file; give a file under gin/models/ or "
+                        f"a config name such as t5_1_1_base")
+    gin.clear_config()
+    for p in gin_utils.search_paths([]):
+      gin.add_config_file_search_path(p)
+    try:
+      gin.parse_config_files_and_bindings([str(path)], list(bindings), finalize_config=False)
+      model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+    finally:
+      gin.clear_config()
+    if not isinstance(model, models.EncoderDecoderModel):
+      raise ConfigError(f"--model {spec!r}: its MODEL is a {type(model).__name__}, not an "
+                        f"EncoderDecoderModel; give a gin/models/ file")
+    if model.has_prompt:
+      model = dataclasses.replace(model, module=model.module.clone(prompt=None))
+    return model, spec
+  if bindings:
+    raise ConfigError("--model_binding applies to a gin model file; give --model=<file>.gin")
+  from spot_jax import t5  # pylint: disable=g-import-not-at-top
+  config = t5.config_by_name(spec, dropout_rate=0.0)
+  return models.EncoderDecoderModel(t5.Transformer(config)), spec
+
+
+def _parse_task_metrics(items: Sequence[str]) -> dict[str, str]:
+  out = {}
+  for item in items:
+    task, sep, metric = item.partition("=")
+    if not sep or not task or not metric:
+      raise ConfigError(f"--task_metric {item!r} is malformed; give TASK=METRIC, e.g. "
+                        f"spot_glue_stsb_v200=pearson_corrcoef")
+    out[task] = metric
+  return out
+
+
+def model_fingerprint(model: models.EncoderDecoderModel, checkpoint: Optional[str],
+                      seed: int = 0) -> dict[str, str]:
+  if checkpoint:
+    from spot_jax import trainer  # pylint: disable=g-import-not-at-top
+    trainer.check_initial_checkpoint(checkpoint)
+  return fingerprint_lib.fingerprint(model.config, checkpoint, seed)
+
+
+def from_args(args: argparse.Namespace) -> RunSettings:
+  """RunSettings from the parsed `add_run_arguments` flags."""
+  model, name = load_model(args.model, args.model_binding)
+  return RunSettings(
+      model=model, model_name=name, initial_checkpoint_path=args.initial_checkpoint_path,
+      task_module=args.task_module,
+      lengths={"inputs": args.inputs_length, "targets": args.targets_length},
+      batch_size=args.batch_size, train_steps=args.train_steps,
+      embedding_step=args.embedding_step, eval_period=args.eval_period,
+      checkpoint_period=args.checkpoint_period,
+      eval_batch_size=args.eval_batch_size, eval_num_examples=args.eval_num_examples,
+      prompt_length=args.prompt_length, learning_rate=args.learning_rate, metric=args.metric,
+      task_metrics=_parse_task_metrics(args.task_metric), metric_max=args.metric_max,
+      fingerprint=model_fingerprint(model, args.initial_checkpoint_path, 0))
+
+
+def check_tasks(task_names: Sequence[str], module: str) -> None:
+  """A one-line error naming the first unregistered task (with close names)."""
+  from spot_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  data_lib.import_modules(module)
+  for name in task_names:
+    data_lib.get_mixture_or_task(name)
+
+

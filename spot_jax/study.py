@@ -1,0 +1,86 @@
+"""`python -m spot_jax.study`: the SPoT transferability grid (sources x targets x seeds + baselines).
+
+  python -m spot_jax.study --study_dir=/runs/study \
+    --model=gin/models/t5_1_1_lm100k_base.gin --initial_checkpoint_path=/ckpts/... \
+    [--sources=a,b,...] [--targets=x,y,...] [--seeds=0,1,2] [--generic] \
+    [--shard_index=0 --num_shards=1]
+
+Defaults: the paper's 16 source and 10 target tasks (tasks.names) and seeds 0,1,2. Resumable:
+rerun the same command after an interruption; finished cells are skipped and a half-finished
+one resumes from its checkpoint. Writes <study_dir>/results.csv and results.json (scores and
+relative error reduction against the prompt-tuning baseline); `python -m spot_jax.report`
+draws them.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from spot_jax import cli
+from spot_jax.errors import ConfigError
+from spot_jax.spot import settings as settings_lib
+from spot_jax.spot import study
+
+PROG = "spot_jax.study"
+
+
+def _parser() -> cli.ArgumentParser:
+  parser = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+  parser.add_argument("--study_dir", required=True)
+  parser.add_argument("--sources", default=None, help="comma-separated source tasks (default: the paper's 16)")
+  parser.add_argument("--targets", default=None, help="comma-separated target tasks (default: the paper's 10)")
+  parser.add_argument("--seeds", default="0,1,2", help="comma-separated target-run seeds")
+  parser.add_argument("--source_seed", type=int, default=0)
+  parser.add_argument("--source_train_steps", type=int, default=None,
+                      help="training steps of the source runs (default: --train_steps)")
+  parser.add_argument("--generic", action="store_true", help="also generic SPoT (mixture of all sources)")
+  parser.add_argument("--shard_index", type=int, default=0)
+  parser.add_argument("--num_shards", type=int, default=1)
+  parser.add_argument("--verbose", action="store_true", help="the trainer's progress lines")
+  parser.add_argument("--debug", action="store_true")
+  settings_lib.add_run_arguments(parser)
+  return parser
+
+
+def _names(value, default: Sequence[str]) -> tuple[str, ...]:
+  if value is None:
+    return tuple(default)
+  return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def _seeds(value: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(v) for v in value.split(",") if v.strip())
+  except ValueError:
+    raise ConfigError(f"--seeds {value!r} is malformed; give integers separated by commas, e.g. 0,1,2") from None
+
+
+def main(argv: Sequence[str]) -> int:
+  args = _parser().parse_args(argv)
+  if args.num_shards < 1 or not 0 <= args.shard_index < args.num_shards:
+    raise ConfigError(f"--shard_index={args.shard_index} --num_shards={args.num_shards}; valid: "
+                      f"num_shards >= 1 and 0 <= shard_index < num_shards")
+  default_sources: Sequence[str] = ()
+  default_targets: Sequence[str] = ()
+  if args.sources is None or args.targets is None:
+    from tasks import names  # pylint: disable=g-import-not-at-top
+    default_sources, default_targets = names.SOURCE_TASKS.values(), names.TARGET_TASKS.values()
+  grid = study.Grid(sources=_names(args.sources, default_sources),
+                    targets=_names(args.targets, default_targets), seeds=_seeds(args.seeds),
+                    source_seed=args.source_seed, generic=args.generic,
+                    source_train_steps=args.source_train_steps)
+  settings = settings_lib.from_args(args)
+  if args.source_train_steps is not None and not settings.embedding_step <= args.source_train_steps:
+    raise ConfigError(f"--source_train_steps={args.source_train_steps} must be a positive integer >= "
+                      f"--embedding_step={settings.embedding_step} (the source embedding is exported then)")
+  settings_lib.check_tasks(grid.sources + grid.targets, args.task_module)
+  if not args.initial_checkpoint_path and set(grid.seeds) != {grid.source_seed}:
+    print(f"{PROG}: warning: no --initial_checkpoint_path: each seed draws its own random backbone, "
+          f"so transfers across seeds compare different models (fine for tests only)", file=sys.stderr)
+  study.run(settings, args.study_dir, grid, shard_index=args.shard_index, num_shards=args.num_shards,
+            verbose=args.verbose)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(cli.run(main, sys.argv[1:], PROG))
