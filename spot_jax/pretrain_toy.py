@@ -34,8 +34,9 @@ from spot_jax import models
 from spot_jax import t5
 from spot_jax import toy_data
 from spot_jax.errors import ConfigError
+from tasks import embedded as suite
 
-STEPS = 2000
+STEPS = 800
 BATCH_SIZE = 64
 INPUT_LENGTH = 56
 TARGET_LENGTH = 16
@@ -43,7 +44,7 @@ PEAK_LEARNING_RATE = 3e-3
 WARMUP_STEPS = 100
 
 GIN_TEXT = """\
-# Model: the embedded toy T5 (T5.1.1 gated-GELU, untied; config t5_1_1_toy, about 2.4M parameters)
+# Model: the embedded toy T5 (T5.1.1 gated-GELU, untied; config t5_1_1_toy, 1.6M parameters)
 # made by `python -m spot_jax.pretrain_toy`, with its SentencePiece vocabulary (tasks.embedded).
 # Provides MODEL (and PROMPT = None, which a gin/prompts/ file given after this one replaces).
 # Its checkpoint is spot_jax/embedded/toy_t5/checkpoint (INITIAL_CHECKPOINT_PATH):
@@ -112,10 +113,10 @@ def pretrain(output_dir: str, *, steps: int = STEPS, seed: int = 0, batch_size: 
   model_bytes = toy_data.train_sentencepiece(toy_data.vocabulary_text(seed=seed))
   sp = spm.SentencePieceProcessor(model_proto=model_bytes)
   model = build_model()
-  if sp.get_piece_size() + t5_extra_ids() > model.config.vocab_size:
+  if sp.get_piece_size() + suite.EXTRA_IDS > model.config.vocab_size:
     raise ConfigError(f"the vocabulary has {sp.get_piece_size()} pieces; with "
-                      f"{t5_extra_ids()} sentinels it must fit {model.config.vocab_size} rows")
-  print(f"vocabulary: {sp.get_piece_size()} pieces + {t5_extra_ids()} sentinels", flush=True)
+                      f"{suite.EXTRA_IDS} sentinels it must fit {model.config.vocab_size} rows")
+  print(f"vocabulary: {sp.get_piece_size()} pieces + {suite.EXTRA_IDS} sentinels", flush=True)
 
   # 2. model and optimizer
   batches = toy_data.pretraining_batches(sp, seed=seed, batch_size=batch_size,
@@ -155,24 +156,55 @@ def pretrain(output_dir: str, *, steps: int = STEPS, seed: int = 0, batch_size: 
          "num_parameters": num_params, "vocabulary_pieces": sp.get_piece_size(),
          "seconds": round(train_seconds, 1), "jax_version": jax.__version__, "loss": losses}
   (out / "losses.json").write_text(json.dumps(log))
+  scores = None
   if evaluate:
     scores = evaluate_prefixed(model, params, sp)
     (out / "eval.json").write_text(json.dumps(scores, indent=1, sort_keys=True))
     print("validation accuracy with task prefixes: " +
           ", ".join(f"{k} {v:.1f}" for k, v in sorted(scores.items())), flush=True)
+  (out / "README.md").write_text(readme(log, scores))
   print(f"wrote {ckpt} ({time.time() - started:.0f}s in all)", flush=True)
   return log
 
 
-def t5_extra_ids() -> int:
-  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
-  return suite.EXTRA_IDS
+def readme(log: dict, scores: Optional[dict]) -> str:
+  """The folder's README: how it was made, the loss curve and what the backbone can do."""
+  losses = log["loss"]
+  marks = sorted({1, 10, 50, 100, 200, 500, 1000, 1500, len(losses)} & set(range(1, len(losses) + 1)))
+  curve = "\n".join(f"| {m} | {np.mean(losses[max(0, m - 50):m]):.4f} |" for m in marks)
+  lines = [
+      "# The embedded toy T5 (`t5_1_1_toy`)", "",
+      "A T5.1.1-style encoder-decoder (gated-GELU MLP, untied output layer, relative position "
+      f"buckets) of {log['num_parameters']:,} parameters, made on a CPU from nothing by",
+      "", f"    {log['command'].strip()}", "",
+      f"seed {log['seed']}, {log['steps']} steps (schedule {log.get('schedule_steps', log['steps'])} "
+      f"steps) of batch {log['batch_size']}, inputs {log['input_length']} / targets "
+      f"{log['target_length']} tokens, AdamW (peak learning rate {log['peak_learning_rate']}, "
+      f"{WARMUP_STEPS} warm-up steps, cosine decay to 10%, weight decay 0.01, clipping 1.0), "
+      f"float32, no dropout, jax {log['jax_version']}; {log['seconds']:.0f} s of training on this "
+      f"machine (2 shared CPU cores).", "",
+      "Files: `checkpoint/` (T5X format: `spot_jax.t5.load_checkpoint(path, "
+      "config_by_name('t5_1_1_toy'))`), `spm.model` (the SentencePiece vocabulary, "
+      f"{log['vocabulary_pieces']} pieces + {suite.EXTRA_IDS} sentinels in a 384-row table; pad 0, "
+      "EOS 1, unk 2), `t5_1_1_toy.gin` (the gin model file, also `gin/models/`), `losses.json` "
+      "(every step's training loss; the same seed gives the same curve), `eval.json`.", "",
+      "Data: each batch is half T5 span corruption (15% noise, mean span 3) of the suite's "
+      "unlabelled corpus (tasks/embedded.py `corpus_sentence`, all four domains) and half "
+      "examples of the source tasks " + ", ".join(suite.PRETRAIN_SOURCES) + " with their "
+      "task-name prefixes. No target task and not sentiment_food is ever trained on.", "",
+      "Loss (mean of the 50 steps up to the step):", "", "| step | loss |", "| --- | --- |", curve, ""]
+  if scores:
+    lines += ["Greedy validation accuracy (%) of the backbone alone, inputs with their task-name "
+              "prefixes (targets and sentiment_food were never trained; the prompt methods use "
+              "the taskless inputs):", "", "| task | accuracy |", "| --- | --- |"]
+    lines += [f"| {k}{' (pretrained)' if k in suite.PRETRAIN_SOURCES else ''} | {v:.1f} |"
+              for k, v in sorted(scores.items())]
+  return "\n".join(lines) + "\n"
 
 
 def evaluate_prefixed(model: models.EncoderDecoderModel, params, sp: spm.SentencePieceProcessor,
                       split: str = "validation") -> dict[str, float]:
   """Greedy exact-match accuracy (percent) of the backbone on every task, with task prefixes."""
-  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   predict = jax.jit(lambda p, x: model.predict_batch(p, x, TARGET_LENGTH))
   scores = {}
   for key in sorted(suite.TASKS):

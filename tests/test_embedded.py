@@ -201,5 +201,5 @@ def test_demo_command_line_error_from_a_fresh_process(tmp_path):
                         capture_output=True, text=True, env=env, timeout=300)
   lines = [l for l in proc.stderr.splitlines() if l.startswith("spot_jax.demo")]
   assert proc.returncode == 2 and lines == ["spot_jax.demo: error: unknown method 'lora' in --methods; "
-                                            "valid: pt, spot, smop, residual"], proc.stderr
+                                            "valid: pt, spot, smop, residual, spot_unrelated"], proc.stderr
   assert "Traceback" not in proc.stderr

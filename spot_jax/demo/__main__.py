@@ -31,8 +31,8 @@ from spot_jax import embedded
 from spot_jax.demo import report, runs
 from spot_jax.errors import ConfigError
 
-QUICK = dict(source_steps=150, target_steps=80)
-FULL = dict(source_steps=600, target_steps=400)
+QUICK = dict(source_steps=100, target_steps=50)
+FULL = dict(source_steps=500, target_steps=300, batch_size=32)
 
 
 def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str]:
@@ -64,7 +64,9 @@ def _parser() -> cli.ArgumentParser:
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   p = cli.ArgumentParser(prog="spot_jax.demo", description=__doc__.splitlines()[0])
   p.add_argument("--output_dir", default="spot_demo", help="where runs and results go (default ./spot_demo)")
-  p.add_argument("--methods", default=",".join(runs.METHODS), help=f"comma list of {', '.join(runs.METHODS)}")
+  p.add_argument("--methods", default=",".join(runs.METHODS),
+                 help=f"comma list of {', '.join(runs.METHODS + runs.EXTRA_METHODS)} (spot_unrelated: "
+                      f"SPoT from an unrelated source, a control)")
   p.add_argument("--targets", default=",".join(suite.TARGETS), help=f"comma list of {', '.join(suite.TARGETS)}")
   p.add_argument("--seed", type=int, default=0, help="seed of every run")
   speed = p.add_mutually_exclusive_group()
@@ -82,7 +84,7 @@ def _parser() -> cli.ArgumentParser:
 def main(argv: Sequence[str]) -> Optional[int]:
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   args = _parser().parse_args(argv)
-  methods = _choices(args.methods, runs.METHODS, "method", "--methods")
+  methods = _choices(args.methods, runs.METHODS + runs.EXTRA_METHODS, "method", "--methods")
   targets = _choices(args.targets, suite.TARGETS, "target task", "--targets")
   changes = dict(QUICK if args.quick else FULL if args.full else {}, seed=args.seed)
   for name in ("source_steps", "target_steps"):
@@ -107,9 +109,15 @@ def main(argv: Sequence[str]) -> Optional[int]:
   started = time.time()
   vocab_rows = suite.get_vocabulary().vocab_size - suite.EXTRA_IDS
   sources = sorted({s for t in targets for s in suite.RELATED[t]}) if "spot" in methods else []
+  if "spot_unrelated" in methods:
+    sources = sorted(set(sources) | {suite.UNRELATED[t][0] for t in targets})
   total = len(sources) + len(targets) * len(methods)
   done = [0]
   results: list[dict] = []
+  print(f"spot_jax.demo: {total} prompt runs ({len(sources)} sources, {len(targets)} targets x "
+        f"{len(methods)} methods) on the embedded {embedded.CONFIG_NAME}, {settings.source_steps} "
+        f"source / {settings.target_steps} target steps, seed {settings.seed}; runs in {out / 'runs'}",
+        flush=True)
 
   def run(spec: runs.RunSpec) -> dict:
     done[0] += 1
@@ -132,11 +140,12 @@ def main(argv: Sequence[str]) -> Optional[int]:
   best_source = {}
   source_results = {s: run(runs.RunSpec(s, "pt", "source")) for s in sources}
   for target in targets:
-    if sources:
-      best = max(suite.RELATED[target], key=lambda s: (source_results[s]["accuracy"], -suite.RELATED[target].index(s)))
-      best_source[target] = best
+    if "spot" in methods:
+      related = suite.RELATED[target]  # the best related source; ties go to the first listed
+      best_source[target] = max(related, key=lambda s: (source_results[s]["accuracy"], -related.index(s)))
     for method in methods:
-      init_from = str(out / "runs" / f"source_{best_source[target]}") if method == "spot" else None
+      source = {"spot": best_source.get(target), "spot_unrelated": suite.UNRELATED[target][0]}.get(method)
+      init_from = str(out / "runs" / f"source_{source}") if source else None
       run(runs.RunSpec(target, method, "target", init_from))
 
   chance = {t: round(suite.TASKS[t].chance, 1) for t in targets}

@@ -26,8 +26,10 @@ from spot_jax import t5
 from spot_jax import trainer
 
 METHODS = ("pt", "spot", "smop", "residual")
+# A control, not run by default: SPoT started from an unrelated source's prompt.
+EXTRA_METHODS = ("spot_unrelated",)
 METHOD_NAMES = {"pt": "Prompt Tuning", "spot": "SPoT", "smop": "SMoP 4x5",
-                "residual": "Residual PT"}
+                "residual": "Residual PT", "spot_unrelated": "SPoT (unrelated source)"}
 TASK_MODULE = "tasks.embedded"
 RESULT_FILE = "demo_result.json"
 
@@ -46,10 +48,10 @@ class Settings:
     eval_examples: validation examples scored at the end of a run.
     seed: seed of every run (prompt initialisation and data order).
   """
-  source_steps: int = 300
-  target_steps: int = 150
+  source_steps: int = 200
+  target_steps: int = 100
   prompt_length: int = 20
-  batch_size: int = 32
+  batch_size: int = 16
   learning_rate: float = 0.3
   input_length: int = 48
   target_length: int = 8
@@ -66,6 +68,7 @@ class RunSpec:
     method: one of METHODS.
     role: "source" or "target".
     init_from: SPoT only: the source run directory whose exported prompt starts this one.
+      ("spot_unrelated": the first of tasks.embedded.UNRELATED[task], a control).
   """
   task: str
   method: str
@@ -81,14 +84,14 @@ def _prompt_module(spec: RunSpec, settings: Settings, vocab_rows: int):
   sampled = prompts.sampled_vocab(num_most_frequent=vocab_rows)
   if spec.method == "pt":
     return prompts.PromptTuning(length=settings.prompt_length, prompt_init=sampled)
-  if spec.method == "spot":
+  if spec.method in ("spot", "spot_unrelated"):
     path = prompts.exported_prompt_path(spec.init_from)
     return prompts.PromptTuning(length=settings.prompt_length, prompt_init=prompts.from_file(path))
   if spec.method == "smop":
     return prompts.SMoP(num_prompts=4, length=5, prompt_init=sampled)
   if spec.method == "residual":
     return prompts.ResidualPrompt(length=settings.prompt_length, bottleneck=128, prompt_init=sampled)
-  raise ValueError(f"unknown method {spec.method!r}; valid: {', '.join(METHODS)}")
+  raise ValueError(f"unknown method {spec.method!r}; valid: {', '.join(METHODS + EXTRA_METHODS)}")
 
 
 def build_model(spec: RunSpec, settings: Settings, vocab_rows: int) -> models.EncoderDecoderModel:
