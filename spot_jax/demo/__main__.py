@@ -48,7 +48,7 @@ def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str
 
 
 def _writable(path: str) -> pathlib.Path:
-  out = pathlib.Path(path).expanduser()
+  out = pathlib.Path(path).expanduser().absolute()  # orbax checkpoints want absolute paths
   try:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     probe = out / ".write_test"
