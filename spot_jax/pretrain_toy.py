@@ -51,15 +51,15 @@ GIN_TEXT = """\
 #   python -m spot_jax.train --gin_file=gin/models/t5_1_1_toy.gin \\
 #     --gin_file=gin/prompts/prompt_tuning_sampled_vocab.gin --gin_file=gin/runs/prompt_tune.gin \\
 #     --gin.MODEL_DIR="'/tmp/toy_run'" --gin.MIXTURE_OR_TASK_NAME="'spot_toy_sentiment_travel_taskless_v100'" \\
-#     --gin.MIXTURE_OR_TASK_MODULE="'tasks.embedded'" --gin.TASK_FEATURE_LENGTHS="{'inputs': 40, 'targets': 8}" \\
+#     --gin.MIXTURE_OR_TASK_MODULE="'tasks.embedded'" --gin.TASK_FEATURE_LENGTHS="{'inputs': 48, 'targets': 8}" \\
 #     --gin.INITIAL_CHECKPOINT_PATH="'spot_jax/embedded/toy_t5/checkpoint'" \\
-#     --gin.prompts.sampled_vocab.num_most_frequent=300
+#     --gin.PROMPT_LENGTH=20 --gin.TRAIN_STEPS=300 --gin.EVAL_PERIOD=300 --gin.BATCH_SIZE=16
 from __gin__ import dynamic_registration
 from spot_jax import models
 from spot_jax import t5
 
 PROMPT = None
-DROPOUT_RATE = 0.0
+DROPOUT_RATE = 0.1
 ACTIVATION_DTYPE = 'float32'
 Z_LOSS = 1e-4
 
