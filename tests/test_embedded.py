@@ -204,3 +204,19 @@ def test_demo_command_line_error_from_a_fresh_process(tmp_path):
   assert proc.returncode == 2 and lines == ["spot_jax.demo: error: unknown method 'lora' in --methods; "
                                             "valid: pt, spot, smop, residual, spot_unrelated"], proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_demo_report_table_json_markdown_and_chart(tmp_path):
+  from spot_jax.demo import report  # pylint: disable=g-import-not-at-top
+  runs = [{"task": "sum", "method": "pt", "role": "target", "accuracy": 54.0, "seconds": 9.9},
+          {"task": "sum", "method": "spot", "role": "target", "accuracy": 72.5, "seconds": 10.2},
+          {"task": "addition", "method": "pt", "role": "source", "accuracy": 80.0, "seconds": 20.0}]
+  rows = report.table_rows(runs, ["sum"], ["pt", "spot"], {"sum": 10.2})
+  assert rows == [["target", "chance", "Prompt Tuning", "SPoT"], ["sum", "10.2", "54.0 (10s)", "72.5 (10s)"]]
+  summary = {"settings": {"seed": 0, "target_steps": 100}, "methods": ["pt", "spot"], "targets": ["sum"],
+             "chance": {"sum": 10.2}, "runs": runs}
+  paths = report.write(tmp_path, summary, rows)
+  assert json.loads(paths[0].read_text())["runs"] == runs
+  md = paths[1].read_text()
+  assert "| sum | 10.2 | 54.0 (10s) | 72.5 (10s) |" in md and "| addition | 80.0 | 20 |" in md
+  assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
