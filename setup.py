@@ -10,7 +10,11 @@ setuptools.setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["spot_jax", "spot_jax.*", "tasks", "tasks.*"]),
-    package_data={"": ["*.gin"]},
+    package_data={"": ["*.gin"],
+                  # The embedded toy T5: vocabulary, README, loss log and its T5X checkpoint
+                  # (zarr arrays are folders holding a hidden .zarray and chunk files).
+                  "spot_jax": ["embedded/toy_t5/*", "embedded/toy_t5/checkpoint/*",
+                               "embedded/toy_t5/checkpoint/*/*", "embedded/toy_t5/checkpoint/*/.zarray"]},
     install_requires=[
         "jax>=0.6,<0.11",
         "flax>=0.10,<0.13",

@@ -1,0 +1,222 @@
+"""The embedded default: the synthetic suite, the committed toy T5 and its reproducibility, and
+that a prompt really learns on it (and cannot on a random backbone)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+import seqio
+
+from spot_jax import data as data_lib
+from spot_jax import embedded
+from spot_jax import evaluation
+from spot_jax import models
+from spot_jax import optimizers
+from spot_jax import prompts
+from spot_jax import t5
+from spot_jax import trainer
+from tasks import embedded as suite
+
+COMMITTED = pathlib.Path(embedded.TOY_DIR)
+needs_model = pytest.mark.skipif(not (COMMITTED / "checkpoint").is_dir(),
+                                 reason=f"no toy model at {COMMITTED}; run python -m spot_jax.pretrain_toy")
+
+
+# --- the suite ---------------------------------------------------------------------------------
+
+
+def test_suite_shape_and_relations():
+  assert len(suite.SOURCES) >= 8 and len(suite.TARGETS) >= 4
+  assert set(suite.SOURCES) | set(suite.TARGETS) == set(suite.TASKS)
+  assert not set(suite.SOURCES) & set(suite.TARGETS)
+  assert set(suite.PRETRAIN_SOURCES) < set(suite.SOURCES)
+  for target in suite.TARGETS:
+    assert suite.RELATED[target] and set(suite.RELATED[target]) <= set(suite.SOURCES)
+    assert all(suite.TASKS[s].skill == suite.TASKS[target].skill for s in suite.RELATED[target])
+    assert all(suite.TASKS[s].skill != suite.TASKS[target].skill for s in suite.UNRELATED[target])
+
+
+def test_examples_are_deterministic_labelled_and_splits_disjoint():
+  for key, task in suite.TASKS.items():
+    suite.examples.cache_clear()
+    first = suite.examples(key, "train")
+    suite.examples.cache_clear()
+    assert suite.examples(key, "train") == first
+    inputs, targets = first
+    assert len(inputs) == suite.SPLIT_SIZES["train"] and all(i.startswith(key + " ") for i in inputs)
+    if task.labels:
+      assert set(targets) <= set(task.labels), key
+    if task.skill in ("sentiment", "nli", "paraphrase"):  # several labels, none dominant
+      assert task.chance < 100.0 / len(task.labels) + 5, key
+  # Validation inputs mostly unseen in train (short arithmetic inputs repeat by nature).
+  train = set(suite.examples("sentiment_travel", "train")[0])
+  val = suite.examples("sentiment_travel", "validation")[0]
+  assert sum(v in train for v in val) < len(val) // 4
+
+
+def test_sentiment_label_is_the_majority_polarity():
+  for text, label in zip(*suite.examples("sentiment_food", "validation")):
+    words = text.split()
+    pos = sum(w in suite.POSITIVE for w in words)
+    neg = sum(w in suite.NEGATIVE for w in words)
+    assert pos + neg == 3 and label == ("positive" if pos > neg else "negative")
+
+
+def test_tasks_registered_idempotently_with_taskless_variants():
+  before = set(seqio.TaskRegistry.names())
+  suite.register_all()
+  assert set(seqio.TaskRegistry.names()) == before
+  for key in suite.TASKS:
+    assert suite.task_name(key) in before and suite.task_name(key, taskless=True) in before
+
+
+@needs_model
+def test_taskless_task_tokens_postprocessor_and_metric():
+  task = seqio.get_mixture_or_task(suite.task_name("nli_sports", taskless=True))
+  ex = next(task.get_dataset({"inputs": 64, "targets": 8}, split="validation", shuffle=False).as_numpy_iterator())
+  vocab = task.output_features["inputs"].vocabulary
+  text, label = suite.examples("nli_sports", "validation")[0][0], suite.examples("nli_sports", "validation")[1][0]
+  assert vocab.decode(ex["inputs"].tolist()) == text[len("nli_sports "):]
+  assert vocab.decode(ex["targets"].tolist()) == label
+  post = task.postprocess_fn
+  assert post(label) == suite.TASKS["nli_sports"].labels.index(label) and post("banana") == -1
+  assert task.metric_fns[0]([0, 1, 2, 2], [0, 1, 2, -1]) == {"accuracy": 75.0}
+
+
+# --- the committed model -------------------------------------------------------------------------
+
+
+@needs_model
+def test_committed_checkpoint_loads_strictly_with_its_registered_config():
+  assert embedded.CONFIG_NAME in t5.CONFIGS
+  config = t5.config_by_name(embedded.CONFIG_NAME)
+  params = t5.load_checkpoint(embedded.CHECKPOINT_PATH, config)  # strict: raises on any mismatch
+  log = json.loads((COMMITTED / "losses.json").read_text())
+  assert sum(int(np.prod(x.shape)) for x in __import__("jax").tree.leaves(params)) == log["num_parameters"]
+  assert len(log["loss"]) == log["steps"] and log["loss"][-1] < log["loss"][0] / 3
+  vocab = suite.get_vocabulary()
+  assert vocab.vocab_size <= config.vocab_size
+  size = sum(f.stat().st_size for f in COMMITTED.rglob("*") if f.is_file())
+  assert size <= 20 * 2 ** 20, f"the embedded folder holds {size} bytes"
+  assert (COMMITTED / "README.md").is_file()
+  gin_file = (COMMITTED / f"{embedded.CONFIG_NAME}.gin").read_text()
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  assert (repo / "gin" / "models" / f"{embedded.CONFIG_NAME}.gin").read_text() == gin_file
+
+
+@needs_model
+def test_pretrain_toy_reproduces_the_committed_vocabulary_and_first_losses(tmp_path):
+  from spot_jax import pretrain_toy  # pylint: disable=g-import-not-at-top
+  log = json.loads((COMMITTED / "losses.json").read_text())
+  steps = 6
+  short = pretrain_toy.pretrain(str(tmp_path), steps=log.get("schedule_steps", log["steps"]),
+                                seed=log["seed"], batch_size=log["batch_size"], stop_after=steps,
+                                evaluate=False)
+  assert (tmp_path / "spm.model").read_bytes() == (COMMITTED / "spm.model").read_bytes()
+  assert short["loss"] == log["loss"][:steps]
+  t5.load_checkpoint(str(tmp_path / "checkpoint"), t5.config_by_name(embedded.CONFIG_NAME))
+
+
+# --- a prompt learns on the toy model, not on a random backbone ----------------------------------
+
+TARGET = "sentiment_travel"
+STEPS = 100  # the demo's default target budget (batch 16)
+
+
+def _prompt_accuracy(tmp_path: pathlib.Path, checkpoint) -> float:
+  task = suite.task_name(TARGET, taskless=True)
+  lengths = {"inputs": 48, "targets": 8}
+  config = t5.config_by_name(embedded.CONFIG_NAME, dropout_rate=0.0)
+  rows = suite.get_vocabulary().vocab_size - suite.EXTRA_IDS
+  model = models.EncoderDecoderModel(module=t5.Transformer(
+      config, prompt=prompts.PromptTuning(length=20, prompt_init=prompts.sampled_vocab(rows))))
+  result = trainer.train(
+      model=model, train_dataset_cfg=data_lib.DatasetConfig(task, lengths, batch_size=16, module="tasks.embedded"),
+      total_steps=STEPS, model_dir=str(tmp_path / ("toy" if checkpoint else "random")),
+      optimizer=optimizers.adafactor(learning_rate=0.3),
+      eval_cfg=evaluation.EvalConfig(task, lengths, batch_size=100, num_examples=200, module="tasks.embedded"),
+      eval_period=STEPS, initial_checkpoint_path=checkpoint, seed=0, verbose=False)
+  return result.eval_history[-1][1][task]["accuracy"]
+
+
+@needs_model
+def test_a_short_prompt_run_learns_on_the_toy_model_but_not_on_a_random_one(tmp_path):
+  chance = suite.TASKS[TARGET].chance
+  pretrained = _prompt_accuracy(tmp_path, embedded.CHECKPOINT_PATH)
+  random_backbone = _prompt_accuracy(tmp_path, None)
+  print(f"{TARGET}: chance {chance:.1f}, toy T5 {pretrained:.1f}, random backbone {random_backbone:.1f}")
+  assert pretrained >= chance + 25, (pretrained, chance)
+  assert random_backbone < chance + 10, (random_backbone, chance)
+
+
+# --- command lines: bad input is one line, exit 2 ----------------------------------------------
+
+
+def _one_line_error(capsys, main, argv, prog):
+  from spot_jax import cli  # pylint: disable=g-import-not-at-top
+  assert cli.run(main, argv, prog) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(f"{prog}: error: ") and "Traceback" not in err[0], err
+  return err[0]
+
+
+@needs_model
+@pytest.mark.parametrize("argv, expected", [
+    (["--methods=pt,sopt"], "unknown method 'sopt' in --methods (did you mean 'spot'?)"),
+    (["--targets=sentiment_hotel"], "unknown target task 'sentiment_hotel'"),
+    (["--target_steps=0"], "--target_steps must be a positive integer"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_demo_bad_input_is_one_line(capsys, tmp_path, argv, expected):
+  from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
+  line = _one_line_error(capsys, main, argv + [f"--output_dir={tmp_path}"], "spot_jax.demo")
+  assert expected in line
+  assert not any(tmp_path.iterdir())  # nothing was written before the error
+
+
+@needs_model
+def test_demo_unwritable_output_dir_is_one_line(capsys, tmp_path):
+  from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  line = _one_line_error(capsys, main, [f"--output_dir={blocker / 'out'}"], "spot_jax.demo")
+  assert "is not writable" in line and blocker.read_text() == "not a directory"
+
+
+def test_pretrain_toy_bad_input_is_one_line(capsys, tmp_path):
+  from spot_jax.pretrain_toy import main  # pylint: disable=g-import-not-at-top
+  line = _one_line_error(capsys, main, ["--steps=0", f"--output_dir={tmp_path}"], "spot_jax.pretrain_toy")
+  assert "--steps (0)" in line
+
+
+@needs_model
+def test_demo_command_line_error_from_a_fresh_process(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
+             PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+  proc = subprocess.run([sys.executable, "-m", "spot_jax.demo", "--methods=lora", f"--output_dir={tmp_path}"],
+                        capture_output=True, text=True, env=env, timeout=300)
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("spot_jax.demo")]
+  assert proc.returncode == 2 and lines == ["spot_jax.demo: error: unknown method 'lora' in --methods; "
+                                            "valid: pt, spot, smop, residual, spot_unrelated"], proc.stderr
+  assert "Traceback" not in proc.stderr
+
+
+def test_demo_report_table_json_markdown_and_chart(tmp_path):
+  from spot_jax.demo import report  # pylint: disable=g-import-not-at-top
+  runs = [{"task": "sum", "method": "pt", "role": "target", "accuracy": 54.0, "seconds": 9.9},
+          {"task": "sum", "method": "spot", "role": "target", "accuracy": 72.5, "seconds": 10.2},
+          {"task": "addition", "method": "pt", "role": "source", "accuracy": 80.0, "seconds": 20.0}]
+  rows = report.table_rows(runs, ["sum"], ["pt", "spot"], {"sum": 10.2})
+  assert rows == [["target", "chance", "Prompt Tuning", "SPoT"], ["sum", "10.2", "54.0 (10s)", "72.5 (10s)"]]
+  summary = {"settings": {"seed": 0, "target_steps": 100}, "methods": ["pt", "spot"], "targets": ["sum"],
+             "chance": {"sum": 10.2}, "runs": runs}
+  paths = report.write(tmp_path, summary, rows)
+  assert json.loads(paths[0].read_text())["runs"] == runs
+  md = paths[1].read_text()
+  assert "| sum | 10.2 | 54.0 (10s) | 72.5 (10s) |" in md and "| addition | 80.0 | 20 |" in md
+  assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
