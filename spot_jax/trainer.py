@@ -87,7 +87,8 @@ def prepare_model_dir(model_dir: str) -> pathlib.Path:
   if "://" in str(model_dir):
     raise ConfigError(f"MODEL_DIR {model_dir!r}: only local directories are supported by this "
                       f"version (mount the bucket, e.g. with gcsfuse)")
-  path = pathlib.Path(model_dir).expanduser()
+  # Absolute: orbax refuses relative checkpoint paths, and users type MODEL_DIR=runs/x.
+  path = pathlib.Path(model_dir).expanduser().absolute()
   try:
     path.mkdir(parents=True, exist_ok=True)
     probe = path / ".spot_jax_write_test"

@@ -136,3 +136,14 @@ def test_truncation_is_counted_and_warned(tmp_path, task_name, capsys):
   out = capsys.readouterr().out
   assert "warning: 16 of 16 training examples so far had targets longer than" in out
   assert re.search(r"truncated in this run: \d+ inputs and 32 targets of 32 examples", out)
+
+
+def test_relative_model_dir(tmp_path, task_name, monkeypatch):
+  """A relative MODEL_DIR (orbax itself refuses relative paths) trains, checkpoints and resumes."""
+  monkeypatch.chdir(tmp_path)
+  cfg = data.DatasetConfig(task_name, {"inputs": 32, "targets": 8}, batch_size=8)
+  trainer.train(model=_model(), train_dataset_cfg=cfg, total_steps=2, model_dir="runs/rel", verbose=False)
+  assert (tmp_path / "runs" / "rel" / "checkpoints" / "2").is_dir()
+  result = trainer.train(model=_model(), train_dataset_cfg=cfg, total_steps=3, model_dir="runs/rel",
+                         verbose=False)
+  assert int(result.state.step) == 3 and len(result.history) == 1
