@@ -48,12 +48,12 @@ def _env():
   return env
 
 
-def _t5x_train(method: str, model_dir: pathlib.Path, checkpoint: pathlib.Path):
+def _t5x_train(method: str, model_dir: pathlib.Path, checkpoint: pathlib.Path, *extra: str):
   cmd = [sys.executable, "-m", "t5x.train", f"--gin_search_paths={REPO}",
          f"--gin_file=gin/t5x/models/t5_1_1_tiny_{method}.gin",
          "--gin_file=gin/t5x/runs/prompt_tune.gin", "--gin_file=gin/t5x/test/synthetic.gin",
          f"--gin.MODEL_DIR='{model_dir}'", f"--gin.INITIAL_CHECKPOINT_PATH='{checkpoint}'",
-         f"--gin.TRAIN_STEPS={STEPS}"] + [f"--gin.{b}" for b in BINDINGS]
+         f"--gin.TRAIN_STEPS={STEPS}"] + [f"--gin.{b}" for b in BINDINGS + list(extra)]
   return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
 
 
@@ -136,3 +136,43 @@ def test_t5x_train_updates_only_the_prompt_and_exports_it(method, tiny_checkpoin
                                  initial_checkpoint_path=str(tiny_checkpoint),
                                  output_dir=str(tmp_path / "eval"))
     assert "accuracy" in metrics["spot_synthetic_sentiment_v100"]
+
+
+def _state(params: dict, with_opt: bool = True) -> dict:
+  state = {"target": params, "state": {"step": np.asarray(7)}}
+  if with_opt:
+    state["state"]["param_states"] = {k: {"v": np.zeros(1)} for k in params}
+  return state
+
+
+def test_strict_restore_keeps_the_backbone_and_drops_only_the_prompt():
+  ckpt = _state({"encoder": {"w": np.ones(2)}, "decoder": {"w": np.ones(3)}})
+  target = _state({"encoder": {"w": np.zeros(2)}, "decoder": {"w": np.zeros(3)},
+                   "prompt": {"prompt": np.zeros((3, 4))}})
+  kept = t5x_checkpoints.strict_prompt_restore(ckpt, target)
+  assert set(kept) == {"target"}  # no optimizer state or step: those start fresh with the prompt
+  assert sorted(kept["target"]) == ["decoder", "encoder"]
+  np.testing.assert_array_equal(kept["target"]["encoder"]["w"], np.ones(2))
+  # Resuming this run's own checkpoint keeps everything.
+  assert t5x_checkpoints.strict_prompt_restore(target, target, is_resuming=True) == target
+
+
+def test_strict_restore_names_a_missing_backbone_parameter():
+  ckpt = _state({"encoder": {"w": np.ones(2)}})
+  target = _state({"encoder": {"w": np.zeros(2)}, "decoder": {"logits_dense": {"kernel": np.zeros(3)}},
+                   "prompt": {"prompt": np.zeros((3, 4))}})
+  with pytest.raises(ValueError, match="lacks 1 backbone parameter.*decoder/logits_dense/kernel"):
+    t5x_checkpoints.strict_prompt_restore(ckpt, target)
+  ckpt = _state({"encoder": {"w": np.ones(2)}, "extra": {"w": np.ones(1)}})
+  target = _state({"encoder": {"w": np.zeros(2)}, "prompt": {"prompt": np.zeros((3, 4))}})
+  with pytest.raises(ValueError, match="has 1 parameter.*this model lacks: extra/w"):
+    t5x_checkpoints.strict_prompt_restore(ckpt, target)
+
+
+def test_t5x_train_refuses_a_checkpoint_of_another_architecture(tiny_checkpoint, tmp_path):
+  # Original-T5 tiny (ReLU MLP "wi", tied logits) against the T5.1.1 tiny checkpoint: t5x would
+  # fill the missing kernels from scratch under fallback_to_scratch; the strict restore names them.
+  run = _t5x_train("prompt_tuning", tmp_path / "run", tiny_checkpoint, "CONFIG_NAME='t5_tiny'")
+  assert run.returncode != 0
+  assert "the checkpoint lacks" in run.stderr and "mlp/wi/kernel" in run.stderr, run.stderr[-3000:]
+  assert not (tmp_path / "run" / "prompts").exists()
