@@ -36,5 +36,8 @@ setuptools.setup(
             "transformers>=4.45,<6",
         ],
         "hf": ["datasets>=2.18"],
+        # t5x itself is installed from its repository (docs/t5x.md); these are what it needs
+        # beyond spot-jax's own dependencies.
+        "t5x": ["grain", "cached-property", "chex", "aqtp", "fiddle", "clu"],
     },
 )
