@@ -94,3 +94,25 @@ def initialize(cfg: DistributedConfig) -> None:
   if cfg.heartbeat_timeout is not None:
     kwargs["heartbeat_timeout_seconds"] = cfg.heartbeat_timeout
   jax.distributed.initialize(**kwargs)
+
+
+# Fragments of the errors a collective or the coordination service raises in a surviving
+# process when another process of the job died.
+_PEER_LOST = ("Gloo", "Connection reset by peer", "heartbeat timeout", "coordination service",
+              "another task died", "Socket closed")
+
+
+class PeerLostError(ConnectionError):
+  """Another process of a multi-process job stopped (its collectives or heartbeats failed)."""
+
+
+def explain_peer_loss(error: BaseException) -> Optional[PeerLostError]:
+  """A one-line `PeerLostError` for `error` if it means a peer process died, else None."""
+  import jax  # pylint: disable=g-import-not-at-top
+  text = str(error)
+  if jax.process_count() <= 1 or not any(f in text for f in _PEER_LOST):
+    return None
+  first = text.strip().splitlines()[0][:200] if text.strip() else type(error).__name__
+  return PeerLostError(f"process {jax.process_index()} of {jax.process_count()} lost contact with "
+                       f"another process of the job ({first}); restart every process with the same "
+                       f"command to resume from MODEL_DIR's last checkpoint")

@@ -81,6 +81,12 @@ def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str]
     if args.multiprocess or os.environ.get("SPOT_JAX_MULTIPROCESS") == "1" or dist.explicit:
       distributed.initialize(dist)
     parse_gin(args)
-    return main(args)
+    try:
+      return main(args)
+    except Exception as e:  # pylint: disable=broad-except
+      lost = distributed.explain_peer_loss(e)
+      if lost is None:
+        raise
+      raise lost from e
 
   return cli.run(program, argv, prog)

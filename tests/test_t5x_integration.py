@@ -128,6 +128,11 @@ def test_t5x_train_updates_only_the_prompt_and_exports_it(method, tiny_checkpoin
   np.testing.assert_allclose(np.asarray(spot_logits), np.asarray(t5x_logits), rtol=1e-5, atol=1e-5)
 
   if method == "prompt_tuning":
+    # t5x's inference path (seqio evaluation under t5x) decodes like spot-jax's model.
+    t5x_tokens = model.predict_batch(final["target"], batch)
+    spot_tokens = spot_model.predict_batch(models.merge_params(backbone_params, prompt_params),
+                                           batch["encoder_input_tokens"], max_decode_length=5)
+    np.testing.assert_array_equal(np.asarray(t5x_tokens), np.asarray(spot_tokens))
     eval_cfg = evaluation.EvalConfig(mixture_or_task_name="spot_synthetic_sentiment_v100",
                                      task_feature_lengths={"inputs": 32, "targets": 8},
                                      batch_size=8, num_examples=8, module="tasks.synthetic")

@@ -102,4 +102,6 @@ class PromptEncoderDecoderModel(t5x_models.EncoderDecoderModel):
         max_decode_length=batch["decoder_input_tokens"].shape[1], method=self.decode_method,
         num_beams=self.num_beams, alpha=self.beam_alpha, rng=rng, eos_id=eos_id,
         return_all_beams=bool(return_all_decodes) and self.decode_method == "beam")
+    if return_all_decodes and self.decode_method != "beam":
+      tokens, scores = tokens[:, None], scores[:, None]  # t5x's [B, num_decodes, L] layout
     return tokens, {"scores": scores}
