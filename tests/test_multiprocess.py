@@ -102,13 +102,14 @@ DEAD_PEER_MESSAGES = ("heartbeat timeout", "another task died", "lost contact wi
 
 @pytest.mark.parametrize("victim", [1, 0])
 def test_killed_process_stops_the_other_and_restart_resumes(tmp_path, victim):
-  steps = 12
+  # A checkpoint every 2 steps makes the 60 steps last seconds, so the kill lands mid-run.
+  steps = 60
   run = tmp_path / "run"
   procs = _start(run, steps, 2, "first")
   deadline = time.time() + 300
-  while not (run / "checkpoints" / "6").is_dir():
+  while not list((run / "prompts").glob("prompt_step_*.npy")):  # exported after each checkpoint
     assert time.time() < deadline and all(p.poll() is None for p in procs), _log(run, "first", 0)[-3000:]
-    time.sleep(0.5)
+    time.sleep(0.05)
   procs[victim].send_signal(signal.SIGKILL)
   survivor = procs[1 - victim]
   try:

@@ -96,7 +96,7 @@ class PromptEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     del decoder_params, num_decodes
     if prompt_with_targets:
       raise ValueError("prompt_with_targets is not supported by PromptEncoderDecoderModel")
-    eos_id = self.output_vocabulary.eos_id or 1
+    eos_id = getattr(self.output_vocabulary, "eos_id", None) or 1  # T5's EOS when no vocabulary is set
     tokens, scores = generation.generate(
         self.module, params, batch["encoder_input_tokens"],
         max_decode_length=batch["decoder_input_tokens"].shape[1], method=self.decode_method,
