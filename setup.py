@@ -46,5 +46,8 @@ setuptools.setup(
         # and metrics import. t5==0.9.4 itself pins tfds-nightly/seqio-nightly, so it is installed
         # separately with `pip install --no-deps t5==0.9.4` (see .ci/run).
         "t5parity": ["babel", "sacrebleu", "rouge-score", "editdistance", "immutabledict"],
+        # t5x itself is installed from its repository (docs/t5x.md); these are what it needs
+        # beyond spot-jax's own dependencies.
+        "t5x": ["grain", "cached-property", "chex", "aqtp", "fiddle", "clu"],
     },
 )

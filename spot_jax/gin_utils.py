@@ -15,6 +15,7 @@ from typing import Callable, Optional, Sequence
 
 from spot_jax import cli
 from spot_jax import gin_overrides
+from spot_jax import distributed
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -30,10 +31,16 @@ def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Nam
                       help="a gin binding such as \"TRAIN_STEPS=100\" (repeatable)")
   parser.add_argument("--multiprocess", action="store_true",
                       help="call jax.distributed.initialize() first (multi-host pods/clusters); "
-                           "also enabled by SPOT_JAX_MULTIPROCESS=1")
+                           "also enabled by SPOT_JAX_MULTIPROCESS=1 or by any of the flags below")
   parser.add_argument("--allow_unused_gin_overrides", action="store_true",
                       help="accept --gin.X overrides that the configuration never uses (by "
                            "default they are an error: they would change nothing)")
+  parser.add_argument("--coordinator_address", default=None,
+                      help="HOST:PORT of process 0 (GPU hosts, local CPU processes; TPU VMs detect it)")
+  parser.add_argument("--num_processes", default=None, help="processes in the job")
+  parser.add_argument("--process_id", default=None, help="this process's index, 0..num_processes-1")
+  parser.add_argument("--heartbeat_timeout", default=None,
+                      help="seconds after which a silent process counts as dead (jax's default 100)")
   parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
   args, rest = parser.parse_known_args(list(argv))
   for item in rest:
@@ -94,10 +101,17 @@ def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str]
 
   def program(argv: Sequence[str]) -> Optional[int]:
     args = parse_args(argv, prog, description)
-    if args.multiprocess or os.environ.get("SPOT_JAX_MULTIPROCESS") == "1":
-      import jax  # pylint: disable=g-import-not-at-top
-      jax.distributed.initialize()
+    dist = distributed.resolve(args.coordinator_address, args.num_processes, args.process_id,
+                               args.heartbeat_timeout)
+    if args.multiprocess or os.environ.get("SPOT_JAX_MULTIPROCESS") == "1" or dist.explicit:
+      distributed.initialize(dist)
     parse_gin(args, roots)
-    return main(args)
+    try:
+      return main(args)
+    except Exception as e:  # pylint: disable=broad-except
+      lost = distributed.explain_peer_loss(e)
+      if lost is None:
+        raise
+      raise lost from e
 
   return cli.run(program, argv, prog)

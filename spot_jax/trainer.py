@@ -91,7 +91,7 @@ def prepare_model_dir(model_dir: str) -> pathlib.Path:
   path = pathlib.Path(model_dir).expanduser().absolute()
   try:
     path.mkdir(parents=True, exist_ok=True)
-    probe = path / ".spot_jax_write_test"
+    probe = path / f".spot_jax_write_test.{os.getpid()}"  # per process: hosts may share MODEL_DIR
     probe.write_bytes(b"ok")
     probe.unlink()
   except OSError as e:

@@ -1,0 +1,1 @@
+"""Optional integrations with other frameworks; each sub-package imports its framework itself."""

@@ -1,0 +1,30 @@
+"""An optimizer that updates only the prompt-side parameters (`prompt/` subtree) under t5x.
+
+t5x's training loop differentiates the whole parameter tree; a `MultiOptimizer` whose single
+traversal selects `prompt/...` gives the backbone no optimizer state and no update, so every
+frozen weight stays bit-identical to the checkpoint it was restored from.
+"""
+from __future__ import annotations
+
+from flax import traverse_util
+from t5x import optimizers
+
+PROMPT_PREFIX = "prompt"
+
+
+def is_prompt_path(path: str) -> bool:
+  """True for a '/'-joined parameter path under the model's top-level `prompt/` subtree."""
+  parts = [p for p in path.split("/") if p]
+  if parts and parts[0] == "target":  # t5x state dicts nest params under "target"
+    parts = parts[1:]
+  return bool(parts) and parts[0] == PROMPT_PREFIX
+
+
+def prompt_traversal() -> traverse_util.ModelParamTraversal:
+  """Selects the prompt-side parameters of a parameter tree."""
+  return traverse_util.ModelParamTraversal(lambda path, _: is_prompt_path(path))
+
+
+def prompt_only(optimizer_def: optimizers.OptimizerDef) -> optimizers.MultiOptimizer:
+  """`optimizer_def` (e.g. t5x's Adafactor) applied to the prompt-side parameters only."""
+  return optimizers.MultiOptimizer(((prompt_traversal(), optimizer_def),))

@@ -1,0 +1,118 @@
+"""Multi-process set-up (`jax.distributed`) for the command lines' `--multiprocess` flag.
+
+On TPU VMs and SLURM/MPI clusters `jax.distributed.initialize()` finds everything itself. On
+other machines (GPU hosts, several CPU processes on one machine) give the coordinator and the
+process layout, by flags or environment variables (flags win):
+
+  --coordinator_address=HOST:PORT   SPOT_JAX_COORDINATOR_ADDRESS (or JAX_COORDINATOR_ADDRESS)
+  --num_processes=N                 SPOT_JAX_NUM_PROCESSES
+  --process_id=I                    SPOT_JAX_PROCESS_ID
+  --heartbeat_timeout=SECONDS       SPOT_JAX_HEARTBEAT_TIMEOUT (jax's default: 100)
+
+Every process runs the same command. When one process dies, the others stop once the
+coordination service misses its heartbeats (within the heartbeat timeout) with an error
+naming the missing task, instead of waiting forever in a collective.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping, Optional
+
+from spot_jax.errors import ConfigError
+
+ENV = {"coordinator_address": ("SPOT_JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS"),
+       "num_processes": ("SPOT_JAX_NUM_PROCESSES",),
+       "process_id": ("SPOT_JAX_PROCESS_ID",),
+       "heartbeat_timeout": ("SPOT_JAX_HEARTBEAT_TIMEOUT",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+  """How this process joins the job (None: let jax detect it).
+
+  Attributes:
+    coordinator_address: "host:port" of process 0's coordination service.
+    num_processes: processes in the job.
+    process_id: this process's index in [0, num_processes).
+    heartbeat_timeout: seconds without heartbeats after which a process is considered dead.
+  """
+  coordinator_address: Optional[str] = None
+  num_processes: Optional[int] = None
+  process_id: Optional[int] = None
+  heartbeat_timeout: Optional[int] = None
+
+  @property
+  def explicit(self) -> bool:
+    return any(v is not None for v in (self.coordinator_address, self.num_processes, self.process_id))
+
+
+def _int(name: str, value, minimum: int) -> Optional[int]:
+  if value is None or value == "":
+    return None
+  try:
+    number = int(value)
+  except (TypeError, ValueError):
+    raise ConfigError(f"{name}={value!r} is not an integer; give an integer >= {minimum}") from None
+  if number < minimum:
+    raise ConfigError(f"{name}={number} must be >= {minimum}")
+  return number
+
+
+def resolve(coordinator_address: Optional[str] = None, num_processes=None, process_id=None,
+            heartbeat_timeout=None, environ: Mapping[str, str] = os.environ) -> DistributedConfig:
+  """Merges flags with the environment and checks them (one-line ConfigErrors)."""
+  given = {"coordinator_address": coordinator_address, "num_processes": num_processes,
+           "process_id": process_id, "heartbeat_timeout": heartbeat_timeout}
+  for key, names in ENV.items():
+    if given[key] is None:
+      given[key] = next((environ[n] for n in names if environ.get(n)), None)
+  cfg = DistributedConfig(coordinator_address=given["coordinator_address"] or None,
+                          num_processes=_int("num_processes", given["num_processes"], 1),
+                          process_id=_int("process_id", given["process_id"], 0),
+                          heartbeat_timeout=_int("heartbeat_timeout", given["heartbeat_timeout"], 1))
+  if cfg.explicit:
+    missing = [k for k in ("coordinator_address", "num_processes", "process_id") if getattr(cfg, k) is None]
+    if missing:
+      raise ConfigError(f"multi-process set-up is missing {', '.join(missing)}; give all of "
+                        f"--coordinator_address=HOST:PORT, --num_processes=N and --process_id=I "
+                        f"(or none, on TPU VMs and SLURM clusters)")
+    if ":" not in cfg.coordinator_address:
+      raise ConfigError(f"coordinator_address={cfg.coordinator_address!r} has no port; give HOST:PORT")
+    if cfg.process_id >= cfg.num_processes:
+      raise ConfigError(f"process_id={cfg.process_id} must be < num_processes={cfg.num_processes}")
+  return cfg
+
+
+def initialize(cfg: DistributedConfig) -> None:
+  """Calls `jax.distributed.initialize` with `cfg` (auto-detection when nothing is explicit)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  kwargs = {}
+  if cfg.explicit:
+    kwargs.update(coordinator_address=cfg.coordinator_address, num_processes=cfg.num_processes,
+                  process_id=cfg.process_id)
+  if cfg.heartbeat_timeout is not None:
+    kwargs["heartbeat_timeout_seconds"] = cfg.heartbeat_timeout
+  jax.distributed.initialize(**kwargs)
+
+
+# Fragments of the errors a collective or the coordination service raises in a surviving
+# process when another process of the job died.
+_PEER_LOST = ("Gloo", "Connection reset by peer", "heartbeat timeout", "coordination service",
+              "another task died", "Socket closed")
+
+
+class PeerLostError(ConnectionError):
+  """Another process of a multi-process job stopped (its collectives or heartbeats failed)."""
+
+
+def explain_peer_loss(error: BaseException) -> Optional[PeerLostError]:
+  """A one-line `PeerLostError` for `error` if it means a peer process died, else None."""
+  import jax  # pylint: disable=g-import-not-at-top
+  text = str(error)
+  if jax.process_count() <= 1 or not any(f in text for f in _PEER_LOST):
+    return None
+  first = text.strip().splitlines()[0][:200] if text.strip() else type(error).__name__
+  return PeerLostError(f"process {jax.process_index()} of {jax.process_count()} lost contact with "
+                       f"another process of the job ({first}); restart every process with the same "
+                       f"command to resume from MODEL_DIR's last checkpoint")

@@ -1,0 +1,167 @@
+"""A real two-process run of spot_jax.train on one machine (jax.distributed, gloo on CPU).
+
+Each process runs the same command with its --process_id; process 0 hosts the coordinator on a
+free localhost port. Checked: the same losses and final prompt as one process on the same
+global batch; a killed process makes the other one exit with an error instead of hanging; the
+same command restarted resumes and ends where an uninterrupted run does.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+HEARTBEAT = 10  # seconds; short so a dead peer is noticed quickly, long enough for a busy CI machine
+HANG = 180     # a survivor still running after this long counts as hung
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _command(model_dir: pathlib.Path, steps: int, *dist: str) -> list[str]:
+  return [sys.executable, "-m", "spot_jax.train", "--gin_file=gin/test/smoke.gin",
+          f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=4",
+          "--gin.trainer.train.eval_cfg=None", "--gin.trainer.train.log_period=1",
+          "--gin.CHECKPOINT_PERIOD=2", *dist]
+
+
+def _start(model_dir: pathlib.Path, steps: int, num_processes: int, log_tag: str) -> list[subprocess.Popen]:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
+  env.pop("XLA_FLAGS", None)  # one CPU device per process
+  if num_processes == 1:
+    dists = [()]
+  else:
+    port = _free_port()
+    dists = [(f"--coordinator_address=localhost:{port}", f"--num_processes={num_processes}",
+              f"--process_id={i}", f"--heartbeat_timeout={HEARTBEAT}") for i in range(num_processes)]
+  procs = []
+  for i, dist in enumerate(dists):
+    out = open(model_dir.parent / f"{model_dir.name}.{log_tag}.p{i}.log", "w")
+    procs.append(subprocess.Popen(_command(model_dir, steps, *dist), cwd=REPO, env=env,
+                                  stdout=out, stderr=subprocess.STDOUT))
+  return procs
+
+
+def _wait(procs, timeout=600) -> list[int]:
+  return [p.wait(timeout=timeout) for p in procs]
+
+
+def _log(model_dir: pathlib.Path, tag: str, i: int) -> str:
+  return (model_dir.parent / f"{model_dir.name}.{tag}.p{i}.log").read_text()
+
+
+def _losses(model_dir: pathlib.Path) -> dict[int, float]:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  losses = {}
+  for path in sorted((model_dir / "tensorboard" / "train").glob("events.*")):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        if value.tag == "loss":
+          losses[int(event.step)] = float(tf.make_ndarray(value.tensor))
+  return losses
+
+
+def test_two_processes_match_one_process(tmp_path):
+  one, two = tmp_path / "one", tmp_path / "two"
+  assert _wait(_start(one, 4, 1, "run")) == [0], _log(one, "run", 0)[-3000:]
+  procs = _start(two, 4, 2, "run")
+  codes = _wait(procs)
+  assert codes == [0, 0], _log(two, "run", 0)[-2000:] + _log(two, "run", 1)[-2000:]
+  assert "[Gloo] Rank 1" in _log(two, "run", 1)  # really two processes over gloo
+  assert "step 1/4" not in _log(two, "run", 1)     # progress lines only from process 0
+
+  losses_one, losses_two = _losses(one), _losses(two)
+  assert sorted(losses_one) == [1, 2, 3, 4] == sorted(losses_two)
+  for step in losses_one:
+    assert abs(losses_one[step] - losses_two[step]) <= 1e-5, (step, losses_one[step], losses_two[step])
+  for step in (2, 4):
+    np.testing.assert_allclose(np.load(two / "prompts" / f"prompt_step_{step}.npy"),
+                               np.load(one / "prompts" / f"prompt_step_{step}.npy"), rtol=0, atol=1e-5)
+  assert sorted(p.name for p in (two / "checkpoints").iterdir() if p.name.isdigit()) == ["4"] or \
+      (two / "checkpoints" / "4").is_dir()
+
+
+# The survivor's message when its peer dies: jax's coordination service reports the missed
+# heartbeats of a dead worker ("Task 1 heartbeat timeout ... the remote task has failed"), or, when
+# the coordinator (process 0) died, "... detected fatal errors. This most likely indicates that
+# another task died".
+# When a collective fails first, spot_jax's own line says so ("lost contact with another process").
+DEAD_PEER_MESSAGES = ("heartbeat timeout", "another task died", "lost contact with another process")
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_killed_process_stops_the_other_and_restart_resumes(tmp_path, victim):
+  # A checkpoint every 2 steps makes the 60 steps last seconds, so the kill lands mid-run.
+  steps = 60
+  run = tmp_path / "run"
+  procs = _start(run, steps, 2, "first")
+  deadline = time.time() + 300
+  while not list((run / "prompts").glob("prompt_step_*.npy")):  # exported after each checkpoint
+    assert time.time() < deadline and all(p.poll() is None for p in procs), _log(run, "first", 0)[-3000:]
+    time.sleep(0.05)
+  procs[victim].send_signal(signal.SIGKILL)
+  survivor = procs[1 - victim]
+  try:
+    code = survivor.wait(timeout=HANG)
+  except subprocess.TimeoutExpired:
+    survivor.kill()
+    pytest.fail(f"process {1 - victim} still running {HANG}s after process {victim} was killed")
+  procs[victim].wait()
+  log = _log(run, "first", 1 - victim)
+  assert code != 0
+  assert any(m in log for m in DEAD_PEER_MESSAGES), log[-3000:]
+  assert not (run / "prompts" / f"prompt_step_{steps}.npy").exists()
+  if victim == 0:
+    return  # the restart below is the same whichever process died
+
+  # The same command again resumes from the last complete checkpoint and finishes.
+  codes = _wait(_start(run, steps, 2, "again"))
+  again = _log(run, "again", 0)
+  assert codes == [0, 0], again[-3000:]
+  assert "resumed from" in again and "step 1/" not in again
+  # ... where an uninterrupted two-process run ends (the data position and step keys are part
+  # of the checkpoint).
+  ref = tmp_path / "ref"
+  assert _wait(_start(ref, steps, 2, "run")) == [0, 0], _log(ref, "run", 0)[-3000:]
+  np.testing.assert_allclose(np.load(run / "prompts" / f"prompt_step_{steps}.npy"),
+                             np.load(ref / "prompts" / f"prompt_step_{steps}.npy"), rtol=0, atol=1e-6)
+
+
+def test_distributed_settings_are_checked():
+  from spot_jax import distributed  # pylint: disable=g-import-not-at-top
+  from spot_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  cfg = distributed.resolve(environ={"SPOT_JAX_COORDINATOR_ADDRESS": "h:1", "SPOT_JAX_NUM_PROCESSES": "2",
+                                     "SPOT_JAX_PROCESS_ID": "1", "SPOT_JAX_HEARTBEAT_TIMEOUT": "7"})
+  assert cfg == distributed.DistributedConfig("h:1", 2, 1, 7) and cfg.explicit
+  assert distributed.resolve("x:2", 4, 3, environ={"SPOT_JAX_PROCESS_ID": "0"}).process_id == 3  # flags win
+  assert not distributed.resolve(environ={}).explicit  # TPU VMs / SLURM: jax detects everything
+  for kwargs, message in [({"num_processes": 2, "process_id": 0}, "missing coordinator_address"),
+                          ({"coordinator_address": "h", "num_processes": 2, "process_id": 0}, "no port"),
+                          ({"coordinator_address": "h:1", "num_processes": 2, "process_id": 2}, "must be <"),
+                          ({"coordinator_address": "h:1", "num_processes": "two", "process_id": 0}, "not an integer")]:
+    with pytest.raises(ConfigError, match=message):
+      distributed.resolve(environ={}, **kwargs)
+
+
+def test_incomplete_multiprocess_flags_are_one_line_errors(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
+  run = subprocess.run([sys.executable, "-m", "spot_jax.train", "--gin_file=gin/test/smoke.gin",
+                        f"--gin.MODEL_DIR='{tmp_path}'", "--num_processes=2", "--process_id=0"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 2
+  lines = [l for l in run.stderr.splitlines() if l.startswith("spot_jax.train")]
+  assert lines == ["spot_jax.train: error: multi-process set-up is missing coordinator_address; give all of "
+                   "--coordinator_address=HOST:PORT, --num_processes=N and --process_id=I (or none, on TPU "
+                   "VMs and SLURM clusters)"]
+  assert "Traceback" not in run.stderr
