@@ -27,7 +27,7 @@ import re
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import IO, Any, Callable, Iterator, Optional
 
 import jax
 import numpy as np
@@ -115,13 +115,36 @@ def describe_mismatch(stored: Any, wanted: Any) -> Optional[str]:
   return None
 
 
-def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
-  """Writes `data` to `path` through a temporary file and an atomic rename."""
+def writable_dir(path: str | os.PathLike, what: str) -> pathlib.Path:
+  """Creates directory `path` and proves it writable; returns it absolute (orbax wants that).
+
+  Raises:
+    ConfigError: one line naming `what` (e.g. "MODEL_DIR", "--output_dir") and the reason.
+  """
+  folder = pathlib.Path(path).expanduser().absolute()
+  try:
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".spot_jax_write_test.{os.getpid()}"  # per process: hosts may share it
+    probe.write_bytes(b"ok")
+    probe.unlink()
+  except OSError as e:
+    raise ConfigError(f"{what} {str(folder)!r} is not writable ({e.strerror or e}); give a "
+                      f"directory you can create and write to") from None
+  return folder
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: Optional[str] = None) -> Iterator[IO]:
+  """A file at `path` that appears only if the block completes (temporary file, fsync, rename).
+
+  A failure inside the block removes the temporary file and leaves any previous `path` as it was.
+  """
+  path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
+    with os.fdopen(fd, mode, encoding=encoding) as f:
+      yield f
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -129,6 +152,12 @@ def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
     if os.path.exists(tmp):
       os.unlink(tmp)
     raise
+
+
+def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
+  """Writes `data` to `path` through a temporary file and an atomic rename."""
+  with atomic_open(path, "wb") as f:
+    f.write(data)
 
 
 def save_npy(path: pathlib.Path, array: np.ndarray) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import sys
 from typing import Callable, Optional, Sequence
 
 from spot_jax import cli

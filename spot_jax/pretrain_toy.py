@@ -16,7 +16,6 @@ Same seed, same step count -> the same vocabulary bytes and the same loss curve.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import sys
 import time
@@ -28,6 +27,7 @@ import numpy as np
 import optax
 import sentencepiece as spm
 
+from spot_jax import checkpointing
 from spot_jax import cli
 from spot_jax import embedded
 from spot_jax import models
@@ -231,14 +231,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   if args.steps <= 0 or args.batch_size <= 1 or (args.stop_after is not None and args.stop_after <= 0):
     raise ConfigError(f"--steps ({args.steps}) and --stop_after ({args.stop_after}) must be positive "
                       f"and --batch_size ({args.batch_size}) > 1")
-  try:
-    os.makedirs(args.output_dir, exist_ok=True)
-    probe = pathlib.Path(args.output_dir) / ".write_test"
-    probe.write_bytes(b"")
-    probe.unlink()
-  except OSError as e:
-    raise ConfigError(f"--output_dir {args.output_dir!r} is not writable ({e.strerror or e}); "
-                      f"give a directory you can write to") from None
+  checkpointing.writable_dir(args.output_dir, "--output_dir")
   pretrain(args.output_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
            stop_after=args.stop_after, evaluate=not args.no_eval)
   return 0

@@ -88,16 +88,7 @@ def prepare_model_dir(model_dir: str) -> pathlib.Path:
     raise ConfigError(f"MODEL_DIR {model_dir!r}: only local directories are supported by this "
                       f"version (mount the bucket, e.g. with gcsfuse)")
   # Absolute: orbax refuses relative checkpoint paths, and users type MODEL_DIR=runs/x.
-  path = pathlib.Path(model_dir).expanduser().absolute()
-  try:
-    path.mkdir(parents=True, exist_ok=True)
-    probe = path / f".spot_jax_write_test.{os.getpid()}"  # per process: hosts may share MODEL_DIR
-    probe.write_bytes(b"ok")
-    probe.unlink()
-  except OSError as e:
-    raise ConfigError(f"MODEL_DIR {str(path)!r} is not writable ({e.strerror or e}); give a "
-                      f"directory you can create and write to") from None
-  return path
+  return checkpointing.writable_dir(model_dir, "MODEL_DIR")
 
 
 def check_initial_checkpoint(path: str) -> None:

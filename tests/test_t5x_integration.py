@@ -17,7 +17,6 @@ import pytest
 pytest.importorskip("t5x.train", reason="t5x is not importable (install it from its repository: docs/t5x.md)")
 
 import gin  # pylint: disable=g-import-not-at-top
-import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import traverse_util

@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from spot_jax import checkpointing
 from spot_jax import cli
 from spot_jax import embedded
 from spot_jax.demo import report, runs
@@ -48,15 +49,8 @@ def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str
 
 
 def _writable(path: str) -> pathlib.Path:
-  out = pathlib.Path(path).expanduser().absolute()  # orbax checkpoints want absolute paths
-  try:
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    probe = out / ".write_test"
-    probe.write_bytes(b"")
-    probe.unlink()
-  except OSError as e:
-    raise ConfigError(f"--output_dir {str(out)!r} is not writable ({e.strerror or e}); give a "
-                      f"directory you can create and write to") from None
+  out = checkpointing.writable_dir(path, "--output_dir")
+  (out / "runs").mkdir(exist_ok=True)
   return out
 
 
@@ -156,7 +150,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   paths = report.write(out, summary, rows)
   print()
   print(report.plain(rows))
-  print(f"\nvalidation accuracy % (run wall time); SPoT sources: "
+  print("\nvalidation accuracy % (run wall time); SPoT sources: "
         + (", ".join(f"{t} <- {s}" for t, s in best_source.items()) or "none"))
   print(f"demo took {time.time() - started:.0f}s; wrote {', '.join(str(p) for p in paths)}")
   return 0

@@ -13,11 +13,11 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 from typing import IO, Any, Iterator, Optional, Sequence
 
 import numpy as np
 
+from spot_jax import checkpointing
 from spot_jax.errors import ConfigError
 
 
@@ -137,14 +137,5 @@ def atomic_jsonl(path: str) -> Iterator[IO[str]]:
   folder = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(folder):
     raise ConfigError(f"--output {path}: directory {folder} does not exist")
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      yield f
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+  with checkpointing.atomic_open(path, "w", encoding="utf-8") as f:
+    yield f
