@@ -36,5 +36,7 @@ setuptools.setup(
             "transformers>=4.45,<6",
         ],
         "hf": ["datasets>=2.18"],
+        # `python -m spot_jax.bench --vs=peft` (and its test).
+        "bench": ["torch==2.13.0", "transformers>=4.45,<6", "peft==0.21.2"],
     },
 )

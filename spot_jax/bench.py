@@ -16,7 +16,9 @@ and memory live here and in docs/benchmarks.md, never in timed tests.
 from __future__ import annotations
 
 import json
+import os
 import resource
+import subprocess
 import sys
 import time
 from typing import Optional, Sequence
@@ -25,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax import cli, models, optimizers, prompts, trainer
+from spot_jax import bench_peft, cli, models, optimizers, prompts, trainer
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from spot_jax.train_state import TrainState
@@ -196,6 +198,41 @@ def markdown_table(rows: Sequence[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+PEFT_COUNTERPART = {"prompt_tuning": "pt", "residual": "ptune"}
+
+
+def run_peft(row: dict, steps: int, warmup: int) -> Optional[dict]:
+  """Times the PEFT counterpart of a spot-jax row in a separate process; None if it has none."""
+  method = PEFT_COUNTERPART.get(row["prompt_method"])
+  if method is None:
+    return None
+  shape = bench_peft.hf_shape(config_by_name(row["config"]))
+  cmd = [sys.executable, "-m", "spot_jax.bench_peft", f"--method={method}", f"--shape={json.dumps(shape)}",
+         f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
+         f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
+         f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}"]
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+  if proc.returncode != 0:
+    raise RuntimeError(f"the PEFT benchmark failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+  peft_row = json.loads(proc.stdout.strip().splitlines()[-1])
+  peft_row["speedup_of_spot_jax"] = peft_row["step_sec_median"] / row["step_sec_median"]
+  return peft_row
+
+
+def _peft_table(rows: Sequence[dict]) -> str:
+  peft_rows = [r for r in rows if "peft" in r]
+  if not peft_rows:
+    return ""
+  lines = ["", "| method | spot-jax step s | PEFT method | PEFT step s | spot-jax speed-up | "
+           "spot-jax peak RSS GiB | PEFT peak RSS GiB |", "|---|---|---|---|---|---|---|"]
+  for r in peft_rows:
+    p = r["peft"]
+    lines.append(f"| {r['method']} | {r['step_sec_median']:.3f} | {p['method']} | {p['step_sec_median']:.3f} "
+                 f"| {p['speedup_of_spot_jax']:.2f}x | {r['peak_host_memory_bytes'] / 2**30:.2f} "
+                 f"| {p['peak_host_memory_bytes'] / 2**30:.2f} |")
+  return "\n".join(lines) + "\n"
+
+
 def _parse(argv: Sequence[str]):
   parser = cli.ArgumentParser(prog="spot_jax.bench", description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="t5_small", help="a spot_jax.t5 config name")
@@ -214,6 +251,8 @@ def _parse(argv: Sequence[str]):
                       help="JAX persistent compilation cache directory (a rerun skips compiling)")
   parser.add_argument("--json", default=None, help="write the result rows to this file")
   parser.add_argument("--markdown", default=None, help="write a Markdown table to this file")
+  parser.add_argument("--vs", default="", choices=("", "peft"),
+                      help="also time the PyTorch + PEFT counterparts (separate processes)")
   parser.add_argument("--debug", action="store_true", help="show tracebacks")
   return parser.parse_args(argv)
 
@@ -245,6 +284,13 @@ def main(argv: Sequence[str]) -> int:
                              inference_steps=args.inference_steps, peak_flops=peak))
     print(markdown_table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else markdown_table(rows),
           end="\n" if len(rows) > 1 else "", flush=True)
+  if args.vs == "peft":
+    for row in rows:
+      peft_row = run_peft(row, args.steps, args.warmup)
+      if peft_row is not None:
+        row["peft"] = peft_row
+        print(f"PEFT {peft_row['method']} for {row['method']}: {peft_row['step_sec_median']:.3f} s/step; "
+              f"spot-jax {peft_row['speedup_of_spot_jax']:.2f}x faster", flush=True)
   meta = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
           "matmul_peak_flops_per_sec": peak, "argv": list(argv), "rows": rows}
   if args.json:
@@ -253,7 +299,7 @@ def main(argv: Sequence[str]) -> int:
   if args.markdown:
     with open(args.markdown, "w") as f:
       f.write(f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s; `python -m spot_jax.bench "
-              f"{' '.join(argv)}`\n\n" + markdown_table(rows))
+              f"{' '.join(argv)}`\n\n" + markdown_table(rows) + _peft_table(rows))
   return 0
 
 

@@ -58,3 +58,27 @@ def test_bench_command_line_error_is_one_line():
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and "Traceback" not in proc.stderr
   assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+
+
+def test_vs_peft_reports_the_counterparts(tmp_path):
+  pytest.importorskip("peft")
+  out, md = tmp_path / "bench.json", tmp_path / "bench.md"
+  assert bench.main(["--config=t5_1_1_test", "--steps=1", "--input_length=8", "--target_length=4",
+                     "--batch_size=2", "--prompt_length=4", "--methods=prompt_tuning,residual10,smop4x5",
+                     "--warmup=0", "--inference_steps=1", "--vs=peft", f"--json={out}",
+                     f"--markdown={md}"]) == 0
+  rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+  assert "peft" not in rows["smop4x5"]
+  pt, ptune = rows["prompt_tuning"]["peft"], rows["residual10"]["peft"]
+  assert (pt["method"], ptune["method"]) == ("pt", "ptune")
+  assert pt["trainable_params"] == rows["prompt_tuning"]["trainable_params"] == 4 * 32
+  assert ptune["prompt_length"] == 10 and ptune["trainable_params"] > 10 * 32
+  assert pt["speedup_of_spot_jax"] == pytest.approx(pt["step_sec_median"] / rows["prompt_tuning"]["step_sec_median"])
+  assert "| prompt_tuning |" in md.read_text() and "PEFT step s" in md.read_text()
+
+
+def test_bench_peft_rejects_bad_shape():
+  proc = subprocess.run([sys.executable, "-m", "spot_jax.bench_peft", "--method=pt", "--shape={"],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr
+  assert proc.stderr.strip().startswith("spot_jax.bench_peft: error: --shape is not JSON")
