@@ -49,5 +49,7 @@ setuptools.setup(
         # t5x itself is installed from its repository (docs/t5x.md); these are what it needs
         # beyond spot-jax's own dependencies.
         "t5x": ["grain", "cached-property", "chex", "aqtp", "fiddle", "clu"],
+        # `python -m spot_jax.bench --vs=peft` (and its test).
+        "bench": ["torch==2.13.0", "transformers>=4.45,<6", "peft==0.21.2"],
     },
 )

@@ -1,60 +1,122 @@
-"""`python -m spot_jax.bench`: train-step speed and state size of each method on a random T5.
+"""`python -m spot_jax.bench`: train-step speed, FLOPs, MFU and memory of each method on a random T5.
 
-  python -m spot_jax.bench --config=t5_1_1_small --batch_size=8 --input_length=128 \
-      --target_length=8 --steps=20 --methods=prompt_tuning,smop,residual,model_tuning
+  python -m spot_jax.bench --config=t5_small --batch_size=8 --input_length=128 \
+      --target_length=16 --dropout_rate=0.1 --steps=5 --json=bench.json --markdown=bench.md
 
-For each method it times the jitted train step (after one compile step) on random tokens and
-reports steps/s, examples/s, trainable parameters and the bytes of trainable state (params +
-optimizer state); `--json=FILE` writes the rows. Benchmark in float32 on CPUs without bf16
-hardware. Targets for speed and memory live here, never in timed tests.
+For each method it compiles the jitted train step (compile time measured on its own, and compile
+plus first step), runs `--warmup` steps, then times `--steps` steps one by one and reports the
+median step time, examples/s, tokens/s (input + target tokens), XLA's FLOPs per step (cost
+analysis of the compiled step), MFU against a float32 matmul peak measured in the same run, the
+median inference (teacher-forced scoring) step time, trainable parameters, trainable state bytes
+and the process's peak host memory (ru_maxrss, cumulative over the rows of one run).
+`--compilation_cache_dir` turns on JAX's persistent compilation cache, so a second run of the
+same shape skips compiling. Benchmark in float32 on CPUs without bf16 hardware. Targets for speed
+and memory live here and in docs/benchmarks.md, never in timed tests.
 """
 from __future__ import annotations
 
 import json
 import os
+import resource
+import subprocess
 import sys
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax import cli, models, optimizers, prompts, trainer
+from spot_jax import bench_peft, cli, models, optimizers, prompts, trainer
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from spot_jax.train_state import TrainState
 
-METHODS = ("prompt_tuning", "smop", "residual", "model_tuning")
+# name -> (prompt method, prompt length); length None means --prompt_length.
+METHODS = {
+    "pt100": ("prompt_tuning", 100), "pt20": ("prompt_tuning", 20), "smop4x5": ("smop", 20),
+    "residual100": ("residual", 100), "residual10": ("residual", 10),
+    "model_tuning": ("model_tuning", 0),
+    "prompt_tuning": ("prompt_tuning", None), "smop": ("smop", None), "residual": ("residual", None),
+}
+DEFAULT_METHODS = ("pt100", "pt20", "smop4x5", "residual100", "residual10", "model_tuning")
 
 
-def _prompt_module(method: str, length: int):
-  if method == "prompt_tuning":
+def _prompt_module(kind: str, length: int):
+  if kind == "prompt_tuning":
     return prompts.PromptTuning(length=length)
-  if method == "smop":
+  if kind == "smop":
     return prompts.SMoP(num_prompts=4, length=max(1, length // 4))
-  if method == "residual":
+  if kind == "residual":
     return prompts.ResidualPrompt(length=length, bottleneck=128)
-  if method == "model_tuning":
-    return None
-  raise ConfigError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
+  return None
 
 
 def _nbytes(tree) -> int:
   return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
 
+def peak_host_memory_bytes() -> int:
+  """The process's peak resident set size so far (Linux reports ru_maxrss in KiB)."""
+  return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def xla_flops(compiled) -> Optional[float]:
+  """FLOPs of one call of a compiled computation from XLA's cost analysis (None if unknown)."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  flops = (cost or {}).get("flops")
+  return float(flops) if flops else None
+
+
+def matmul_peak_flops(n: int = 1024, reps: int = 10) -> float:
+  """float32 FLOP/s of a jitted [n, n] x [n, n] matmul (best of `reps`): the MFU denominator."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  jax.block_until_ready(f(a))
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(a))
+    times.append(time.perf_counter() - t0)
+  return 2.0 * n ** 3 / float(min(times))
+
+
+def _batch(vocab: int, batch_size: int, input_length: int, target_length: int, seed: int):
+  rng = np.random.RandomState(seed)
+  targets = rng.randint(2, vocab, size=(batch_size, target_length)).astype(np.int32)
+  return {
+      "encoder_input_tokens": jnp.asarray(rng.randint(2, vocab, size=(batch_size, input_length)), jnp.int32),
+      "decoder_target_tokens": jnp.asarray(targets),
+      "decoder_input_tokens": jnp.asarray(np.concatenate([np.zeros((batch_size, 1), np.int32), targets[:, :-1]], 1)),
+  }
+
+
+def _timed(fn, n: int) -> list[float]:
+  times = []
+  for _ in range(n):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return times
+
+
 def bench_method(method: str, config_name: str, batch_size: int, input_length: int,
-                 target_length: int, steps: int, prompt_length: int, seed: int = 0) -> dict:
-  """Times `steps` train steps of `method`; returns one result row."""
-  config = config_by_name(config_name, dropout_rate=0.1)
-  model = models.EncoderDecoderModel(Transformer(config, prompt=_prompt_module(method, prompt_length)))
+                 target_length: int, steps: int, prompt_length: int, *, dropout_rate: float = 0.1,
+                 warmup: int = 1, inference_steps: int = 3, seed: int = 0,
+                 peak_flops: Optional[float] = None) -> dict:
+  """Compiles and times `method`'s train step (and its inference step); returns one result row."""
+  kind, length = METHODS[method]
+  length = prompt_length if length is None else length
+  config = config_by_name(config_name, dropout_rate=dropout_rate)
+  model = models.EncoderDecoderModel(Transformer(config, prompt=_prompt_module(kind, length)))
   dummy = model.dummy_batch(input_length, target_length)
   backbone_rng, prompt_rng, state_rng = trainer.seed_keys(seed)
   backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)
   prompt_params = (jax.jit(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)))(prompt_rng, backbone)
                    if model.has_prompt else {})
-  if method == "model_tuning":
+  if kind == "model_tuning":
     frozen, params = {}, backbone
     tx = optimizers.adafactor(learning_rate=1e-3, factored=True, multiply_by_parameter_scale=True,
                               weight_decay_rate=None)
@@ -62,71 +124,182 @@ def bench_method(method: str, config_name: str, batch_size: int, input_length: i
     frozen, params = backbone, prompt_params
     tx = optimizers.adafactor()
   state = TrainState.create(params, tx, state_rng)
-  step = jax.jit(trainer.make_train_step(model, tx), donate_argnums=(0,))
-  rng = np.random.RandomState(seed)
-  targets = rng.randint(2, config.vocab_size, size=(batch_size, target_length)).astype(np.int32)
-  batch = {
-      "encoder_input_tokens": jnp.asarray(rng.randint(2, config.vocab_size, size=(batch_size, input_length)), jnp.int32),
-      "decoder_target_tokens": jnp.asarray(targets),
-      "decoder_input_tokens": jnp.asarray(np.concatenate([np.zeros((batch_size, 1), np.int32), targets[:, :-1]], 1)),
-  }
+  batch = _batch(config.vocab_size, batch_size, input_length, target_length, seed)
+
   t0 = time.perf_counter()
+  lowered = jax.jit(trainer.make_train_step(model, tx), donate_argnums=(0,)).lower(state, frozen, batch)
+  step = lowered.compile()
+  compile_s = time.perf_counter() - t0
   state, metrics = step(state, frozen, batch)
   jax.block_until_ready(metrics["loss"])
-  compile_s = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  for _ in range(steps):
+  first_step_s = time.perf_counter() - t0
+  flops = xla_flops(step)
+
+  for _ in range(warmup):
     state, metrics = step(state, frozen, batch)
   jax.block_until_ready(metrics["loss"])
-  elapsed = time.perf_counter() - t0
-  return {
-      "method": method, "config": config_name, "batch_size": batch_size,
-      "input_length": input_length, "target_length": target_length,
-      "steps_per_sec": steps / elapsed, "examples_per_sec": steps * batch_size / elapsed,
-      "first_step_sec": compile_s,
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    state, metrics = step(state, frozen, batch)
+    jax.block_until_ready(metrics["loss"])
+    times.append(time.perf_counter() - t0)
+  step_s = float(np.median(times))
+
+  merged = models.merge_params(frozen, state.params)
+  score = jax.jit(model.score_batch)
+  jax.block_until_ready(score(merged, batch))
+  infer_s = float(np.median(_timed(lambda: score(merged, batch), inference_steps)))
+
+  row = {
+      "method": method, "prompt_method": kind, "prompt_length": length if model.has_prompt else 0,
+      "config": config_name, "batch_size": batch_size, "input_length": input_length,
+      "target_length": target_length, "dropout_rate": dropout_rate, "steps": steps,
+      "step_sec_median": step_s, "step_sec_min": float(min(times)), "step_sec_max": float(max(times)),
+      "steps_per_sec": 1.0 / step_s, "examples_per_sec": batch_size / step_s,
+      "tokens_per_sec": batch_size * (input_length + target_length) / step_s,
+      "compile_sec": compile_s, "compile_plus_first_step_sec": first_step_s,
+      "inference_step_sec_median": infer_s,
+      "flops_per_step": flops, "achieved_flops_per_sec": flops / step_s if flops else None,
+      "mfu": flops / step_s / peak_flops if flops and peak_flops else None,
       "trainable_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(state.params))),
       "trainable_state_bytes": _nbytes(state.params) + _nbytes(state.opt_state),
       "frozen_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(frozen))),
+      "peak_host_memory_bytes": peak_host_memory_bytes(),
       "final_loss": float(metrics["loss"]),
   }
+  return row
+
+
+_COLUMNS = (("method", "method", "{}"), ("step s (median)", "step_sec_median", "{:.3f}"),
+            ("ex/s", "examples_per_sec", "{:.2f}"), ("tok/s", "tokens_per_sec", "{:.0f}"),
+            ("GFLOP/step", "flops_per_step", "{:.1f}"), ("MFU", "mfu", "{:.1%}"),
+            ("infer s", "inference_step_sec_median", "{:.3f}"), ("compile s", "compile_sec", "{:.1f}"),
+            ("compile+1st s", "compile_plus_first_step_sec", "{:.1f}"),
+            ("trainable", "trainable_params", "{:,}"), ("peak RSS GiB", "peak_host_memory_bytes", "{:.2f}"))
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+  value = row.get(key)
+  if value is None:
+    return "-"
+  if key == "flops_per_step":
+    value = value / 1e9
+  if key == "peak_host_memory_bytes":
+    value = value / 2 ** 30
+  return fmt.format(value)
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+  """The rows as a GitHub Markdown table."""
+  lines = ["| " + " | ".join(c[0] for c in _COLUMNS) + " |",
+           "|" + "|".join("---" for _ in _COLUMNS) + "|"]
+  lines += ["| " + " | ".join(_cell(r, k, f) for _, k, f in _COLUMNS) + " |" for r in rows]
+  return "\n".join(lines) + "\n"
+
+
+PEFT_COUNTERPART = {"prompt_tuning": "pt", "residual": "ptune"}
+
+
+def run_peft(row: dict, steps: int, warmup: int) -> Optional[dict]:
+  """Times the PEFT counterpart of a spot-jax row in a separate process; None if it has none."""
+  method = PEFT_COUNTERPART.get(row["prompt_method"])
+  if method is None:
+    return None
+  shape = bench_peft.hf_shape(config_by_name(row["config"]))
+  cmd = [sys.executable, "-m", "spot_jax.bench_peft", f"--method={method}", f"--shape={json.dumps(shape)}",
+         f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
+         f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
+         f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}"]
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+  if proc.returncode != 0:
+    raise RuntimeError(f"the PEFT benchmark failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+  peft_row = json.loads(proc.stdout.strip().splitlines()[-1])
+  peft_row["speedup_of_spot_jax"] = peft_row["step_sec_median"] / row["step_sec_median"]
+  return peft_row
+
+
+def _peft_table(rows: Sequence[dict]) -> str:
+  peft_rows = [r for r in rows if "peft" in r]
+  if not peft_rows:
+    return ""
+  lines = ["", "| method | spot-jax step s | PEFT method | PEFT step s | spot-jax speed-up | "
+           "spot-jax peak RSS GiB | PEFT peak RSS GiB |", "|---|---|---|---|---|---|---|"]
+  for r in peft_rows:
+    p = r["peft"]
+    lines.append(f"| {r['method']} | {r['step_sec_median']:.3f} | {p['method']} | {p['step_sec_median']:.3f} "
+                 f"| {p['speedup_of_spot_jax']:.2f}x | {r['peak_host_memory_bytes'] / 2**30:.2f} "
+                 f"| {p['peak_host_memory_bytes'] / 2**30:.2f} |")
+  return "\n".join(lines) + "\n"
+
+
+def _parse(argv: Sequence[str]):
+  parser = cli.ArgumentParser(prog="spot_jax.bench", description=__doc__.splitlines()[0])
+  parser.add_argument("--config", default="t5_small", help="a spot_jax.t5 config name")
+  parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                      help=f"comma-separated, from: {', '.join(METHODS)}")
+  parser.add_argument("--batch_size", type=int, default=8)
+  parser.add_argument("--input_length", type=int, default=128)
+  parser.add_argument("--target_length", type=int, default=16)
+  parser.add_argument("--prompt_length", type=int, default=100,
+                      help="length for the methods named without one (prompt_tuning, smop, residual)")
+  parser.add_argument("--dropout_rate", type=float, default=0.1)
+  parser.add_argument("--steps", type=int, default=5, help="timed steps (median reported)")
+  parser.add_argument("--warmup", type=int, default=1, help="untimed steps after the first")
+  parser.add_argument("--inference_steps", type=int, default=3)
+  parser.add_argument("--compilation_cache_dir", default=None,
+                      help="JAX persistent compilation cache directory (a rerun skips compiling)")
+  parser.add_argument("--json", default=None, help="write the result rows to this file")
+  parser.add_argument("--markdown", default=None, help="write a Markdown table to this file")
+  parser.add_argument("--vs", default="", choices=("", "peft"),
+                      help="also time the PyTorch + PEFT counterparts (separate processes)")
+  parser.add_argument("--debug", action="store_true", help="show tracebacks")
+  return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str]) -> int:
-  """Command-line entry point (run it through `cli.run`, which reports errors in one line)."""
-  parser = cli.ArgumentParser(prog="spot_jax.bench", description=__doc__.splitlines()[0])
-  parser.add_argument("--config", default="t5_1_1_small", help="a spot_jax.t5 config name")
-  parser.add_argument("--methods", default=",".join(METHODS))
-  parser.add_argument("--batch_size", type=int, default=8)
-  parser.add_argument("--input_length", type=int, default=128)
-  parser.add_argument("--target_length", type=int, default=8)
-  parser.add_argument("--prompt_length", type=int, default=20)
-  parser.add_argument("--steps", type=int, default=20)
-  parser.add_argument("--json", default=None, help="write the result rows to this file")
-  parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-  args = parser.parse_args(argv)
+  args = _parse(argv)
   methods = [m for m in args.methods.split(",") if m]
   config_by_name(args.config)
-  if not methods:
-    raise ConfigError(f"--methods is empty; valid: a comma-separated subset of {', '.join(METHODS)}")
   for m in methods:
     if m not in METHODS:
       raise ConfigError(f"unknown method {m!r}; valid: {', '.join(METHODS)}")
-  if min(args.batch_size, args.input_length, args.target_length, args.steps, args.prompt_length) <= 0:
-    raise ConfigError("batch_size, input_length, target_length, prompt_length and steps must be positive")
-  if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-    raise ConfigError(f"--json={args.json}: its directory does not exist; give a file in an existing directory")
+  if min(args.batch_size, args.input_length, args.target_length, args.steps, args.prompt_length,
+         args.inference_steps) <= 0 or args.warmup < 0:
+    raise ConfigError("batch_size, input_length, target_length, prompt_length, steps and "
+                      "inference_steps must be positive and warmup >= 0")
+  if not 0.0 <= args.dropout_rate < 1.0:
+    raise ConfigError(f"dropout_rate must be in [0, 1), got {args.dropout_rate}")
+  if args.compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", args.compilation_cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  peak = matmul_peak_flops()
+  print(f"float32 matmul peak: {peak / 1e9:.1f} GFLOP/s on {jax.devices()[0]}", flush=True)
   rows = []
-  print(f"{'method':<14} {'steps/s':>9} {'ex/s':>9} {'trainable':>12} {'state MiB':>10} {'1st step s':>10}")
   for method in methods:
-    row = bench_method(method, args.config, args.batch_size, args.input_length, args.target_length,
-                       args.steps, args.prompt_length)
-    rows.append(row)
-    print(f"{method:<14} {row['steps_per_sec']:>9.2f} {row['examples_per_sec']:>9.1f} "
-          f"{row['trainable_params']:>12,} {row['trainable_state_bytes'] / 2**20:>10.2f} "
-          f"{row['first_step_sec']:>10.1f}", flush=True)
+    rows.append(bench_method(method, args.config, args.batch_size, args.input_length,
+                             args.target_length, args.steps, args.prompt_length,
+                             dropout_rate=args.dropout_rate, warmup=args.warmup,
+                             inference_steps=args.inference_steps, peak_flops=peak))
+    print(markdown_table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else markdown_table(rows),
+          end="\n" if len(rows) > 1 else "", flush=True)
+  if args.vs == "peft":
+    for row in rows:
+      peft_row = run_peft(row, args.steps, args.warmup)
+      if peft_row is not None:
+        row["peft"] = peft_row
+        print(f"PEFT {peft_row['method']} for {row['method']}: {peft_row['step_sec_median']:.3f} s/step; "
+              f"spot-jax {peft_row['speedup_of_spot_jax']:.2f}x faster", flush=True)
+  meta = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
+          "matmul_peak_flops_per_sec": peak, "argv": list(argv), "rows": rows}
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"devices": [str(d) for d in jax.devices()], "rows": rows}, f, indent=2)
+      json.dump(meta, f, indent=2)
+  if args.markdown:
+    with open(args.markdown, "w") as f:
+      f.write(f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s; `python -m spot_jax.bench "
+              f"{' '.join(argv)}`\n\n" + markdown_table(rows) + _peft_table(rows))
   return 0
 
 

@@ -1,23 +1,84 @@
 """The benchmark runs and reports what trains (no timing assertions here)."""
 import json
+import subprocess
+import sys
+
+import pytest
 
 from spot_jax import bench, cli
 
 
 def test_bench_rows(tmp_path):
-  out = tmp_path / "bench.json"
+  out, md = tmp_path / "bench.json", tmp_path / "bench.md"
   assert bench.main(["--config=t5_1_1_test", "--steps=2", "--input_length=16", "--target_length=4",
-                     "--batch_size=2", "--prompt_length=8", "--methods=prompt_tuning,model_tuning",
-                     f"--json={out}"]) == 0
-  rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
-  assert set(rows) == {"prompt_tuning", "model_tuning"}
+                     "--batch_size=2", "--prompt_length=8", "--methods=prompt_tuning,smop4x5,model_tuning",
+                     "--warmup=0", "--inference_steps=1", f"--json={out}", f"--markdown={md}"]) == 0
+  meta = json.loads(out.read_text())
+  rows = {r["method"]: r for r in meta["rows"]}
+  assert set(rows) == {"prompt_tuning", "smop4x5", "model_tuning"}
   assert rows["prompt_tuning"]["trainable_params"] == 8 * 32
+  assert rows["smop4x5"]["prompt_length"] == 20
   assert rows["model_tuning"]["frozen_params"] == 0
   assert rows["prompt_tuning"]["frozen_params"] == rows["model_tuning"]["trainable_params"]
   for row in rows.values():
-    assert row["steps_per_sec"] > 0
+    assert row["step_sec_min"] <= row["step_sec_median"] <= row["step_sec_max"]
+    assert row["compile_sec"] < row["compile_plus_first_step_sec"]
+    assert row["flops_per_step"] > 0 and 0 < row["mfu"]
+    assert row["tokens_per_sec"] == pytest.approx(row["examples_per_sec"] * 20)
+  # Model tuning also back-propagates into every weight: more FLOPs than prompt tuning (8 tokens).
+  assert rows["model_tuning"]["flops_per_step"] > rows["prompt_tuning"]["flops_per_step"]
+  table = md.read_text().splitlines()
+  assert len([l for l in table if l.startswith("| ")]) == 1 + len(rows)
+  assert meta["matmul_peak_flops_per_sec"] > 0
 
 
-def test_bench_rejects_bad_input(capsys):
-  assert cli.run(bench.main, ["--methods=lora"], "spot_jax.bench") == 2
-  assert "unknown method 'lora'" in capsys.readouterr().err
+def test_xla_flops_counts_a_matmul():
+  import jax
+  import jax.numpy as jnp
+  x = jnp.ones((64, 32), jnp.float32)
+  compiled = jax.jit(lambda a, b: a @ b).lower(x, x.T).compile()
+  assert bench.xla_flops(compiled) == pytest.approx(2 * 64 * 32 * 64, rel=0.01)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--methods=lora"], "unknown method 'lora'"),
+    (["--steps=0"], "must be positive"),
+    (["--dropout_rate=1.5"], "dropout_rate must be in [0, 1)"),
+    (["--config=t5_nope"], "t5_nope"),
+    (["--steps=x"], "invalid int value"),
+])
+def test_bench_rejects_bad_input(capsys, args, message):
+  assert cli.run(bench.main, args, "spot_jax.bench") == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("spot_jax.bench: error: ") and message in err[0]
+
+
+def test_bench_command_line_error_is_one_line():
+  proc = subprocess.run([sys.executable, "-m", "spot_jax.bench", "--methods=lora"],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr
+  assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+
+
+def test_vs_peft_reports_the_counterparts(tmp_path):
+  pytest.importorskip("peft")
+  out, md = tmp_path / "bench.json", tmp_path / "bench.md"
+  assert bench.main(["--config=t5_1_1_test", "--steps=1", "--input_length=8", "--target_length=4",
+                     "--batch_size=2", "--prompt_length=4", "--methods=prompt_tuning,residual10,smop4x5",
+                     "--warmup=0", "--inference_steps=1", "--vs=peft", f"--json={out}",
+                     f"--markdown={md}"]) == 0
+  rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+  assert "peft" not in rows["smop4x5"]
+  pt, ptune = rows["prompt_tuning"]["peft"], rows["residual10"]["peft"]
+  assert (pt["method"], ptune["method"]) == ("pt", "ptune")
+  assert pt["trainable_params"] == rows["prompt_tuning"]["trainable_params"] == 4 * 32
+  assert ptune["prompt_length"] == 10 and ptune["trainable_params"] > 10 * 32
+  assert pt["speedup_of_spot_jax"] == pytest.approx(pt["step_sec_median"] / rows["prompt_tuning"]["step_sec_median"])
+  assert "| prompt_tuning |" in md.read_text() and "PEFT step s" in md.read_text()
+
+
+def test_bench_peft_rejects_bad_shape():
+  proc = subprocess.run([sys.executable, "-m", "spot_jax.bench_peft", "--method=pt", "--shape={"],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr
+  assert proc.stderr.strip().startswith("spot_jax.bench_peft: error: --shape is not JSON")

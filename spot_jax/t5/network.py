@@ -33,8 +33,7 @@ Array = jax.Array
 
 
 def _dropout(cfg: T5Config) -> nn.Dropout:
-  # t5x shares the dropout mask along the length axis.
-  return nn.Dropout(rate=cfg.dropout_rate, broadcast_dims=(-2,))
+  return layers.Dropout(cfg.dropout_rate)
 
 
 class EncoderLayer(nn.Module):

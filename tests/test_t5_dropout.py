@@ -1,0 +1,88 @@
+"""Dropout keeps t5x's rate, scaling and mask layout; without randomness nothing changes."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spot_jax import models, prompts
+from spot_jax.t5 import Transformer, config_by_name, layers
+
+
+def _model(rate):
+  cfg = config_by_name("t5_1_1_test", dropout_rate=rate)
+  return models.EncoderDecoderModel(Transformer(cfg, prompt=prompts.PromptTuning(length=4)))
+
+
+def _batch(seed=0, b=2, t=12, s=6):
+  rng = np.random.RandomState(seed)
+  tgt = rng.randint(2, 128, size=(b, s)).astype(np.int32)
+  tgt[0, -2:] = 0
+  return {"encoder_input_tokens": jnp.asarray(rng.randint(2, 128, size=(b, t)), jnp.int32),
+          "decoder_target_tokens": jnp.asarray(tgt),
+          "decoder_input_tokens": jnp.asarray(np.concatenate([np.zeros((b, 1), np.int32), tgt[:, :-1]], 1))}
+
+
+@pytest.fixture(scope="module")
+def params():
+  model, batch = _model(0.1), _batch()
+  backbone = models.unbox(model.init_backbone(jax.random.PRNGKey(0), batch))
+  prompt = models.unbox(model.init_prompt(jax.random.PRNGKey(1), backbone, batch))
+  return models.merge_params(backbone, prompt)
+
+
+def _loss_and_grad(model, params, batch, rng, enable):
+  fn = lambda p: model.loss_fn(p, batch, rng, enable_dropout=enable)[0]
+  return jax.jit(jax.value_and_grad(fn))(params)
+
+
+def test_rate_zero_equals_deterministic(params):
+  batch, rng = _batch(), jax.random.PRNGKey(7)
+  loss0, grad0 = _loss_and_grad(_model(0.0), params, batch, rng, True)
+  loss_det, grad_det = _loss_and_grad(_model(0.1), params, batch, None, False)
+  np.testing.assert_allclose(loss0, loss_det, rtol=1e-6, atol=0)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), grad0, grad_det)
+
+
+def test_same_key_same_loss_other_key_other_loss(params):
+  model, batch = _model(0.1), _batch()
+  a = _loss_and_grad(model, params, batch, jax.random.PRNGKey(3), True)[0]
+  b = _loss_and_grad(model, params, batch, jax.random.PRNGKey(3), True)[0]
+  c = _loss_and_grad(model, params, batch, jax.random.fold_in(jax.random.PRNGKey(3), 1), True)[0]
+  det = _loss_and_grad(model, params, batch, None, False)[0]
+  assert float(a) == float(b)
+  assert float(a) != float(c) and float(a) != float(det)
+
+
+def test_every_site_shares_its_mask_along_the_length_axis(params):
+  """Like t5x/flaxformer: masks [B, 1, E], [B, 1, F] and [B, H, 1, K] broadcast over positions."""
+  model, batch, seen = _model(0.5), _batch(), []
+
+  def record(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if isinstance(context.module, nn.Dropout) and context.method_name == "__call__":
+      seen.append((context.module.path, np.asarray(args[0]), np.asarray(out)))
+    return out
+
+  with nn.intercept_methods(record):
+    model.loss_fn(params, batch, jax.random.PRNGKey(5), enable_dropout=True)
+  paths = {"/".join(p) for p, _, _ in seen}
+  assert any("mlp" in p for p in paths) and any("attention" in p for p in paths)
+  for path, x, y in seen:
+    live = x != 0
+    kept, dropped = live & (y != 0), live & (y == 0)
+    assert not (kept.any(axis=-2) & dropped.any(axis=-2)).any(), path
+    np.testing.assert_allclose(y[kept], x[kept] * 2.0, rtol=1e-6)
+    assert dropped.any() and kept.any(), path
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.3])
+def test_keep_fraction_and_scaling(rate):
+  x = jnp.ones((64, 3, 4096), jnp.float32)
+  y = np.asarray(layers.Dropout(rate).apply({}, x, deterministic=False,
+                                              rngs={"dropout": jax.random.PRNGKey(0)}))
+  assert (y == y[:, :1]).all()
+  keep = (y[:, 0] != 0).mean()
+  assert abs(keep - (1 - rate)) < 4 * np.sqrt(rate * (1 - rate) / y[:, 0].size)
+  np.testing.assert_allclose(y[y != 0], 1 / (1 - rate), rtol=1e-6)
+  np.testing.assert_allclose(y.mean(), 1.0, atol=0.02)
