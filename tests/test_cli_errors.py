@@ -86,7 +86,7 @@ ROWS = [
     ("eval step not saved", EVALUATE, [*EVAL, "--gin.CHECKPOINT_DIR='{run}'", "--gin.CHECKPOINT_STEP=999"],
      "looked for checkpoints/999", False),
     # --- spot_jax.convert ----------------------------------------------------------------------
-    ("convert no flags", CONVERT, [], "the following arguments are required: --hf_dir, --output_dir", False),
+    ("convert no flags", CONVERT, [], "give exactly one of --hf_dir (HF -> T5X) or --checkpoint (T5X/orbax -> HF)", False),
     ("convert hf_dir missing", CONVERT, ["--hf_dir={tmp}/absent", "--output_dir={tmp}/out"], "is not a directory", False),
     ("convert not a HF dir", CONVERT, ["--hf_dir={tmp}", "--output_dir={tmp}/out"], "config.json not found", False),
     ("convert bad format", CONVERT, ["--hf_dir={tmp}", "--output_dir={tmp}/out", "--format=npz"], "invalid choice", False),
