@@ -9,7 +9,7 @@ r"""`python -m spot_jax.demo`: every prompt method, really learning, on the embe
 Every run is an ordinary trainer run in <output_dir>/runs/<name>. Rerunning with the same
 flags reuses the finished runs (same numbers, seconds); --fresh trains everything again.
 
-  python -m spot_jax.demo                                   # about 5 minutes on 2 CPU cores
+  python -m spot_jax.demo                                   # about 5-8 minutes on 2 CPU cores
   python -m spot_jax.demo --quick                           # 1-2 minutes, fewer steps
   python -m spot_jax.demo --full --output_dir=/tmp/demo_full  # more steps
   python -m spot_jax.demo --methods=pt,spot --targets=sentiment_travel
