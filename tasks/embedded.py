@@ -9,7 +9,8 @@ Import explicitly: MIXTURE_OR_TASK_MODULE='tasks.embedded'.
 
 Each task `spot_toy_<key>_v100` has inputs "<key> <fields>" (T5 style: the task name first) and
 a taskless variant `spot_toy_<key>_taskless_v100` without it (what prompts are tuned on).
-SOURCES are the 8 source tasks, TARGETS the 4 targets; RELATED[target] lists the sources that
+SOURCES are the 8 source tasks, TARGETS the 4 targets (HARD_TARGETS 2 more, on skills the toy
+backbone only half-learned); RELATED[target] lists the sources that
 should transfer to it (same skill in another domain or format), UNRELATED[target] some that
 should not. See docs/embedded.md.
 """
@@ -83,6 +84,15 @@ def topic(rng):
   clauses = [f"the {_pick(rng, DOMAINS[domain])} was {_pick(rng, POSITIVE + NEGATIVE + tuple(a for p in ANTONYMS for a in p))}"
              for _ in range(2)]
   return f"text: {' and '.join(clauses)}", domain
+
+
+def category(rng):
+  """The topic skill in another surface form: two clauses of one domain given as two sentence
+  fields (the layout of nli and paraphrase); the label is the domain."""
+  domain = _pick(rng, sorted(DOMAINS))
+  adjectives = POSITIVE + NEGATIVE + tuple(a for p in ANTONYMS for a in p)
+  first, second = (f"the {_pick(rng, DOMAINS[domain])} was {_pick(rng, adjectives)}" for _ in range(2))
+  return f"sentence1: {first} sentence2: {second}", domain
 
 
 def nli(domains: Sequence[str]):
@@ -206,24 +216,40 @@ TASKS: Dict[str, ToyTask] = {t.key: t for t in (
     ToyTask("length", length, _NUMBERS[:10], "sequence"),
     # targets
     ToyTask("sentiment_travel", sentiment("travel"), ("positive", "negative"), "sentiment"),
+    ToyTask("sentiment_sports", sentiment("sports"), ("positive", "negative"), "sentiment"),
+    ToyTask("category", category, tuple(sorted(DOMAINS)), "topic"),
+    ToyTask("sum", addition("numbers: {} and {}"), _NUMBERS, "arithmetic"),
+    # hard targets (the first design's; the 800-step backbone half-learned their skills)
     ToyTask("nli_sports", nli(("sports",)), ("entailment", "contradiction", "neutral"), "nli"),
     ToyTask("paraphrase_travel", paraphrase(("travel",)), ("equivalent", "different"), "paraphrase"),
-    ToyTask("sum", addition("numbers: {} and {}"), _NUMBERS, "arithmetic"),
 )}
 SOURCES = ("sentiment_movies", "sentiment_food", "topic", "nli", "paraphrase", "addition",
            "reverse", "length")
-TARGETS = ("sentiment_travel", "nli_sports", "paraphrase_travel", "sum")
+TARGETS = ("sentiment_travel", "sentiment_sports", "category", "sum")
+# The first design's nli and paraphrase targets: registered and runnable (`--targets`), but the
+# committed 800-step backbone only half-learned nli (48%) and paraphrase (55%), so prompts on
+# them stay near chance with the demo's budgets (see docs/embedded.md).
+HARD_TARGETS = ("nli_sports", "paraphrase_travel")
+# The tasks whose text the committed SentencePiece vocabulary was trained on (spot_jax/toy_data.py).
+# Pinned: tasks added later must not change the vocabulary, or `python -m spot_jax.pretrain_toy`
+# would no longer reproduce the committed model. New tasks reuse this text's words and fields.
+VOCABULARY_TASKS = ("addition", "length", "nli", "nli_sports", "paraphrase", "paraphrase_travel",
+                    "reverse", "sentiment_food", "sentiment_movies", "sentiment_travel", "sum", "topic")
 # The sources the toy model is multi-task pretrained on (with their task-name prefixes).
 # sentiment_food is held out, so SPoT can also start from a source the backbone never saw.
 PRETRAIN_SOURCES = ("sentiment_movies", "topic", "nli", "paraphrase", "addition", "reverse", "length")
 RELATED = {
     "sentiment_travel": ("sentiment_movies", "sentiment_food"),
+    "sentiment_sports": ("sentiment_movies", "sentiment_food"),
+    "category": ("topic",),
     "nli_sports": ("nli",),
     "paraphrase_travel": ("paraphrase",),
     "sum": ("addition",),
 }
 UNRELATED = {
     "sentiment_travel": ("addition", "reverse"),
+    "sentiment_sports": ("addition", "length"),
+    "category": ("addition", "sentiment_food"),
     "nli_sports": ("length", "sentiment_food"),
     "paraphrase_travel": ("addition", "topic"),
     "sum": ("sentiment_movies", "reverse"),

@@ -30,10 +30,10 @@ needs_model = pytest.mark.skipif(not (COMMITTED / "checkpoint").is_dir(),
 
 def test_suite_shape_and_relations():
   assert len(suite.SOURCES) >= 8 and len(suite.TARGETS) >= 4
-  assert set(suite.SOURCES) | set(suite.TARGETS) == set(suite.TASKS)
-  assert not set(suite.SOURCES) & set(suite.TARGETS)
+  assert set(suite.SOURCES) | set(suite.TARGETS) | set(suite.HARD_TARGETS) == set(suite.TASKS)
+  assert len(suite.SOURCES + suite.TARGETS + suite.HARD_TARGETS) == len(suite.TASKS)
   assert set(suite.PRETRAIN_SOURCES) < set(suite.SOURCES)
-  for target in suite.TARGETS:
+  for target in suite.TARGETS + suite.HARD_TARGETS:
     assert suite.RELATED[target] and set(suite.RELATED[target]) <= set(suite.SOURCES)
     assert all(suite.TASKS[s].skill == suite.TASKS[target].skill for s in suite.RELATED[target])
     assert all(suite.TASKS[s].skill != suite.TASKS[target].skill for s in suite.UNRELATED[target])
@@ -65,6 +65,32 @@ def test_sentiment_label_is_the_majority_polarity():
     assert pos + neg == 3 and label == ("positive" if pos > neg else "negative")
 
 
+def test_category_label_is_the_domain_of_both_sentences_nouns():
+  owner = {noun: domain for domain, nouns in suite.DOMAINS.items() for noun in nouns}
+  for text, label in zip(*suite.examples("category", "validation")):
+    words = text.split()
+    assert words[:2] == ["category", "sentence1:"] and "sentence2:" in words
+    nouns = [owner[w] for w in words if w in owner]
+    assert len(nouns) == 2 and set(nouns) == {label}
+
+
+@needs_model
+def test_vocabulary_text_is_pinned_and_later_tasks_tokenise_without_unknowns():
+  from spot_jax import toy_data  # pylint: disable=g-import-not-at-top
+  # The committed vocabulary was trained on the first 12 tasks; tasks added later stay out of it.
+  assert len(suite.VOCABULARY_TASKS) == 12 and set(suite.VOCABULARY_TASKS) < set(suite.TASKS)
+  assert not {"sentiment_sports", "category"} & set(suite.VOCABULARY_TASKS)
+  lines = toy_data.vocabulary_text(num_corpus_sentences=0)
+  assert len(lines) == 12 * 2 * 500 and lines[0].startswith("addition ")
+  vocab = suite.get_vocabulary()
+  unk = vocab.tokenizer.unk_id()
+  for key in set(suite.TASKS) - set(suite.VOCABULARY_TASKS):
+    inputs, targets = suite.examples(key, "train")
+    for text in inputs[:500] + targets[:500]:
+      assert unk not in vocab.encode(text), (key, text)
+    assert max(len(vocab.encode(i[len(key) + 1:])) for i in inputs) < 48, key  # the demo's input length
+
+
 def test_tasks_registered_idempotently_with_taskless_variants():
   before = set(seqio.TaskRegistry.names())
   suite.register_all()
@@ -75,14 +101,15 @@ def test_tasks_registered_idempotently_with_taskless_variants():
 
 @needs_model
 def test_taskless_task_tokens_postprocessor_and_metric():
-  task = seqio.get_mixture_or_task(suite.task_name("nli_sports", taskless=True))
-  ex = next(task.get_dataset({"inputs": 64, "targets": 8}, split="validation", shuffle=False).as_numpy_iterator())
-  vocab = task.output_features["inputs"].vocabulary
-  text, label = suite.examples("nli_sports", "validation")[0][0], suite.examples("nli_sports", "validation")[1][0]
-  assert vocab.decode(ex["inputs"].tolist()) == text[len("nli_sports "):]
-  assert vocab.decode(ex["targets"].tolist()) == label
-  post = task.postprocess_fn
-  assert post(label) == suite.TASKS["nli_sports"].labels.index(label) and post("banana") == -1
+  for key in ("category", "nli_sports"):
+    task = seqio.get_mixture_or_task(suite.task_name(key, taskless=True))
+    ex = next(task.get_dataset({"inputs": 64, "targets": 8}, split="validation", shuffle=False).as_numpy_iterator())
+    vocab = task.output_features["inputs"].vocabulary
+    text, label = suite.examples(key, "validation")[0][0], suite.examples(key, "validation")[1][0]
+    assert vocab.decode(ex["inputs"].tolist()) == text[len(key) + 1:]
+    assert vocab.decode(ex["targets"].tolist()) == label
+    post = task.postprocess_fn
+    assert post(label) == suite.TASKS[key].labels.index(label) and post("banana") == -1
   assert task.metric_fns[0]([0, 1, 2, 2], [0, 1, 2, -1]) == {"accuracy": 75.0}
 
 

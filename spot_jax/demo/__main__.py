@@ -9,7 +9,7 @@ r"""`python -m spot_jax.demo`: every prompt method, really learning, on the embe
 Every run is an ordinary trainer run in <output_dir>/runs/<name>. Rerunning with the same
 flags reuses the finished runs (same numbers, seconds); --fresh trains everything again.
 
-  python -m spot_jax.demo                                   # about 5 minutes on 2 CPU cores
+  python -m spot_jax.demo                                   # about 5-8 minutes on 2 CPU cores
   python -m spot_jax.demo --quick                           # 1-2 minutes, fewer steps
   python -m spot_jax.demo --full --output_dir=/tmp/demo_full  # more steps
   python -m spot_jax.demo --methods=pt,spot --targets=sentiment_travel
@@ -61,7 +61,9 @@ def _parser() -> cli.ArgumentParser:
   p.add_argument("--methods", default=",".join(runs.METHODS),
                  help=f"comma list of {', '.join(runs.METHODS + runs.EXTRA_METHODS)} (spot_unrelated: "
                       f"SPoT from an unrelated source, a control)")
-  p.add_argument("--targets", default=",".join(suite.TARGETS), help=f"comma list of {', '.join(suite.TARGETS)}")
+  p.add_argument("--targets", default=",".join(suite.TARGETS),
+                 help=f"comma list of {', '.join(suite.TARGETS + suite.HARD_TARGETS)} (the last two: "
+                      f"skills the toy backbone only half-learned)")
   p.add_argument("--seed", type=int, default=0, help="seed of every run")
   speed = p.add_mutually_exclusive_group()
   speed.add_argument("--quick", action="store_true", help=f"fewer steps: {QUICK}")
@@ -79,7 +81,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   args = _parser().parse_args(argv)
   methods = _choices(args.methods, runs.METHODS + runs.EXTRA_METHODS, "method", "--methods")
-  targets = _choices(args.targets, suite.TARGETS, "target task", "--targets")
+  targets = _choices(args.targets, suite.TARGETS + suite.HARD_TARGETS, "target task", "--targets")
   changes = dict(QUICK if args.quick else FULL if args.full else {}, seed=args.seed)
   for name in ("source_steps", "target_steps"):
     if getattr(args, name) is not None:
