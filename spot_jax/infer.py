@@ -12,7 +12,9 @@
 
 Prompts (`--prompt NAME=PATH`, or PATH alone to use its file/directory name) come from a
 spot_jax.train run directory (its exported prompt; Residual prompts are folded; SMoP runs also
-read the router), a .npy [L, E] prompt, or a PEFT prompt-tuning adapter directory. Without
+read the router), a .npy [L, E] prompt, a PEFT prompt-tuning adapter directory, or a SPoT prompt
+library entry `LIBRARY_DIR#ENTRY_ID` (its best prompt; refused unless it was trained against the
+served backbone). Without
 --checkpoint the backbone is the random one of --seed (what a smoke run trains against).
 See docs/serving.md.
 """
@@ -79,8 +81,8 @@ def _prompt_specs(values: Sequence[str]) -> list[tuple[str, str]]:
   specs = []
   for v in values:
     name, sep, path = v.partition("=")
-    if not sep:
-      name, path = pathlib.Path(v.rstrip("/")).stem, v
+    if not sep:  # a library entry is named by its id, anything else by its file or folder
+      name, path = (v.rsplit("#", 1)[1] if "#" in v else pathlib.Path(v.rstrip("/")).stem), v
     if not name or not path:
       raise ConfigError(f"--prompt {v!r} is malformed; use --prompt NAME=PATH or --prompt PATH")
     specs.append((name, path))
@@ -96,7 +98,11 @@ def main(argv: Sequence[str]) -> int:
   if len(modes) > 1:
     raise ConfigError(f"give one of --interpret, --export_peft, --export_npy, not {len(modes)}")
   specs = _prompt_specs(args.prompt)
-  entries = [sources.load(n, p, args.smop_routing, config) for n, p in specs]
+  fingerprint = None
+  if any(sources.library_reference(p) for _, p in specs):  # entries must match the served model
+    from spot_jax.spot import fingerprint as fingerprint_lib  # pylint: disable=g-import-not-at-top
+    fingerprint = fingerprint_lib.fingerprint(config, args.checkpoint, args.seed)
+  entries = [sources.load(n, p, args.smop_routing, config, fingerprint) for n, p in specs]
   table = table_lib.PromptTable(entries, config.emb_dim)
   if args.export_peft or args.export_npy:
     return _export(args, table, config)

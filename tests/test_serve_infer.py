@@ -244,3 +244,29 @@ def test_module_entry_point_bad_input(files):
   errors = [l for l in proc.stderr.splitlines() if l.startswith("spot_jax.infer: error:")]
   assert len(errors) == 1 and "width 32" in errors[0], proc.stderr[-2000:]
   assert not (root / "x.jsonl").exists()
+
+
+def test_library_entry_is_served_and_another_models_entry_refused(files, capsys, tmp_path):
+  """`LIBRARY_DIR#ID` serves the entry's best prompt; an entry of another frozen model is refused."""
+  from spot_jax.spot import fingerprint as fingerprint_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import library as library_lib  # pylint: disable=g-import-not-at-top
+  root, backbone = files
+  prompt = np.load(root / "a.npy")
+  for entry_id, checkpoint in (("a.served", str(root / "ckpt")), ("a.other", None)):
+    # one library per frozen model (the library itself refuses to mix them)
+    library_lib.Library(tmp_path / entry_id.split(".")[1]).add(entry_id=entry_id, task="spot_synthetic_sentiment_v100", run_id=entry_id, seed=0,
+            fingerprint=fingerprint_lib.fingerprint(CONFIG, checkpoint, 0), prompt=prompt,
+            embedding=prompt, score=1.0, metric="accuracy", embed_dim=CONFIG.emb_dim)
+  (tmp_path / "in.jsonl").write_text(json.dumps({"input": "a good film"}) + "\n")
+  out_path = tmp_path / "out.jsonl"
+  status, _, err = _run(COMMON + [f"--prompt={tmp_path}/served#a.served", f"--checkpoint={root}/ckpt",
+                                  f"--input={tmp_path}/in.jsonl", f"--output={out_path}"], capsys)
+  assert status == 0, err
+  record = json.loads(out_path.read_text())
+  assert record["prompt"] == "a.served"
+  assert record["prediction"] == _alone(backbone, prompt, "a good film", seqio.ByteVocabulary())
+  out_path.unlink()
+  status, _, err = _run(COMMON + [f"--prompt={tmp_path}/other#a.other", f"--checkpoint={root}/ckpt",
+                                  f"--input={tmp_path}/in.jsonl", f"--output={out_path}"], capsys)
+  assert status == 2 and len(err.strip().splitlines()) == 1, err
+  assert "was trained against frozen model" in err and not out_path.exists()

@@ -4,6 +4,8 @@
   from_npy        a [L, E] .npy (spot-jax exports, google-research/prompt-tuning's format)
   from_run_dir    a `spot_jax.train` MODEL_DIR: prompts/prompt_best.npy, else the latest
                   prompts/prompt_step_N.npy; SMoP runs also restore the router from the state
+  from_library    a SPoT prompt library entry, `LIBRARY_DIR#ENTRY_ID` (its best prompt), refused
+                  when the entry was trained against another frozen model
   load            any of the above by path (a directory holding adapter_config.json is a
                   PEFT adapter, see `peft_io`)
 """
@@ -118,15 +120,51 @@ def _restore_prompt_params(run_dir: pathlib.Path, step: Optional[int]) -> dict:
   return params["prompt"]
 
 
-def load(name: str, path: str, smop_routing: str = "linear",
-         config: Optional[T5Config] = None) -> ServedPrompt:
-  """A served prompt from a run directory, a .npy file or a PEFT adapter directory.
+LIBRARY_SEPARATOR = "#"
+
+
+def library_reference(path: str) -> Optional[tuple[str, str]]:
+  """(library directory, entry id) when `path` reads `LIBRARY_DIR#ENTRY_ID`, else None."""
+  if LIBRARY_SEPARATOR not in path:
+    return None
+  root, entry_id = path.rsplit(LIBRARY_SEPARATOR, 1)
+  return (root, entry_id) if (pathlib.Path(root) / "library.json").is_file() else None
+
+
+def from_library(name: str, root: str, entry_id: str, fingerprint: Optional[dict] = None) -> ServedPrompt:
+  """The best prompt of library entry `entry_id`; refused if `fingerprint` names another model.
 
   Args:
-    name, path: the served name and where the prompt is.
+    name: the served name.
+    root, entry_id: the library directory and the entry.
+    fingerprint: the serving backbone's `spot_jax.spot.fingerprint` (None: not checked).
+  """
+  from spot_jax.spot import fingerprint as fingerprint_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import library as library_lib  # pylint: disable=g-import-not-at-top
+  entry = library_lib.Library(root).get(entry_id)
+  if fingerprint is not None and not fingerprint_lib.same_model(entry.fingerprint, fingerprint):
+    raise ConfigError(f"library entry {entry_id!r} was trained against frozen model "
+                      f"{fingerprint_lib.describe(entry.fingerprint)}, not the one served "
+                      f"({fingerprint_lib.describe(fingerprint)}); give the --config_name and "
+                      f"--checkpoint it was trained with")
+  return ServedPrompt(name, np.asarray(entry.prompt, np.float32),
+                      source=f"{root}{LIBRARY_SEPARATOR}{entry_id}")
+
+
+def load(name: str, path: str, smop_routing: str = "linear",
+         config: Optional[T5Config] = None, fingerprint: Optional[dict] = None) -> ServedPrompt:
+  """A served prompt from a run directory, a .npy file, a PEFT adapter or a library entry.
+
+  Args:
+    name, path: the served name and where the prompt is (`LIBRARY_DIR#ENTRY_ID` for a library
+      entry).
     smop_routing: the routing of an SMoP run (see `from_run_dir`).
     config: the serving model; a PEFT adapter made for another model is refused.
+    fingerprint: the serving backbone's fingerprint; a library entry of another model is refused.
   """
+  reference = library_reference(path)
+  if reference is not None:
+    return from_library(name, *reference, fingerprint=fingerprint)
   p = pathlib.Path(path)
   if p.is_dir() and (p / "adapter_config.json").exists():
     from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
@@ -136,4 +174,4 @@ def load(name: str, path: str, smop_routing: str = "linear",
   if p.is_file():
     return from_npy(name, str(p))
   raise ConfigError(f"prompt {name!r}: {path} does not exist; give a run directory (MODEL_DIR), "
-                    f"a .npy prompt or a PEFT adapter directory")
+                    f"a .npy prompt, a PEFT adapter directory or LIBRARY_DIR#ENTRY_ID")
