@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
-import tempfile
 from typing import Optional
 
 import numpy as np
 
 from spot_jax import checkpointing
+from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
 from spot_jax.t5.config import T5Config
@@ -65,20 +64,12 @@ def export_adapter(prompt: np.ndarray, config: T5Config, output_dir: str, *,
     raise ConfigError(f"the prompt has width {prompt.shape[1]} but the model's is {config.emb_dim}")
   if os.path.exists(output_dir) and not overwrite:
     raise ConfigError(f"{output_dir} exists; pass --overwrite to replace it")
-  parent = os.path.dirname(os.path.abspath(output_dir))
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output_dir)}.")
-  try:
+  with fileio.staged_directory(output_dir) as tmp:
+    os.makedirs(tmp)
     save_file({WEIGHTS_KEY: np.ascontiguousarray(prompt)}, os.path.join(tmp, WEIGHTS_FILE),
               metadata={"format": "pt"})
     with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
       json.dump(adapter_config(prompt.shape[0], config, base_model_name_or_path), f, indent=2)
-    if os.path.exists(output_dir):
-      shutil.rmtree(output_dir)
-    os.replace(tmp, output_dir)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
 
 
 def read_adapter(path: str, config: Optional[T5Config] = None) -> np.ndarray:

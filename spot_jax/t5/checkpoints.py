@@ -24,8 +24,6 @@ import functools
 import json
 import math
 import os
-import shutil
-import tempfile
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -36,6 +34,7 @@ import tensorstore as ts
 from flax import serialization, traverse_util
 from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
 
+from spot_jax import fileio
 from spot_jax import partitioning
 from spot_jax.t5.config import T5Config
 from spot_jax.t5.network import Transformer
@@ -532,20 +531,11 @@ def save_checkpoint(params: Mapping[str, Any], path: str, *, format: str = "t5x"
                      f"top-level keys {sorted(params)}")
   if os.path.exists(path) and not overwrite:
     raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
-  parent = os.path.dirname(os.path.abspath(path))
-  os.makedirs(parent, exist_ok=True)
-  staging = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
-  try:
-    fresh = os.path.join(staging, "new")
+  with fileio.staged_directory(path) as fresh:
     if format == "t5x":
       _write_t5x(flat, fresh, step)
     else:
       _write_orbax(flat, fresh, step)
-    if os.path.exists(path):
-      os.rename(path, os.path.join(staging, "old"))
-    os.rename(fresh, path)
-  finally:
-    shutil.rmtree(staging, ignore_errors=True)
   return path
 
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from typing import Any, Mapping
 
 import numpy as np
 from flax import traverse_util
 
+from spot_jax import fileio
 from spot_jax.t5 import hf
 from spot_jax.t5.config import T5Config
 
@@ -115,17 +114,9 @@ def export_hf(params: Mapping[str, Any], config: T5Config, output_dir: str, *,
     raise FileExistsError(f"--output_dir {output_dir} exists; pass --overwrite to replace it")
   tensors = hf_tensors(params, config)
   cfg = hf_config(config)
-  parent = os.path.dirname(os.path.abspath(output_dir))
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output_dir)}.")
-  try:
+  with fileio.staged_directory(output_dir) as tmp:
+    os.makedirs(tmp)
     save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
       json.dump(cfg, f, indent=2, sort_keys=True)
-    if os.path.exists(output_dir):
-      shutil.rmtree(output_dir)
-    os.replace(tmp, output_dir)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return len(tensors)
