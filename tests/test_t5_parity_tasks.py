@@ -18,10 +18,9 @@ import numpy as np  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from t5.data import glue_utils, postprocessors as t5_post  # noqa: E402
 
-import tasks  # noqa: E402
-from tasks import names, prepare, registry, scoring, sources  # noqa: E402
+from tasks import names, registry, scoring, sources  # noqa: E402
 from tasks import preprocessors as pp  # noqa: E402
-from tests.test_tasks_glue import CASES, DATA  # noqa: E402
+from tests.test_tasks_glue import CASES, DATA, prepared  # noqa: E402,F401  (prepared: fixture)
 
 TASKS = sorted(set(names.GLUE.values()) | set(names.SUPER_GLUE.values()))
 # Strings a model might produce besides the gold ones: empty, casing, junk, numbers, spacing.
@@ -29,13 +28,9 @@ ODD_OUTPUTS = ["", " ", "maybe", "True ", "false", "3.14", "-1", "the", "Entailm
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tfds"))
-  for tfds_name, splits in DATA.items():
-    prepare.write_tfds_dataset(tfds_name, path, splits)
-  tasks.set_tfds_data_dir(path)
-  yield path
-  tasks.set_tfds_data_dir(None)
+def data_dir(prepared):
+  """test_tasks_glue's hand-made TFDS data (the same raw examples ours are checked on)."""
+  return prepared
 
 
 def _raw(tfds_name: str, split: str, path: str):
