@@ -259,14 +259,21 @@ class MultiHeadDotProductAttention(nn.Module):
           bias = jax.lax.dynamic_slice_in_dim(bias, idx, 1, axis=2)
 
     logits_dtype = jnp.float32 if self.float32_logits else self.dtype
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(logits_dtype), key.astype(logits_dtype))
-    if bias is not None:
-      logits = logits + bias.astype(logits_dtype)
+    # Heads-major [B, H, T, D] operands: both products are plain batched matmuls.
+    to_heads = lambda t: jnp.swapaxes(t, 1, 2)
+    logits = jnp.einsum("bhqd,bhkd->bhqk", to_heads(query).astype(logits_dtype),
+                        to_heads(key).astype(logits_dtype))
+    # The mask enters as an additive -1e10 bias (t5x's mask-to-bias): one [B, H, Q, K] addend
+    # that does not depend on the layer, so XLA computes it once per stack.
+    addend = None if bias is None else bias.astype(logits_dtype)
     if mask is not None:
-      logits = jnp.where(mask, logits, jnp.asarray(NEG_INF, logits_dtype))
+      addend = jnp.where(mask, jnp.zeros((), logits_dtype) if addend is None else addend,
+                         jnp.asarray(NEG_INF, logits_dtype))
+    if addend is not None:
+      logits = logits + addend
     weights = jax.nn.softmax(logits).astype(self.dtype)
     weights = Dropout(self.dropout_rate)(weights, deterministic=deterministic)
-    out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+    out = jnp.swapaxes(jnp.einsum("bhqk,bhkd->bhqd", weights, to_heads(value)), 1, 2)
     out = Dense((inputs_q.shape[-1],), ("joined_kv", "embed"), fan_in, self.dtype,
                 in_axes=2, name="out")(out)
     return constrain(out, ("batch", "length", "embed"))
