@@ -201,7 +201,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
 PEFT_COUNTERPART = {"prompt_tuning": "pt", "residual": "ptune"}
 
 
-def run_peft(row: dict, steps: int, warmup: int) -> Optional[dict]:
+def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = None) -> Optional[dict]:
   """Times the PEFT counterpart of a spot-jax row in a separate process; None if it has none."""
   method = PEFT_COUNTERPART.get(row["prompt_method"])
   if method is None:
@@ -211,6 +211,8 @@ def run_peft(row: dict, steps: int, warmup: int) -> Optional[dict]:
          f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
          f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
          f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}"]
+  if peak_flops:
+    cmd.append(f"--peak_flops={peak_flops}")
   proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
   if proc.returncode != 0:
     raise RuntimeError(f"the PEFT benchmark failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -224,11 +226,15 @@ def _peft_table(rows: Sequence[dict]) -> str:
   if not peft_rows:
     return ""
   lines = ["", "| method | spot-jax step s | PEFT method | PEFT step s | spot-jax speed-up | "
-           "spot-jax peak RSS GiB | PEFT peak RSS GiB |", "|---|---|---|---|---|---|---|"]
+           "spot-jax MFU | PEFT MFU | PEFT MFU at spot-jax's FLOPs | spot-jax peak RSS GiB | "
+           "PEFT peak RSS GiB |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in peft_rows:
     p = r["peft"]
+    # PEFT does the same arithmetic: its MFU if XLA's FLOP count of the same step is used.
+    same_flops = {"mfu": r["mfu"] * r["step_sec_median"] / p["step_sec_median"] if r.get("mfu") else None}
     lines.append(f"| {r['method']} | {r['step_sec_median']:.3f} | {p['method']} | {p['step_sec_median']:.3f} "
-                 f"| {p['speedup_of_spot_jax']:.2f}x | {r['peak_host_memory_bytes'] / 2**30:.2f} "
+                 f"| {p['speedup_of_spot_jax']:.2f}x | {_cell(r, 'mfu', '{:.1%}')} | {_cell(p, 'mfu', '{:.1%}')} "
+                 f"| {_cell(same_flops, 'mfu', '{:.1%}')} | {r['peak_host_memory_bytes'] / 2**30:.2f} "
                  f"| {p['peak_host_memory_bytes'] / 2**30:.2f} |")
   return "\n".join(lines) + "\n"
 
@@ -286,7 +292,7 @@ def main(argv: Sequence[str]) -> int:
           end="\n" if len(rows) > 1 else "", flush=True)
   if args.vs == "peft":
     for row in rows:
-      peft_row = run_peft(row, args.steps, args.warmup)
+      peft_row = run_peft(row, args.steps, args.warmup, peak)
       if peft_row is not None:
         row["peft"] = peft_row
         print(f"PEFT {peft_row['method']} for {row['method']}: {peft_row['step_sec_median']:.3f} s/step; "

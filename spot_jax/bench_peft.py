@@ -10,6 +10,11 @@ it with PEFT and times AdamW train steps (median after warm-up):
   ptune  PEFT P-tuning (`PromptEncoderConfig`, MLP reparameterisation): the nearest PEFT
          counterpart of Residual Prompt Tuning's reparameterised prompt.
 
+FLOPs per step are counted by `torch.utils.flop_counter.FlopCounterMode` over one extra, untimed
+step (matmuls, attention and convolutions, forward and backward: torch's own count, which leaves
+out elementwise work that XLA's cost analysis includes); with `--peak_flops` (the matmul peak
+`spot_jax.bench` measured in the same run) the row carries an MFU.
+
 Prints one JSON object per method on stdout. Needs the `bench` extra (torch, transformers, peft).
 """
 from __future__ import annotations
@@ -19,7 +24,7 @@ import resource
 import statistics
 import sys
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 from spot_jax import cli
 from spot_jax.errors import ConfigError
@@ -48,10 +53,12 @@ def _hf_config(shape: dict, dropout_rate: float):
 
 
 def bench_peft(method: str, shape: dict, batch_size: int, input_length: int, target_length: int,
-               prompt_length: int, dropout_rate: float, steps: int, warmup: int, seed: int = 0) -> dict:
+               prompt_length: int, dropout_rate: float, steps: int, warmup: int, seed: int = 0,
+               peak_flops: Optional[float] = None) -> dict:
   """Times `steps` AdamW steps of PEFT `method` on a random T5; returns one result row."""
   import peft  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
+  import torch.utils.flop_counter  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   torch.manual_seed(seed)
   base = transformers.T5ForConditionalGeneration(_hf_config(shape, dropout_rate))
@@ -82,6 +89,9 @@ def bench_peft(method: str, shape: dict, batch_size: int, input_length: int, tar
   t0 = time.perf_counter()
   step()
   first = time.perf_counter() - t0
+  with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+    step()  # counted, not timed
+  flops = float(counter.get_total_flops())
   for _ in range(warmup):
     step()
   times = []
@@ -94,7 +104,9 @@ def bench_peft(method: str, shape: dict, batch_size: int, input_length: int, tar
           "input_length": input_length, "target_length": target_length,
           "prompt_length": prompt_length, "dropout_rate": dropout_rate,
           "step_sec_median": median, "examples_per_sec": batch_size / median,
-          "first_step_sec": first, "trainable_params": int(sum(p.numel() for p in trainable)),
+          "first_step_sec": first, "flops_per_step": flops,
+          "achieved_flops_per_sec": flops / median,
+          "mfu": flops / median / peak_flops if peak_flops else None, "trainable_params": int(sum(p.numel() for p in trainable)),
           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
           "peft": peft.__version__, "final_loss": loss,
           "peak_host_memory_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
@@ -111,6 +123,8 @@ def main(argv: Sequence[str]) -> int:
   parser.add_argument("--dropout_rate", type=float, default=0.1)
   parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--warmup", type=int, default=1)
+  parser.add_argument("--peak_flops", type=float, default=None,
+                      help="FLOP/s of the matmul peak measured by spot_jax.bench (for the MFU)")
   parser.add_argument("--debug", action="store_true")
   args = parser.parse_args(argv)
   if min(args.batch_size, args.input_length, args.target_length, args.prompt_length, args.steps) <= 0:
@@ -120,7 +134,8 @@ def main(argv: Sequence[str]) -> int:
   except json.JSONDecodeError as e:
     raise ConfigError(f"--shape is not JSON ({e}); give the output of bench_peft.hf_shape") from e
   row = bench_peft(args.method, shape, args.batch_size, args.input_length, args.target_length,
-                   args.prompt_length, args.dropout_rate, args.steps, args.warmup)
+                   args.prompt_length, args.dropout_rate, args.steps, args.warmup,
+                   peak_flops=args.peak_flops)
   print(json.dumps(row), flush=True)
   return 0
 

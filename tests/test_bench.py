@@ -75,6 +75,11 @@ def test_vs_peft_reports_the_counterparts(tmp_path):
   assert ptune["prompt_length"] == 10 and ptune["trainable_params"] > 10 * 32
   assert pt["speedup_of_spot_jax"] == pytest.approx(pt["step_sec_median"] / rows["prompt_tuning"]["step_sec_median"])
   assert "| prompt_tuning |" in md.read_text() and "PEFT step s" in md.read_text()
+  peak = json.loads(out.read_text())["matmul_peak_flops_per_sec"]
+  for row in (pt, ptune):  # torch's own FLOP count of a train step, and the MFU against the same peak
+    assert row["flops_per_step"] > 0
+    assert row["mfu"] == pytest.approx(row["flops_per_step"] / row["step_sec_median"] / peak)
+  assert "PEFT MFU" in md.read_text()
 
 
 def test_bench_peft_rejects_bad_shape():
