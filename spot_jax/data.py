@@ -133,11 +133,7 @@ def bucket_boundaries(cfg: DatasetConfig) -> Optional[tuple[int, ...]]:
   if isinstance(buckets, str):
     if buckets != AUTO_BUCKETS:
       raise ConfigError(f"LENGTH_BUCKETS={buckets!r}; {valid}")
-    out, b = [], AUTO_SMALLEST
-    while b < length:
-      out.append(b)
-      b *= 2
-    return tuple(out) + (length,)
+    return auto_buckets(length)
   try:
     values = list(buckets)
   except TypeError:
@@ -153,6 +149,21 @@ def bucket_boundaries(cfg: DatasetConfig) -> Optional[tuple[int, ...]]:
     raise ConfigError(f"LENGTH_BUCKETS={tuple(values)} goes beyond TASK_FEATURE_LENGTHS['inputs']"
                       f"={length}; {valid}")
   return tuple(values) + (() if values[-1] == length else (length,))
+
+
+def auto_buckets(length: int) -> tuple[int, ...]:
+  """LENGTH_BUCKETS='auto': 16, 32, 64, ... below `length`, then `length`."""
+  out, b = [], AUTO_SMALLEST
+  while b < length:
+    out.append(b)
+    b *= 2
+  return tuple(out) + (length,)
+
+
+def window_rng(seed: Optional[int], index: int) -> np.random.RandomState:
+  """The generator that orders the batches of bucketing window `index` (a pure function)."""
+  state = np.random.SeedSequence([0 if seed is None else int(seed), index]).generate_state(1)[0]
+  return np.random.RandomState(state)
 
 
 def input_lengths(tokens: np.ndarray) -> np.ndarray:
@@ -273,9 +284,7 @@ def _bucketed(ds, cfg: DatasetConfig, boundaries: Sequence[int], start_position:
   window = cfg.bucket_window
   first, skip = divmod(start_position, window)
   ds = ds.batch(window * cfg.batch_size, drop_remainder=True).skip(first).prefetch(1)
-  seed = 0 if cfg.seed is None else int(cfg.seed)
   for index, examples in enumerate(ds.as_numpy_iterator(), start=first):
-    rng = np.random.RandomState(np.random.SeedSequence([seed, index]).generate_state(1)[0])
-    for batch in bucket_batches(examples, cfg.batch_size, boundaries, rng)[skip:]:
+    for batch in bucket_batches(examples, cfg.batch_size, boundaries, window_rng(cfg.seed, index))[skip:]:
       yield {k: v[lo:lo + rows] for k, v in batch.items()}
     skip = 0
