@@ -159,10 +159,10 @@ def test_per_example_losses_equal_fixed_and_bucketed(task_name, kind):
   """The trainer's loss of each example is the same padded to 64 or to its bucket."""
   model = models.EncoderDecoderModel(Transformer(config_by_name("t5_1_1_byte_tiny"), prompt=_prompt(kind)))
   dummy = model.dummy_batch(64, 4)
-  backbone = models.unbox(model.init_backbone(jax.random.PRNGKey(0), dummy))
+  backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(jax.random.PRNGKey(0))
   # a trained-looking prompt: random, not the initialiser's
-  prompt = jax.tree.map(lambda x: 0.5 * jax.random.normal(jax.random.PRNGKey(1), x.shape, x.dtype),
-                        models.unbox(model.init_prompt(jax.random.PRNGKey(2), backbone, dummy)))
+  prompt = jax.eval_shape(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)), jax.random.PRNGKey(2), backbone)
+  prompt = jax.tree.map(lambda x: 0.5 * jax.random.normal(jax.random.PRNGKey(1), x.shape, x.dtype), prompt)
   params = models.merge_params(backbone, prompt)
 
   @jax.jit
@@ -172,21 +172,22 @@ def test_per_example_losses_equal_fixed_and_bucketed(task_name, kind):
     return jax.vmap(one)(batch)
 
   keys = data.MODEL_FEATURES
-  widths = set()
-  for b in _take(data.train_batches(_cfg(task_name)), WINDOW):
-    width = b["encoder_input_tokens"].shape[1]
-    widths.add(width)
-    fixed = dict(b, encoder_input_tokens=np.pad(b["encoder_input_tokens"], [(0, 0), (0, 64 - width)]))
-    got = per_example({k: jnp.asarray(b[k]) for k in keys})
-    want = per_example({k: jnp.asarray(fixed[k]) for k in keys})
-    assert np.all(np.isfinite(want))
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5)
-  assert len(widths) > 1, widths
+  # the most padding saved: the narrowest bucketed batches of the first window, all in one batch
+  batches = _take(data.train_batches(_cfg(task_name)), WINDOW)
+  width = min(b["encoder_input_tokens"].shape[1] for b in batches)
+  narrow = [b for b in batches if b["encoder_input_tokens"].shape[1] == width]
+  bucketed = {k: np.concatenate([b[k] for b in narrow]) for k in keys}
+  fixed = dict(bucketed, encoder_input_tokens=np.pad(bucketed["encoder_input_tokens"], [(0, 0), (0, 64 - width)]))
+  assert width == BUCKETS[0] and data.input_lengths(bucketed["encoder_input_tokens"]).min() < width
+  got = per_example({k: jnp.asarray(bucketed[k]) for k in keys})
+  want = per_example({k: jnp.asarray(fixed[k]) for k in keys})
+  assert np.all(np.isfinite(want)) and np.ptp(np.asarray(want)) > 0
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5)
 
 
 def test_trainer_compiles_once_per_bucket(tmp_path, task_name):
   model = models.EncoderDecoderModel(Transformer(config_by_name("t5_1_1_byte_tiny"), prompt=_prompt("prompt_tuning")))
-  cfg = _cfg(task_name)
+  cfg = _cfg(task_name, length_buckets=(32,))
   result = trainer.train(model=model, train_dataset_cfg=cfg, total_steps=4, model_dir=str(tmp_path),
                          optimizer=optimizers.adafactor(), eval_period=1000, verbose=False)
   widths = {b["encoder_input_tokens"].shape[1] for b in _take(data.train_batches(cfg), 4)}
@@ -201,9 +202,23 @@ TRAIN = ["--gin_file=gin/models/t5_1_1_toy.gin", "--gin_file=gin/prompts/prompt_
 
 
 def test_command_lines(tmp_path):
-  """Bad LENGTH_BUCKETS: exit 2, one line; then a bucketed run on an embedded task with the cache on."""
+  """Bad LENGTH_BUCKETS / bench flags: exit 2, one line; a bucketed embedded run; a tiny bench_lengths run."""
   run, cache = tmp_path / "run", tmp_path / "cache"
+  lengths = tmp_path / "lengths.txt"
+  lengths.write_text("# a comment\n" + "\n".join(map(str, [3, 5, 12, 7, 4, 16, 2, 9, 6, 3, 4, 5])) + "\n")
+  (tmp_path / "bad_lengths.txt").write_text("12\nseven\n")
+  bench_args = [f"--lengths=file:{lengths}", "--config=t5_1_1_byte_tiny", "--method=prompt_tuning",
+                "--prompt_length=3", "--batch_size=2", "--buckets=8", "--bucket_window=3", "--target_length=4",
+                "--steps=1", "--warmup=0"]
+  bench = "spot_jax.bench_lengths"
   cases = [
+      ([*bench_args, f"--lengths=file:{tmp_path}/missing.txt"], "missing.txt: cannot read it", bench),
+      ([*bench_args, f"--lengths=file:{tmp_path}/bad_lengths.txt"], "line 2 is 'seven'", bench),
+      ([*bench_args, "--lengths=rte"], "valid: file:<path>", bench),
+      ([*bench_args, "--lengths=task:spot_toy_revrse_v100"], "did you mean 'spot_toy_reverse_v100'", bench),
+      ([*bench_args, "--buckets=8,4"], "not strictly increasing", bench),
+      ([*bench_args, "--method=pt1000"], "unknown method 'pt1000'", bench),
+      ([*bench_args, f"--json={tmp_path}/bench.json"], None, bench),
       ([*TRAIN, f"--gin.MODEL_DIR='{tmp_path}/bad'", "--gin.LENGTH_BUCKETS=(32, 16)"], "not strictly increasing"),
       ([*TRAIN, f"--gin.MODEL_DIR='{tmp_path}/bad'", "--gin.LENGTH_BUCKETS=(16, 96)"],
        "goes beyond TASK_FEATURE_LENGTHS['inputs']=48"),
@@ -212,20 +227,36 @@ def test_command_lines(tmp_path):
         "--gin.INITIAL_CHECKPOINT_PATH='spot_jax/embedded/toy_t5/checkpoint'",
         f"--gin.COMPILATION_CACHE_DIR='{cache}'"], None),
   ]
-  (tmp_path / "cases.json").write_text(json.dumps(
-      [{"module": "spot_jax.train", "args": a, "model_dir": None} for a, _ in cases]))
+  cases = [c if len(c) == 3 else (*c, "spot_jax.train") for c in cases]
+  (tmp_path / "cases.json").write_text(json.dumps([{"module": m, "args": a, "model_dir": None} for a, _, m in cases]))
   subprocess.run([sys.executable, str(REPO / "tests" / "cli_error_runner.py"), str(tmp_path / "cases.json"),
                   str(tmp_path / "results.json")], cwd=REPO, env=_env(), check=True, timeout=600)
   results = json.loads((tmp_path / "results.json").read_text())
-  for (_, fragment), res in zip(cases, results):
+  for (_, fragment, module), res in zip(cases, results):
     assert "Traceback" not in res["stderr"] + res["stdout"]
     if fragment is None:
       assert res["code"] == 0, res["stderr"][-2000:]
       continue
     lines = [l for l in res["stderr"].splitlines() if l.strip() and not STARTUP_NOTE.match(l)]
     assert res["code"] == 2 and len(lines) == 1, res["stderr"]
-    assert lines[0].startswith("spot_jax.train: error: ") and fragment in lines[0], lines[0]
+    assert lines[0].startswith(f"{module}: error: ") and fragment in lines[0], lines[0]
     assert res["stderr"].rstrip().splitlines()[-1] == lines[0]
   assert (run / "prompts" / "prompt_step_6.npy").is_file()
   assert len([p for p in cache.rglob("*") if p.is_file()]) >= 2  # the step at two or more lengths, at least
+  _check_bench(json.loads((tmp_path / "bench.json").read_text()))
+
+
+def _check_bench(result):
+  """The tiny bench: 12 lengths (<= 16) in 6 batches of 2; fixed 64 (16 rounded up) vs buckets (8, 64)."""
+  (dist,) = result["distributions"]
+  assert dist["fixed_input_length"] == 64 and dist["buckets"] == [8, 64]
+  assert dist["examples"] == 12 and dist["batches"] == 6 and dist["bucket_window"] == 3
+  # window 1: 3 5 12 7 4 16 in some order -> pairs by bucket; the stream is a permutation, so only totals:
+  assert sum(dist["bucketed_batches_per_width"].values()) == 6
+  assert result["num_compiles"] == len(result["widths"]) == 2
+  step = {w["width"]: w["step_sec_median"] for w in result["widths"]}
+  np.testing.assert_allclose(dist["fixed_sec"], 6 * step[64])
+  np.testing.assert_allclose(dist["bucketed_sec"], sum(n * step[int(w)] for w, n in dist["bucketed_batches_per_width"].items()))
+  np.testing.assert_allclose(dist["bucketed_examples_per_sec"], 12 / dist["bucketed_sec"])
+  assert dist["fixed_real_token_fraction"] == pytest.approx(76 / (12 * 64))
 
