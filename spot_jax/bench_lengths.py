@@ -154,10 +154,16 @@ def time_widths(run, widths: Sequence[int], steps: int, warmup: int) -> dict[int
   return times
 
 
-def summarise(name: str, lengths: np.ndarray, p: dict, step_sec: dict[int, float], prompt: int,
+def speedup(p: dict, step_sec: dict[int, float]) -> tuple[float, float]:
+  """(fixed seconds, bucketed seconds) of the plan's batches at these per-width step times."""
+  return sum(step_sec[w] for w in p["fixed_widths"]), sum(step_sec[w] for w in p["bucketed_widths"])
+
+
+def summarise(name: str, lengths: np.ndarray, p: dict, times: dict[int, list[float]], prompt: int,
               boundaries: Sequence[int]) -> dict:
-  fixed_s = sum(step_sec[w] for w in p["fixed_widths"])
-  bucketed_s = sum(step_sec[w] for w in p["bucketed_widths"])
+  step_sec = {w: float(np.median(t)) for w, t in times.items()}
+  fixed_s, bucketed_s = speedup(p, step_sec)
+  rounds = [speedup(p, {w: t[r] for w, t in times.items()}) for r in range(len(next(iter(times.values()))))]
   batch_size = p["examples"] // len(p["fixed_widths"])
   counts = {int(w): p["bucketed_widths"].count(w) for w in sorted(set(p["bucketed_widths"]))}
   return {
@@ -169,7 +175,7 @@ def summarise(name: str, lengths: np.ndarray, p: dict, step_sec: dict[int, float
       "bucketed_batches_per_width": counts,
       "fixed_sec": fixed_s, "bucketed_sec": bucketed_s,
       "fixed_examples_per_sec": p["examples"] / fixed_s, "bucketed_examples_per_sec": p["examples"] / bucketed_s,
-      "speedup": fixed_s / bucketed_s,
+      "speedup": fixed_s / bucketed_s, "speedup_per_round": [f / b for f, b in rounds],
       "fixed_real_token_fraction": p["real_tokens"] / (p["examples"] * p["fixed_widths"][0]),
       "bucketed_real_token_fraction": p["real_tokens"] / (sum(p["bucketed_widths"]) * batch_size),
       "prompt_length": prompt,
@@ -178,14 +184,16 @@ def summarise(name: str, lengths: np.ndarray, p: dict, step_sec: dict[int, float
 
 def markdown(result: dict) -> str:
   lines = ["| distribution | lengths: mean / median / p90 / max | fixed T | buckets | fixed ex/s | "
-           "bucketed ex/s | speed-up | real-token share fixed / bucketed |", "|---|---|---|---|---|---|---|---|"]
+           "bucketed ex/s | speed-up (per round) | real-token share fixed / bucketed |",
+           "|---|---|---|---|---|---|---|---|"]
   for r in result["distributions"]:
     name = r["distribution"]
     name = f"file:{pathlib.Path(name[5:]).name}" if name.startswith("file:") else name
     lines.append(f"| {name} | {r['length_mean']:.1f} / {r['length_median']:.0f} / "
                  f"{r['length_p90']:.0f} / {r['length_max']} | {r['fixed_input_length']} | "
                  f"{', '.join(map(str, r['buckets']))} | {r['fixed_examples_per_sec']:.2f} | "
-                 f"{r['bucketed_examples_per_sec']:.2f} | {r['speedup']:.2f}x | "
+                 f"{r['bucketed_examples_per_sec']:.2f} | {r['speedup']:.2f}x "
+                 f"({', '.join(f'{x:.2f}' for x in r['speedup_per_round'])}) | "
                  f"{r['fixed_real_token_fraction']:.0%} / {r['bucketed_real_token_fraction']:.0%} |")
   lines += ["", "| input width | step s (median) | compile s | GFLOP/step |", "|---|---|---|---|"]
   for w in result["widths"]:
@@ -204,7 +212,7 @@ def _parse(argv: Sequence[str]):
                            f"(default: {' and '.join(DEFAULT_LENGTHS)})")
   parser.add_argument("--task_module", default="tasks.embedded",
                       help="module(s) registering the seqio tasks of task: distributions")
-  parser.add_argument("--max_examples", type=int, default=2000, help="per task, for task: distributions")
+  parser.add_argument("--max_examples", type=int, default=1000, help="per task, for task: distributions")
   parser.add_argument("--method", default="pt100", help=f"one of: {', '.join(bench.METHODS)}")
   parser.add_argument("--config", default="t5_small", help="a spot_jax.t5 config name")
   parser.add_argument("--batch_size", type=int, default=8)
@@ -278,7 +286,7 @@ def main(argv: Sequence[str]) -> int:
       "argv": list(argv), "num_compiles": len(widths),
       "compile_sec_total": sum(s["compile_sec"] for s in stats.values()),
       "widths": [dict(width=w, step_sec_median=step_sec[w], step_sec_all=times[w], **stats[w]) for w in widths],
-      "distributions": [summarise(spec, lengths, p, step_sec, prompt, b) for spec, lengths, b, p in plans],
+      "distributions": [summarise(spec, lengths, p, times, prompt, b) for spec, lengths, b, p in plans],
       "peak_host_memory_bytes": bench.peak_host_memory_bytes(),
   }
   table = markdown(result)

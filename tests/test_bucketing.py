@@ -258,5 +258,6 @@ def _check_bench(result):
   np.testing.assert_allclose(dist["fixed_sec"], 6 * step[64])
   np.testing.assert_allclose(dist["bucketed_sec"], sum(n * step[int(w)] for w, n in dist["bucketed_batches_per_width"].items()))
   np.testing.assert_allclose(dist["bucketed_examples_per_sec"], 12 / dist["bucketed_sec"])
+  np.testing.assert_allclose(dist["speedup_per_round"], [dist["fixed_sec"] / dist["bucketed_sec"]])  # one round
   assert dist["fixed_real_token_fraction"] == pytest.approx(76 / (12 * 64))
 
