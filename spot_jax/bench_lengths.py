@@ -13,8 +13,9 @@ with `--buckets`, default 'auto', and `--bucket_window`). The train step of `--m
 PT-100 on t5_small, random weights, dropout 0.1, float32) is compiled for every input width either
 stream needs (compile seconds and the number of compiles are reported on their own), then timed
 in `--steps` interleaved rounds (one step of every width per round; median per width). Each
-mode's examples/s is its examples over the sum of its batches' step times. Widths are shared
-between distributions, so each is compiled once per run.
+mode's examples/s is its examples over the sum of its batches' step times; the FLOP ratio
+(fixed over bucketed XLA FLOPs of the same batches) is the speed-up a quiet machine should
+approach. Widths are shared between distributions, so each is compiled once per run.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import json
 import pathlib
 import sys
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 import jax
 import numpy as np
@@ -160,9 +161,10 @@ def speedup(p: dict, step_sec: dict[int, float]) -> tuple[float, float]:
 
 
 def summarise(name: str, lengths: np.ndarray, p: dict, times: dict[int, list[float]], prompt: int,
-              boundaries: Sequence[int]) -> dict:
+              boundaries: Sequence[int], flops: dict[int, Optional[float]]) -> dict:
   step_sec = {w: float(np.median(t)) for w, t in times.items()}
   fixed_s, bucketed_s = speedup(p, step_sec)
+  fixed_f, bucketed_f = speedup(p, flops) if all(flops.values()) else (None, None)
   rounds = [speedup(p, {w: t[r] for w, t in times.items()}) for r in range(len(next(iter(times.values()))))]
   batch_size = p["examples"] // len(p["fixed_widths"])
   counts = {int(w): p["bucketed_widths"].count(w) for w in sorted(set(p["bucketed_widths"]))}
@@ -176,6 +178,7 @@ def summarise(name: str, lengths: np.ndarray, p: dict, times: dict[int, list[flo
       "fixed_sec": fixed_s, "bucketed_sec": bucketed_s,
       "fixed_examples_per_sec": p["examples"] / fixed_s, "bucketed_examples_per_sec": p["examples"] / bucketed_s,
       "speedup": fixed_s / bucketed_s, "speedup_per_round": [f / b for f, b in rounds],
+      "flops_ratio": fixed_f / bucketed_f if fixed_f else None,
       "fixed_real_token_fraction": p["real_tokens"] / (p["examples"] * p["fixed_widths"][0]),
       "bucketed_real_token_fraction": p["real_tokens"] / (sum(p["bucketed_widths"]) * batch_size),
       "prompt_length": prompt,
@@ -184,8 +187,8 @@ def summarise(name: str, lengths: np.ndarray, p: dict, times: dict[int, list[flo
 
 def markdown(result: dict) -> str:
   lines = ["| distribution | lengths: mean / median / p90 / max | fixed T | buckets | fixed ex/s | "
-           "bucketed ex/s | speed-up (per round) | real-token share fixed / bucketed |",
-           "|---|---|---|---|---|---|---|---|"]
+           "bucketed ex/s | speed-up (per round) | FLOP ratio | real-token share fixed / bucketed |",
+           "|---|---|---|---|---|---|---|---|---|"]
   for r in result["distributions"]:
     name = r["distribution"]
     name = f"file:{pathlib.Path(name[5:]).name}" if name.startswith("file:") else name
@@ -194,6 +197,7 @@ def markdown(result: dict) -> str:
                  f"{', '.join(map(str, r['buckets']))} | {r['fixed_examples_per_sec']:.2f} | "
                  f"{r['bucketed_examples_per_sec']:.2f} | {r['speedup']:.2f}x "
                  f"({', '.join(f'{x:.2f}' for x in r['speedup_per_round'])}) | "
+                 f"{'-' if r['flops_ratio'] is None else format(r['flops_ratio'], '.2f') + 'x'} | "
                  f"{r['fixed_real_token_fraction']:.0%} / {r['bucketed_real_token_fraction']:.0%} |")
   lines += ["", "| input width | step s (median) | compile s | GFLOP/step |", "|---|---|---|---|"]
   for w in result["widths"]:
@@ -286,7 +290,8 @@ def main(argv: Sequence[str]) -> int:
       "argv": list(argv), "num_compiles": len(widths),
       "compile_sec_total": sum(s["compile_sec"] for s in stats.values()),
       "widths": [dict(width=w, step_sec_median=step_sec[w], step_sec_all=times[w], **stats[w]) for w in widths],
-      "distributions": [summarise(spec, lengths, p, times, prompt, b) for spec, lengths, b, p in plans],
+      "distributions": [summarise(spec, lengths, p, times, prompt, b, {w: stats[w]["flops_per_step"] for w in widths})
+                        for spec, lengths, b, p in plans],
       "peak_host_memory_bytes": bench.peak_host_memory_bytes(),
   }
   table = markdown(result)

@@ -259,5 +259,9 @@ def _check_bench(result):
   np.testing.assert_allclose(dist["bucketed_sec"], sum(n * step[int(w)] for w, n in dist["bucketed_batches_per_width"].items()))
   np.testing.assert_allclose(dist["bucketed_examples_per_sec"], 12 / dist["bucketed_sec"])
   np.testing.assert_allclose(dist["speedup_per_round"], [dist["fixed_sec"] / dist["bucketed_sec"]])  # one round
+  flops = {w["width"]: w["flops_per_step"] for w in result["widths"]}
+  bucketed_flops = sum(n * flops[int(w)] for w, n in dist["bucketed_batches_per_width"].items())
+  np.testing.assert_allclose(dist["flops_ratio"], 6 * flops[64] / bucketed_flops)
+  assert flops[8] < flops[64]
   assert dist["fixed_real_token_fraction"] == pytest.approx(76 / (12 * 64))
 
