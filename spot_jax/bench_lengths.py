@@ -8,7 +8,7 @@ For each length distribution (`--lengths`, repeatable: `file:<path>` with one in
 line, or `task:<seqio task, mixture or glob of task names>[:split]` whose inputs are measured in
 tokens, EOS included) it takes one shuffled pass over the lengths as a stream of `--batch_size`
 examples, then groups it twice: fixed padding (every batch [B, --input_length], default the
-longest input rounded up to 64) and the trainer's length buckets (`spot_jax.data.bucket_batches`
+longest input rounded up to 64) and the trainer's length buckets (`spot_jax.bucketing.bucket_batches`
 with `--buckets`, default 'auto', and `--bucket_window`). The train step of `--method` (default
 PT-100 on t5_small, random weights, dropout 0.1, float32) is compiled for every input width either
 stream needs (compile seconds and the number of compiles are reported on their own), then timed
@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import jax
 import numpy as np
 
-from spot_jax import bench, cli, data, models, optimizers, trainer
+from spot_jax import bench, bucketing, cli, data, models, optimizers, trainer
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from spot_jax.train_state import TrainState
@@ -102,14 +102,19 @@ def plan(lengths: np.ndarray, batch_size: int, input_length: int, boundaries: Se
   for index, lo in enumerate(range(0, len(stream), window * batch_size)):
     chunk = {"encoder_input_tokens": tokens[lo:lo + window * batch_size]}
     widths += [b["encoder_input_tokens"].shape[1]
-               for b in data.bucket_batches(chunk, batch_size, boundaries, data.window_rng(seed, index))]
+               for b in bucketing.bucket_batches(chunk, batch_size, boundaries, bucketing.window_rng(seed, index))]
   return {"examples": int(len(stream)), "real_tokens": int(stream.sum()), "bucket_window": window,
           "fixed_widths": [input_length] * num_batches, "bucketed_widths": widths}
 
 
 def compile_steps(method: str, config_name: str, batch_size: int, widths: Sequence[int],
                   target_length: int, prompt_length: int, dropout_rate: float, seed: int = 0):
-  """The method's train step compiled for each input width; -> (run(width), per-width stats)."""
+  """The method's train step compiled for each input width.
+
+  Returns:
+    (run, stats, prompt_length): run(width) takes one timed step at that width and returns its
+    seconds; stats[width] holds compile_sec and flops_per_step.
+  """
   kind, length = bench.METHODS[method]
   length = prompt_length if length is None else length
   config = config_by_name(config_name, dropout_rate=dropout_rate)
@@ -240,7 +245,7 @@ def _parse(argv: Sequence[str]):
 
 
 def _buckets(spec: str, input_length: int) -> tuple[int, ...]:
-  if spec == data.AUTO_BUCKETS:
+  if spec == bucketing.AUTO_BUCKETS:
     buckets = spec
   else:
     try:
@@ -248,9 +253,8 @@ def _buckets(spec: str, input_length: int) -> tuple[int, ...]:
     except ValueError:
       raise ConfigError(f"--buckets={spec!r}; valid: 'auto' or comma-separated increasing lengths, "
                         f"e.g. 32,64,128") from None
-  cfg = data.DatasetConfig("-", {"inputs": input_length, "targets": 1}, length_buckets=buckets)
   try:
-    return data.bucket_boundaries(cfg)
+    return bucketing.boundaries(buckets, input_length)
   except ConfigError as e:
     raise ConfigError(f"--buckets={spec}: {e}") from None
 

@@ -8,14 +8,9 @@ inputs_truncated / targets_truncated, so the trainer can count and warn about tr
 Resuming: the stream is a pure function of (task, seed, host shard) and is positioned by the
 number of batches already consumed (`start_position`), which the training state records.
 
-Length buckets (`DatasetConfig.length_buckets`, off by default): the same example stream is cut
-into windows of `bucket_window` batches; inside a window the examples are grouped by the smallest
-bucket boundary that holds their input (stable, so stream order is kept within a bucket), cut
-into batches and the batches put in a seeded random order. Each batch's encoder_input_tokens
-are padded only to its bucket's boundary instead of TASK_FEATURE_LENGTHS['inputs']; every
-example of a window appears exactly once, with the same content. Targets keep their fixed length
-(a short, fixed decoder side; the prompt changes only the encoder). Packing stays refused: the
-model prepends the prompt to each row, so one row must be one example.
+Length buckets (`DatasetConfig.length_buckets`, off by default): the same example stream, read
+in windows of `bucket_window` batches, each regrouped by `spot_jax.bucketing` into batches padded
+only to their input-length bucket.
 """
 from __future__ import annotations
 
@@ -26,6 +21,7 @@ from typing import Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from spot_jax import bucketing
 from spot_jax.errors import ConfigError
 
 MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
@@ -113,94 +109,10 @@ def validate(cfg: DatasetConfig, prompt_length: int = 0) -> None:
   bucket_boundaries(cfg)
 
 
-AUTO_BUCKETS = "auto"
-AUTO_SMALLEST = 16
-
-
 def bucket_boundaries(cfg: DatasetConfig) -> Optional[tuple[int, ...]]:
-  """The input-length buckets of `cfg` (ending with TASK_FEATURE_LENGTHS['inputs']), or None.
-
-  Raises a one-line `ConfigError` for a malformed LENGTH_BUCKETS or bucket_window.
-  """
-  buckets = cfg.length_buckets
-  if buckets is None:
-    return None
-  if not isinstance(cfg.bucket_window, int) or cfg.bucket_window < 1:
-    raise ConfigError(f"bucket_window={cfg.bucket_window!r}; give a positive number of batches, e.g. 64")
-  length = int(cfg.task_feature_lengths["inputs"])
-  valid = (f"valid: None, 'auto' or increasing input lengths in 1..{length} "
-           f"(TASK_FEATURE_LENGTHS['inputs']), e.g. LENGTH_BUCKETS=(32, 64, 128)")
-  if isinstance(buckets, str):
-    if buckets != AUTO_BUCKETS:
-      raise ConfigError(f"LENGTH_BUCKETS={buckets!r}; {valid}")
-    return auto_buckets(length)
-  try:
-    values = list(buckets)
-  except TypeError:
-    raise ConfigError(f"LENGTH_BUCKETS={buckets!r}; {valid}") from None
-  if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-    raise ConfigError(f"LENGTH_BUCKETS={buckets!r}; {valid}")
-  if any(b <= a for a, b in zip(values, values[1:])):
-    raise ConfigError(f"LENGTH_BUCKETS={tuple(values)} is not strictly increasing; {valid}")
-  if values[0] < 1:
-    raise ConfigError(f"LENGTH_BUCKETS={tuple(values)} has a bucket of {values[0]} tokens; input "
-                      f"lengths exclude the prompt (the model adds it) and count at least the EOS; {valid}")
-  if values[-1] > length:
-    raise ConfigError(f"LENGTH_BUCKETS={tuple(values)} goes beyond TASK_FEATURE_LENGTHS['inputs']"
-                      f"={length}; {valid}")
-  return tuple(values) + (() if values[-1] == length else (length,))
-
-
-def auto_buckets(length: int) -> tuple[int, ...]:
-  """LENGTH_BUCKETS='auto': 16, 32, 64, ... below `length`, then `length`."""
-  out, b = [], AUTO_SMALLEST
-  while b < length:
-    out.append(b)
-    b *= 2
-  return tuple(out) + (length,)
-
-
-def window_rng(seed: Optional[int], index: int) -> np.random.RandomState:
-  """The generator that orders the batches of bucketing window `index` (a pure function)."""
-  state = np.random.SeedSequence([0 if seed is None else int(seed), index]).generate_state(1)[0]
-  return np.random.RandomState(state)
-
-
-def input_lengths(tokens: np.ndarray) -> np.ndarray:
-  """Real tokens per row of right-padded [N, T] tokens (one past the last non-zero), [N]."""
-  nonzero = np.asarray(tokens) != 0
-  last = tokens.shape[1] - np.argmax(nonzero[:, ::-1], axis=1)
-  return np.where(nonzero.any(axis=1), last, 0)
-
-
-def bucket_batches(window: Mapping[str, np.ndarray], batch_size: int, boundaries: Sequence[int],
-                   rng: np.random.RandomState) -> list[dict[str, np.ndarray]]:
-  """Regroups a window of fixed-padded examples into length-bucketed global batches.
-
-  Args:
-    window: features of N = k * batch_size consecutive examples ([N, T] / [N, S] / [N]).
-    batch_size: global batch size.
-    boundaries: increasing bucket lengths, the last one T.
-    rng: orders the batches (so lengths do not rise through the window).
-
-  Returns:
-    k batches; every example of the window in exactly one, unchanged except that
-    encoder_input_tokens is cut to [batch_size, boundary of the batch's longest input].
-  """
-  tokens = window["encoder_input_tokens"]
-  n = tokens.shape[0]
-  if n % batch_size:
-    raise ValueError(f"a window of {n} examples is not a whole number of batches of {batch_size}")
-  bucket = np.searchsorted(np.asarray(boundaries), input_lengths(tokens), side="left")
-  order = np.argsort(bucket, kind="stable").reshape(-1, batch_size)
-  out = []
-  for b in rng.permutation(len(order)):
-    rows = order[b]
-    length = int(boundaries[int(bucket[rows].max())])
-    batch = {k: v[rows] for k, v in window.items()}
-    batch["encoder_input_tokens"] = batch["encoder_input_tokens"][:, :length]
-    out.append(batch)
-  return out
+  """The input-length buckets of `cfg` (ending with TASK_FEATURE_LENGTHS['inputs']), or None."""
+  return bucketing.boundaries(cfg.length_buckets, int(cfg.task_feature_lengths["inputs"]),
+                              cfg.bucket_window)
 
 
 def _trim(tf, tokens, length: int, eos_id: Optional[int]):
@@ -285,6 +197,7 @@ def _bucketed(ds, cfg: DatasetConfig, boundaries: Sequence[int], start_position:
   first, skip = divmod(start_position, window)
   ds = ds.batch(window * cfg.batch_size, drop_remainder=True).skip(first).prefetch(1)
   for index, examples in enumerate(ds.as_numpy_iterator(), start=first):
-    for batch in bucket_batches(examples, cfg.batch_size, boundaries, window_rng(cfg.seed, index))[skip:]:
+    rng = bucketing.window_rng(cfg.seed, index)
+    for batch in bucketing.bucket_batches(examples, cfg.batch_size, boundaries, rng)[skip:]:
       yield {k: v[lo:lo + rows] for k, v in batch.items()}
     skip = 0

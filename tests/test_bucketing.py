@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spot_jax import data, models, optimizers, prompts, trainer
+from spot_jax import bucketing, data, models, optimizers, prompts, trainer
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from tests import local_tasks
@@ -59,7 +59,7 @@ def _rows(batches):
   for b in batches:
     for r in range(len(b["encoder_input_tokens"])):
       enc = b["encoder_input_tokens"][r]
-      out.append((tuple(enc[:data.input_lengths(enc[None])[0]]),)
+      out.append((tuple(enc[:bucketing.input_lengths(enc[None])[0]]),)
                  + tuple(tuple(np.atleast_1d(b[k][r])) for k in sorted(b) if k != "encoder_input_tokens"))
   return out
 
@@ -87,7 +87,7 @@ def test_every_window_is_regrouped_without_loss_or_duplication(task_name):
   shapes = set()
   for b in bucketed:
     width = b["encoder_input_tokens"].shape[1]
-    longest = data.input_lengths(b["encoder_input_tokens"]).max()
+    longest = bucketing.input_lengths(b["encoder_input_tokens"]).max()
     assert width == min(x for x in (*BUCKETS, 64) if x >= longest)
     assert b["decoder_target_tokens"].shape == (BATCH, 4)
     shapes.add(width)
@@ -118,7 +118,7 @@ def test_bucket_batches_keeps_every_row_and_orders_batches_by_seed():
   for i, n in enumerate((9, 1, 3, 10, 2, 4, 7, 5)):
     tokens[i, :n] = np.arange(1, n + 1)
   window = {"encoder_input_tokens": tokens, "idx": np.arange(8)}
-  out = data.bucket_batches(window, 2, (4, 8, 10), np.random.RandomState(0))
+  out = bucketing.bucket_batches(window, 2, (4, 8, 10), np.random.RandomState(0))
   assert sorted(np.concatenate([b["idx"] for b in out]).tolist()) == list(range(8))
   by_rows = {tuple(b["idx"]): b["encoder_input_tokens"].shape[1] for b in out}
   assert by_rows == {(1, 2): 4, (4, 5): 4, (6, 7): 8, (0, 3): 10}  # stable within a bucket
@@ -178,7 +178,7 @@ def test_per_example_losses_equal_fixed_and_bucketed(task_name, kind):
   narrow = [b for b in batches if b["encoder_input_tokens"].shape[1] == width]
   bucketed = {k: np.concatenate([b[k] for b in narrow]) for k in keys}
   fixed = dict(bucketed, encoder_input_tokens=np.pad(bucketed["encoder_input_tokens"], [(0, 0), (0, 64 - width)]))
-  assert width == BUCKETS[0] and data.input_lengths(bucketed["encoder_input_tokens"]).min() < width
+  assert width == BUCKETS[0] and bucketing.input_lengths(bucketed["encoder_input_tokens"]).min() < width
   got = per_example({k: jnp.asarray(bucketed[k]) for k in keys})
   want = per_example({k: jnp.asarray(fixed[k]) for k in keys})
   assert np.all(np.isfinite(want)) and np.ptp(np.asarray(want)) > 0
