@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -185,14 +186,27 @@ def test_per_example_losses_equal_fixed_and_bucketed(task_name, kind):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5)
 
 
-def test_trainer_compiles_once_per_bucket(tmp_path, task_name):
+def test_trainer_compiles_once_per_bucket_and_resumes_exactly(tmp_path, task_name):
+  """6 steps straight vs a restart from the same run's step-3 checkpoint (mid-window): same losses, prompt."""
   model = models.EncoderDecoderModel(Transformer(config_by_name("t5_1_1_byte_tiny"), prompt=_prompt("prompt_tuning")))
   cfg = _cfg(task_name, length_buckets=(32,))
-  result = trainer.train(model=model, train_dataset_cfg=cfg, total_steps=4, model_dir=str(tmp_path),
-                         optimizer=optimizers.adafactor(), eval_period=1000, verbose=False)
-  widths = {b["encoder_input_tokens"].shape[1] for b in _take(data.train_batches(cfg), 4)}
-  assert result.compilations == len(widths) > 1
-  assert len(result.history) == 4 and all(np.isfinite(h["loss"]) for h in result.history)
+
+  def run(folder):
+    return trainer.train(model=model, train_dataset_cfg=cfg, total_steps=6, model_dir=str(tmp_path / folder),
+                         optimizer=optimizers.adafactor(), eval_period=1000, verbose=False,
+                         checkpoint_cfg=trainer.CheckpointConfig(period=3, keep=3))
+
+  straight = run("straight")
+  widths = {b["encoder_input_tokens"].shape[1] for b in _take(data.train_batches(cfg), 6)}
+  assert straight.compilations == len(widths) > 1
+  shutil.copytree(tmp_path / "straight" / "checkpoints", tmp_path / "resumed" / "checkpoints")
+  shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "6")
+  resumed = run("resumed")
+  assert len(resumed.history) == 3
+  np.testing.assert_allclose([h["loss"] for h in resumed.history], [h["loss"] for h in straight.history[3:]],
+                             rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(resumed.state.params["prompt"]["prompt"]),
+                             np.asarray(straight.state.params["prompt"]["prompt"]), rtol=1e-6, atol=1e-7)
 
 
 TRAIN = ["--gin_file=gin/models/t5_1_1_toy.gin", "--gin_file=gin/prompts/prompt_tuning_sampled_vocab.gin",
