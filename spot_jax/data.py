@@ -7,16 +7,21 @@ inputs_truncated / targets_truncated, so the trainer can count and warn about tr
 
 Resuming: the stream is a pure function of (task, seed, host shard) and is positioned by the
 number of batches already consumed (`start_position`), which the training state records.
+
+Length buckets (`DatasetConfig.length_buckets`, off by default): the same example stream, read
+in windows of `bucket_window` batches, each regrouped by `spot_jax.bucketing` into batches padded
+only to their input-length bucket.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import importlib
-from typing import Iterator, Mapping, Optional
+from typing import Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from spot_jax import bucketing
 from spot_jax.errors import ConfigError
 
 MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
@@ -38,6 +43,12 @@ class DatasetConfig:
     pack: must be False: soft prompts and packing do not mix.
     module: python module(s) to import first so the task is registered, e.g. "tasks"; several
       may be given separated by commas.
+    length_buckets: None (fixed padding to TASK_FEATURE_LENGTHS['inputs']), increasing input
+      lengths such as (32, 64, 128, 256) (TASK_FEATURE_LENGTHS['inputs'] is always the last
+      bucket), or "auto" (powers of two from 16 below the input length, then the input length).
+      Lengths count real input tokens, EOS included, prompt excluded.
+    bucket_window: batches regrouped together when length_buckets is set (larger: fewer mixed
+      batches, more memory: window * batch_size examples are held at once).
   """
   mixture_or_task_name: str
   task_feature_lengths: Mapping[str, int]
@@ -48,6 +59,8 @@ class DatasetConfig:
   use_cached: bool = False
   pack: bool = False
   module: Optional[str] = None
+  length_buckets: Union[None, str, Sequence[int]] = None
+  bucket_window: int = 64
 
 
 def import_modules(module: Optional[str]) -> None:
@@ -93,6 +106,13 @@ def validate(cfg: DatasetConfig, prompt_length: int = 0) -> None:
                       f"and must be at least the prompt length")
   if cfg.batch_size <= 0:
     raise ConfigError(f"BATCH_SIZE must be a positive integer, got {cfg.batch_size}")
+  bucket_boundaries(cfg)
+
+
+def bucket_boundaries(cfg: DatasetConfig) -> Optional[tuple[int, ...]]:
+  """The input-length buckets of `cfg` (ending with TASK_FEATURE_LENGTHS['inputs']), or None."""
+  return bucketing.boundaries(cfg.length_buckets, int(cfg.task_feature_lengths["inputs"]),
+                              cfg.bucket_window)
 
 
 def _trim(tf, tokens, length: int, eos_id: Optional[int]):
@@ -156,12 +176,28 @@ def train_batches(cfg: DatasetConfig, *, start_position: int = 0, shard_id: int 
       use_cached=cfg.use_cached, shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=None)
   ds = ds.map(lambda ex: _to_model_features(tf, ex, lengths["inputs"], lengths["targets"], eos),
               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  rows = cfg.batch_size // num_shards
+  lo = shard_id * rows
+  boundaries = bucket_boundaries(cfg)
+  if boundaries is not None:
+    return _bucketed(ds, cfg, boundaries, start_position, lo, rows)
   ds = ds.batch(cfg.batch_size, drop_remainder=True)
   if num_shards > 1:
-    rows = cfg.batch_size // num_shards
-    lo = shard_id * rows
     ds = ds.map(lambda batch: {k: v[lo:lo + rows] for k, v in batch.items()})
   if start_position:
     ds = ds.skip(start_position)
   ds = ds.prefetch(2)
   return ds.as_numpy_iterator()
+
+
+def _bucketed(ds, cfg: DatasetConfig, boundaries: Sequence[int], start_position: int, lo: int,
+              rows: int) -> Iterator[dict[str, np.ndarray]]:
+  """Bucketed global batches (this host's rows), positioned at `start_position` batches."""
+  window = cfg.bucket_window
+  first, skip = divmod(start_position, window)
+  ds = ds.batch(window * cfg.batch_size, drop_remainder=True).skip(first).prefetch(1)
+  for index, examples in enumerate(ds.as_numpy_iterator(), start=first):
+    rng = bucketing.window_rng(cfg.seed, index)
+    for batch in bucketing.bucket_batches(examples, cfg.batch_size, boundaries, rng)[skip:]:
+      yield {k: v[lo:lo + rows] for k, v in batch.items()}
+    skip = 0

@@ -98,6 +98,21 @@ def check_initial_checkpoint(path: str) -> None:
                       f"directory (checkpoint_N), an orbax checkpoint or a Hugging Face model directory")
 
 
+def enable_compilation_cache(cache_dir: Optional[str]) -> None:
+  """Turns on JAX's persistent compilation cache in `cache_dir` (every entry kept); None: off.
+
+  A later process compiling the same step (a study's next run, a restart, each length bucket
+  of a rerun) then loads the executable instead of compiling it.
+  """
+  if not cache_dir:
+    return
+  if "://" not in str(cache_dir):
+    cache_dir = str(checkpointing.writable_dir(cache_dir, "COMPILATION_CACHE_DIR"))
+  jax.config.update("jax_compilation_cache_dir", str(cache_dir))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def seed_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(backbone, prompt, state) keys of a run; shared by training and evaluation."""
   backbone_rng, prompt_rng, state_rng = jax.random.split(jax.random.PRNGKey(seed), 3)
@@ -201,7 +216,8 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
           checkpoint_cfg: CheckpointConfig = CheckpointConfig(),
           initial_checkpoint_path: Optional[str] = None, trainable: str = TRAINABLE_PROMPT,
           num_partitions: int = 1, shard_prompt_embed: bool = False, seed: int = 0,
-          log_period: int = 10, verbose: bool = True) -> TrainResult:
+          log_period: int = 10, verbose: bool = True,
+          compilation_cache_dir: Optional[str] = None) -> TrainResult:
   """Trains the prompt (or, with trainable="all", every parameter) of `model`.
 
   Args:
@@ -221,6 +237,9 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
     seed: seed of the initialisation and the dropout keys.
     log_period: steps between progress lines.
     verbose: print progress lines.
+    compilation_cache_dir: JAX's persistent compilation cache directory (None: off); with
+      `train_dataset_cfg.length_buckets` the step compiles once per bucket length, and a rerun
+      with the cache loads those executables instead.
   """
   # --- 0. check the configuration before any heavy work -------------------------------------
   if trainable not in (TRAINABLE_PROMPT, TRAINABLE_ALL):
@@ -243,6 +262,7 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
   if initial_checkpoint_path:
     check_initial_checkpoint(initial_checkpoint_path)
   run_dir = prepare_model_dir(model_dir)
+  enable_compilation_cache(compilation_cache_dir)
   tx = optimizer if optimizer is not None else optimizers.adafactor()
   ckpt_period = checkpoint_cfg.period or eval_period
 
@@ -302,7 +322,7 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
       else:
         state = fresh
 
-      # --- 6. one jitted train step --------------------------------------------------------
+      # --- 6. one jitted train step (one compile per input length with length buckets) -------
       batch_sharding = partitioning.batch_sharding(mesh)
       step_fn = jax.jit(make_train_step(model, tx),
                         in_shardings=(state_shardings, frozen_shardings, batch_sharding),
