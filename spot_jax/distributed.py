@@ -116,3 +116,28 @@ def explain_peer_loss(error: BaseException) -> Optional[PeerLostError]:
   return PeerLostError(f"process {jax.process_index()} of {jax.process_count()} lost contact with "
                        f"another process of the job ({first}); restart every process with the same "
                        f"command to resume from MODEL_DIR's last checkpoint")
+
+
+def set_cpu_devices(count) -> None:
+  """Splits this host's CPU into `count` JAX devices (before JAX starts its backends).
+
+  On a CPU-only host the data-parallel mesh then runs one batch shard per device, which keeps
+  every core busy through the single-threaded parts of the step (elementwise work, small
+  matmuls) that one device leaves on one core. A no-op for None. Only the CPU backend is
+  affected; accelerators keep their own devices.
+
+  Raises:
+    ConfigError: `count` is not a positive integer, or JAX's backends already started with a
+      different number of CPU devices.
+  """
+  count = _int("--cpu_devices", count, 1)
+  if count is None:
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    jax.config.update("jax_num_cpu_devices", count)
+  except RuntimeError as e:  # the backend is already initialised
+    have = len(jax.devices("cpu"))
+    if have != count:
+      raise ConfigError(f"--cpu_devices={count} comes too late: JAX already runs {have} CPU "
+                        f"device(s); set it before anything touches JAX ({e})") from None

@@ -40,6 +40,9 @@ def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Nam
   parser.add_argument("--process_id", default=None, help="this process's index, 0..num_processes-1")
   parser.add_argument("--heartbeat_timeout", default=None,
                       help="seconds after which a silent process counts as dead (jax's default 100)")
+  parser.add_argument("--cpu_devices", default=None,
+                      help="split a CPU host into this many JAX devices (one data-parallel batch "
+                           "shard each; e.g. the number of cores); BATCH_SIZE must divide by it")
   parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
   args, rest = parser.parse_known_args(list(argv))
   for item in rest:
@@ -100,6 +103,7 @@ def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str]
 
   def program(argv: Sequence[str]) -> Optional[int]:
     args = parse_args(argv, prog, description)
+    distributed.set_cpu_devices(args.cpu_devices)
     dist = distributed.resolve(args.coordinator_address, args.num_processes, args.process_id,
                                args.heartbeat_timeout)
     if args.multiprocess or os.environ.get("SPOT_JAX_MULTIPROCESS") == "1" or dist.explicit:

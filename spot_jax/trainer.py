@@ -279,6 +279,8 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
   log = metrics_logging.ProgressLogger(total_steps, train_dataset_cfg.batch_size,
                                        run_dir / "tensorboard" if jax.process_index() == 0 else None,
                                        enabled=verbose and jax.process_index() == 0)
+  log.info(f"mesh: data={data_size} x model={num_partitions} over {jax.device_count()} "
+           f"{jax.devices()[0].platform} device(s)")
 
   # --- 2. frozen backbone (placed by explicit shardings, before the rules context) ------------
   backbone, backbone_shardings = load_backbone(model, dummy, initial_checkpoint_path, seed, mesh,

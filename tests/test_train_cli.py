@@ -129,3 +129,20 @@ def test_model_tuning_baselines_through_the_cli(tmp_path, run_file, task):
   assert len(losses) == 8, proc.stdout
   assert np.mean(losses[-2:]) < losses[0] - 0.5, losses
   assert not (tmp_path / "prompts").exists()  # no prompt in model tuning
+
+
+def test_cpu_devices_splits_the_batch_and_keeps_the_run(tmp_path):
+  """--cpu_devices=2: one batch shard per CPU device, the same losses and prompt as one device."""
+  runs = {}
+  for devices in (1, 2):
+    model_dir = tmp_path / f"d{devices}"
+    proc = _run([*SMOKE, *NO_EVAL, f"--cpu_devices={devices}", f"--gin.MODEL_DIR='{model_dir}'",
+                 "--gin.TRAIN_STEPS=6", "--gin.trainer.train.log_period=1"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    prompt = np.load(next((model_dir / "prompts").rglob("*6*.npy")))
+    runs[devices] = (_losses(proc.stdout), prompt, proc.stdout + proc.stderr)
+  assert "mesh: data=2 x model=1 over 2 cpu device(s)" in runs[2][2], runs[2][2][-2000:]
+  np.testing.assert_allclose(runs[2][0], runs[1][0], rtol=1e-5)
+  np.testing.assert_allclose(runs[2][1], runs[1][1], atol=1e-5)
+  bad = _run([*SMOKE, "--cpu_devices=0", f"--gin.MODEL_DIR='{tmp_path / 'bad'}'"])
+  _assert_one_line_error(bad, "--cpu_devices=0 must be >= 1")
