@@ -211,6 +211,7 @@ def bench_method(method: str, config_name: str, batch_size: int, input_length: i
       "frozen_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(frozen))),
       "peak_host_memory_bytes": peak_host_memory_bytes(),
       "final_loss": float(metrics["loss"]),
+      "load_average_1min": os.getloadavg()[0],  # other jobs on a shared machine distort timings
   }
   return row
 

@@ -158,6 +158,7 @@ def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: in
           "trainable_params": trainable,
           "frozen_params": sum(int(np.prod(v.shape)) for _, v in flat) - trainable,
           "final_loss": loss(metrics), "jax": jax.__version__, "t5x_path": os.path.dirname(t5x.__file__),
+          "load_average_1min": os.getloadavg()[0],
           "peak_host_memory_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
 
 
