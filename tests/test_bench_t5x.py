@@ -46,7 +46,7 @@ def test_vs_t5x_runs_prompt_tunings_model_on_the_same_shape(tmp_path):
     assert row["hlo_ops"]["stablehlo"] > 0 and row["hlo_ops"]["optimized_hlo"] > 0
     assert row["flops_per_step"] > 0 and row["peak_host_memory_bytes"] > 0
   text = md.read_text()
-  assert "t5x compile+1st s" in text and "| prompt_tuning |" in text
+  assert "| prompt_tuning | t5x + prompt-tuning |" in text and "| prompt_tuning | spot-jax |" in text
 
 
 def _without_t5x_env():
@@ -88,3 +88,17 @@ def test_bench_t5x_rejects_bad_shape(capsys, shape, message):
   assert cli.run(bench_t5x.main, [f"--shape={shape}"], "spot_jax.bench_t5x") == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("spot_jax.bench_t5x: error: ") and message in err[0]
+
+
+def test_bench_compiles_the_train_step_once(caplog, tmp_path):
+  """No retrace or second compile of the timed step (jax_log_compiles names every XLA compile)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_log_compiles", True)
+  try:
+    with caplog.at_level("WARNING"):
+      assert bench.main(TINY + ["--methods=prompt_tuning", "--steps=2", "--warmup=1"]) == 0
+  finally:
+    jax.config.update("jax_log_compiles", False)
+  compiles = [r.getMessage() for r in caplog.records if "XLA compilation of" in r.getMessage()]
+  assert sum("jit(train_step)" in m for m in compiles) == 1, compiles
+  assert sum("jit(score_batch)" in m for m in compiles) == 1, compiles
