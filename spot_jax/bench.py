@@ -10,7 +10,8 @@ analysis of the compiled step), MFU against a float32 matmul peak measured in th
 median inference (teacher-forced scoring) step time, trainable parameters, trainable state bytes
 and the process's peak host memory (ru_maxrss, cumulative over the rows of one run).
 `--compilation_cache_dir` turns on JAX's persistent compilation cache, so a second run of the
-same shape skips compiling. Benchmark in float32 on CPUs without bf16 hardware. Targets for speed
+same shape skips compiling. `--vs=peft` / `--vs=t5x` time the PyTorch + PEFT / t5x + prompt-tuning
+counterparts in separate processes (`bench_peft`, `bench_t5x`). Benchmark in float32 on CPUs without bf16 hardware. Targets for speed
 and memory live here and in docs/benchmarks.md, never in timed tests.
 """
 from __future__ import annotations
