@@ -10,7 +10,8 @@ analysis of the compiled step), MFU against a float32 matmul peak measured in th
 median inference (teacher-forced scoring) step time, trainable parameters, trainable state bytes
 and the process's peak host memory (ru_maxrss, cumulative over the rows of one run).
 `--compilation_cache_dir` turns on JAX's persistent compilation cache, so a second run of the
-same shape skips compiling. Benchmark in float32 on CPUs without bf16 hardware. Targets for speed
+same shape skips compiling. `--vs=peft` / `--vs=t5x` time the PyTorch + PEFT / t5x + prompt-tuning
+counterparts in separate processes (`bench_peft`, `bench_t5x`). Benchmark in float32 on CPUs without bf16 hardware. Targets for speed
 and memory live here and in docs/benchmarks.md, never in timed tests.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax import bench_peft, cli, models, optimizers, prompts, trainer
+from spot_jax import bench_peft, bench_t5x, cli, models, optimizers, prompts, trainer
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from spot_jax.train_state import TrainState
@@ -50,6 +51,21 @@ def _prompt_module(kind: str, length: int):
   if kind == "residual":
     return prompts.ResidualPrompt(length=length, bottleneck=128)
   return None
+
+
+# T5Config fields settable from the command line (--num_layers sets both stacks).
+SHAPE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers",
+                "num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance")
+_OVERRIDE_FLAGS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_layers")
+
+
+def bench_config(name: str, overrides: Optional[dict] = None, dropout_rate: Optional[float] = None):
+  """The named `T5Config` with `overrides` ({field: value}; "num_layers" sets both stacks)."""
+  changes = dict(overrides or {})
+  if "num_layers" in changes:
+    layers = changes.pop("num_layers")
+    changes.update(num_encoder_layers=layers, num_decoder_layers=layers)
+  return config_by_name(name, dropout_rate=dropout_rate).replace(**changes)
 
 
 def _nbytes(tree) -> int:
@@ -83,14 +99,35 @@ def matmul_peak_flops(n: int = 1024, reps: int = 10) -> float:
   return 2.0 * n ** 3 / float(min(times))
 
 
-def _batch(vocab: int, batch_size: int, input_length: int, target_length: int, seed: int):
+def numpy_batch(vocab: int, batch_size: int, input_length: int, target_length: int,
+                seed: int) -> dict[str, np.ndarray]:
+  """The benchmark's random batch (no padding), shared with the t5x counterpart process."""
   rng = np.random.RandomState(seed)
   targets = rng.randint(2, vocab, size=(batch_size, target_length)).astype(np.int32)
   return {
-      "encoder_input_tokens": jnp.asarray(rng.randint(2, vocab, size=(batch_size, input_length)), jnp.int32),
-      "decoder_target_tokens": jnp.asarray(targets),
-      "decoder_input_tokens": jnp.asarray(np.concatenate([np.zeros((batch_size, 1), np.int32), targets[:, :-1]], 1)),
+      "encoder_input_tokens": rng.randint(2, vocab, size=(batch_size, input_length)).astype(np.int32),
+      "decoder_target_tokens": targets,
+      "decoder_input_tokens": np.concatenate([np.zeros((batch_size, 1), np.int32), targets[:, :-1]], 1),
   }
+
+
+def _batch(vocab: int, batch_size: int, input_length: int, target_length: int, seed: int):
+  return {k: jnp.asarray(v) for k, v in numpy_batch(vocab, batch_size, input_length, target_length,
+                                                    seed).items()}
+
+
+def hlo_op_counts(lowered, compiled) -> dict[str, int]:
+  """Instruction counts of a step: the lowered StableHLO module and XLA's optimized HLO module."""
+  def count(text: str) -> int:
+    return sum(1 for line in text.splitlines() if " = " in line)
+  return {"stablehlo": count(lowered.as_text()), "optimized_hlo": count(compiled.as_text())}
+
+
+def enable_compilation_cache(directory: str) -> None:
+  """JAX's persistent compilation cache in `directory`, keeping every entry (however fast to compile)."""
+  jax.config.update("jax_compilation_cache_dir", directory)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def _timed(fn, n: int) -> list[float]:
@@ -105,11 +142,14 @@ def _timed(fn, n: int) -> list[float]:
 def bench_method(method: str, config_name: str, batch_size: int, input_length: int,
                  target_length: int, steps: int, prompt_length: int, *, dropout_rate: float = 0.1,
                  warmup: int = 1, inference_steps: int = 3, seed: int = 0,
-                 peak_flops: Optional[float] = None) -> dict:
-  """Compiles and times `method`'s train step (and its inference step); returns one result row."""
+                 peak_flops: Optional[float] = None, config_overrides: Optional[dict] = None) -> dict:
+  """Compiles and times `method`'s train step (and its inference step); returns one result row.
+
+  `config_overrides` are `T5Config` fields replacing the named config's (e.g. num_heads=8).
+  """
   kind, length = METHODS[method]
   length = prompt_length if length is None else length
-  config = config_by_name(config_name, dropout_rate=dropout_rate)
+  config = bench_config(config_name, config_overrides, dropout_rate)
   model = models.EncoderDecoderModel(Transformer(config, prompt=_prompt_module(kind, length)))
   dummy = model.dummy_batch(input_length, target_length)
   backbone_rng, prompt_rng, state_rng = trainer.seed_keys(seed)
@@ -127,7 +167,10 @@ def bench_method(method: str, config_name: str, batch_size: int, input_length: i
   batch = _batch(config.vocab_size, batch_size, input_length, target_length, seed)
 
   t0 = time.perf_counter()
-  lowered = jax.jit(trainer.make_train_step(model, tx), donate_argnums=(0,)).lower(state, frozen, batch)
+  traced = jax.jit(trainer.make_train_step(model, tx), donate_argnums=(0,)).trace(state, frozen, batch)
+  trace_s = time.perf_counter() - t0
+  lowered = traced.lower()
+  lower_s = time.perf_counter() - t0
   step = lowered.compile()
   compile_s = time.perf_counter() - t0
   state, metrics = step(state, frozen, batch)
@@ -153,12 +196,14 @@ def bench_method(method: str, config_name: str, batch_size: int, input_length: i
 
   row = {
       "method": method, "prompt_method": kind, "prompt_length": length if model.has_prompt else 0,
-      "config": config_name, "batch_size": batch_size, "input_length": input_length,
+      "config": config_name, "config_overrides": dict(config_overrides or {}),
+      "shape": {k: getattr(config, k) for k in SHAPE_FIELDS}, "batch_size": batch_size, "input_length": input_length,
       "target_length": target_length, "dropout_rate": dropout_rate, "steps": steps,
       "step_sec_median": step_s, "step_sec_min": float(min(times)), "step_sec_max": float(max(times)),
       "steps_per_sec": 1.0 / step_s, "examples_per_sec": batch_size / step_s,
       "tokens_per_sec": batch_size * (input_length + target_length) / step_s,
-      "compile_sec": compile_s, "compile_plus_first_step_sec": first_step_s,
+      "trace_sec": trace_s, "lower_sec": lower_s, "compile_sec": compile_s,
+      "compile_plus_first_step_sec": first_step_s, "hlo_ops": hlo_op_counts(lowered, step),
       "inference_step_sec_median": infer_s,
       "flops_per_step": flops, "achieved_flops_per_sec": flops / step_s if flops else None,
       "mfu": flops / step_s / peak_flops if flops and peak_flops else None,
@@ -167,6 +212,7 @@ def bench_method(method: str, config_name: str, batch_size: int, input_length: i
       "frozen_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(frozen))),
       "peak_host_memory_bytes": peak_host_memory_bytes(),
       "final_loss": float(metrics["loss"]),
+      "load_average_1min": os.getloadavg()[0],  # other jobs on a shared machine distort timings
   }
   return row
 
@@ -206,7 +252,7 @@ def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = N
   method = PEFT_COUNTERPART.get(row["prompt_method"])
   if method is None:
     return None
-  shape = bench_peft.hf_shape(config_by_name(row["config"]))
+  shape = bench_peft.hf_shape(bench_config(row["config"], row["config_overrides"]))
   cmd = [sys.executable, "-m", "spot_jax.bench_peft", f"--method={method}", f"--shape={json.dumps(shape)}",
          f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
          f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
@@ -219,6 +265,52 @@ def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = N
   peft_row = json.loads(proc.stdout.strip().splitlines()[-1])
   peft_row["speedup_of_spot_jax"] = peft_row["step_sec_median"] / row["step_sec_median"]
   return peft_row
+
+
+def run_t5x(row: dict, steps: int, warmup: int, compilation_cache_dir: str = "") -> Optional[dict]:
+  """Times t5x + prompt-tuning on a spot-jax Prompt Tuning row's shape in a separate process.
+
+  Returns None for rows of other methods. Raises `ConfigError` when t5x is not importable.
+  """
+  if row["prompt_method"] != "prompt_tuning":
+    return None
+  shape = bench_t5x.t5x_shape(bench_config(row["config"], row["config_overrides"]))
+  cmd = [sys.executable, "-m", "spot_jax.bench_t5x", f"--shape={json.dumps(shape)}",
+         f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
+         f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
+         f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}",
+         f"--compilation_cache_dir={compilation_cache_dir or ''}"]
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+  if proc.returncode != 0:
+    last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+    if proc.returncode == cli.EXIT_USER_ERROR:
+      raise ConfigError(last.split(": error: ", 1)[-1])
+    raise RuntimeError(f"the t5x benchmark failed: {last}")
+  t5x_row = json.loads(proc.stdout.strip().splitlines()[-1])
+  t5x_row["speedup_of_spot_jax"] = t5x_row["step_sec_median"] / row["step_sec_median"]
+  t5x_row["compile_plus_first_step_ratio"] = (row["compile_plus_first_step_sec"]
+                                              / t5x_row["compile_plus_first_step_sec"])
+  return t5x_row
+
+
+def _t5x_table(rows: Sequence[dict]) -> str:
+  """spot-jax and t5x side by side; compile phases are differences of the cumulative timestamps."""
+  pairs = [(r, r["t5x"]) for r in rows if "t5x" in r]
+  if not pairs:
+    return ""
+  lines = ["", "| method | framework | step s (median) | spot-jax speed-up | trace+lower s | XLA compile s | "
+           "first step s | compile+1st s | StableHLO ops | optimized HLO ops | GFLOP/step | peak RSS GiB |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for ours, t5x in pairs:
+    for name, r, speedup in (("spot-jax", ours, "1.00x"), ("t5x + prompt-tuning", t5x,
+                                                          f"{t5x['speedup_of_spot_jax']:.2f}x")):
+      lines.append(
+          f"| {ours['method']} | {name} | {r['step_sec_median']:.3f} | {speedup} | {r['lower_sec']:.1f} "
+          f"| {r['compile_sec'] - r['lower_sec']:.1f} | {r['compile_plus_first_step_sec'] - r['compile_sec']:.1f} "
+          f"| {r['compile_plus_first_step_sec']:.1f} | {r['hlo_ops']['stablehlo']:,} "
+          f"| {r['hlo_ops']['optimized_hlo']:,} | {(r['flops_per_step'] or 0) / 1e9:.1f} "
+          f"| {r['peak_host_memory_bytes'] / 2**30:.2f} |")
+  return "\n".join(lines) + "\n"
 
 
 def _peft_table(rows: Sequence[dict]) -> str:
@@ -241,9 +333,11 @@ def _peft_table(rows: Sequence[dict]) -> str:
 
 def _parse(argv: Sequence[str]):
   parser = cli.ArgumentParser(prog="spot_jax.bench", description=__doc__.splitlines()[0])
-  parser.add_argument("--config", default="t5_small", help="a spot_jax.t5 config name")
-  parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                      help=f"comma-separated, from: {', '.join(METHODS)}")
+  parser.add_argument("--config", default=None,
+                      help="a spot_jax.t5 config name (default t5_small; t5_1_1_small_like with --vs=t5x)")
+  parser.add_argument("--methods", default=None,
+                      help=f"comma-separated, from: {', '.join(METHODS)} (default "
+                           f"{','.join(DEFAULT_METHODS)}; pt100 with --vs=t5x)")
   parser.add_argument("--batch_size", type=int, default=8)
   parser.add_argument("--input_length", type=int, default=128)
   parser.add_argument("--target_length", type=int, default=16)
@@ -257,16 +351,29 @@ def _parse(argv: Sequence[str]):
                       help="JAX persistent compilation cache directory (a rerun skips compiling)")
   parser.add_argument("--json", default=None, help="write the result rows to this file")
   parser.add_argument("--markdown", default=None, help="write a Markdown table to this file")
-  parser.add_argument("--vs", default="", choices=("", "peft"),
-                      help="also time the PyTorch + PEFT counterparts (separate processes)")
+  parser.add_argument("--vs", default="", choices=("", "peft", "t5x"),
+                      help="also time the PyTorch + PEFT counterparts, or t5x + prompt-tuning's for the "
+                           "prompt_tuning rows (separate processes)")
+  for name in _OVERRIDE_FLAGS:
+    parser.add_argument(f"--{name}", type=int, default=None,
+                        help=f"override the config's {name}" + (" (encoder and decoder)"
+                                                                 if name == "num_layers" else ""))
   parser.add_argument("--debug", action="store_true", help="show tracebacks")
   return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str]) -> int:
   args = _parse(argv)
+  if args.config is None:
+    args.config = "t5_1_1_small_like" if args.vs == "t5x" else "t5_small"
+  if args.methods is None:
+    args.methods = "pt100" if args.vs == "t5x" else ",".join(DEFAULT_METHODS)
   methods = [m for m in args.methods.split(",") if m]
   config_by_name(args.config)
+  overrides = {k: getattr(args, k) for k in _OVERRIDE_FLAGS if getattr(args, k) is not None}
+  bad = [f"--{k}={v}" for k, v in overrides.items() if v <= 0]
+  if bad:
+    raise ConfigError(f"{', '.join(bad)}: shape overrides must be positive integers")
   for m in methods:
     if m not in METHODS:
       raise ConfigError(f"unknown method {m!r}; valid: {', '.join(METHODS)}")
@@ -276,10 +383,15 @@ def main(argv: Sequence[str]) -> int:
                       "inference_steps must be positive and warmup >= 0")
   if not 0.0 <= args.dropout_rate < 1.0:
     raise ConfigError(f"dropout_rate must be in [0, 1), got {args.dropout_rate}")
+  if args.vs == "t5x":
+    if not any(METHODS[m][0] == "prompt_tuning" for m in methods):
+      raise ConfigError("--vs=t5x compares Prompt Tuning; put pt100, pt20 or prompt_tuning in --methods")
+    bench_t5x.t5x_shape(bench_config(args.config, overrides))
+    if not bench_t5x.t5x_importable():
+      raise ConfigError(f"--vs=t5x: t5x, flaxformer or prompt_tuning is not importable; "
+                        f"{bench_t5x.PYTHONPATH_HINT}")
   if args.compilation_cache_dir:
-    jax.config.update("jax_compilation_cache_dir", args.compilation_cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    enable_compilation_cache(args.compilation_cache_dir)
   peak = matmul_peak_flops()
   print(f"float32 matmul peak: {peak / 1e9:.1f} GFLOP/s on {jax.devices()[0]}", flush=True)
   rows = []
@@ -287,7 +399,8 @@ def main(argv: Sequence[str]) -> int:
     rows.append(bench_method(method, args.config, args.batch_size, args.input_length,
                              args.target_length, args.steps, args.prompt_length,
                              dropout_rate=args.dropout_rate, warmup=args.warmup,
-                             inference_steps=args.inference_steps, peak_flops=peak))
+                             inference_steps=args.inference_steps, peak_flops=peak,
+                             config_overrides=overrides))
     print(markdown_table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else markdown_table(rows),
           end="\n" if len(rows) > 1 else "", flush=True)
   if args.vs == "peft":
@@ -297,6 +410,15 @@ def main(argv: Sequence[str]) -> int:
         row["peft"] = peft_row
         print(f"PEFT {peft_row['method']} for {row['method']}: {peft_row['step_sec_median']:.3f} s/step; "
               f"spot-jax {peft_row['speedup_of_spot_jax']:.2f}x faster", flush=True)
+  if args.vs == "t5x":
+    for row in rows:
+      t5x_row = run_t5x(row, args.steps, args.warmup, args.compilation_cache_dir)
+      if t5x_row is not None:
+        row["t5x"] = t5x_row
+        print(f"t5x + prompt-tuning for {row['method']}: {t5x_row['step_sec_median']:.3f} s/step, "
+              f"compile+1st {t5x_row['compile_plus_first_step_sec']:.1f} s; spot-jax "
+              f"{t5x_row['speedup_of_spot_jax']:.2f}x faster per step, compile+1st "
+              f"{row['compile_plus_first_step_sec']:.1f} s", flush=True)
   meta = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
           "matmul_peak_flops_per_sec": peak, "argv": list(argv), "rows": rows}
   if args.json:
@@ -305,7 +427,8 @@ def main(argv: Sequence[str]) -> int:
   if args.markdown:
     with open(args.markdown, "w") as f:
       f.write(f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s; `python -m spot_jax.bench "
-              f"{' '.join(argv)}`\n\n" + markdown_table(rows) + _peft_table(rows))
+              f"{' '.join(argv)}`\n\n" + markdown_table(rows) + _peft_table(rows)
+              + _t5x_table(rows))
   return 0
 
 

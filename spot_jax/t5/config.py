@@ -118,6 +118,9 @@ def _build_registry() -> dict[str, T5Config]:
                                 relative_attention_num_buckets=4,
                                 relative_attention_max_distance=8, **_T5_1_1)
   reg["t5_tiny"] = reg["t5_1_1_tiny"].replace(**_T5)
+  # Issue 13's t5x benchmark shape: T5.1.1 small's widths with 6+6 layers of 8 heads (random weights).
+  reg["t5_1_1_small_like"] = reg["t5_1_1_small"].replace(num_heads=8, num_encoder_layers=6,
+                                                          num_decoder_layers=6)
   # Small-vocabulary test models: fast enough for unit tests and CPU smoke runs.
   reg["t5_1_1_test"] = T5Config(vocab_size=128, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
                                 num_encoder_layers=2, num_decoder_layers=2,

@@ -1,0 +1,104 @@
+"""`spot_jax.bench --vs=t5x`: t5x + prompt-tuning's step on the same shape (no timing assertions)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from spot_jax import bench, bench_t5x, cli
+from spot_jax.t5 import CONFIGS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config=t5_1_1_test", "--steps=1", "--input_length=8", "--target_length=4", "--batch_size=2",
+        "--prompt_length=4", "--warmup=0", "--inference_steps=1"]
+needs_t5x = pytest.mark.skipif(not bench_t5x.t5x_importable(),
+                               reason="t5x, flaxformer and prompt_tuning are not importable "
+                                      "(put their checkouts on PYTHONPATH; see docs/t5x.md)")
+
+
+def test_the_issue_shape_is_t5_1_1_small_with_6_layers_of_8_heads():
+  config = CONFIGS["t5_1_1_small_like"]
+  assert bench.bench_config("t5_1_1_small", {"num_layers": 6, "num_heads": 8}) == config
+  assert (config.emb_dim, config.num_heads, config.head_dim, config.mlp_dim) == (512, 8, 64, 1024)
+  assert (config.num_encoder_layers, config.num_decoder_layers, config.vocab_size) == (6, 6, 32128)
+  assert config.mlp_activations == ("gelu", "linear") and not config.logits_via_embedding
+  assert bench_t5x.t5x_shape(config)["num_heads"] == 8
+
+
+@needs_t5x
+def test_vs_t5x_runs_prompt_tunings_model_on_the_same_shape(tmp_path):
+  out, md = tmp_path / "bench.json", tmp_path / "bench.md"
+  assert bench.main(TINY + ["--methods=prompt_tuning,smop4x5", "--vs=t5x", "--dropout_rate=0",
+                            f"--json={out}", f"--markdown={md}"]) == 0
+  rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+  assert "t5x" not in rows["smop4x5"]
+  ours, t5x = rows["prompt_tuning"], rows["prompt_tuning"]["t5x"]
+  assert t5x["shape"] == {k: ours["shape"][k] for k in bench_t5x.SHAPE_KEYS}
+  assert (t5x["batch_size"], t5x["input_length"], t5x["target_length"], t5x["prompt_length"]) == (2, 8, 4, 4)
+  # Same architecture: flaxformer's T5.1.1 has exactly spot-jax's frozen parameters, and only the
+  # [prompt_length, emb_dim] prompt is trained on both sides.
+  assert t5x["trainable_params"] == ours["trainable_params"] == 4 * 32
+  assert t5x["frozen_params"] == ours["frozen_params"]
+  assert t5x["speedup_of_spot_jax"] == pytest.approx(t5x["step_sec_median"] / ours["step_sec_median"])
+  for row in (ours, t5x):
+    assert row["lower_sec"] < row["compile_sec"] < row["compile_plus_first_step_sec"]
+    assert row["hlo_ops"]["stablehlo"] > 0 and row["hlo_ops"]["optimized_hlo"] > 0
+    assert row["flops_per_step"] > 0 and row["peak_host_memory_bytes"] > 0
+  text = md.read_text()
+  assert "| prompt_tuning | t5x + prompt-tuning |" in text and "| prompt_tuning | spot-jax |" in text
+
+
+def _without_t5x_env():
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  probe = subprocess.run([sys.executable, "-c", "from spot_jax import bench_t5x as b; "
+                          "print(b.t5x_importable())"], capture_output=True, text=True, env=env, cwd=ROOT)
+  if probe.stdout.strip() != "False":
+    pytest.skip("t5x is importable without PYTHONPATH (installed in site-packages)")
+  return env
+
+
+@pytest.mark.parametrize("module,args", [
+    ("spot_jax.bench", ["--vs=t5x"] + TINY),
+    ("spot_jax.bench_t5x", ["--shape=" + json.dumps({k: 8 for k in bench_t5x.SHAPE_KEYS})]),
+])
+def test_without_t5x_one_line_error_naming_pythonpath(module, args):
+  proc = subprocess.run([sys.executable, "-m", module] + args, capture_output=True, text=True,
+                        env=_without_t5x_env(), cwd=ROOT, timeout=300)
+  err = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+  assert len(err) == 1 and err[0].startswith(f"{module}: error: ")
+  assert "not importable" in err[0] and "PYTHONPATH" in err[0] and "prompt-tuning" in err[0]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--num_heads=0"], "--num_heads=0: shape overrides must be positive"),
+    (["--vs=t5x", "--methods=smop4x5"], "--vs=t5x compares Prompt Tuning"),
+    (["--vs=t5x", "--config=t5_small"], "--vs=t5x needs a T5.1.1 config"),
+    (["--vs=t5y"], "invalid choice"),
+])
+def test_bench_rejects_bad_shape_and_vs_input(capsys, args, message):
+  assert cli.run(bench.main, args, "spot_jax.bench") == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("spot_jax.bench: error: ") and message in err[0]
+
+
+@pytest.mark.parametrize("shape,message", [("{", "--shape is not JSON"), ('{"emb_dim": 8}', "--shape lacks")])
+def test_bench_t5x_rejects_bad_shape(capsys, shape, message):
+  assert cli.run(bench_t5x.main, [f"--shape={shape}"], "spot_jax.bench_t5x") == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("spot_jax.bench_t5x: error: ") and message in err[0]
+
+
+def test_bench_compiles_the_train_step_once(caplog, tmp_path):
+  """No retrace or second compile of the timed step (jax_log_compiles names every XLA compile)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_log_compiles", True)
+  try:
+    with caplog.at_level("WARNING"):
+      assert bench.main(TINY + ["--methods=prompt_tuning", "--steps=2", "--warmup=1"]) == 0
+  finally:
+    jax.config.update("jax_log_compiles", False)
+  compiles = [r.getMessage() for r in caplog.records if "XLA compilation of" in r.getMessage()]
+  assert sum("jit(train_step)" in m for m in compiles) == 1, compiles
+  assert sum("jit(score_batch)" in m for m in compiles) == 1, compiles
