@@ -24,11 +24,13 @@ import sys
 import time
 from typing import Optional, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax import bench_peft, bench_t5x, cli, models, optimizers, prompts, trainer
+from spot_jax import (bench_peft, bench_t5x, cli, distributed, models, optimizers, partitioning,
+                      prompts, trainer)
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from spot_jax.train_state import TrainState
@@ -165,9 +167,27 @@ def bench_method(method: str, config_name: str, batch_size: int, input_length: i
     tx = optimizers.adafactor()
   state = TrainState.create(params, tx, state_rng)
   batch = _batch(config.vocab_size, batch_size, input_length, target_length, seed)
+  # Several devices (--cpu_devices): the trainer's data-parallel mesh, batch split, rest replicated.
+  mesh = partitioning.create_mesh(1)
+  rep, split = partitioning.replicated(mesh), partitioning.batch_sharding(mesh)
+  state, frozen, batch = jax.device_put((state, frozen, batch), (rep, rep, split))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(list(partitioning.logical_rules())):
+    return _time_method(model, tx, state, frozen, batch, (rep, split), method=method, kind=kind,
+                        length=length, config=config, config_name=config_name,
+                        config_overrides=config_overrides, batch_size=batch_size,
+                        input_length=input_length, target_length=target_length,
+                        dropout_rate=dropout_rate, steps=steps, warmup=warmup,
+                        inference_steps=inference_steps, peak_flops=peak_flops)
 
+
+def _time_method(model, tx, state, frozen, batch, shardings, *, method, kind, length, config,
+                 config_name, config_overrides, batch_size, input_length, target_length,
+                 dropout_rate, steps, warmup, inference_steps, peak_flops) -> dict:
+  """The timed part of `bench_method` (inside its mesh)."""
+  rep, split = shardings
   t0 = time.perf_counter()
-  traced = jax.jit(trainer.make_train_step(model, tx), donate_argnums=(0,)).trace(state, frozen, batch)
+  traced = jax.jit(trainer.make_train_step(model, tx), donate_argnums=(0,),
+                   in_shardings=(rep, rep, split), out_shardings=(rep, rep)).trace(state, frozen, batch)
   trace_s = time.perf_counter() - t0
   lowered = traced.lower()
   lower_s = time.perf_counter() - t0
@@ -176,7 +196,8 @@ def bench_method(method: str, config_name: str, batch_size: int, input_length: i
   state, metrics = step(state, frozen, batch)
   jax.block_until_ready(metrics["loss"])
   first_step_s = time.perf_counter() - t0
-  flops = xla_flops(step)
+  flops = xla_flops(step)  # XLA counts one device's share of an SPMD program
+  flops = flops * jax.device_count() if flops else flops
 
   for _ in range(warmup):
     state, metrics = step(state, frozen, batch)
@@ -212,12 +233,14 @@ def bench_method(method: str, config_name: str, batch_size: int, input_length: i
       "frozen_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(frozen))),
       "peak_host_memory_bytes": peak_host_memory_bytes(),
       "final_loss": float(metrics["loss"]),
+      "devices": jax.device_count(),
       "load_average_1min": os.getloadavg()[0],  # other jobs on a shared machine distort timings
   }
   return row
 
 
-_COLUMNS = (("method", "method", "{}"), ("step s (median)", "step_sec_median", "{:.3f}"),
+_COLUMNS = (("method", "method", "{}"), ("devices", "devices", "{}"),
+            ("step s (median)", "step_sec_median", "{:.3f}"),
             ("ex/s", "examples_per_sec", "{:.2f}"), ("tok/s", "tokens_per_sec", "{:.0f}"),
             ("GFLOP/step", "flops_per_step", "{:.1f}"), ("MFU", "mfu", "{:.1%}"),
             ("infer s", "inference_step_sec_median", "{:.3f}"), ("compile s", "compile_sec", "{:.1f}"),
@@ -358,6 +381,9 @@ def _parse(argv: Sequence[str]):
     parser.add_argument(f"--{name}", type=int, default=None,
                         help=f"override the config's {name}" + (" (encoder and decoder)"
                                                                  if name == "num_layers" else ""))
+  parser.add_argument("--cpu_devices", default=None,
+                      help="split the CPU into this many JAX devices and run the trainer's "
+                           "data-parallel mesh over them (as `spot_jax.train --cpu_devices`)")
   parser.add_argument("--debug", action="store_true", help="show tracebacks")
   return parser.parse_args(argv)
 
@@ -390,6 +416,10 @@ def main(argv: Sequence[str]) -> int:
     if not bench_t5x.t5x_importable():
       raise ConfigError(f"--vs=t5x: t5x, flaxformer or prompt_tuning is not importable; "
                         f"{bench_t5x.PYTHONPATH_HINT}")
+  distributed.set_cpu_devices(args.cpu_devices)
+  if args.batch_size % jax.device_count():
+    raise ConfigError(f"--batch_size={args.batch_size} must be divisible by the {jax.device_count()} "
+                      f"devices (--cpu_devices)")
   if args.compilation_cache_dir:
     enable_compilation_cache(args.compilation_cache_dir)
   peak = matmul_peak_flops()

@@ -1,5 +1,6 @@
 """The benchmark runs and reports what trains (no timing assertions here)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -87,3 +88,25 @@ def test_bench_peft_rejects_bad_shape():
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and "Traceback" not in proc.stderr
   assert proc.stderr.strip().startswith("spot_jax.bench_peft: error: --shape is not JSON")
+
+
+def test_cpu_devices_runs_the_data_parallel_mesh(tmp_path):
+  """--cpu_devices=2 splits the batch over two CPU devices: same losses, whole-step FLOPs."""
+  rows = {}
+  for devices in (1, 2):
+    out = tmp_path / f"d{devices}.json"
+    proc = subprocess.run([sys.executable, "-m", "spot_jax.bench", "--config=t5_1_1_test",
+                           "--methods=pt20", "--steps=2", "--warmup=0", "--inference_steps=1",
+                           "--input_length=16", "--batch_size=4", f"--cpu_devices={devices}",
+                           f"--json={out}"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows[devices] = json.loads(out.read_text())["rows"][0]
+  assert (rows[1]["devices"], rows[2]["devices"]) == (1, 2)
+  assert rows[2]["final_loss"] == pytest.approx(rows[1]["final_loss"], rel=1e-5)
+  assert rows[2]["flops_per_step"] == pytest.approx(rows[1]["flops_per_step"], rel=0.05)
+  bad = subprocess.run([sys.executable, "-m", "spot_jax.bench", "--batch_size=4", "--cpu_devices=3"],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert bad.returncode == 2 and "Traceback" not in bad.stderr
+  assert bad.stderr.strip() == ("spot_jax.bench: error: --batch_size=4 must be divisible by the 3 "
+                                "devices (--cpu_devices)")
