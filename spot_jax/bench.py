@@ -144,7 +144,8 @@ def _timed(fn, n: int) -> list[float]:
 def bench_method(method: str, config_name: str, batch_size: int, input_length: int,
                  target_length: int, steps: int, prompt_length: int, *, dropout_rate: float = 0.1,
                  warmup: int = 1, inference_steps: int = 3, seed: int = 0,
-                 peak_flops: Optional[float] = None, config_overrides: Optional[dict] = None) -> dict:
+                 peak_flops: Optional[float] = None, config_overrides: Optional[dict] = None,
+                 dropout_rng: str = "threefry") -> dict:
   """Compiles and times `method`'s train step (and its inference step); returns one result row.
 
   `config_overrides` are `T5Config` fields replacing the named config's (e.g. num_heads=8).
@@ -177,16 +178,17 @@ def bench_method(method: str, config_name: str, batch_size: int, input_length: i
                         config_overrides=config_overrides, batch_size=batch_size,
                         input_length=input_length, target_length=target_length,
                         dropout_rate=dropout_rate, steps=steps, warmup=warmup,
-                        inference_steps=inference_steps, peak_flops=peak_flops)
+                        inference_steps=inference_steps, peak_flops=peak_flops,
+                        dropout_rng=dropout_rng)
 
 
 def _time_method(model, tx, state, frozen, batch, shardings, *, method, kind, length, config,
                  config_name, config_overrides, batch_size, input_length, target_length,
-                 dropout_rate, steps, warmup, inference_steps, peak_flops) -> dict:
+                 dropout_rate, steps, warmup, inference_steps, peak_flops, dropout_rng) -> dict:
   """The timed part of `bench_method` (inside its mesh)."""
   rep, split = shardings
   t0 = time.perf_counter()
-  traced = jax.jit(trainer.make_train_step(model, tx), donate_argnums=(0,),
+  traced = jax.jit(trainer.make_train_step(model, tx, dropout_rng), donate_argnums=(0,),
                    in_shardings=(rep, rep, split), out_shardings=(rep, rep)).trace(state, frozen, batch)
   trace_s = time.perf_counter() - t0
   lowered = traced.lower()
@@ -233,7 +235,7 @@ def _time_method(model, tx, state, frozen, batch, shardings, *, method, kind, le
       "frozen_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(frozen))),
       "peak_host_memory_bytes": peak_host_memory_bytes(),
       "final_loss": float(metrics["loss"]),
-      "devices": jax.device_count(),
+      "devices": jax.device_count(), "dropout_rng": dropout_rng,
       "load_average_1min": os.getloadavg()[0],  # other jobs on a shared machine distort timings
   }
   return row
@@ -381,6 +383,8 @@ def _parse(argv: Sequence[str]):
     parser.add_argument(f"--{name}", type=int, default=None,
                         help=f"override the config's {name}" + (" (encoder and decoder)"
                                                                  if name == "num_layers" else ""))
+  parser.add_argument("--dropout_rng", default="threefry", choices=trainer.DROPOUT_RNGS,
+                      help="PRNG of the dropout masks (the trainer's DROPOUT_RNG)")
   parser.add_argument("--cpu_devices", default=None,
                       help="split the CPU into this many JAX devices and run the trainer's "
                            "data-parallel mesh over them (as `spot_jax.train --cpu_devices`)")
@@ -430,7 +434,7 @@ def main(argv: Sequence[str]) -> int:
                              args.target_length, args.steps, args.prompt_length,
                              dropout_rate=args.dropout_rate, warmup=args.warmup,
                              inference_steps=args.inference_steps, peak_flops=peak,
-                             config_overrides=overrides))
+                             config_overrides=overrides, dropout_rng=args.dropout_rng))
     print(markdown_table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else markdown_table(rows),
           end="\n" if len(rows) > 1 else "", flush=True)
   if args.vs == "peft":

@@ -139,12 +139,37 @@ def load_backbone(model: models.EncoderDecoderModel, dummy: Mapping[str, jax.Arr
   return init(backbone_rng), shardings
 
 
-def make_train_step(model: models.EncoderDecoderModel, tx: optax.GradientTransformation
+DROPOUT_RNGS = ("threefry", "rbg", "unsafe_rbg")
+
+
+def dropout_key(step_rng: jax.Array, dropout_rng: str = "threefry") -> jax.Array:
+  """The dropout key of a step: the step key itself, or a key of another PRNG seeded by it.
+
+  "threefry" (the default) is JAX's counter-based hash. "rbg" and "unsafe_rbg" draw the dropout
+  bits with XLA's RngBitGenerator (t5x's USE_HARDWARE_RNG sets "unsafe_rbg" for all of its
+  randomness); "unsafe_rbg" also derives the per-layer keys with it, which leaves out the
+  threefry code of every dropout site (a smaller program: faster to compile, a little faster to
+  run). Masks keep their rate and layout; only the random stream differs. Either way the key is a
+  pure function of (state.rng, step), so resuming stays exact with the same setting.
+  """
+  if dropout_rng == "threefry":
+    return step_rng
+  if dropout_rng not in DROPOUT_RNGS:
+    raise ConfigError(f"DROPOUT_RNG={dropout_rng!r}; valid: {', '.join(map(repr, DROPOUT_RNGS))}")
+  return jax.random.wrap_key_data(jax.random.bits(step_rng, (4,), jnp.uint32), impl=dropout_rng)
+
+
+def make_train_step(model: models.EncoderDecoderModel, tx: optax.GradientTransformation,
+                    dropout_rng: str = "threefry"
                     ) -> Callable[[TrainState, Any, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
-  """The pure train step: gradients of `state.params` only; frozen parameters are an input."""
+  """The pure train step: gradients of `state.params` only; frozen parameters are an input.
+
+  `dropout_rng` picks the PRNG of the dropout masks (see `dropout_key`).
+  """
+  dropout_key(jax.random.PRNGKey(0), dropout_rng)  # a bad name fails here, not inside jit
 
   def train_step(state: TrainState, frozen_params: Any, batch: Mapping[str, jax.Array]):
-    step_rng = jax.random.fold_in(state.rng, state.step)
+    step_rng = dropout_key(jax.random.fold_in(state.rng, state.step), dropout_rng)
 
     def loss_fn(trainable):
       return model.loss_fn(models.merge_params(frozen_params, trainable), batch, step_rng,
@@ -217,7 +242,7 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
           initial_checkpoint_path: Optional[str] = None, trainable: str = TRAINABLE_PROMPT,
           num_partitions: int = 1, shard_prompt_embed: bool = False, seed: int = 0,
           log_period: int = 10, verbose: bool = True,
-          compilation_cache_dir: Optional[str] = None) -> TrainResult:
+          compilation_cache_dir: Optional[str] = None, dropout_rng: str = "threefry") -> TrainResult:
   """Trains the prompt (or, with trainable="all", every parameter) of `model`.
 
   Args:
@@ -240,6 +265,8 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
     compilation_cache_dir: JAX's persistent compilation cache directory (None: off); with
       `train_dataset_cfg.length_buckets` the step compiles once per bucket length, and a rerun
       with the cache loads those executables instead.
+    dropout_rng: PRNG of the dropout masks: "threefry" (default), "rbg" or "unsafe_rbg"
+      (see `dropout_key`).
   """
   # --- 0. check the configuration before any heavy work -------------------------------------
   if trainable not in (TRAINABLE_PROMPT, TRAINABLE_ALL):
@@ -249,6 +276,8 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
                       "(e.g. gin/prompts/prompt_tuning_sampled_vocab.gin), or use gin/runs/model_tune.gin")
   if not isinstance(total_steps, int) or total_steps <= 0:
     raise ConfigError(f"TRAIN_STEPS must be a positive integer, got {total_steps!r}")
+  if dropout_rng not in DROPOUT_RNGS:
+    raise ConfigError(f"DROPOUT_RNG={dropout_rng!r}; valid: {', '.join(map(repr, DROPOUT_RNGS))}")
   if eval_period <= 0 or log_period <= 0:
     raise ConfigError(f"EVAL_PERIOD ({eval_period}) and log_period ({log_period}) must be positive")
   if not isinstance(checkpoint_cfg.keep, int) or checkpoint_cfg.keep < 1:
@@ -326,7 +355,7 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
 
       # --- 6. one jitted train step (one compile per input length with length buckets) -------
       batch_sharding = partitioning.batch_sharding(mesh)
-      step_fn = jax.jit(make_train_step(model, tx),
+      step_fn = jax.jit(make_train_step(model, tx, dropout_rng),
                         in_shardings=(state_shardings, frozen_shardings, batch_sharding),
                         out_shardings=(state_shardings, partitioning.replicated(mesh)),
                         donate_argnums=(0,))

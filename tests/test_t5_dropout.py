@@ -86,3 +86,34 @@ def test_keep_fraction_and_scaling(rate):
   assert abs(keep - (1 - rate)) < 4 * np.sqrt(rate * (1 - rate) / y[:, 0].size)
   np.testing.assert_allclose(y[y != 0], 1 / (1 - rate), rtol=1e-6)
   np.testing.assert_allclose(y.mean(), 1.0, atol=0.02)
+
+
+def test_dropout_rng_choices_keep_rate_and_determinism(params):
+  """DROPOUT_RNG: RngBitGenerator keys keep the rate and scaling, differ from threefry's masks,
+  are a pure function of the step key, and change nothing without dropout."""
+  from spot_jax import trainer  # pylint: disable=g-import-not-at-top
+  step_key = jax.random.fold_in(jax.random.PRNGKey(5), 3)
+  ones = jnp.ones((512, 1024))
+  drop = lambda key: nn.Dropout(0.1).apply({}, ones, deterministic=False, rngs={"dropout": key})
+  masks = {}
+  for impl in trainer.DROPOUT_RNGS:
+    out = drop(trainer.dropout_key(step_key, impl))
+    kept = np.asarray(out != 0)
+    assert abs(kept.mean() - 0.9) < 0.003, (impl, kept.mean())
+    np.testing.assert_allclose(np.asarray(out)[kept], 1 / 0.9, rtol=1e-6)
+    np.testing.assert_array_equal(drop(trainer.dropout_key(step_key, impl)), out)
+    masks[impl] = kept
+  assert (masks["unsafe_rbg"] != masks["threefry"]).mean() > 0.1
+  model, batch = _model(0.1), _batch()
+  for impl in ("threefry", "unsafe_rbg"):
+    key = trainer.dropout_key(step_key, impl)
+    on = _loss_and_grad(model, params, batch, key, True)[0]
+    off = _loss_and_grad(model, params, batch, key, False)[0]
+    assert np.isfinite(on) and abs(float(on) - float(off)) > 1e-4
+  zero = _model(0.0)
+  same = [_loss_and_grad(zero, params, batch, trainer.dropout_key(step_key, i), True) for i in
+          ("threefry", "unsafe_rbg")]
+  np.testing.assert_allclose(same[0][0], same[1][0], rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), same[0][1], same[1][1])
+  with pytest.raises(ValueError, match="DROPOUT_RNG='philox'; valid: 'threefry', 'rbg', 'unsafe_rbg'"):
+    trainer.make_train_step(model, None, "philox")

@@ -146,3 +146,18 @@ def test_cpu_devices_splits_the_batch_and_keeps_the_run(tmp_path):
   np.testing.assert_allclose(runs[2][1], runs[1][1], atol=1e-5)
   bad = _run([*SMOKE, "--cpu_devices=0", f"--gin.MODEL_DIR='{tmp_path / 'bad'}'"])
   _assert_one_line_error(bad, "--cpu_devices=0 must be >= 1")
+
+
+def test_dropout_rng_is_wired_and_deterministic(tmp_path):
+  """DROPOUT_RNG='unsafe_rbg' reaches the step: other masks than threefry's, the same on a rerun."""
+  losses = {}
+  for name, impl in (("a", "unsafe_rbg"), ("b", "unsafe_rbg"), ("c", "threefry")):
+    proc = _run([*SMOKE, *NO_EVAL, f"--gin.MODEL_DIR='{tmp_path / name}'", "--gin.TRAIN_STEPS=4",
+                 "--gin.DROPOUT_RATE=0.1", f"--gin.DROPOUT_RNG='{impl}'",
+                 "--gin.trainer.train.log_period=1"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses[name] = _losses(proc.stdout)
+  assert len(losses["a"]) == 4 and losses["a"] == losses["b"]
+  assert losses["a"] != losses["c"]
+  bad = _run([*SMOKE, f"--gin.MODEL_DIR='{tmp_path / 'bad'}'", "--gin.DROPOUT_RNG='philox'"])
+  _assert_one_line_error(bad, "DROPOUT_RNG='philox'; valid: 'threefry', 'rbg', 'unsafe_rbg'")
