@@ -143,7 +143,9 @@ def test_pretrain_toy_reproduces_the_committed_vocabulary_and_first_losses(tmp_p
                                 seed=log["seed"], batch_size=log["batch_size"], stop_after=steps,
                                 evaluate=False)
   assert (tmp_path / "spm.model").read_bytes() == (COMMITTED / "spm.model").read_bytes()
-  assert short["loss"] == log["loss"][:steps]
+  # To float32 rounding: XLA may order a reduction differently after a layer's layout changes
+  # (the committed log predates the heads-major attention), so not bit for bit.
+  np.testing.assert_allclose(short["loss"], log["loss"][:steps], rtol=1e-5)
   t5.load_checkpoint(str(tmp_path / "checkpoint"), t5.config_by_name(embedded.CONFIG_NAME))
 
 
