@@ -11,14 +11,13 @@ median inference (teacher-forced scoring) step time, trainable parameters, train
 and the process's peak host memory (ru_maxrss, cumulative over the rows of one run).
 `--compilation_cache_dir` turns on JAX's persistent compilation cache, so a second run of the
 same shape skips compiling. `--vs=peft` / `--vs=t5x` time the PyTorch + PEFT / t5x + prompt-tuning
-counterparts in separate processes (`bench_peft`, `bench_t5x`). Benchmark in float32 on CPUs without bf16 hardware. Targets for speed
+counterparts in separate processes (`bench_peft`, `contrib.t5x.bench`). Benchmark in float32 on CPUs without bf16 hardware. Targets for speed
 and memory live here and in docs/benchmarks.md, never in timed tests.
 """
 from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -29,8 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax import (bench_peft, bench_t5x, cli, distributed, models, optimizers, partitioning,
+from spot_jax import (bench_peft, bench_worker, cli, distributed, models, optimizers, partitioning,
                       prompts, trainer)
+from spot_jax.contrib.t5x import bench as bench_t5x
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from spot_jax.train_state import TrainState
@@ -72,11 +72,6 @@ def bench_config(name: str, overrides: Optional[dict] = None, dropout_rate: Opti
 
 def _nbytes(tree) -> int:
   return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
-
-
-def peak_host_memory_bytes() -> int:
-  """The process's peak resident set size so far (Linux reports ru_maxrss in KiB)."""
-  return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def xla_flops(compiled) -> Optional[float]:
@@ -123,13 +118,6 @@ def hlo_op_counts(lowered, compiled) -> dict[str, int]:
   def count(text: str) -> int:
     return sum(1 for line in text.splitlines() if " = " in line)
   return {"stablehlo": count(lowered.as_text()), "optimized_hlo": count(compiled.as_text())}
-
-
-def enable_compilation_cache(directory: str) -> None:
-  """JAX's persistent compilation cache in `directory`, keeping every entry (however fast to compile)."""
-  jax.config.update("jax_compilation_cache_dir", directory)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def _timed(fn, n: int) -> list[float]:
@@ -233,7 +221,7 @@ def _time_method(model, tx, state, frozen, batch, shardings, *, method, kind, le
       "trainable_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(state.params))),
       "trainable_state_bytes": _nbytes(state.params) + _nbytes(state.opt_state),
       "frozen_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(frozen))),
-      "peak_host_memory_bytes": peak_host_memory_bytes(),
+      "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(),
       "final_loss": float(metrics["loss"]),
       "devices": jax.device_count(), "dropout_rng": dropout_rng,
       "load_average_1min": os.getloadavg()[0],  # other jobs on a shared machine distort timings
@@ -300,7 +288,7 @@ def run_t5x(row: dict, steps: int, warmup: int, compilation_cache_dir: str = "")
   if row["prompt_method"] != "prompt_tuning":
     return None
   shape = bench_t5x.t5x_shape(bench_config(row["config"], row["config_overrides"]))
-  cmd = [sys.executable, "-m", "spot_jax.bench_t5x", f"--shape={json.dumps(shape)}",
+  cmd = [sys.executable, "-m", "spot_jax.contrib.t5x.bench", f"--shape={json.dumps(shape)}",
          f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
          f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
          f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}",
@@ -425,7 +413,7 @@ def main(argv: Sequence[str]) -> int:
     raise ConfigError(f"--batch_size={args.batch_size} must be divisible by the {jax.device_count()} "
                       f"devices (--cpu_devices)")
   if args.compilation_cache_dir:
-    enable_compilation_cache(args.compilation_cache_dir)
+    trainer.enable_compilation_cache(args.compilation_cache_dir)
   peak = matmul_peak_flops()
   print(f"float32 matmul peak: {peak / 1e9:.1f} GFLOP/s on {jax.devices()[0]}", flush=True)
   rows = []

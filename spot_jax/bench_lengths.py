@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import jax
 import numpy as np
 
-from spot_jax import bench, bucketing, cli, data, models, optimizers, trainer
+from spot_jax import bench, bench_worker, bucketing, cli, data, models, optimizers, trainer
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from spot_jax.train_state import TrainState
@@ -296,7 +296,7 @@ def main(argv: Sequence[str]) -> int:
       "widths": [dict(width=w, step_sec_median=step_sec[w], step_sec_all=times[w], **stats[w]) for w in widths],
       "distributions": [summarise(spec, lengths, p, times, prompt, b, {w: stats[w]["flops_per_step"] for w in widths})
                         for spec, lengths, b, p in plans],
-      "peak_host_memory_bytes": bench.peak_host_memory_bytes(),
+      "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(),
   }
   table = markdown(result)
   print(table, end="", flush=True)

@@ -20,13 +20,12 @@ Prints one JSON object per method on stdout. Needs the `bench` extra (torch, tra
 from __future__ import annotations
 
 import json
-import resource
 import statistics
 import sys
 import time
 from typing import Optional, Sequence
 
-from spot_jax import cli
+from spot_jax import bench_worker, cli
 from spot_jax.errors import ConfigError
 
 PEFT_METHODS = ("pt", "ptune")
@@ -109,30 +108,16 @@ def bench_peft(method: str, shape: dict, batch_size: int, input_length: int, tar
           "mfu": flops / median / peak_flops if peak_flops else None, "trainable_params": int(sum(p.numel() for p in trainable)),
           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
           "peft": peft.__version__, "final_loss": loss,
-          "peak_host_memory_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+          "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes()}
 
 
 def main(argv: Sequence[str]) -> int:
-  parser = cli.ArgumentParser(prog="spot_jax.bench_peft", description=__doc__.splitlines()[0])
+  parser = bench_worker.parser("spot_jax.bench_peft", __doc__.splitlines()[0],
+                               "JSON of transformers.T5Config shape fields")
   parser.add_argument("--method", choices=PEFT_METHODS, required=True)
-  parser.add_argument("--shape", required=True, help="JSON of transformers.T5Config shape fields")
-  parser.add_argument("--batch_size", type=int, default=8)
-  parser.add_argument("--input_length", type=int, default=128)
-  parser.add_argument("--target_length", type=int, default=16)
-  parser.add_argument("--prompt_length", type=int, default=100)
-  parser.add_argument("--dropout_rate", type=float, default=0.1)
-  parser.add_argument("--steps", type=int, default=5)
-  parser.add_argument("--warmup", type=int, default=1)
   parser.add_argument("--peak_flops", type=float, default=None,
                       help="FLOP/s of the matmul peak measured by spot_jax.bench (for the MFU)")
-  parser.add_argument("--debug", action="store_true")
-  args = parser.parse_args(argv)
-  if min(args.batch_size, args.input_length, args.target_length, args.prompt_length, args.steps) <= 0:
-    raise ConfigError("batch_size, input_length, target_length, prompt_length and steps must be positive")
-  try:
-    shape = json.loads(args.shape)
-  except json.JSONDecodeError as e:
-    raise ConfigError(f"--shape is not JSON ({e}); give the output of bench_peft.hf_shape") from e
+  args, shape = bench_worker.parse(parser, argv, "bench_peft.hf_shape")
   row = bench_peft(args.method, shape, args.batch_size, args.input_length, args.target_length,
                    args.prompt_length, args.dropout_rate, args.steps, args.warmup,
                    peak_flops=args.peak_flops)

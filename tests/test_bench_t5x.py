@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from spot_jax import bench, bench_t5x, cli
+from spot_jax import bench, cli
+from spot_jax.contrib.t5x import bench as bench_t5x
 from spot_jax.t5 import CONFIGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +52,7 @@ def test_vs_t5x_runs_prompt_tunings_model_on_the_same_shape(tmp_path):
 
 def _without_t5x_env():
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  probe = subprocess.run([sys.executable, "-c", "from spot_jax import bench_t5x as b; "
+  probe = subprocess.run([sys.executable, "-c", "from spot_jax.contrib.t5x import bench as b; "
                           "print(b.t5x_importable())"], capture_output=True, text=True, env=env, cwd=ROOT)
   if probe.stdout.strip() != "False":
     pytest.skip("t5x is importable without PYTHONPATH (installed in site-packages)")
@@ -60,7 +61,7 @@ def _without_t5x_env():
 
 @pytest.mark.parametrize("module,args", [
     ("spot_jax.bench", ["--vs=t5x"] + TINY),
-    ("spot_jax.bench_t5x", ["--shape=" + json.dumps({k: 8 for k in bench_t5x.SHAPE_KEYS})]),
+    ("spot_jax.contrib.t5x.bench", ["--shape=" + json.dumps({k: 8 for k in bench_t5x.SHAPE_KEYS})]),
 ])
 def test_without_t5x_one_line_error_naming_pythonpath(module, args):
   proc = subprocess.run([sys.executable, "-m", module] + args, capture_output=True, text=True,
@@ -85,9 +86,9 @@ def test_bench_rejects_bad_shape_and_vs_input(capsys, args, message):
 
 @pytest.mark.parametrize("shape,message", [("{", "--shape is not JSON"), ('{"emb_dim": 8}', "--shape lacks")])
 def test_bench_t5x_rejects_bad_shape(capsys, shape, message):
-  assert cli.run(bench_t5x.main, [f"--shape={shape}"], "spot_jax.bench_t5x") == 2
+  assert cli.run(bench_t5x.main, [f"--shape={shape}"], "spot_jax.contrib.t5x.bench") == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and err[0].startswith("spot_jax.bench_t5x: error: ") and message in err[0]
+  assert len(err) == 1 and err[0].startswith("spot_jax.contrib.t5x.bench: error: ") and message in err[0]
 
 
 def test_bench_compiles_the_train_step_once(caplog, tmp_path):

@@ -1,4 +1,4 @@
-"""`python -m spot_jax.bench_t5x`: the t5x + google-research/prompt-tuning counterpart of `spot_jax.bench`.
+"""`python -m spot_jax.contrib.t5x.bench`: the t5x + google-research/prompt-tuning counterpart of `spot_jax.bench`.
 
 Run by `python -m spot_jax.bench --vs=t5x` in its own process. It builds prompt-tuning's own
 model from prompt-tuning's gin files (`prompt_tuning/configs/models/t5_1_1_prompt.gin`: the
@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import sys
 import time
 from typing import Sequence
 
-from spot_jax import cli
+from spot_jax import bench_worker, cli
 from spot_jax.errors import ConfigError
 
 PYTHONPATH_HINT = ("put checkouts of google-research/t5x, flaxformer and prompt-tuning (plus t5x's "
@@ -104,8 +103,8 @@ def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: in
   from t5x import partitioning, trainer, utils  # pylint: disable=import-outside-toplevel
   from prompt_tuning.train import partitioning as pt_partitioning  # pylint: disable=import-outside-toplevel
   from spot_jax import bench  # pylint: disable=import-outside-toplevel
-  if compilation_cache_dir:
-    bench.enable_compilation_cache(compilation_cache_dir)
+  from spot_jax import trainer as spot_trainer  # pylint: disable=import-outside-toplevel
+  spot_trainer.enable_compilation_cache(compilation_cache_dir)
 
   model = build_model(shape, prompt_length, dropout_rate)
   batch = {k: jax.numpy.asarray(v) for k, v in bench.numpy_batch(
@@ -159,32 +158,18 @@ def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: in
           "frozen_params": sum(int(np.prod(v.shape)) for _, v in flat) - trainable,
           "final_loss": loss(metrics), "jax": jax.__version__, "t5x_path": os.path.dirname(t5x.__file__),
           "load_average_1min": os.getloadavg()[0],
-          "peak_host_memory_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+          "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes()}
 
 
 def main(argv: Sequence[str]) -> int:
-  parser = cli.ArgumentParser(prog="spot_jax.bench_t5x", description=__doc__.splitlines()[0])
-  parser.add_argument("--shape", required=True, help="JSON of " + ", ".join(SHAPE_KEYS))
-  parser.add_argument("--batch_size", type=int, default=8)
-  parser.add_argument("--input_length", type=int, default=128)
-  parser.add_argument("--target_length", type=int, default=16)
-  parser.add_argument("--prompt_length", type=int, default=100)
-  parser.add_argument("--dropout_rate", type=float, default=0.1)
-  parser.add_argument("--steps", type=int, default=5)
-  parser.add_argument("--warmup", type=int, default=1)
+  parser = bench_worker.parser("spot_jax.contrib.t5x.bench", __doc__.splitlines()[0],
+                               "JSON of " + ", ".join(SHAPE_KEYS))
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--compilation_cache_dir", default="")
-  parser.add_argument("--debug", action="store_true")
-  args = parser.parse_args(argv)
-  if min(args.batch_size, args.input_length, args.target_length, args.prompt_length, args.steps) <= 0:
-    raise ConfigError("batch_size, input_length, target_length, prompt_length and steps must be positive")
-  try:
-    shape = json.loads(args.shape)
-  except json.JSONDecodeError as e:
-    raise ConfigError(f"--shape is not JSON ({e}); give the output of bench_t5x.t5x_shape") from e
+  args, shape = bench_worker.parse(parser, argv, "spot_jax.contrib.t5x.bench.t5x_shape")
   missing = [k for k in SHAPE_KEYS if k not in shape]
   if missing:
-    raise ConfigError(f"--shape lacks {', '.join(missing)}; give the output of bench_t5x.t5x_shape")
+    raise ConfigError(f"--shape lacks {', '.join(missing)}; give the output of spot_jax.contrib.t5x.bench.t5x_shape")
   row = bench_t5x(shape, args.batch_size, args.input_length, args.target_length, args.prompt_length,
                   args.dropout_rate, args.steps, args.warmup, args.seed, args.compilation_cache_dir)
   print(json.dumps(row), flush=True)
@@ -192,4 +177,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench_t5x"))
+  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.contrib.t5x.bench"))
