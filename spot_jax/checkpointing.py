@@ -74,15 +74,19 @@ def quiet_abandoned_reads() -> Iterator[None]:
 
   orbax gathers one coroutine per array in a private event loop; when one read fails, the
   loop is closed with the others still pending. Each is freed (and printed by Python) when its
-  tensorstore read completes in the background. After a failure this waits for those reads
-  (a fraction of a second) so that nothing surfaces later in the run; they belong to the
-  failure already reported.
+  tensorstore read completes in the background; they belong to the failure already reported.
+  After a failure this waits a fraction of a second for those reads, then leaves a filter on
+  `sys.unraisablehook` for the rest of the process that drops only reports of orbax's own
+  coroutines: a read that completes later (a busy machine) stays silent too, and every other
+  unraisable exception still reaches the previous hook.
   """
   hook = sys.unraisablehook
   sys.unraisablehook = lambda unused: None
+  failed = False
   try:
     yield
   except BaseException:
+    failed = True
     for _ in range(10):
       gc.collect()
       time.sleep(0.05)
@@ -90,6 +94,25 @@ def quiet_abandoned_reads() -> Iterator[None]:
   finally:
     gc.collect()
     sys.unraisablehook = hook
+    if failed and not isinstance(hook, DropAbandonedReads):
+      sys.unraisablehook = DropAbandonedReads(hook)
+
+
+def is_orbax_coroutine(obj: Any) -> bool:
+  """Whether `obj` is a coroutine defined in orbax's package."""
+  code = getattr(obj, "cr_code", None)
+  return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
+class DropAbandonedReads:
+  """An unraisable-exception hook dropping orbax's abandoned read coroutines, forwarding the rest."""
+
+  def __init__(self, forward: Callable[[Any], None]):
+    self.forward = forward
+
+  def __call__(self, args: Any) -> None:
+    if not is_orbax_coroutine(args.object):
+      self.forward(args)
 
 
 def _flat_shapes(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -193,3 +194,43 @@ def _abstract_of_run(model, optimizer):
                           backbone)
   state = jax.eval_shape(lambda p: TrainState.create(p, optimizer, jax.random.PRNGKey(2)), prompt)
   return trainer._state_dict(state)  # pylint: disable=protected-access
+
+
+def _coroutine_from(filename: str):
+  namespace = {}
+  exec(compile("async def read():\n  return None\n", filename, "exec"), namespace)  # pylint: disable=exec-used
+  return namespace["read"]()
+
+
+def test_after_a_failed_restore_late_orbax_reads_stay_silent_and_nothing_else_does():
+  """A read orbax abandoned that completes after the wait (a busy machine) prints nothing."""
+  seen = []
+  base = seen.append
+  saved = sys.unraisablehook
+  sys.unraisablehook = base
+  try:
+    with checkpointing.quiet_abandoned_reads():
+      pass
+    assert sys.unraisablehook is base  # a restore that succeeds leaves the hook alone
+    with pytest.raises(RuntimeError):
+      with checkpointing.quiet_abandoned_reads():
+        raise RuntimeError("a read failed")
+    hook = sys.unraisablehook
+    assert isinstance(hook, checkpointing.DropAbandonedReads) and hook.forward is base
+    with pytest.raises(RuntimeError):
+      with checkpointing.quiet_abandoned_reads():
+        raise RuntimeError("again")
+    assert sys.unraisablehook is hook  # installed once
+  finally:
+    sys.unraisablehook = saved
+  orbax_read = _coroutine_from(os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "serialization.py"))
+  other = _coroutine_from(__file__)
+  try:
+    hook(types.SimpleNamespace(object=orbax_read))
+    assert not seen
+    hook(types.SimpleNamespace(object=other))
+    hook(types.SimpleNamespace(object=None))
+    assert [a.object for a in seen] == [other, None]
+  finally:
+    orbax_read.close()
+    other.close()
