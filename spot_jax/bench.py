@@ -43,6 +43,8 @@ METHODS = {
     "prompt_tuning": ("prompt_tuning", None), "smop": ("smop", None), "residual": ("residual", None),
 }
 DEFAULT_METHODS = ("pt100", "pt20", "smop4x5", "residual100", "residual10", "model_tuning")
+# --vs=t5x pairs each DROPOUT_RNG with t5x's setting that draws dropout masks the same way.
+T5X_DROPOUT_RNGS = {"threefry": "t5x's default", "unsafe_rbg": "t5x's USE_HARDWARE_RNG"}
 
 
 def _prompt_module(kind: str, length: int):
@@ -293,6 +295,8 @@ def run_t5x(row: dict, steps: int, warmup: int, compilation_cache_dir: str = "")
          f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
          f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}",
          f"--compilation_cache_dir={compilation_cache_dir or ''}"]
+  if row["dropout_rng"] == "unsafe_rbg":
+    cmd.append("--use_hardware_rng")  # t5x's USE_HARDWARE_RNG: the same RNG for the dropout masks
   proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
   if proc.returncode != 0:
     last = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -404,6 +408,9 @@ def main(argv: Sequence[str]) -> int:
   if args.vs == "t5x":
     if not any(METHODS[m][0] == "prompt_tuning" for m in methods):
       raise ConfigError("--vs=t5x compares Prompt Tuning; put pt100, pt20 or prompt_tuning in --methods")
+    if args.dropout_rng not in T5X_DROPOUT_RNGS:
+      raise ConfigError(f"--vs=t5x with --dropout_rng={args.dropout_rng}: t5x has no such setting; valid: "
+                        f"{' or '.join(f'{k} ({v})' for k, v in T5X_DROPOUT_RNGS.items())}")
     bench_t5x.t5x_shape(bench_config(args.config, overrides))
     if not bench_t5x.t5x_importable():
       raise ConfigError(f"--vs=t5x: t5x, flaxformer or prompt_tuning is not importable; "

@@ -48,6 +48,19 @@ def test_vs_t5x_runs_prompt_tunings_model_on_the_same_shape(tmp_path):
     assert row["flops_per_step"] > 0 and row["peak_host_memory_bytes"] > 0
   text = md.read_text()
   assert "| prompt_tuning | t5x + prompt-tuning |" in text and "| prompt_tuning | spot-jax |" in text
+  assert ours["dropout_rng"] == "threefry" and not t5x["use_hardware_rng"]
+  assert "threefry" in t5x["prng_impl"]
+
+
+@needs_t5x
+def test_vs_t5x_pairs_unsafe_rbg_with_t5xs_hardware_rng(tmp_path):
+  out = tmp_path / "bench.json"
+  assert bench.main(TINY + ["--methods=prompt_tuning", "--vs=t5x", "--dropout_rate=0.1",
+                            "--dropout_rng=unsafe_rbg", f"--json={out}"]) == 0
+  row = json.loads(out.read_text())["rows"][0]
+  assert row["dropout_rng"] == "unsafe_rbg"
+  assert row["t5x"]["use_hardware_rng"] and "unsafe_rbg" in row["t5x"]["prng_impl"]
+  assert row["t5x"]["final_loss"] > 0
 
 
 def _without_t5x_env():
@@ -77,6 +90,9 @@ def test_without_t5x_one_line_error_naming_pythonpath(module, args):
     (["--vs=t5x", "--methods=smop4x5"], "--vs=t5x compares Prompt Tuning"),
     (["--vs=t5x", "--config=t5_small"], "--vs=t5x needs a T5.1.1 config"),
     (["--vs=t5y"], "invalid choice"),
+    (["--vs=t5x", "--dropout_rng=rbg"],
+     "--vs=t5x with --dropout_rng=rbg: t5x has no such setting; valid: threefry (t5x's default) or "
+     "unsafe_rbg (t5x's USE_HARDWARE_RNG)"),
 ])
 def test_bench_rejects_bad_shape_and_vs_input(capsys, args, message):
   assert cli.run(bench.main, args, "spot_jax.bench") == 2

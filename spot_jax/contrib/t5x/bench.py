@@ -95,12 +95,19 @@ def build_model(shape: dict, prompt_length: int, dropout_rate: float):
 
 def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: int, prompt_length: int,
               dropout_rate: float, steps: int, warmup: int, seed: int = 0,
-              compilation_cache_dir: str = "") -> dict:
-  """Compiles and times t5x's prompt-tuning train step; returns one result row."""
+              compilation_cache_dir: str = "", use_hardware_rng: bool = False) -> dict:
+  """Compiles and times t5x's prompt-tuning train step; returns one result row.
+
+  `use_hardware_rng` does what `t5x.train`'s USE_HARDWARE_RNG does (`utils.set_hardware_rng_ops`:
+  every key of the run, dropout included, becomes an "unsafe_rbg" key); spot-jax's counterpart
+  is DROPOUT_RNG="unsafe_rbg".
+  """
   import_t5x()
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from t5x import partitioning, trainer, utils  # pylint: disable=import-outside-toplevel
+  if use_hardware_rng:
+    utils.set_hardware_rng_ops()
   from prompt_tuning.train import partitioning as pt_partitioning  # pylint: disable=import-outside-toplevel
   from spot_jax import bench  # pylint: disable=import-outside-toplevel
   from spot_jax import trainer as spot_trainer  # pylint: disable=import-outside-toplevel
@@ -150,6 +157,7 @@ def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: in
   return {"framework": "t5x+prompt-tuning", "shape": shape, "batch_size": batch_size,
           "input_length": input_length, "target_length": target_length,
           "prompt_length": prompt_length, "dropout_rate": dropout_rate, "steps": steps,
+          "use_hardware_rng": use_hardware_rng, "prng_impl": str(jax.config.jax_default_prng_impl),
           "step_sec_median": median, "step_sec_min": min(times), "step_sec_max": max(times),
           "examples_per_sec": batch_size / median,
           "lower_sec": lower_s, "compile_sec": compile_s, "compile_plus_first_step_sec": first_step_s,
@@ -166,12 +174,15 @@ def main(argv: Sequence[str]) -> int:
                                "JSON of " + ", ".join(SHAPE_KEYS))
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--compilation_cache_dir", default="")
+  parser.add_argument("--use_hardware_rng", action="store_true",
+                      help="t5x's USE_HARDWARE_RNG: unsafe_rbg keys for the whole run")
   args, shape = bench_worker.parse(parser, argv, "spot_jax.contrib.t5x.bench.t5x_shape")
   missing = [k for k in SHAPE_KEYS if k not in shape]
   if missing:
     raise ConfigError(f"--shape lacks {', '.join(missing)}; give the output of spot_jax.contrib.t5x.bench.t5x_shape")
   row = bench_t5x(shape, args.batch_size, args.input_length, args.target_length, args.prompt_length,
-                  args.dropout_rate, args.steps, args.warmup, args.seed, args.compilation_cache_dir)
+                  args.dropout_rate, args.steps, args.warmup, args.seed, args.compilation_cache_dir,
+                  args.use_hardware_rng)
   print(json.dumps(row), flush=True)
   return 0
 
