@@ -86,3 +86,60 @@ def test_mask_bias_is_computed_once_per_stack():
   where_ops = [l for l in hlo.splitlines() if " select(" in l and "attention/jit(_where)" in l]
   assert cfg.num_encoder_layers > 1 and cfg.num_decoder_layers > 1
   assert where_ops and all("/layers_0/" in l for l in where_ops), where_ops
+
+
+def _autodiff_attend(query, key, value, addend):
+  """`layers.attend` without its written-out backward pass: JAX differentiates jax.nn.softmax."""
+  logits = jnp.einsum("bhqd,bhkd->bhqk", query, key)
+  if addend is not None:
+    logits = logits + addend
+  return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(logits).astype(value.dtype), value)
+
+
+@pytest.mark.parametrize("addend_shape", [(2, 3, 5, 7), (1, 3, 5, 7), (2, 1, 5, 7), None])
+def test_attend_backward_equals_autodiff(addend_shape):
+  """The hand-written VJP equals JAX's derivative for every input, the addend's broadcast
+  dimensions included (the position bias is [1, H, Q, K], a cross-attention mask [B, 1, Q, K])."""
+  rng = np.random.RandomState(3)
+  q, k, v = (jnp.asarray(rng.randn(*s), jnp.float32) for s in ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 4)))
+  addend = None if addend_shape is None else jnp.asarray(rng.randn(*addend_shape), jnp.float32)
+  if addend is not None:
+    addend = addend.at[..., -2:].set(layers.NEG_INF)  # masked keys, as the mask bias makes them
+  probe = jnp.asarray(rng.randn(2, 3, 5, 4), jnp.float32)
+  argnums = (0, 1, 2) if addend is None else (0, 1, 2, 3)
+  grad = lambda f: jax.grad(lambda *a: jnp.sum(f(*a) * probe), argnums=argnums)(q, k, v, addend)
+  np.testing.assert_allclose(layers.attend(q, k, v, addend), _autodiff_attend(q, k, v, addend),
+                             rtol=1e-6, atol=1e-6)
+  for got, want in zip(grad(layers.attend), grad(_autodiff_attend)):
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_attend_keeps_dtypes_bfloat16_values():
+  """float32 logits with bfloat16 values (float32_logits): cotangents keep each input's dtype."""
+  rng = np.random.RandomState(4)
+  q, k = (jnp.asarray(rng.randn(2, 3, 5, 4), jnp.float32) for _ in range(2))
+  v = jnp.asarray(rng.randn(2, 3, 5, 4), jnp.bfloat16)
+  loss = lambda f: lambda a, b, c: jnp.sum(f(a, b, c, None).astype(jnp.float32))
+  got = jax.grad(loss(layers.attend), argnums=(0, 1, 2))(q, k, v)
+  want = jax.grad(loss(_autodiff_attend), argnums=(0, 1, 2))(q, k, v)
+  assert [g.dtype for g in got] == [jnp.float32, jnp.float32, jnp.bfloat16]
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=2e-2, atol=2e-2)
+
+
+def test_position_bias_gradient_equals_reference():
+  """Model tuning trains the relative position bias: its gradient passes through the addend."""
+  x_q, _, mask, bias = _inputs(2, 2, 6, 6)
+  attn = layers.MultiHeadDotProductAttention(H, D, dropout_rate=0.0)
+  params = attn.init(jax.random.PRNGKey(0), x_q, x_q, mask, bias, deterministic=True)["params"]
+  params = jax.tree.map(lambda a: a.unbox() if hasattr(a, "unbox") else a, params,
+                        is_leaf=lambda a: hasattr(a, "unbox"))
+  probe = np.random.RandomState(5).randn(*x_q.shape).astype(np.float32)
+  # Padding queries (the fully masked rows) carry no loss, as in a model. t5x's additive form
+  # would pass their gradient to the bias through -1e10 + bias == -1e10; the select does not.
+  probe[np.asarray(~mask.any(axis=(1, 3)))] = 0.0
+  ours = jax.grad(lambda b: jnp.sum(attn.apply({"params": params}, x_q, x_q, mask, b,
+                                                deterministic=True) * probe))(bias)
+  ref = jax.grad(lambda b: jnp.sum(_reference(params, x_q, x_q, mask, b) * probe))(bias)
+  np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)

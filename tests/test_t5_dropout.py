@@ -55,7 +55,11 @@ def test_same_key_same_loss_other_key_other_loss(params):
 
 
 def test_every_site_shares_its_mask_along_the_length_axis(params):
-  """Like t5x/flaxformer: masks [B, 1, E], [B, 1, F] and [B, H, 1, K] broadcast over positions."""
+  """Like t5x/flaxformer: masks [B, 1, E], [B, 1, F] and [B, H, 1, K] broadcast over positions.
+
+  The attention sites mask heads-major values [B, H, K, D] with [B, H, K, 1]: one draw per key,
+  shared by every query (t5x's [B, H, 1, K] on the weights; see the test below).
+  """
   model, batch, seen = _model(0.5), _batch(), []
 
   def record(next_fun, args, kwargs, context):
@@ -71,7 +75,8 @@ def test_every_site_shares_its_mask_along_the_length_axis(params):
   for path, x, y in seen:
     live = x != 0
     kept, dropped = live & (y != 0), live & (y == 0)
-    assert not (kept.any(axis=-2) & dropped.any(axis=-2)).any(), path
+    shared = -1 if "attention" in "/".join(path) else -2
+    assert not (kept.any(axis=shared) & dropped.any(axis=shared)).any(), path
     np.testing.assert_allclose(y[kept], x[kept] * 2.0, rtol=1e-6)
     assert dropped.any() and kept.any(), path
 
@@ -117,3 +122,54 @@ def test_dropout_rng_choices_keep_rate_and_determinism(params):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), same[0][1], same[1][1])
   with pytest.raises(ValueError, match="DROPOUT_RNG='philox'; valid: 'threefry', 'rbg', 'unsafe_rbg'"):
     trainer.make_train_step(model, None, "philox")
+
+
+class _WeightsDropoutAttention(nn.Module):
+  """t5x/flaxformer's placement: the [B, H, 1, K] mask on the softmax weights (same names)."""
+  heads: int
+  depth: int
+  rate: float
+
+  @nn.compact
+  def __call__(self, x_q, x_kv, mask, bias, deterministic):
+    init = nn.initializers.zeros
+    proj = lambda name, x: layers.Dense((self.heads, self.depth), ("embed", "joined_kv"), init,
+                                        name=name)(x)
+    q, k, v = proj("query", x_q), proj("key", x_kv), proj("value", x_kv)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) + jnp.where(mask, bias, layers.NEG_INF)
+    weights = nn.Dropout(self.rate, broadcast_dims=(-2,))(jax.nn.softmax(logits),
+                                                          deterministic=deterministic)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    return layers.Dense((x_q.shape[-1],), ("joined_kv", "embed"), init, in_axes=2, name="out")(out)
+
+
+@pytest.mark.parametrize("impl", ["threefry", "rbg", "unsafe_rbg"])
+def test_attention_dropout_on_values_is_t5x_dropout_on_weights(impl):
+  """Masking the values' rows is the same product as t5x's mask on the weights, with the very
+  same mask: same module path, and bits drawn as [B, H, K, 1] equal those drawn as [B, H, 1, K]."""
+  from spot_jax import trainer  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(0)
+  b, t, e, heads, depth = 2, 9, 12, 3, 4
+  x = jnp.asarray(rng.randn(b, t, e), jnp.float32)
+  mask = jnp.asarray(np.tril(np.ones((t, t), bool))[None, None].repeat(b, 0))
+  bias = jnp.asarray(rng.randn(1, heads, t, t), jnp.float32)
+  ours = layers.MultiHeadDotProductAttention(heads, depth, dropout_rate=0.3)
+  params = ours.init(jax.random.PRNGKey(0), x, x, mask, bias, deterministic=True)
+  key = trainer.dropout_key(jax.random.PRNGKey(9), impl)
+  shape = (b, heads, 1, t)
+  np.testing.assert_array_equal(
+      jax.random.bernoulli(key, 0.7, shape).reshape(-1),
+      jax.random.bernoulli(key, 0.7, (b, heads, t, 1)).reshape(-1))
+  t5x_like = _WeightsDropoutAttention(heads, depth, 0.3)
+  probe = jnp.asarray(rng.randn(b, t, e), jnp.float32)
+
+  def loss(module, inputs):
+    out = module.apply(params, inputs, inputs, mask, bias, deterministic=False, rngs={"dropout": key})
+    return jnp.sum(out * probe), out
+
+  (l_ours, out_ours), g_ours = jax.value_and_grad(lambda a: loss(ours, a), has_aux=True)(x)
+  (l_ref, out_ref), g_ref = jax.value_and_grad(lambda a: loss(t5x_like, a), has_aux=True)(x)
+  det = ours.apply(params, x, x, mask, bias, deterministic=True)
+  assert float(jnp.max(jnp.abs(out_ours - det))) > 1e-3  # dropout did something
+  np.testing.assert_allclose(out_ours, out_ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(g_ours, g_ref, rtol=1e-5, atol=1e-5)

@@ -119,15 +119,17 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 }
 
 
-def Dropout(rate: float) -> nn.Dropout:  # pylint: disable=invalid-name
+def Dropout(rate: float, broadcast_dims: Sequence[int] = (-2,)) -> nn.Dropout:  # pylint: disable=invalid-name
   """t5x's dropout: one mask per example (and head) shared along the second-to-last axis.
 
   t5x/flaxformer draw every dropout mask with the length (query) axis of size 1 and broadcast it:
   the residual and MLP-hidden masks are [B, 1, E] / [B, 1, F], the attention-weight mask
   [B, H, 1, K]. Keeping that layout keeps t5x's training semantics and draws T times fewer
   random bits than an independent mask per position (the bulk of the dropout cost on CPU).
+  The attention layer applies its [B, H, 1, K] mask to the values instead (`broadcast_dims`
+  (-1,) on [B, H, K, D]: the same random bits, in the same order; see there).
   """
-  return nn.Dropout(rate=rate, broadcast_dims=(-2,))
+  return nn.Dropout(rate=rate, broadcast_dims=tuple(broadcast_dims))
 
 
 class MlpBlock(nn.Module):
@@ -205,6 +207,50 @@ class RelativePositionBiases(nn.Module):
     return bias[None].astype(self.dtype)
 
 
+def _attention_weights(query: Array, key: Array, addend: Optional[Array]) -> Array:
+  logits = jnp.einsum("bhqd,bhkd->bhqk", query, key)
+  if addend is not None:
+    logits = logits + addend
+  return jax.nn.softmax(logits)
+
+
+@jax.custom_vjp
+def attend(query: Array, key: Array, value: Array, addend: Optional[Array]) -> Array:
+  """softmax(query . key + addend) . value on heads-major [B, H, T, D] operands -> [B, H, Q, D].
+
+  The softmax is taken in the dtype of query/key (the logits dtype); the weights are cast to the
+  dtype of value for the second product. `addend` ([B or 1, H or 1, Q, K], or None) is the
+  position bias plus mask bias. The backward pass is written out: the softmax gradient
+  w * (dw - sum(dw * w)) from the saved weights, the formula JAX derives from jax.nn.softmax but
+  in fewer passes over the [B, H, Q, K] arrays (about 1.5x faster on CPU at T5-small shapes).
+  """
+  return jnp.einsum("bhqk,bhkd->bhqd", _attention_weights(query, key, addend).astype(value.dtype),
+                    value)
+
+
+def _attend_fwd(query, key, value, addend):
+  weights = _attention_weights(query, key, addend)
+  out = jnp.einsum("bhqk,bhkd->bhqd", weights.astype(value.dtype), value)
+  return out, (weights, query, key, value, addend)
+
+
+def _attend_bwd(residuals, d_out):
+  weights, query, key, value, addend = residuals
+  d_value = jnp.einsum("bhqk,bhqd->bhkd", weights.astype(value.dtype), d_out)
+  d_weights = jnp.einsum("bhqd,bhkd->bhqk", d_out, value).astype(weights.dtype)
+  d_logits = weights * (d_weights - jnp.sum(d_weights * weights, axis=-1, keepdims=True))
+  d_query = jnp.einsum("bhqk,bhkd->bhqd", d_logits, key).astype(query.dtype)
+  d_key = jnp.einsum("bhqk,bhqd->bhkd", d_logits, query).astype(key.dtype)
+  d_addend = None
+  if addend is not None:
+    summed = tuple(i for i, n in enumerate(addend.shape) if n == 1 and d_logits.shape[i] != 1)
+    d_addend = jnp.sum(d_logits, axis=summed, keepdims=True).astype(addend.dtype)
+  return d_query, d_key, d_value, d_addend
+
+
+attend.defvjp(_attend_fwd, _attend_bwd)
+
+
 class MultiHeadDotProductAttention(nn.Module):
   """T5 attention: no 1/sqrt(D) at run time (it is folded into the query initialiser).
 
@@ -214,7 +260,8 @@ class MultiHeadDotProductAttention(nn.Module):
   Attributes:
     num_heads: H.
     head_dim: D.
-    dropout_rate: dropout on the attention weights (mask [B, H, 1, K], shared by the queries).
+    dropout_rate: dropout on the attention weights (mask [B, H, 1, K], shared by the queries;
+      applied to the values, which is the same product).
     float32_logits: compute logits and softmax in float32.
     dtype: activation dtype.
   """
@@ -261,19 +308,19 @@ class MultiHeadDotProductAttention(nn.Module):
     logits_dtype = jnp.float32 if self.float32_logits else self.dtype
     # Heads-major [B, H, T, D] operands: both products are plain batched matmuls.
     to_heads = lambda t: jnp.swapaxes(t, 1, 2)
-    logits = jnp.einsum("bhqd,bhkd->bhqk", to_heads(query).astype(logits_dtype),
-                        to_heads(key).astype(logits_dtype))
     # The mask enters as an additive -1e10 bias (t5x's mask-to-bias): one [B, H, Q, K] addend
     # that does not depend on the layer, so XLA computes it once per stack.
     addend = None if bias is None else bias.astype(logits_dtype)
     if mask is not None:
       addend = jnp.where(mask, jnp.zeros((), logits_dtype) if addend is None else addend,
                          jnp.asarray(NEG_INF, logits_dtype))
-    if addend is not None:
-      logits = logits + addend
-    weights = jax.nn.softmax(logits).astype(self.dtype)
-    weights = Dropout(self.dropout_rate)(weights, deterministic=deterministic)
-    out = jnp.swapaxes(jnp.einsum("bhqk,bhkd->bhqd", weights, to_heads(value)), 1, 2)
+    # t5x drops attention weights with a mask [B, H, 1, K] shared by all queries, so
+    # (weights * mask) . v == weights . (mask^T * v): the same mask (the same random bits, in
+    # the same order) is applied to the rows of v, a [B, H, K, D] product instead of [B, H, Q, K].
+    value = Dropout(self.dropout_rate, broadcast_dims=(-1,))(
+        to_heads(value), deterministic=deterministic)
+    out = jnp.swapaxes(attend(to_heads(query).astype(logits_dtype),
+                              to_heads(key).astype(logits_dtype), value, addend), 1, 2)
     out = Dense((inputs_q.shape[-1],), ("joined_kv", "embed"), fan_in, self.dtype,
                 in_axes=2, name="out")(out)
     return constrain(out, ("batch", "length", "embed"))
