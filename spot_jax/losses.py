@@ -12,6 +12,18 @@ NUM_REAL_TARGET_TOKENS = "NUM_REAL_TARGET_TOKENS"
 NUM_EXAMPLES = "NUM_EXAMPLES"
 
 
+def first_argmax(x: Array) -> Array:
+  """jnp.argmax over the last axis (the first index of the maximum), as two plain reductions.
+
+  A max then a min over the indices that hold it: the same result as jnp.argmax for finite
+  inputs, ties included, at half the cost on CPU of its variadic (value, index) reduction over
+  a [B, S, V] vocabulary.
+  """
+  top = jnp.max(x, axis=-1, keepdims=True)
+  index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  return jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)
+
+
 def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array, *, z_loss: float = 1e-4,
                               label_smoothing: float = 0.0,
                               loss_normalizing_factor: Union[None, str, float] = NUM_REAL_TARGET_TOKENS,
@@ -55,6 +67,6 @@ def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array, *, 
     raise ValueError(f"loss_normalizing_factor={loss_normalizing_factor!r}; valid: None, a number, "
                      f"{NUM_REAL_TARGET_TOKENS!r} or {NUM_EXAMPLES!r}")
   loss = (ce_sum + z_sum) / norm
-  correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
+  correct = jnp.sum((first_argmax(logits) == targets) * weights)
   return loss, {"cross_entropy_sum": ce_sum, "z_loss_sum": z_sum, "num_tokens": num_tokens,
                 "correct_tokens": correct}
