@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax import (bench_peft, bench_worker, cli, distributed, models, optimizers, partitioning,
-                      prompts, trainer)
+from spot_jax import (bench_peft, bench_worker, cli, distributed, hostmem, models, optimizers,
+                      partitioning, prompts, trainer)
 from spot_jax.contrib.t5x import bench as bench_t5x
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
@@ -225,7 +225,7 @@ def _time_method(model, tx, state, frozen, batch, shardings, *, method, kind, le
       "frozen_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(frozen))),
       "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(),
       "final_loss": float(metrics["loss"]),
-      "devices": jax.device_count(), "dropout_rng": dropout_rng,
+      "devices": jax.device_count(), "dropout_rng": dropout_rng, "malloc": hostmem.applied(),
       "load_average_1min": os.getloadavg()[0],  # other jobs on a shared machine distort timings
   }
   return row
@@ -262,8 +262,17 @@ def markdown_table(rows: Sequence[dict]) -> str:
 PEFT_COUNTERPART = {"prompt_tuning": "pt", "residual": "ptune"}
 
 
-def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = None) -> Optional[dict]:
-  """Times the PEFT counterpart of a spot-jax row in a separate process; None if it has none."""
+def _peer_env(peer_malloc: str) -> dict:
+  """The environment of a peer's process: as this one's, plus glibc's variables for "keep"."""
+  return dict(os.environ, **(hostmem.GLIBC_ENV if peer_malloc == "keep" else {}))
+
+
+def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = None,
+             peer_malloc: str = "system") -> Optional[dict]:
+  """Times the PEFT counterpart of a spot-jax row in a separate process; None if it has none.
+
+  `peer_malloc` "keep" starts it with glibc malloc set as spot-jax sets its own (hostmem).
+  """
   method = PEFT_COUNTERPART.get(row["prompt_method"])
   if method is None:
     return None
@@ -274,7 +283,7 @@ def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = N
          f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}"]
   if peak_flops:
     cmd.append(f"--peak_flops={peak_flops}")
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=_peer_env(peer_malloc))
   if proc.returncode != 0:
     raise RuntimeError(f"the PEFT benchmark failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
   peft_row = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -282,10 +291,12 @@ def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = N
   return peft_row
 
 
-def run_t5x(row: dict, steps: int, warmup: int, compilation_cache_dir: str = "") -> Optional[dict]:
+def run_t5x(row: dict, steps: int, warmup: int, compilation_cache_dir: str = "",
+            peer_malloc: str = "system") -> Optional[dict]:
   """Times t5x + prompt-tuning on a spot-jax Prompt Tuning row's shape in a separate process.
 
   Returns None for rows of other methods. Raises `ConfigError` when t5x is not importable.
+  `peer_malloc` as in `run_peft`.
   """
   if row["prompt_method"] != "prompt_tuning":
     return None
@@ -297,7 +308,7 @@ def run_t5x(row: dict, steps: int, warmup: int, compilation_cache_dir: str = "")
          f"--compilation_cache_dir={compilation_cache_dir or ''}"]
   if row["dropout_rng"] == "unsafe_rbg":
     cmd.append("--use_hardware_rng")  # t5x's USE_HARDWARE_RNG: the same RNG for the dropout masks
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=_peer_env(peer_malloc))
   if proc.returncode != 0:
     last = (proc.stderr.strip().splitlines() or ["?"])[-1]
     if proc.returncode == cli.EXIT_USER_ERROR:
@@ -336,7 +347,7 @@ def _peft_table(rows: Sequence[dict]) -> str:
     return ""
   lines = ["", "| method | spot-jax step s | PEFT method | PEFT step s | spot-jax speed-up | "
            "spot-jax MFU | PEFT MFU | PEFT MFU at spot-jax's FLOPs | spot-jax peak RSS GiB | "
-           "PEFT peak RSS GiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "PEFT peak RSS GiB | malloc (spot-jax / PEFT) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in peft_rows:
     p = r["peft"]
     # PEFT does the same arithmetic: its MFU if XLA's FLOP count of the same step is used.
@@ -344,7 +355,7 @@ def _peft_table(rows: Sequence[dict]) -> str:
     lines.append(f"| {r['method']} | {r['step_sec_median']:.3f} | {p['method']} | {p['step_sec_median']:.3f} "
                  f"| {p['speedup_of_spot_jax']:.2f}x | {_cell(r, 'mfu', '{:.1%}')} | {_cell(p, 'mfu', '{:.1%}')} "
                  f"| {_cell(same_flops, 'mfu', '{:.1%}')} | {r['peak_host_memory_bytes'] / 2**30:.2f} "
-                 f"| {p['peak_host_memory_bytes'] / 2**30:.2f} |")
+                 f"| {p['peak_host_memory_bytes'] / 2**30:.2f} | {r.get('malloc', '?')} / {p.get('malloc', '?')} |")
   return "\n".join(lines) + "\n"
 
 
@@ -380,6 +391,9 @@ def _parse(argv: Sequence[str]):
   parser.add_argument("--cpu_devices", default=None,
                       help="split the CPU into this many JAX devices and run the trainer's "
                            "data-parallel mesh over them (as `spot_jax.train --cpu_devices`)")
+  parser.add_argument("--peer_malloc", default="system", choices=hostmem.MODES,
+                      help="glibc malloc of the --vs peer's process: its default (system), or kept "
+                           "as spot-jax keeps its own (keep; see SPOT_JAX_MALLOC)")
   parser.add_argument("--debug", action="store_true", help="show tracebacks")
   return parser.parse_args(argv)
 
@@ -434,14 +448,14 @@ def main(argv: Sequence[str]) -> int:
           end="\n" if len(rows) > 1 else "", flush=True)
   if args.vs == "peft":
     for row in rows:
-      peft_row = run_peft(row, args.steps, args.warmup, peak)
+      peft_row = run_peft(row, args.steps, args.warmup, peak, args.peer_malloc)
       if peft_row is not None:
         row["peft"] = peft_row
         print(f"PEFT {peft_row['method']} for {row['method']}: {peft_row['step_sec_median']:.3f} s/step; "
               f"spot-jax {peft_row['speedup_of_spot_jax']:.2f}x faster", flush=True)
   if args.vs == "t5x":
     for row in rows:
-      t5x_row = run_t5x(row, args.steps, args.warmup, args.compilation_cache_dir)
+      t5x_row = run_t5x(row, args.steps, args.warmup, args.compilation_cache_dir, args.peer_malloc)
       if t5x_row is not None:
         row["t5x"] = t5x_row
         print(f"t5x + prompt-tuning for {row['method']}: {t5x_row['step_sec_median']:.3f} s/step, "

@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from spot_jax import bench_worker, cli
+from spot_jax import bench_worker, cli, hostmem
 from spot_jax.errors import ConfigError
 
 PEFT_METHODS = ("pt", "ptune")
@@ -108,7 +108,7 @@ def bench_peft(method: str, shape: dict, batch_size: int, input_length: int, tar
           "mfu": flops / median / peak_flops if peak_flops else None, "trainable_params": int(sum(p.numel() for p in trainable)),
           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
           "peft": peft.__version__, "final_loss": loss,
-          "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes()}
+          "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(), "malloc": hostmem.applied()}
 
 
 def main(argv: Sequence[str]) -> int:
@@ -126,4 +126,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench_peft"))
+  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench_peft", keep_heap=False))

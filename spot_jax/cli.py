@@ -21,6 +21,7 @@ import sys
 import threading
 from typing import Callable, NoReturn, Optional, Sequence
 
+from spot_jax import hostmem
 from spot_jax.errors import ConfigError
 
 EXIT_USER_ERROR = 2
@@ -56,7 +57,7 @@ def error_line(prog: str, message: str) -> str:
 
 
 def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], prog: str,
-        user_errors: tuple[type[BaseException], ...] = USER_ERRORS) -> int:
+        user_errors: tuple[type[BaseException], ...] = USER_ERRORS, keep_heap: bool = True) -> int:
   """Runs `main(argv)` and turns its failures into one stderr line and an exit status.
 
   Args:
@@ -64,6 +65,8 @@ def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], pro
     argv: the arguments after the program name.
     prog: the program's name in messages, e.g. "spot_jax.train".
     user_errors: exception types reported as user errors (exit 2).
+    keep_heap: first apply `hostmem.keep_heap()` (SPOT_JAX_MALLOC), before JAX starts. The
+      benchmark's peer processes pass False: they run as their own users run them.
 
   Returns:
     The exit status: main's, 2 for a user error, 1 for an unexpected one, 130 on Ctrl-C.
@@ -71,6 +74,8 @@ def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], pro
   argv = list(argv)
   debug = "--debug" in argv
   try:
+    if keep_heap:
+      hostmem.keep_heap()
     return int(main(argv) or 0)
   except SystemExit:
     raise

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from spot_jax import bench, cli
+from spot_jax import bench, cli, hostmem
 
 
 def test_bench_rows(tmp_path):
@@ -26,6 +26,7 @@ def test_bench_rows(tmp_path):
     assert row["compile_sec"] < row["compile_plus_first_step_sec"]
     assert row["flops_per_step"] > 0 and 0 < row["mfu"]
     assert row["tokens_per_sec"] == pytest.approx(row["examples_per_sec"] * 20)
+    assert row["malloc"] == hostmem.applied()  # "system" here: only the command lines set "keep"
   # Model tuning also back-propagates into every weight: more FLOPs than prompt tuning (8 tokens).
   assert rows["model_tuning"]["flops_per_step"] > rows["prompt_tuning"]["flops_per_step"]
   table = md.read_text().splitlines()
@@ -67,7 +68,7 @@ def test_vs_peft_reports_the_counterparts(tmp_path):
   assert bench.main(["--config=t5_1_1_test", "--steps=1", "--input_length=8", "--target_length=4",
                      "--batch_size=2", "--prompt_length=4", "--methods=prompt_tuning,residual10,smop4x5",
                      "--warmup=0", "--inference_steps=1", "--vs=peft", f"--json={out}",
-                     f"--markdown={md}"]) == 0
+                     f"--markdown={md}", "--peer_malloc=keep"]) == 0
   rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
   assert "peft" not in rows["smop4x5"]
   pt, ptune = rows["prompt_tuning"]["peft"], rows["residual10"]["peft"]
@@ -81,6 +82,7 @@ def test_vs_peft_reports_the_counterparts(tmp_path):
     assert row["flops_per_step"] > 0
     assert row["mfu"] == pytest.approx(row["flops_per_step"] / row["step_sec_median"] / peak)
   assert "PEFT MFU" in md.read_text()
+  assert pt["malloc"] == ptune["malloc"] == "keep"  # --peer_malloc=keep: glibc's variables in its env
 
 
 def test_bench_peft_rejects_bad_shape():

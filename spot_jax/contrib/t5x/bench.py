@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Sequence
 
-from spot_jax import bench_worker, cli
+from spot_jax import bench_worker, cli, hostmem
 from spot_jax.errors import ConfigError
 
 PYTHONPATH_HINT = ("put checkouts of google-research/t5x, flaxformer and prompt-tuning (plus t5x's "
@@ -166,7 +166,7 @@ def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: in
           "frozen_params": sum(int(np.prod(v.shape)) for _, v in flat) - trainable,
           "final_loss": loss(metrics), "jax": jax.__version__, "t5x_path": os.path.dirname(t5x.__file__),
           "load_average_1min": os.getloadavg()[0],
-          "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes()}
+          "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(), "malloc": hostmem.applied()}
 
 
 def main(argv: Sequence[str]) -> int:
@@ -188,4 +188,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.contrib.t5x.bench"))
+  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.contrib.t5x.bench", keep_heap=False))
