@@ -263,15 +263,16 @@ PEFT_COUNTERPART = {"prompt_tuning": "pt", "residual": "ptune"}
 
 
 def _peer_env(peer_malloc: str) -> dict:
-  """The environment of a peer's process: as this one's, plus glibc's variables for "keep"."""
-  return dict(os.environ, **(hostmem.GLIBC_ENV if peer_malloc == "keep" else {}))
+  """The environment of a peer's process: this one's, with SPOT_JAX_MALLOC=`peer_malloc`."""
+  return dict(os.environ, **{hostmem.ENV: peer_malloc})
 
 
 def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = None,
              peer_malloc: str = "system") -> Optional[dict]:
   """Times the PEFT counterpart of a spot-jax row in a separate process; None if it has none.
 
-  `peer_malloc` "keep" starts it with glibc malloc set as spot-jax sets its own (hostmem).
+  `peer_malloc` "keep" has it apply `hostmem.keep_heap()` as spot-jax does (glibc's part for
+  PyTorch; both parts for t5x).
   """
   method = PEFT_COUNTERPART.get(row["prompt_method"])
   if method is None:
@@ -392,8 +393,8 @@ def _parse(argv: Sequence[str]):
                       help="split the CPU into this many JAX devices and run the trainer's "
                            "data-parallel mesh over them (as `spot_jax.train --cpu_devices`)")
   parser.add_argument("--peer_malloc", default="system", choices=hostmem.MODES,
-                      help="glibc malloc of the --vs peer's process: its default (system), or kept "
-                           "as spot-jax keeps its own (keep; see SPOT_JAX_MALLOC)")
+                      help="host memory settings of the --vs peer's process: its defaults (system), "
+                           "or spot-jax's own (keep; see SPOT_JAX_MALLOC)")
   parser.add_argument("--debug", action="store_true", help="show tracebacks")
   return parser.parse_args(argv)
 

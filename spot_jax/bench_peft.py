@@ -20,6 +20,7 @@ Prints one JSON object per method on stdout. Needs the `bench` extra (torch, tra
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -126,4 +127,5 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench_peft", keep_heap=False))
+  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench_peft",
+                   keep_heap=os.environ.get(hostmem.ENV) == "keep"))

@@ -66,7 +66,7 @@ def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], pro
     prog: the program's name in messages, e.g. "spot_jax.train".
     user_errors: exception types reported as user errors (exit 2).
     keep_heap: first apply `hostmem.keep_heap()` (SPOT_JAX_MALLOC), before JAX starts. The
-      benchmark's peer processes pass False: they run as their own users run them.
+      benchmark's peer processes pass False unless asked: they run as their users run them.
 
   Returns:
     The exit status: main's, 2 for a user error, 1 for an unexpected one, 130 on Ctrl-C.

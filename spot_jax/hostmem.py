@@ -1,23 +1,28 @@
-"""Host memory: keep the CPU backend's per-step scratch buffer mapped between steps.
+"""Host memory: keep the CPU backend's per-step scratch block mapped between steps.
 
-XLA:CPU allocates each execution's temporaries as one block (about 400 MB for a T5-small train
-step at batch 8) with malloc, from one of its worker threads, and frees it when the step ends.
-glibc serves a block that large with a fresh mmap from any thread that is not on its main arena,
-so every step page-faults the whole block in again: about 100k minor faults and 0.15 s of kernel
+XLA:CPU allocates each execution's temporaries as one block (406 MB for T5-small Prompt Tuning at
+batch 8) with malloc and frees it when the step ends. By default JAX runs a computation on one of
+its worker threads, whose malloc arena cannot hold a block that large, so glibc maps it afresh on
+every step and the kernel zero-fills it page by page: about 100k minor faults and 0.15 s of kernel
 time per step on 2 cores, for memory that was just given back.
 
-`keep_heap()` makes glibc keep such blocks: one arena for every thread, no mmap for large blocks,
-no trimming of the heap's free top. The block is then reused from step to step with no faults.
-The process holds on to its high-water mark of malloc'd memory instead of returning it, which is
-what a training process does anyway. It must run before JAX starts its CPU backend (worker threads
-pick their arena on their first malloc); the command lines do it first thing (`cli.run`).
-Set SPOT_JAX_MALLOC=system to keep glibc's defaults. Elsewhere than glibc it does nothing.
+`keep_heap()` (SPOT_JAX_MALLOC=keep, the default of every `python -m spot_jax.<prog>`) does two
+things, before JAX starts its CPU backend:
+  - JAX runs single-device computations on the calling thread (`jax_cpu_enable_async_dispatch`
+    off), so the block is malloc'd from the main heap;
+  - glibc serves large blocks from that heap instead of mmap, and never trims its free top.
+The block is then reused from step to step with no faults, and the step no longer hands off to a
+worker thread. The process keeps its high-water mark of malloc'd memory instead of returning it,
+which a training process reaches on every step anyway. Computations over several devices
+(`--cpu_devices`) still run on JAX's threads. SPOT_JAX_MALLOC=system keeps the defaults of both.
+Elsewhere than glibc only the dispatch setting applies.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import os
+import sys
 from typing import Optional
 
 ENV = "SPOT_JAX_MALLOC"
@@ -26,13 +31,9 @@ MODES = ("keep", "system")
 # mallopt parameters, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-_M_ARENA_MAX = -8
 _INT_MAX = 2**31 - 1
 
 _applied: Optional[str] = None
-
-# The same settings as glibc's environment variables, for a process started from here.
-GLIBC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(_INT_MAX)}
 
 
 def mode() -> str:
@@ -54,29 +55,32 @@ def _glibc() -> Optional[ctypes.CDLL]:
   return libc if hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version") else None
 
 
-def keep_heap() -> str:
-  """Applies SPOT_JAX_MALLOC once per process; returns what is in effect.
+def _backend_started() -> bool:
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  return bool(getattr(xla_bridge, "_backends", None))
 
-  "keep" (glibc, applied), "system" (asked for, or not glibc: nothing changed). Call it before
-  the first JAX computation.
+
+def keep_heap() -> str:
+  """Applies SPOT_JAX_MALLOC once per process; returns what is in effect ("keep" or "system").
+
+  The JAX part applies only if jax is imported and its backend not yet started (a program that
+  never imports jax, such as the PyTorch peer of the benchmark, gets the glibc part alone).
   """
   global _applied
   if _applied is not None:
     return _applied
-  wanted = mode()
-  libc = _glibc() if wanted == "keep" else None
-  if libc is None:
+  if mode() == "system":
     _applied = "system"
     return _applied
-  ok = all(libc.mallopt(param, value) == 1 for param, value in (
-      (_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _INT_MAX)))
+  if "jax" in sys.modules and not _backend_started():
+    sys.modules["jax"].config.update("jax_cpu_enable_async_dispatch", False)
+  libc = _glibc()
+  ok = libc is not None and all(libc.mallopt(param, value) == 1 for param, value in (
+      (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _INT_MAX)))
   _applied = "keep" if ok else "system"
   return _applied
 
 
 def applied() -> str:
-  """What is in effect in this process: "keep" after `keep_heap` applied it, or when the process
-  was started with `GLIBC_ENV`; "system" otherwise."""
-  if _applied == "keep" or all(os.environ.get(k) == v for k, v in GLIBC_ENV.items()):
-    return "keep"
-  return "system"
+  """What `keep_heap` put in effect in this process ("system" if it has not run)."""
+  return _applied or "system"

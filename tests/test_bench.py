@@ -82,7 +82,7 @@ def test_vs_peft_reports_the_counterparts(tmp_path):
     assert row["flops_per_step"] > 0
     assert row["mfu"] == pytest.approx(row["flops_per_step"] / row["step_sec_median"] / peak)
   assert "PEFT MFU" in md.read_text()
-  assert pt["malloc"] == ptune["malloc"] == "keep"  # --peer_malloc=keep: glibc's variables in its env
+  assert pt["malloc"] == ptune["malloc"] == "keep"  # --peer_malloc=keep: SPOT_JAX_MALLOC=keep in its env
 
 
 def test_bench_peft_rejects_bad_shape():

@@ -188,4 +188,5 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.contrib.t5x.bench", keep_heap=False))
+  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.contrib.t5x.bench",
+                   keep_heap=os.environ.get(hostmem.ENV) == "keep"))
