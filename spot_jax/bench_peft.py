@@ -20,13 +20,12 @@ Prints one JSON object per method on stdout. Needs the `bench` extra (torch, tra
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
 from typing import Optional, Sequence
 
-from spot_jax import bench_worker, cli, hostmem
+from spot_jax import bench_worker, hostmem
 from spot_jax.errors import ConfigError
 
 PEFT_METHODS = ("pt", "ptune")
@@ -127,5 +126,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench_peft",
-                   keep_heap=os.environ.get(hostmem.ENV) == "keep"))
+  sys.exit(bench_worker.run(main, "spot_jax.bench_peft"))

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
-from typing import Sequence
+import sys
+from typing import Callable, Optional, Sequence
 
-from spot_jax import cli
+from spot_jax import cli, hostmem
 from spot_jax.errors import ConfigError
 
 
@@ -50,3 +52,9 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str], shape_source: str
 def peak_host_memory_bytes() -> int:
   """The process's peak resident set size so far (Linux reports ru_maxrss in KiB)."""
   return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def run(main: Callable[[Sequence[str]], Optional[int]], prog: str) -> int:
+  """A peer's `cli.run` over sys.argv: with spot-jax's host-memory setting only when its parent
+  asked for it (SPOT_JAX_MALLOC=keep in the environment, `bench --peer_malloc=keep`)."""
+  return cli.run(main, sys.argv[1:], prog, keep_heap=os.environ.get(hostmem.ENV) == "keep")

@@ -15,7 +15,7 @@ The block is then reused from step to step with no faults, and the step no longe
 worker thread. The process keeps its high-water mark of malloc'd memory instead of returning it,
 which a training process reaches on every step anyway. Computations over several devices
 (`--cpu_devices`) still run on JAX's threads. SPOT_JAX_MALLOC=system keeps the defaults of both.
-Elsewhere than glibc only the dispatch setting applies.
+Elsewhere than glibc nothing changes: the dispatch setting alone would not keep the block.
 """
 from __future__ import annotations
 
@@ -72,11 +72,11 @@ def keep_heap() -> str:
   if mode() == "system":
     _applied = "system"
     return _applied
-  if "jax" in sys.modules and not _backend_started():
-    sys.modules["jax"].config.update("jax_cpu_enable_async_dispatch", False)
   libc = _glibc()
   ok = libc is not None and all(libc.mallopt(param, value) == 1 for param, value in (
       (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _INT_MAX)))
+  if ok and "jax" in sys.modules and not _backend_started():
+    sys.modules["jax"].config.update("jax_cpu_enable_async_dispatch", False)
   _applied = "keep" if ok else "system"
   return _applied
 

@@ -224,8 +224,7 @@ def attend(query: Array, key: Array, value: Array, addend: Optional[Array]) -> A
   w * (dw - sum(dw * w)) from the saved weights, the formula JAX derives from jax.nn.softmax but
   in fewer passes over the [B, H, Q, K] arrays (about 1.5x faster on CPU at T5-small shapes).
   """
-  return jnp.einsum("bhqk,bhkd->bhqd", _attention_weights(query, key, addend).astype(value.dtype),
-                    value)
+  return _attend_fwd(query, key, value, addend)[0]
 
 
 def _attend_fwd(query, key, value, addend):

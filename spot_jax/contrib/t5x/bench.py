@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Sequence
 
-from spot_jax import bench_worker, cli, hostmem
+from spot_jax import bench_worker, hostmem
 from spot_jax.errors import ConfigError
 
 PYTHONPATH_HINT = ("put checkouts of google-research/t5x, flaxformer and prompt-tuning (plus t5x's "
@@ -188,5 +188,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.contrib.t5x.bench",
-                   keep_heap=os.environ.get(hostmem.ENV) == "keep"))
+  sys.exit(bench_worker.run(main, "spot_jax.contrib.t5x.bench"))
