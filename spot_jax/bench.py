@@ -9,6 +9,9 @@ median step time, examples/s, tokens/s (input + target tokens), XLA's FLOPs per 
 analysis of the compiled step), MFU against a float32 matmul peak measured in the same run, the
 median inference (teacher-forced scoring) step time, trainable parameters, trainable state bytes
 and the process's peak host memory (ru_maxrss, cumulative over the rows of one run).
+`--interleave` compares methods on a machine whose speed drifts: every step is built first, then
+each round times one step of each method (order reversed every other round), and each row reports
+its paired step-time ratio to the first method (the median over the rounds).
 `--compilation_cache_dir` turns on JAX's persistent compilation cache, so a second run of the
 same shape skips compiling. `--vs=peft` / `--vs=t5x` time the PyTorch + PEFT / t5x + prompt-tuning
 counterparts in separate processes (`bench_peft`, `contrib.t5x.bench`). Benchmark in float32 on CPUs without bf16 hardware. Targets for speed
@@ -16,12 +19,14 @@ and memory live here and in docs/benchmarks.md, never in timed tests.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -131,15 +136,41 @@ def _timed(fn, n: int) -> list[float]:
   return times
 
 
-def bench_method(method: str, config_name: str, batch_size: int, input_length: int,
-                 target_length: int, steps: int, prompt_length: int, *, dropout_rate: float = 0.1,
-                 warmup: int = 1, inference_steps: int = 3, seed: int = 0,
-                 peak_flops: Optional[float] = None, config_overrides: Optional[dict] = None,
-                 dropout_rng: str = "threefry") -> dict:
-  """Compiles and times `method`'s train step (and its inference step); returns one result row.
+@contextlib.contextmanager
+def _bench_mesh():
+  """The trainer's data-parallel mesh and logical rules; yields (replicated, batch-split) shardings.
 
-  `config_overrides` are `T5Config` fields replacing the named config's (e.g. num_heads=8).
+  With several devices (--cpu_devices) the batch is split and the rest replicated.
   """
+  mesh = partitioning.create_mesh(1)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(list(partitioning.logical_rules())):
+    yield partitioning.replicated(mesh), partitioning.batch_sharding(mesh)
+
+
+@dataclasses.dataclass
+class _Run:
+  """One method's compiled train step, its live state, and what building it measured."""
+  method: str
+  model: models.EncoderDecoderModel
+  step: Callable
+  state: TrainState
+  frozen: Any
+  batch: Any
+  metrics: Any
+  row: dict  # the fields known before timing (shape, compile times, FLOPs, parameter counts)
+
+  def time_step(self) -> float:
+    """Runs one train step to completion; its wall time in seconds."""
+    t0 = time.perf_counter()
+    self.state, self.metrics = self.step(self.state, self.frozen, self.batch)
+    jax.block_until_ready(self.metrics["loss"])
+    return time.perf_counter() - t0
+
+
+def _prepare(method: str, config_name: str, batch_size: int, input_length: int, target_length: int,
+             prompt_length: int, shardings, *, dropout_rate: float, warmup: int, seed: int,
+             config_overrides: Optional[dict], dropout_rng: str) -> _Run:
+  """Builds `method`'s model and state, compiles its train step (timed) and runs 1 + `warmup` steps."""
   kind, length = METHODS[method]
   length = prompt_length if length is None else length
   config = bench_config(config_name, config_overrides, dropout_rate)
@@ -158,25 +189,9 @@ def bench_method(method: str, config_name: str, batch_size: int, input_length: i
     tx = optimizers.adafactor()
   state = TrainState.create(params, tx, state_rng)
   batch = _batch(config.vocab_size, batch_size, input_length, target_length, seed)
-  # Several devices (--cpu_devices): the trainer's data-parallel mesh, batch split, rest replicated.
-  mesh = partitioning.create_mesh(1)
-  rep, split = partitioning.replicated(mesh), partitioning.batch_sharding(mesh)
-  state, frozen, batch = jax.device_put((state, frozen, batch), (rep, rep, split))
-  with jax.set_mesh(mesh), nn.logical_axis_rules(list(partitioning.logical_rules())):
-    return _time_method(model, tx, state, frozen, batch, (rep, split), method=method, kind=kind,
-                        length=length, config=config, config_name=config_name,
-                        config_overrides=config_overrides, batch_size=batch_size,
-                        input_length=input_length, target_length=target_length,
-                        dropout_rate=dropout_rate, steps=steps, warmup=warmup,
-                        inference_steps=inference_steps, peak_flops=peak_flops,
-                        dropout_rng=dropout_rng)
-
-
-def _time_method(model, tx, state, frozen, batch, shardings, *, method, kind, length, config,
-                 config_name, config_overrides, batch_size, input_length, target_length,
-                 dropout_rate, steps, warmup, inference_steps, peak_flops, dropout_rng) -> dict:
-  """The timed part of `bench_method` (inside its mesh)."""
   rep, split = shardings
+  state, frozen, batch = jax.device_put((state, frozen, batch), (rep, rep, split))
+
   t0 = time.perf_counter()
   traced = jax.jit(trainer.make_train_step(model, tx, dropout_rng), donate_argnums=(0,),
                    in_shardings=(rep, rep, split), out_shardings=(rep, rep)).trace(state, frozen, batch)
@@ -190,45 +205,107 @@ def _time_method(model, tx, state, frozen, batch, shardings, *, method, kind, le
   first_step_s = time.perf_counter() - t0
   flops = xla_flops(step)  # XLA counts one device's share of an SPMD program
   flops = flops * jax.device_count() if flops else flops
-
   for _ in range(warmup):
     state, metrics = step(state, frozen, batch)
   jax.block_until_ready(metrics["loss"])
-  times = []
-  for _ in range(steps):
-    t0 = time.perf_counter()
-    state, metrics = step(state, frozen, batch)
-    jax.block_until_ready(metrics["loss"])
-    times.append(time.perf_counter() - t0)
-  step_s = float(np.median(times))
-
-  merged = models.merge_params(frozen, state.params)
-  score = jax.jit(model.score_batch)
-  jax.block_until_ready(score(merged, batch))
-  infer_s = float(np.median(_timed(lambda: score(merged, batch), inference_steps)))
-
   row = {
       "method": method, "prompt_method": kind, "prompt_length": length if model.has_prompt else 0,
       "config": config_name, "config_overrides": dict(config_overrides or {}),
       "shape": {k: getattr(config, k) for k in SHAPE_FIELDS}, "batch_size": batch_size, "input_length": input_length,
-      "target_length": target_length, "dropout_rate": dropout_rate, "steps": steps,
-      "step_sec_median": step_s, "step_sec_min": float(min(times)), "step_sec_max": float(max(times)),
-      "steps_per_sec": 1.0 / step_s, "examples_per_sec": batch_size / step_s,
-      "tokens_per_sec": batch_size * (input_length + target_length) / step_s,
+      "target_length": target_length, "dropout_rate": dropout_rate,
       "trace_sec": trace_s, "lower_sec": lower_s, "compile_sec": compile_s,
       "compile_plus_first_step_sec": first_step_s, "hlo_ops": hlo_op_counts(lowered, step),
-      "inference_step_sec_median": infer_s,
-      "flops_per_step": flops, "achieved_flops_per_sec": flops / step_s if flops else None,
-      "mfu": flops / step_s / peak_flops if flops and peak_flops else None,
+      "flops_per_step": flops,
       "trainable_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(state.params))),
       "trainable_state_bytes": _nbytes(state.params) + _nbytes(state.opt_state),
       "frozen_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(frozen))),
-      "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(),
-      "final_loss": float(metrics["loss"]),
       "devices": jax.device_count(), "dropout_rng": dropout_rng, "malloc": hostmem.applied(),
-      "load_average_1min": os.getloadavg()[0],  # other jobs on a shared machine distort timings
   }
+  return _Run(method, model, step, state, frozen, batch, metrics, row)
+
+
+def _finish(run: _Run, times: Sequence[float], *, inference_steps: int,
+            peak_flops: Optional[float], timing: str) -> dict:
+  """The result row: `run`'s build-time fields, its step times and its inference step."""
+  merged = models.merge_params(run.frozen, run.state.params)
+  score = jax.jit(run.model.score_batch)
+  jax.block_until_ready(score(merged, run.batch))
+  infer_s = float(np.median(_timed(lambda: score(merged, run.batch), inference_steps)))
+  step_s = float(np.median(times))
+  row, flops = dict(run.row), run.row["flops_per_step"]
+  batch_size, tokens = row["batch_size"], row["input_length"] + row["target_length"]
+  row.update({
+      "timing": timing, "steps": len(times), "step_sec_all": [float(t) for t in times],
+      "step_sec_median": step_s, "step_sec_min": float(min(times)), "step_sec_max": float(max(times)),
+      "steps_per_sec": 1.0 / step_s, "examples_per_sec": batch_size / step_s,
+      "tokens_per_sec": batch_size * tokens / step_s,
+      "inference_step_sec_median": infer_s,
+      "achieved_flops_per_sec": flops / step_s if flops else None,
+      "mfu": flops / step_s / peak_flops if flops and peak_flops else None,
+      "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(),
+      "final_loss": float(run.metrics["loss"]),
+      "load_average_1min": os.getloadavg()[0],  # other jobs on a shared machine distort timings
+  })
   return row
+
+
+def bench_method(method: str, config_name: str, batch_size: int, input_length: int,
+                 target_length: int, steps: int, prompt_length: int, *, dropout_rate: float = 0.1,
+                 warmup: int = 1, inference_steps: int = 3, seed: int = 0,
+                 peak_flops: Optional[float] = None, config_overrides: Optional[dict] = None,
+                 dropout_rng: str = "threefry") -> dict:
+  """Compiles and times `method`'s train step (and its inference step); returns one result row.
+
+  `config_overrides` are `T5Config` fields replacing the named config's (e.g. num_heads=8).
+  """
+  with _bench_mesh() as shardings:
+    run = _prepare(method, config_name, batch_size, input_length, target_length, prompt_length,
+                   shardings, dropout_rate=dropout_rate, warmup=warmup, seed=seed,
+                   config_overrides=config_overrides, dropout_rng=dropout_rng)
+    times = [run.time_step() for _ in range(steps)]
+    return _finish(run, times, inference_steps=inference_steps, peak_flops=peak_flops,
+                   timing="sequential")
+
+
+def round_order(num_methods: int, round_index: int) -> list[int]:
+  """The order of the methods in one interleaved round: as given, reversed every other round."""
+  order = list(range(num_methods))
+  return order if round_index % 2 == 0 else order[::-1]
+
+
+def bench_interleaved(methods: Sequence[str], config_name: str, batch_size: int, input_length: int,
+                      target_length: int, steps: int, prompt_length: int, *,
+                      dropout_rate: float = 0.1, warmup: int = 1, inference_steps: int = 3,
+                      seed: int = 0, peak_flops: Optional[float] = None,
+                      config_overrides: Optional[dict] = None, dropout_rng: str = "threefry"
+                      ) -> list[dict]:
+  """Times `methods` against each other: every step is built first, then `steps` rounds run one
+  step of each method (`round_order`), so a change of the machine's speed during the run falls on
+  every method alike. Each row also gets `paired_step_ratio`: the median over the rounds of its step
+  time over the first method's in the same round (1.0 for the first method).
+  """
+  with _bench_mesh() as shardings:
+    runs = [_prepare(m, config_name, batch_size, input_length, target_length, prompt_length,
+                     shardings, dropout_rate=dropout_rate, warmup=warmup, seed=seed,
+                     config_overrides=config_overrides, dropout_rng=dropout_rng) for m in methods]
+    times = [[] for _ in runs]
+    for r in range(steps):
+      for i in round_order(len(runs), r):
+        times[i].append(runs[i].time_step())
+    rows = [_finish(run, t, inference_steps=inference_steps, peak_flops=peak_flops,
+                    timing="interleaved") for run, t in zip(runs, times)]
+  first = np.asarray(times[0])
+  for row, t in zip(rows, times):
+    row["paired_with"] = methods[0]
+    row["paired_step_ratio"] = float(np.median(np.asarray(t) / first))
+  return rows
+
+
+def paired_lines(rows: Sequence[dict]) -> list[str]:
+  """One line per interleaved row after the first: its paired step ratio to the first."""
+  return [f"{r['method']} / {r['paired_with']}: {r['paired_step_ratio']:.3f} (median over "
+          f"{r['steps']} interleaved rounds of the paired step-time ratio)"
+          for r in rows[1:] if "paired_step_ratio" in r]
 
 
 _COLUMNS = (("method", "method", "{}"), ("devices", "devices", "{}"),
@@ -375,6 +452,11 @@ def _parse(argv: Sequence[str]):
   parser.add_argument("--dropout_rate", type=float, default=0.1)
   parser.add_argument("--steps", type=int, default=5, help="timed steps (median reported)")
   parser.add_argument("--warmup", type=int, default=1, help="untimed steps after the first")
+  parser.add_argument("--interleave", action="store_true",
+                      help="build every method's step first, then time --steps rounds of one step "
+                           "of each (order reversed every other round) and report each method's "
+                           "paired step-time ratio to the first: for comparing methods on a "
+                           "machine whose speed drifts")
   parser.add_argument("--inference_steps", type=int, default=3)
   parser.add_argument("--compilation_cache_dir", default=None,
                       help="JAX persistent compilation cache directory (a rerun skips compiling)")
@@ -438,15 +520,21 @@ def main(argv: Sequence[str]) -> int:
     trainer.enable_compilation_cache(args.compilation_cache_dir)
   peak = matmul_peak_flops()
   print(f"float32 matmul peak: {peak / 1e9:.1f} GFLOP/s on {jax.devices()[0]}", flush=True)
-  rows = []
-  for method in methods:
-    rows.append(bench_method(method, args.config, args.batch_size, args.input_length,
-                             args.target_length, args.steps, args.prompt_length,
-                             dropout_rate=args.dropout_rate, warmup=args.warmup,
-                             inference_steps=args.inference_steps, peak_flops=peak,
-                             config_overrides=overrides, dropout_rng=args.dropout_rng))
-    print(markdown_table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else markdown_table(rows),
-          end="\n" if len(rows) > 1 else "", flush=True)
+  kwargs = dict(dropout_rate=args.dropout_rate, warmup=args.warmup,
+                inference_steps=args.inference_steps, peak_flops=peak, config_overrides=overrides,
+                dropout_rng=args.dropout_rng)
+  shape = (args.config, args.batch_size, args.input_length, args.target_length, args.steps,
+           args.prompt_length)
+  if args.interleave:
+    rows = bench_interleaved(methods, *shape, **kwargs)
+    print(markdown_table(rows) + "".join(line + "\n" for line in paired_lines(rows)), end="",
+          flush=True)
+  else:
+    rows = []
+    for method in methods:
+      rows.append(bench_method(method, *shape, **kwargs))
+      print(markdown_table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else markdown_table(rows),
+            end="\n" if len(rows) > 1 else "", flush=True)
   if args.vs == "peft":
     for row in rows:
       peft_row = run_peft(row, args.steps, args.warmup, peak, args.peer_malloc)
@@ -471,7 +559,8 @@ def main(argv: Sequence[str]) -> int:
   if args.markdown:
     with open(args.markdown, "w") as f:
       f.write(f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s; `python -m spot_jax.bench "
-              f"{' '.join(argv)}`\n\n" + markdown_table(rows) + _peft_table(rows)
+              f"{' '.join(argv)}`\n\n" + markdown_table(rows)
+              + "".join(f"\n{line}\n" for line in paired_lines(rows)) + _peft_table(rows)
               + _t5x_table(rows))
   return 0
 

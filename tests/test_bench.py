@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from spot_jax import bench, cli, hostmem
@@ -23,6 +24,8 @@ def test_bench_rows(tmp_path):
   assert rows["prompt_tuning"]["frozen_params"] == rows["model_tuning"]["trainable_params"]
   for row in rows.values():
     assert row["step_sec_min"] <= row["step_sec_median"] <= row["step_sec_max"]
+    assert row["timing"] == "sequential" and len(row["step_sec_all"]) == row["steps"] == 2
+    assert "paired_step_ratio" not in row
     assert row["compile_sec"] < row["compile_plus_first_step_sec"]
     assert row["flops_per_step"] > 0 and 0 < row["mfu"]
     assert row["tokens_per_sec"] == pytest.approx(row["examples_per_sec"] * 20)
@@ -32,6 +35,33 @@ def test_bench_rows(tmp_path):
   table = md.read_text().splitlines()
   assert len([l for l in table if l.startswith("| ")]) == 1 + len(rows)
   assert meta["matmul_peak_flops_per_sec"] > 0
+
+
+def test_interleaved_rows_pair_each_round(tmp_path):
+  out, md = tmp_path / "bench.json", tmp_path / "bench.md"
+  assert bench.main(["--config=t5_1_1_test", "--steps=3", "--input_length=16", "--target_length=4",
+                     "--batch_size=2", "--prompt_length=8", "--methods=prompt_tuning,smop4x5,prompt_tuning",
+                     "--warmup=0", "--inference_steps=1", "--interleave", f"--json={out}",
+                     f"--markdown={md}"]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["method"] for r in rows] == ["prompt_tuning", "smop4x5", "prompt_tuning"]
+  first = np.asarray(rows[0]["step_sec_all"])
+  for row in rows:
+    times = np.asarray(row["step_sec_all"])
+    assert row["timing"] == "interleaved" and row["paired_with"] == "prompt_tuning"
+    assert row["steps"] == len(times) == 3 and row["step_sec_median"] == np.median(times)
+    assert row["paired_step_ratio"] == pytest.approx(np.median(times / first))
+  assert rows[0]["paired_step_ratio"] == 1.0
+  # The same method twice: the same program, the same FLOPs and the same trained prompt.
+  assert rows[2]["flops_per_step"] == rows[0]["flops_per_step"]
+  assert rows[2]["final_loss"] == rows[0]["final_loss"]
+  assert rows[1]["final_loss"] != rows[0]["final_loss"]
+  text = md.read_text()
+  assert "smop4x5 / prompt_tuning: " in text and "3 interleaved rounds" in text
+
+
+def test_round_order_alternates():
+  assert [bench.round_order(3, r) for r in range(3)] == [[0, 1, 2], [2, 1, 0], [0, 1, 2]]
 
 
 def test_xla_flops_counts_a_matmul():
