@@ -150,7 +150,6 @@ def _bench_mesh():
 @dataclasses.dataclass
 class _Run:
   """One method's compiled train step, its live state, and what building it measured."""
-  method: str
   model: models.EncoderDecoderModel
   step: Callable
   state: TrainState
@@ -221,7 +220,7 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
       "frozen_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(frozen))),
       "devices": jax.device_count(), "dropout_rng": dropout_rng, "malloc": hostmem.applied(),
   }
-  return _Run(method, model, step, state, frozen, batch, metrics, row)
+  return _Run(model, step, state, frozen, batch, metrics, row)
 
 
 def _finish(run: _Run, times: Sequence[float], *, inference_steps: int,
@@ -249,55 +248,44 @@ def _finish(run: _Run, times: Sequence[float], *, inference_steps: int,
   return row
 
 
-def bench_method(method: str, config_name: str, batch_size: int, input_length: int,
-                 target_length: int, steps: int, prompt_length: int, *, dropout_rate: float = 0.1,
-                 warmup: int = 1, inference_steps: int = 3, seed: int = 0,
-                 peak_flops: Optional[float] = None, config_overrides: Optional[dict] = None,
-                 dropout_rng: str = "threefry") -> dict:
-  """Compiles and times `method`'s train step (and its inference step); returns one result row.
-
-  `config_overrides` are `T5Config` fields replacing the named config's (e.g. num_heads=8).
-  """
-  with _bench_mesh() as shardings:
-    run = _prepare(method, config_name, batch_size, input_length, target_length, prompt_length,
-                   shardings, dropout_rate=dropout_rate, warmup=warmup, seed=seed,
-                   config_overrides=config_overrides, dropout_rng=dropout_rng)
-    times = [run.time_step() for _ in range(steps)]
-    return _finish(run, times, inference_steps=inference_steps, peak_flops=peak_flops,
-                   timing="sequential")
-
-
 def round_order(num_methods: int, round_index: int) -> list[int]:
   """The order of the methods in one interleaved round: as given, reversed every other round."""
   order = list(range(num_methods))
   return order if round_index % 2 == 0 else order[::-1]
 
 
-def bench_interleaved(methods: Sequence[str], config_name: str, batch_size: int, input_length: int,
-                      target_length: int, steps: int, prompt_length: int, *,
-                      dropout_rate: float = 0.1, warmup: int = 1, inference_steps: int = 3,
-                      seed: int = 0, peak_flops: Optional[float] = None,
-                      config_overrides: Optional[dict] = None, dropout_rng: str = "threefry"
-                      ) -> list[dict]:
-  """Times `methods` against each other: every step is built first, then `steps` rounds run one
-  step of each method (`round_order`), so a change of the machine's speed during the run falls on
-  every method alike. Each row also gets `paired_step_ratio`: the median over the rounds of its step
-  time over the first method's in the same round (1.0 for the first method).
+def bench_methods(methods: Sequence[str], config_name: str, batch_size: int, input_length: int,
+                  target_length: int, steps: int, prompt_length: int, *, interleave: bool = False,
+                  dropout_rate: float = 0.1, warmup: int = 1, inference_steps: int = 3,
+                  seed: int = 0, peak_flops: Optional[float] = None,
+                  config_overrides: Optional[dict] = None, dropout_rng: str = "threefry"
+                  ) -> list[dict]:
+  """Compiles and times each method's train step (and its inference step); one row per method.
+
+  Without `interleave` each method is built and timed in turn. With it every step is built first,
+  then `steps` rounds run one step of each method (`round_order`), so a change of the machine's
+  speed during the run falls on every method alike; each row also gets `paired_step_ratio`: the
+  median over the rounds of its step time over the first method's in the same round.
+  `config_overrides` are `T5Config` fields replacing the named config's (e.g. num_heads=8).
   """
-  with _bench_mesh() as shardings:
-    runs = [_prepare(m, config_name, batch_size, input_length, target_length, prompt_length,
-                     shardings, dropout_rate=dropout_rate, warmup=warmup, seed=seed,
-                     config_overrides=config_overrides, dropout_rng=dropout_rng) for m in methods]
-    times = [[] for _ in runs]
-    for r in range(steps):
-      for i in round_order(len(runs), r):
-        times[i].append(runs[i].time_step())
-    rows = [_finish(run, t, inference_steps=inference_steps, peak_flops=peak_flops,
-                    timing="interleaved") for run, t in zip(runs, times)]
-  first = np.asarray(times[0])
-  for row, t in zip(rows, times):
-    row["paired_with"] = methods[0]
-    row["paired_step_ratio"] = float(np.median(np.asarray(t) / first))
+  rows = []
+  for group in [list(methods)] if interleave else [[m] for m in methods]:
+    with _bench_mesh() as shardings:
+      runs = [_prepare(m, config_name, batch_size, input_length, target_length, prompt_length,
+                       shardings, dropout_rate=dropout_rate, warmup=warmup, seed=seed,
+                       config_overrides=config_overrides, dropout_rng=dropout_rng) for m in group]
+      times = [[] for _ in runs]
+      for r in range(steps):
+        for i in round_order(len(runs), r):
+          times[i].append(runs[i].time_step())
+      rows += [_finish(run, t, inference_steps=inference_steps, peak_flops=peak_flops,
+                       timing="interleaved" if interleave else "sequential")
+               for run, t in zip(runs, times)]
+  if interleave:
+    first = np.asarray(rows[0]["step_sec_all"])
+    for row in rows:
+      row["paired_with"] = methods[0]
+      row["paired_step_ratio"] = float(np.median(np.asarray(row["step_sec_all"]) / first))
   return rows
 
 
@@ -526,13 +514,13 @@ def main(argv: Sequence[str]) -> int:
   shape = (args.config, args.batch_size, args.input_length, args.target_length, args.steps,
            args.prompt_length)
   if args.interleave:
-    rows = bench_interleaved(methods, *shape, **kwargs)
+    rows = bench_methods(methods, *shape, interleave=True, **kwargs)
     print(markdown_table(rows) + "".join(line + "\n" for line in paired_lines(rows)), end="",
           flush=True)
   else:
     rows = []
-    for method in methods:
-      rows.append(bench_method(method, *shape, **kwargs))
+    for method in methods:  # a row printed as soon as it is measured
+      rows += bench_methods([method], *shape, **kwargs)
       print(markdown_table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else markdown_table(rows),
             end="\n" if len(rows) > 1 else "", flush=True)
   if args.vs == "peft":
