@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 import pathlib
 import re
@@ -78,7 +79,10 @@ def quiet_abandoned_reads() -> Iterator[None]:
   After a failure this waits a fraction of a second for those reads, then leaves a filter on
   `sys.unraisablehook` for the rest of the process that drops only reports of orbax's own
   coroutines: a read that completes later (a busy machine) stays silent too, and every other
-  unraisable exception still reaches the previous hook.
+  unraisable exception still reaches the previous hook. A read that fails while orbax's loop is
+  still running reaches asyncio's "Task exception was never retrieved" log line instead: from the
+  first failure on, `DropAbandonedReadErrors` keeps those of orbax's own code off the "asyncio"
+  logger.
   """
   hook = sys.unraisablehook
   sys.unraisablehook = lambda unused: None
@@ -87,6 +91,9 @@ def quiet_abandoned_reads() -> Iterator[None]:
     yield
   except BaseException:
     failed = True
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, DropAbandonedReadErrors) for f in asyncio_log.filters):
+      asyncio_log.addFilter(DropAbandonedReadErrors())
     for _ in range(10):
       gc.collect()
       time.sleep(0.05)
@@ -98,10 +105,24 @@ def quiet_abandoned_reads() -> Iterator[None]:
       sys.unraisablehook = DropAbandonedReads(hook)
 
 
+def _in_orbax(filename: str) -> bool:
+  return f"{os.sep}orbax{os.sep}" in filename
+
+
 def is_orbax_coroutine(obj: Any) -> bool:
   """Whether `obj` is a coroutine defined in orbax's package."""
   code = getattr(obj, "cr_code", None)
-  return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+  return code is not None and _in_orbax(code.co_filename)
+
+
+def raised_in_orbax(error: Optional[BaseException]) -> bool:
+  """Whether `error`'s traceback passes through orbax's package."""
+  tb = getattr(error, "__traceback__", None)
+  while tb is not None:
+    if _in_orbax(tb.tb_frame.f_code.co_filename):
+      return True
+    tb = tb.tb_next
+  return False
 
 
 class DropAbandonedReads:
@@ -113,6 +134,15 @@ class DropAbandonedReads:
   def __call__(self, args: Any) -> None:
     if not is_orbax_coroutine(args.object):
       self.forward(args)
+
+
+class DropAbandonedReadErrors(logging.Filter):
+  """A filter for the "asyncio" logger: drops "... exception was never retrieved" of orbax's reads."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    unretrieved = record.getMessage().startswith(("Task exception was never retrieved",
+                                                  "Future exception was never retrieved"))
+    return not (unretrieved and record.exc_info and raised_in_orbax(record.exc_info[1]))
 
 
 def _flat_shapes(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -5,6 +5,9 @@ best/ and divergence tests call the library directly (no process start-up to pay
 """
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
 import os
 import pathlib
 import re
@@ -196,9 +199,9 @@ def _abstract_of_run(model, optimizer):
   return trainer._state_dict(state)  # pylint: disable=protected-access
 
 
-def _coroutine_from(filename: str):
+def _coroutine_from(filename: str, body: str = "return None"):
   namespace = {}
-  exec(compile("async def read():\n  return None\n", filename, "exec"), namespace)  # pylint: disable=exec-used
+  exec(compile(f"async def read():\n  {body}\n", filename, "exec"), namespace)  # pylint: disable=exec-used
   return namespace["read"]()
 
 
@@ -234,3 +237,45 @@ def test_after_a_failed_restore_late_orbax_reads_stay_silent_and_nothing_else_do
   finally:
     orbax_read.close()
     other.close()
+
+
+def _free_a_failed_task(coroutine) -> None:
+  """Runs `coroutine` as an asyncio task that fails, nobody retrieving its error, and frees it."""
+  loop = asyncio.new_event_loop()
+  try:
+    task = loop.create_task(coroutine)
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert task.done() and task.exception
+    del task
+    gc.collect()
+  finally:
+    loop.close()
+
+
+def test_after_a_failed_restore_orbax_task_errors_stay_off_the_asyncio_log():
+  """A read that fails while orbax's loop still runs is logged by asyncio, not Python's hook."""
+  log = logging.getLogger("asyncio")
+  filters, saved_hook = list(log.filters), sys.unraisablehook
+  records = []
+  handler = logging.Handler()
+  handler.emit = records.append
+  log.addHandler(handler)
+  failing = "raise ValueError('OUT_OF_RANGE: Requested byte range is not valid')"
+  try:
+    with pytest.raises(RuntimeError):
+      with checkpointing.quiet_abandoned_reads():
+        raise RuntimeError("a read failed")
+    with pytest.raises(RuntimeError):
+      with checkpointing.quiet_abandoned_reads():
+        raise RuntimeError("again")
+    assert sum(isinstance(f, checkpointing.DropAbandonedReadErrors) for f in log.filters) == 1
+    _free_a_failed_task(_coroutine_from(
+        os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "serialization.py"), failing))
+    assert not records
+    _free_a_failed_task(_coroutine_from(__file__, failing))
+    assert [r.getMessage().splitlines()[0] for r in records] == ["Task exception was never retrieved"]
+    assert "OUT_OF_RANGE" in str(records[0].exc_info[1])
+  finally:
+    log.removeHandler(handler)
+    log.filters[:] = filters
+    sys.unraisablehook = saved_hook
