@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax import (bench_peft, bench_worker, cli, distributed, hostmem, models, optimizers,
+from spot_jax import (bench_peft, bench_worker, cli, distributed, fileio, hostmem, models, optimizers,
                       partitioning, prompts, trainer)
 from spot_jax.contrib.t5x import bench as bench_t5x
 from spot_jax.errors import ConfigError
@@ -476,6 +476,10 @@ def main(argv: Sequence[str]) -> int:
   if args.methods is None:
     args.methods = "pt100" if args.vs == "t5x" else ",".join(DEFAULT_METHODS)
   methods = [m for m in args.methods.split(",") if m]
+  if not methods:
+    raise ConfigError(f"--methods={args.methods!r} names no method; valid: {', '.join(METHODS)}")
+  outputs = {flag: fileio.output_file(path, flag)
+             for flag, path in (("--json", args.json), ("--markdown", args.markdown)) if path}
   config_by_name(args.config)
   overrides = {k: getattr(args, k) for k in _OVERRIDE_FLAGS if getattr(args, k) is not None}
   bad = [f"--{k}={v}" for k, v in overrides.items() if v <= 0]
@@ -542,10 +546,10 @@ def main(argv: Sequence[str]) -> int:
   meta = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
           "matmul_peak_flops_per_sec": peak, "argv": list(argv), "rows": rows}
   if args.json:
-    with open(args.json, "w") as f:
+    with fileio.atomic_open(outputs["--json"], "w", encoding="utf-8") as f:
       json.dump(meta, f, indent=2)
   if args.markdown:
-    with open(args.markdown, "w") as f:
+    with fileio.atomic_open(outputs["--markdown"], "w", encoding="utf-8") as f:
       f.write(f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s; `python -m spot_jax.bench "
               f"{' '.join(argv)}`\n\n" + markdown_table(rows)
               + "".join(f"\n{line}\n" for line in paired_lines(rows)) + _peft_table(rows)

@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import jax
 import numpy as np
 
-from spot_jax import bench, bench_worker, bucketing, cli, data, models, optimizers, trainer
+from spot_jax import bench, bench_worker, bucketing, cli, data, fileio, models, optimizers, trainer
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from spot_jax.train_state import TrainState
@@ -270,6 +270,8 @@ def main(argv: Sequence[str]) -> int:
                       "bucket_window must be positive and warmup >= 0")
   if not 0.0 <= args.dropout_rate < 1.0:
     raise ConfigError(f"dropout_rate must be in [0, 1), got {args.dropout_rate}")
+  outputs = {flag: fileio.output_file(path, flag)
+             for flag, path in (("--json", args.json), ("--markdown", args.markdown)) if path}
   specs = args.lengths or list(DEFAULT_LENGTHS)
   plans = []
   for spec in specs:
@@ -301,10 +303,10 @@ def main(argv: Sequence[str]) -> int:
   table = markdown(result)
   print(table, end="", flush=True)
   if args.json:
-    with open(args.json, "w") as f:
+    with fileio.atomic_open(outputs["--json"], "w", encoding="utf-8") as f:
       json.dump(result, f, indent=2)
   if args.markdown:
-    with open(args.markdown, "w") as f:
+    with fileio.atomic_open(outputs["--markdown"], "w", encoding="utf-8") as f:
       f.write(f"`python -m spot_jax.bench_lengths {' '.join(argv)}`: {args.method} on {args.config}, batch "
               f"{args.batch_size}, {args.target_length} targets, dropout {args.dropout_rate}, float32\n\n" + table)
   return 0

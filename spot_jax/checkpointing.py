@@ -26,15 +26,15 @@ import os
 import pathlib
 import re
 import sys
-import tempfile
 import time
-from typing import IO, Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
 from spot_jax.errors import ConfigError
+from spot_jax.fileio import atomic_write_bytes
 
 PROMPT_STEP_RE = re.compile(r"^prompt_step_(\d+)\.npy$")
 CORRUPT_SUFFIX = ".corrupt"
@@ -184,33 +184,6 @@ def writable_dir(path: str | os.PathLike, what: str) -> pathlib.Path:
     raise ConfigError(f"{what} {str(folder)!r} is not writable ({e.strerror or e}); give a "
                       f"directory you can create and write to") from None
   return folder
-
-
-@contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: Optional[str] = None) -> Iterator[IO]:
-  """A file at `path` that appears only if the block completes (temporary file, fsync, rename).
-
-  A failure inside the block removes the temporary file and leaves any previous `path` as it was.
-  """
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, mode, encoding=encoding) as f:
-      yield f
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-
-
-def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
-  """Writes `data` to `path` through a temporary file and an atomic rename."""
-  with atomic_open(path, "wb") as f:
-    f.write(data)
 
 
 def save_npy(path: pathlib.Path, array: np.ndarray) -> None:

@@ -1,16 +1,76 @@
-"""Writing directories so that a reader never sees a half-written one.
+"""Writing files and directories so that a reader never sees a half-written one.
 
-`staged_directory(path)` hands out a fresh path beside `path` to fill; only when the block
-completes does it take `path`'s place (the old directory, if any, is moved aside first and
-removed after). A failure leaves `path` as it was and no staging folder behind.
+`atomic_open(path)` writes a temporary file beside `path` and renames it over `path` only when
+the block completes. `staged_directory(path)` does the same for a directory: it hands out a fresh
+path beside `path` to fill, which takes `path`'s place at the end (the old directory, if any, is
+moved aside first and removed after). A failure leaves `path` as it was and nothing behind.
+`output_file(path, flag)` checks a command's output file before the command does its work.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import pathlib
 import tempfile
-from typing import Iterator
+from typing import IO, Iterator, Optional
+
+from spot_jax.errors import ConfigError
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: Optional[str] = None) -> Iterator[IO]:
+  """A file at `path` that appears only if the block completes (temporary file, fsync, rename).
+
+  A failure inside the block removes the temporary file and leaves any previous `path` as it was.
+  """
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, mode, encoding=encoding) as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+  """Writes `data` to `path` through a temporary file and an atomic rename."""
+  with atomic_open(path, "wb") as f:
+    f.write(data)
+
+
+def output_file(path: str | os.PathLike, flag: str) -> pathlib.Path:
+  """Checks, before any work, that `path` can be written as a file; returns it absolute.
+
+  The folder must already exist and take a new file (a probe file is written and removed), and
+  `path` must not be a directory. An existing file is left alone: it is replaced only when the
+  command writes its result (through `atomic_open`).
+
+  Raises:
+    ConfigError: one line naming `flag` (e.g. "--json") and what is wrong.
+  """
+  target = pathlib.Path(path).expanduser().absolute()
+  folder = target.parent
+  if target.is_dir():
+    raise ConfigError(f"{flag} {str(path)!r} is a directory; give a file path")
+  if not folder.is_dir():
+    what = "is not a directory" if folder.exists() else "does not exist"
+    raise ConfigError(f"{flag} {str(path)!r}: {str(folder)!r} {what}; give a file in an existing "
+                      f"directory")
+  try:
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".probe")
+    os.close(fd)
+    os.unlink(probe)
+  except OSError as e:
+    raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(folder)!r} ({e.strerror or e}); "
+                      f"give a file in a directory you can write to") from None
+  return target
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from spot_jax import cli
+from spot_jax import cli, fileio
 from spot_jax.errors import ConfigError
 
 PROG = "spot_jax.infer"
@@ -151,6 +151,8 @@ def _backbone(args, config) -> Any:
 
 def _interpret(args, table, config) -> int:
   from spot_jax.serve import interpret  # pylint: disable=g-import-not-at-top
+  if args.output:
+    fileio.output_file(args.output, "--output")
   if args.checkpoint:
     from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
     embedding = checkpoints.load_embedding(args.checkpoint, config)
@@ -187,9 +189,7 @@ def _predict(args, table, config) -> int:
   for flag in ("batch_size", "input_length", "max_decode_length"):
     if getattr(args, flag) < 1:
       raise ConfigError(f"--{flag} must be a positive integer, got {getattr(args, flag)}")
-  folder = os.path.dirname(os.path.abspath(args.output))
-  if not os.path.isdir(folder):
-    raise ConfigError(f"--output {args.output}: directory {folder} does not exist")
+  fileio.output_file(args.output, "--output")
   if args.task:
     examples, vocab = inputs.task_examples(args.task, args.split, args.input_length,
                                            args.task_module, args.num_examples)

@@ -16,7 +16,7 @@ import pathlib
 import sys
 from typing import Sequence
 
-from spot_jax import checkpointing
+from spot_jax import fileio
 from spot_jax import cli
 from spot_jax.errors import ConfigError
 from spot_jax.spot import fingerprint as fingerprint_lib
@@ -71,7 +71,7 @@ def main(argv: Sequence[str]) -> int:
   work_dir = pathlib.Path(args.work_dir)
   report = retrieval.retrieve(settings, args.target_task, entries, strategies, work_dir, options)
   report["library"] = str(lib.root)
-  checkpointing.atomic_write_bytes(work_dir / "retrieval.json", json.dumps(report, indent=1).encode())
+  fileio.atomic_write_bytes(work_dir / "retrieval.json", json.dumps(report, indent=1).encode())
   print(f"wrote {work_dir / 'retrieval.json'}")
   return 0
 

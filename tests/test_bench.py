@@ -78,11 +78,24 @@ def test_xla_flops_counts_a_matmul():
     (["--dropout_rate=1.5"], "dropout_rate must be in [0, 1)"),
     (["--config=t5_nope"], "t5_nope"),
     (["--steps=x"], "invalid int value"),
+    (["--methods=,"], "--methods=',' names no method; valid: pt100"),
 ])
 def test_bench_rejects_bad_input(capsys, args, message):
   assert cli.run(bench.main, args, "spot_jax.bench") == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("spot_jax.bench: error: ") and message in err[0]
+
+
+def test_bench_checks_its_output_files_before_measuring(tmp_path, capsys):
+  """A bad --json or --markdown stops the run at once (not after minutes of timing); an
+  existing file there is left as it was."""
+  (tmp_path / "old.json").write_text("previous")
+  for args, message in [([f"--json={tmp_path}/no_dir/b.json"], "no_dir' does not exist"),
+                        ([f"--json={tmp_path}/old.json", f"--markdown={tmp_path}"], "is a directory")]:
+    assert cli.run(bench.main, ["--methods=pt100", *args], "spot_jax.bench") == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and message in err
+  assert (tmp_path / "old.json").read_text() == "previous"
 
 
 def test_bench_command_line_error_is_one_line():

@@ -207,6 +207,18 @@ def test_bad_input_one_line_and_no_output(files, capsys, case, extra, message):
   assert os.listdir(out_dir) == []
 
 
+@pytest.mark.parametrize("interpret", [False, True])
+def test_output_that_cannot_be_a_file_stops_before_the_model(files, capsys, interpret):
+  root, _ = files
+  (root / "out_is_dir").mkdir(exist_ok=True)
+  mode = ["--interpret"] if interpret else [f"--input={root}/in.jsonl"]
+  for output, message in [(root / "out_is_dir", "is a directory"), (root / "nope" / "o.jsonl", "does not exist")]:
+    status, out, err = _run(COMMON + [f"--prompt=a={root}/a.npy", *mode, f"--output={output}"], capsys)
+    assert status == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"spot_jax.infer: error: --output '{output}'") and message in err
+  assert os.listdir(root / "out_is_dir") == [] and not (root / "nope").exists()
+
+
 def test_failure_mid_run_leaves_no_partial_output(files, capsys, monkeypatch):
   """A crash in the second batch (5 inputs, 4 per batch): the earlier output file stays as it
   was and no temp file is left."""

@@ -17,7 +17,7 @@ from typing import IO, Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from spot_jax import checkpointing
+from spot_jax import fileio
 from spot_jax.errors import ConfigError
 
 
@@ -137,5 +137,5 @@ def atomic_jsonl(path: str) -> Iterator[IO[str]]:
   folder = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(folder):
     raise ConfigError(f"--output {path}: directory {folder} does not exist")
-  with checkpointing.atomic_open(path, "w", encoding="utf-8") as f:
+  with fileio.atomic_open(path, "w", encoding="utf-8") as f:
     yield f

@@ -29,7 +29,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from spot_jax import checkpointing
+from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.spot import fingerprint as fingerprint_lib
 
@@ -182,7 +182,7 @@ class Library:
                           f"another --id or remove the old entry first")
       if header is None:
         header = {"format": FORMAT, "fingerprint": dict(fingerprint), "embed_dim": int(prompt.shape[1])}
-        checkpointing.atomic_write_bytes(self.root / "library.json",
+        fileio.atomic_write_bytes(self.root / "library.json",
                                          json.dumps(header, indent=1).encode())
       record = {"format": ENTRY_FORMAT, "id": entry_id, "task": task, "run_id": str(run_id),
                 "seed": int(seed), "fingerprint": dict(fingerprint),
@@ -190,10 +190,10 @@ class Library:
                 "embedding_step": None if embedding_step is None else int(embedding_step)}
       for kind, array in (("prompt", prompt), ("embedding", embedding)):
         data = _npy_bytes(array)
-        checkpointing.atomic_write_bytes(self._array_path(entry_id, kind), data)
+        fileio.atomic_write_bytes(self._array_path(entry_id, kind), data)
         record[f"{kind}_shape"] = list(array.shape)
         record[f"{kind}_sha256"] = hashlib.sha256(data).hexdigest()
-      checkpointing.atomic_write_bytes(self._entry_path(entry_id), json.dumps(record, indent=1).encode())
+      fileio.atomic_write_bytes(self._entry_path(entry_id), json.dumps(record, indent=1).encode())
     return Entry(id=entry_id, task=task, run_id=str(run_id), seed=int(seed), fingerprint=dict(fingerprint),
                  score=record["score"], metric=metric, embedding_step=record["embedding_step"],
                  prompt=prompt, embedding=embedding)

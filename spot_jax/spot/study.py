@@ -27,7 +27,7 @@ import math
 import pathlib
 from typing import Callable, Optional, Sequence
 
-from spot_jax import checkpointing
+from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.spot import retrieval
 from spot_jax.spot import runs as runs_lib
@@ -131,7 +131,7 @@ def check_config(study_dir: pathlib.Path, settings: RunSettings, grid: Grid) -> 
       raise ConfigError(f"{str(study_dir)!r} holds a study made with other settings ({', '.join(changed)} "
                         f"differ, e.g. {changed[0]}={old.get(changed[0])!r}); use the same flags or a new --study_dir")
   else:
-    checkpointing.atomic_write_bytes(path, json.dumps(record, indent=1).encode())
+    fileio.atomic_write_bytes(path, json.dumps(record, indent=1).encode())
 
 
 def _generic_mixture(grid: Grid) -> str:
@@ -251,7 +251,7 @@ def write_tables(study_dir: pathlib.Path, rows: Sequence[dict], grid: Grid) -> N
   writer.writerow(COLUMNS)
   for row in rows:
     writer.writerow([_csv_value(row[c]) for c in COLUMNS])
-  checkpointing.atomic_write_bytes(study_dir / "results.csv", buf.getvalue().encode())
+  fileio.atomic_write_bytes(study_dir / "results.csv", buf.getvalue().encode())
   embeddings = {}
   for s in grid.sources:
     rec = runs_lib.read_record(study_dir / Cell("source", s, grid.source_seed).path)
@@ -263,4 +263,4 @@ def write_tables(study_dir: pathlib.Path, rows: Sequence[dict], grid: Grid) -> N
       embeddings[t] = str(rec.embedding_path.relative_to(study_dir))
   doc = {"grid": dataclasses.asdict(grid), "columns": list(COLUMNS), "rows": list(rows),
          "embeddings": embeddings}
-  checkpointing.atomic_write_bytes(study_dir / "results.json", json.dumps(doc, indent=1).encode())
+  fileio.atomic_write_bytes(study_dir / "results.json", json.dumps(doc, indent=1).encode())

@@ -24,6 +24,7 @@ from flax import traverse_util
 from t5x import state_utils
 
 from spot_jax import checkpointing
+from spot_jax import fileio
 from spot_jax import prompts as prompts_lib
 from spot_jax.contrib.t5x.optim import is_prompt_path
 
@@ -119,7 +120,7 @@ class PromptExporter:
     import io  # pylint: disable=g-import-not-at-top
     buf = io.BytesIO()
     np.savez(buf, **{k: np.asarray(v, np.float32) for k, v in flat.items()})
-    checkpointing.atomic_write_bytes(folder / f"prompt_params_step_{step}.npz", buf.getvalue())
+    fileio.atomic_write_bytes(folder / f"prompt_params_step_{step}.npz", buf.getvalue())
     path = folder / f"prompt_step_{step}.npy"
     checkpointing.save_npy(path, prompts_lib.effective_prompt(self.prompt, params))
     return path
