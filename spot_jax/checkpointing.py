@@ -168,24 +168,6 @@ def describe_mismatch(stored: Any, wanted: Any) -> Optional[str]:
   return None
 
 
-def writable_dir(path: str | os.PathLike, what: str) -> pathlib.Path:
-  """Creates directory `path` and proves it writable; returns it absolute (orbax wants that).
-
-  Raises:
-    ConfigError: one line naming `what` (e.g. "MODEL_DIR", "--output_dir") and the reason.
-  """
-  folder = pathlib.Path(path).expanduser().absolute()
-  try:
-    folder.mkdir(parents=True, exist_ok=True)
-    probe = folder / f".spot_jax_write_test.{os.getpid()}"  # per process: hosts may share it
-    probe.write_bytes(b"ok")
-    probe.unlink()
-  except OSError as e:
-    raise ConfigError(f"{what} {str(folder)!r} is not writable ({e.strerror or e}); give a "
-                      f"directory you can create and write to") from None
-  return folder
-
-
 def save_npy(path: pathlib.Path, array: np.ndarray) -> None:
   """Atomically saves one array as .npy."""
   import io  # pylint: disable=g-import-not-at-top

@@ -4,7 +4,8 @@
 the block completes. `staged_directory(path)` does the same for a directory: it hands out a fresh
 path beside `path` to fill, which takes `path`'s place at the end (the old directory, if any, is
 moved aside first and removed after). A failure leaves `path` as it was and nothing behind.
-`output_file(path, flag)` checks a command's output file before the command does its work.
+`output_file(path, flag)` and `writable_dir(path, flag)` check a command's output file or folder
+before the command does its work.
 """
 from __future__ import annotations
 
@@ -43,6 +44,24 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
   """Writes `data` to `path` through a temporary file and an atomic rename."""
   with atomic_open(path, "wb") as f:
     f.write(data)
+
+
+def writable_dir(path: str | os.PathLike, what: str) -> pathlib.Path:
+  """Creates directory `path` and proves it writable; returns it absolute (orbax wants that).
+
+  Raises:
+    ConfigError: one line naming `what` (e.g. "MODEL_DIR", "--output_dir") and the reason.
+  """
+  folder = pathlib.Path(path).expanduser().absolute()
+  try:
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".spot_jax_write_test.{os.getpid()}"  # per process: hosts may share it
+    probe.write_bytes(b"ok")
+    probe.unlink()
+  except OSError as e:
+    raise ConfigError(f"{what} {str(folder)!r} is not writable ({e.strerror or e}); give a "
+                      f"directory you can create and write to") from None
+  return folder
 
 
 def output_file(path: str | os.PathLike, flag: str) -> pathlib.Path:

@@ -27,9 +27,9 @@ import numpy as np
 import optax
 import sentencepiece as spm
 
-from spot_jax import checkpointing
 from spot_jax import cli
 from spot_jax import embedded
+from spot_jax import fileio
 from spot_jax import models
 from spot_jax import t5
 from spot_jax import toy_data
@@ -231,7 +231,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   if args.steps <= 0 or args.batch_size <= 1 or (args.stop_after is not None and args.stop_after <= 0):
     raise ConfigError(f"--steps ({args.steps}) and --stop_after ({args.stop_after}) must be positive "
                       f"and --batch_size ({args.batch_size}) > 1")
-  checkpointing.writable_dir(args.output_dir, "--output_dir")
+  fileio.writable_dir(args.output_dir, "--output_dir")
   pretrain(args.output_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
            stop_after=args.stop_after, evaluate=not args.no_eval)
   return 0

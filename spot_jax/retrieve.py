@@ -12,12 +12,11 @@ strategy chose and its validation score, and writes the same as JSON to <work_di
 from __future__ import annotations
 
 import json
-import pathlib
 import sys
 from typing import Sequence
 
-from spot_jax import fileio
 from spot_jax import cli
+from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.spot import fingerprint as fingerprint_lib
 from spot_jax.spot import library as library_lib
@@ -53,6 +52,8 @@ def main(argv: Sequence[str]) -> int:
   for s in strategies:
     if s not in retrieval.STRATEGIES:
       raise ConfigError(f"--strategy {s!r} is unknown; valid: {', '.join(retrieval.STRATEGIES)}")
+  if not strategies:
+    raise ConfigError(f"--strategy {args.strategy!r} names no strategy; valid: {', '.join(retrieval.STRATEGIES)}")
   settings = settings_lib.from_args(args)
   settings_lib.check_tasks([args.target_task], args.task_module)
   lib = library_lib.Library(args.library)
@@ -68,7 +69,7 @@ def main(argv: Sequence[str]) -> int:
   entries, problems = lib.load()
   for line in problems:
     print(f"{PROG}: warning: {line}", file=sys.stderr)
-  work_dir = pathlib.Path(args.work_dir)
+  work_dir = fileio.writable_dir(args.work_dir, "--work_dir")
   report = retrieval.retrieve(settings, args.target_task, entries, strategies, work_dir, options)
   report["library"] = str(lib.root)
   fileio.atomic_write_bytes(work_dir / "retrieval.json", json.dumps(report, indent=1).encode())

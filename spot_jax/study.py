@@ -17,6 +17,7 @@ import sys
 from typing import Sequence
 
 from spot_jax import cli
+from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.spot import settings as settings_lib
 from spot_jax.spot import study
@@ -77,6 +78,7 @@ def main(argv: Sequence[str]) -> int:
   if not args.initial_checkpoint_path and set(grid.seeds) != {grid.source_seed}:
     print(f"{PROG}: warning: no --initial_checkpoint_path: each seed draws its own random backbone, "
           f"so transfers across seeds compare different models (fine for tests only)", file=sys.stderr)
+  fileio.writable_dir(args.study_dir, "--study_dir")
   study.run(settings, args.study_dir, grid, shard_index=args.shard_index, num_shards=args.num_shards,
             verbose=args.verbose)
   return 0

@@ -26,6 +26,7 @@ import numpy as np
 import optax
 
 from spot_jax import checkpointing
+from spot_jax import fileio
 from spot_jax import data as data_lib
 from spot_jax import evaluation
 from spot_jax import metrics_logging
@@ -88,7 +89,7 @@ def prepare_model_dir(model_dir: str) -> pathlib.Path:
     raise ConfigError(f"MODEL_DIR {model_dir!r}: only local directories are supported by this "
                       f"version (mount the bucket, e.g. with gcsfuse)")
   # Absolute: orbax refuses relative checkpoint paths, and users type MODEL_DIR=runs/x.
-  return checkpointing.writable_dir(model_dir, "MODEL_DIR")
+  return fileio.writable_dir(model_dir, "MODEL_DIR")
 
 
 def check_initial_checkpoint(path: str) -> None:
@@ -107,7 +108,7 @@ def enable_compilation_cache(cache_dir: Optional[str]) -> None:
   if not cache_dir:
     return
   if "://" not in str(cache_dir):
-    cache_dir = str(checkpointing.writable_dir(cache_dir, "COMPILATION_CACHE_DIR"))
+    cache_dir = str(fileio.writable_dir(cache_dir, "COMPILATION_CACHE_DIR"))
   jax.config.update("jax_compilation_cache_dir", str(cache_dir))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -95,6 +95,9 @@ ROWS = [
     ("bench zero steps", BENCH, ["--steps=0"], "must be positive", False),
     ("bench unknown config", BENCH, ["--config=t5_1_1_smal"], "t5_1_1_small", False),
     ("bench not a number", BENCH, ["--batch_size=eight"], "invalid int value", False),
+    ("bench no method", BENCH, ["--methods=,"], "--methods=',' names no method", False),
+    ("bench json in a missing folder", BENCH, ["--json={tmp}/absent/bench.json"], "absent' does not exist", False),
+    ("bench markdown is a folder", BENCH, ["--markdown={tmp}"], "is a directory; give a file path", False),
     # --- python -m tasks -----------------------------------------------------------------------
     ("tasks unknown command", TASKS, ["lst"], "invalid choice: 'lst'", False),
     ("tasks unknown flag", TASKS, ["--verbose"], "unrecognized arguments: --verbose", False),

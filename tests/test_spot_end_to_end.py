@@ -201,7 +201,8 @@ def test_retrieval_runs_every_strategy_and_reports(library_dir, uninterrupted, t
   assert experts.shape == (2, 2, 64)  # k experts of expert_length tokens
 
 
-def test_study_and_retrieve_bad_inputs_exit_2_with_one_line(tmp_path, env, capsys):
+def test_study_and_retrieve_bad_inputs_exit_2_with_one_line(tmp_path, env, capsys, library_dir, uninterrupted):
+  (tmp_path / "a_file").write_text("not a directory")
   cases = [("study", [f"--study_dir={tmp_path / 's'}", "--sources=spot_test_parity_v1", "--targets=spot_test_bitz_v1",
                       "--seeds=0", *RUN_FLAGS], "did you mean 'spot_test_bits_v1'"),
            ("study", [f"--study_dir={tmp_path / 's'}", "--seeds=0,x", *RUN_FLAGS], "--seeds '0,x' is malformed"),
@@ -211,7 +212,17 @@ def test_study_and_retrieve_bad_inputs_exit_2_with_one_line(tmp_path, env, capsy
                          f"--work_dir={tmp_path / 'w'}", *RUN_FLAGS], "--strategy 'oracle' is unknown"),
            ("retrieve", [f"--library={tmp_path / 'nolib'}", "--target_task=spot_test_bits_v1",
                          f"--work_dir={tmp_path / 'w'}", *RUN_FLAGS], "is empty or missing"),
-           ("report", [f"--study_dir={tmp_path / 'nothing'}"], "no results.json")]
+           ("study", [f"--study_dir={tmp_path / 'a_file' / 's'}", "--sources=spot_test_parity_v1",
+                      "--targets=spot_test_bits_v1", "--seeds=0", *RUN_FLAGS],
+            f"--study_dir '{tmp_path / 'a_file' / 's'}' is not writable (Not a directory)"),
+           ("retrieve", [f"--library={library_dir}", "--target_task=spot_test_bits_v1", "--strategy=,",
+                         f"--work_dir={tmp_path / 'w'}", *RUN_FLAGS], "--strategy ',' names no strategy; valid: "),
+           ("retrieve", [f"--library={library_dir}", "--target_task=spot_test_bits_v1",
+                         f"--work_dir={tmp_path / 'a_file' / 'w'}", *RUN_FLAGS],
+            f"--work_dir '{tmp_path / 'a_file' / 'w'}' is not writable (Not a directory)"),
+           ("report", [f"--study_dir={tmp_path / 'nothing'}"], "no results.json"),
+           ("report", [f"--study_dir={uninterrupted}", f"--out_dir={tmp_path / 'a_file' / 'r'}"],
+            f"--out_dir '{tmp_path / 'a_file' / 'r'}' is not writable (Not a directory)")]
   mains = {"study": study_cli.main, "retrieve": retrieve_cli.main, "report": report_cli.main}
   for i, (prog, args, fragment) in enumerate(cases):
     if i == 0:  # as a user runs it

@@ -26,9 +26,9 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from spot_jax import checkpointing
 from spot_jax import cli
 from spot_jax import embedded
+from spot_jax import fileio
 from spot_jax.demo import report, runs
 from spot_jax.errors import ConfigError
 
@@ -49,7 +49,7 @@ def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str
 
 
 def _writable(path: str) -> pathlib.Path:
-  out = checkpointing.writable_dir(path, "--output_dir")
+  out = fileio.writable_dir(path, "--output_dir")
   (out / "runs").mkdir(exist_ok=True)
   return out
 

@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.spot import similarity
 
@@ -166,12 +167,11 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
     raise ConfigError(f"--similarity {metric!r} is unknown; valid: {', '.join(similarity.METRICS)}")
   study_dir = pathlib.Path(study_dir)
   doc = load(study_dir)
-  out = pathlib.Path(out_dir or study_dir / "report")
-  out.mkdir(parents=True, exist_ok=True)
   rows, grid = doc["rows"], doc["grid"]
   sources, targets = list(grid["sources"]), list(grid["targets"])
   if not rows:
     raise ConfigError(f"{str(study_dir)!r} has no finished target runs yet; run the study first")
+  out = fileio.writable_dir(out_dir or study_dir / "report", "--out_dir")
 
   transfer = transfer_matrix(rows, targets, sources)
   fig, ax = plt.subplots(figsize=(3.0 + 0.5 * len(sources), 2.0 + 0.4 * len(targets)))
