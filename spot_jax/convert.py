@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from spot_jax import cli
+from spot_jax import cli, fileio
 from spot_jax.t5 import checkpoints, hf
 from spot_jax.t5.config import CONFIGS, T5Config, config_by_name
 
@@ -96,6 +96,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error("give exactly one of --hf_dir (HF -> T5X) or --checkpoint (T5X/orbax -> HF)")
   if not args.output_dir:
     parser.error("the following arguments are required: --output_dir")
+  # before reading any weights: the result is staged beside --output_dir, in its folder
+  fileio.writable_dir(os.path.dirname(os.path.abspath(args.output_dir)), "--output_dir's folder")
   if args.checkpoint is not None:
     return _to_hf(args)
   config, tensors, size = convert(args.hf_dir, args.output_dir, format=args.format,

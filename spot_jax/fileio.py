@@ -53,6 +53,9 @@ def writable_dir(path: str | os.PathLike, what: str) -> pathlib.Path:
     ConfigError: one line naming `what` (e.g. "MODEL_DIR", "--output_dir") and the reason.
   """
   folder = pathlib.Path(path).expanduser().absolute()
+  if folder.exists() and not folder.is_dir():
+    raise ConfigError(f"{what} {str(folder)!r} is a file, not a directory; give a directory you can "
+                      f"create and write to")
   try:
     folder.mkdir(parents=True, exist_ok=True)
     probe = folder / f".spot_jax_write_test.{os.getpid()}"  # per process: hosts may share it

@@ -89,6 +89,10 @@ ROWS = [
     ("convert no flags", CONVERT, [], "give exactly one of --hf_dir (HF -> T5X) or --checkpoint (T5X/orbax -> HF)", False),
     ("convert hf_dir missing", CONVERT, ["--hf_dir={tmp}/absent", "--output_dir={tmp}/out"], "is not a directory", False),
     ("convert not a HF dir", CONVERT, ["--hf_dir={tmp}", "--output_dir={tmp}/out"], "config.json not found", False),
+    ("convert output under a file", CONVERT, ["--hf_dir={tmp}", "--output_dir={file}/out"],
+     "a_file' is a file, not a directory; give a directory", False),
+    ("convert export under a file", CONVERT, ["--checkpoint={run}", "--config_name=t5_1_1_byte_tiny",
+                                              "--output_dir={file}/sub/hf"], "--output_dir's folder", False),
     ("convert bad format", CONVERT, ["--hf_dir={tmp}", "--output_dir={tmp}/out", "--format=npz"], "invalid choice", False),
     # --- spot_jax.bench ----------------------------------------------------------------------
     ("bench unknown method", BENCH, ["--methods=lora"], "unknown method 'lora'", False),
