@@ -125,12 +125,14 @@ def _export(args, table, config) -> int:
   from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
   if args.export_peft:
     entry = _single(table, "--export_peft")
+    fileio.writable_dir(os.path.dirname(os.path.abspath(args.export_peft)), "--export_peft's folder")
     peft_io.export_adapter(entry.prompts[0], config, args.export_peft,
                            base_model_name_or_path=args.base_model, overwrite=args.overwrite)
     print(f"wrote PEFT prompt-tuning adapter ({entry.length} tokens x {entry.width}) of "
           f"{entry.name!r} to {args.export_peft}")
   else:
     entry = _single(table, "--export_npy")
+    fileio.output_file(args.export_npy, "--export_npy")
     if os.path.exists(args.export_npy) and not args.overwrite:
       raise ConfigError(f"{args.export_npy} exists; pass --overwrite to replace it")
     peft_io.export_npy(entry.prompts[0], args.export_npy)

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from spot_jax import cli
+from spot_jax import cli, fileio
 from spot_jax.errors import ConfigError
 from spot_jax.spot import fingerprint as fingerprint_lib
 from spot_jax.spot import library as library_lib
@@ -116,6 +116,9 @@ def add(args) -> int:
              "metric": args.metric or "accuracy", "prompt": args.prompt, "embedding": args.embedding,
              "embedding_step": args.embedding_step, "fingerprint": None}
   settings_lib.check_tasks([found["task"]], args.task_module)
+  prompt = library_lib.load_npy(found["prompt"], "prompt")
+  embedding = library_lib.load_npy(found["embedding"], "task embedding")
+  fileio.writable_dir(args.library, "--library")  # before loading the model
   embed_dim = None
   if args.model:
     model, _ = settings_lib.load_model(args.model, args.model_binding)
@@ -129,8 +132,6 @@ def add(args) -> int:
   if found["fingerprint"] is None:
     raise ConfigError("the frozen model is unknown: give --model (and --initial_checkpoint_path) of "
                       "the model the prompt was trained with")
-  prompt = library_lib.load_npy(found["prompt"], "prompt")
-  embedding = library_lib.load_npy(found["embedding"], "task embedding")
   run_id = args.run_id or (pathlib.Path(args.run_dir).resolve().name if args.run_dir
                            else pathlib.Path(args.prompt).stem)
   entry_id = args.id or (found["task"] if run_id == found["task"] else f"{found['task']}.{run_id}")
@@ -154,7 +155,8 @@ def main(argv: Sequence[str]) -> int:
     return add(args)
   lib = library_lib.Library(args.library)
   if not lib.root.is_dir():
-    raise ConfigError(f"--library {args.library!r} does not exist; `add` creates a library")
+    what = "is a file, not a library directory" if lib.root.exists() else "does not exist"
+    raise ConfigError(f"--library {args.library!r} {what}; `add` creates a library")
   if args.command == "list":
     entries, problems = lib.load()
     _report_problems(problems)

@@ -219,6 +219,21 @@ def test_output_that_cannot_be_a_file_stops_before_the_model(files, capsys, inte
   assert os.listdir(root / "out_is_dir") == [] and not (root / "nope").exists()
 
 
+def test_export_to_a_path_that_cannot_take_it_is_one_line(files, capsys):
+  root, _ = files
+  (root / "plain_file").write_text("x")
+  (root / "npy_dir").mkdir(exist_ok=True)
+  for flag, target, message in [
+      ("--export_npy", root / "npy_dir", "is a directory; give a file path"),
+      ("--export_npy", root / "nope" / "a.npy", "nope' does not exist"),
+      ("--export_peft", root / "plain_file" / "adapter", "--export_peft's folder '" + str(root / "plain_file")
+       + "' is a file, not a directory")]:
+    status, out, err = _run(COMMON + [f"--prompt=a={root}/a.npy", f"{flag}={target}"], capsys)
+    assert status == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("spot_jax.infer: error: ") and message in err, err
+  assert os.listdir(root / "npy_dir") == [] and (root / "plain_file").read_text() == "x"
+
+
 def test_failure_mid_run_leaves_no_partial_output(files, capsys, monkeypatch):
   """A crash in the second batch (5 inputs, 4 per batch): the earlier output file stays as it
   was and no temp file is left."""

@@ -198,7 +198,13 @@ def test_command_line_bad_inputs_exit_2_with_one_line(tmp_path):
   cases = [(["list", f"--library={tmp_path / 'none'}"], "does not exist"),
            (["frobnicate"], "invalid choice"),
            (["add", f"--library={tmp_path / 'l'}", "--prompt=/nonexistent.npy", "--embedding=/x.npy",
-             "--task=spot_test_parity_v1", *MODEL], "does not exist")]
+             "--task=spot_test_parity_v1", *MODEL], "does not exist"),
+           (["add", f"--library={tmp_path / 'a_file'}", f"--prompt={tmp_path / 'p.npy'}",
+             f"--embedding={tmp_path / 'p.npy'}", "--task=spot_test_parity_v1", *MODEL],
+            "--library '" + str(tmp_path / "a_file") + "' is a file, not a directory"),
+           (["list", f"--library={tmp_path / 'a_file'}"], "is a file, not a library directory")]
+  (tmp_path / "a_file").write_text("not a library")
+  np.save(tmp_path / "p.npy", np.zeros((2, 64), np.float32))
   for argv, fragment in cases:
     proc = subprocess.run([sys.executable, "-m", "spot_jax.library", *argv], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -207,3 +213,4 @@ def test_command_line_bad_inputs_exit_2_with_one_line(tmp_path):
     # TensorFlow's native start-up logging may precede it; the program's own output is one line
     lines = [l for l in proc.stderr.splitlines() if l.startswith("spot_jax.library:")]
     assert len(lines) == 1 and lines[0].startswith("spot_jax.library: error:") and fragment in lines[0], proc.stderr
+  assert not (tmp_path / "l").exists()  # a bad prompt path creates no library
