@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import pathlib
+import shutil
 import tempfile
 from typing import IO, Iterator, Optional
 

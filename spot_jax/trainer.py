@@ -26,9 +26,9 @@ import numpy as np
 import optax
 
 from spot_jax import checkpointing
-from spot_jax import fileio
 from spot_jax import data as data_lib
 from spot_jax import evaluation
+from spot_jax import fileio
 from spot_jax import metrics_logging
 from spot_jax import models
 from spot_jax import optimizers

@@ -134,8 +134,6 @@ def decode(vocab: Any, ids: np.ndarray, eos_id: int = 1) -> str:
 @contextlib.contextmanager
 def atomic_jsonl(path: str) -> Iterator[IO[str]]:
   """A text file at `path` that appears only if the block completes (temp file + rename)."""
-  folder = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(folder):
-    raise ConfigError(f"--output {path}: directory {folder} does not exist")
+  fileio.output_file(path, "--output")
   with fileio.atomic_open(path, "w", encoding="utf-8") as f:
     yield f

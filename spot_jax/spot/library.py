@@ -182,8 +182,7 @@ class Library:
                           f"another --id or remove the old entry first")
       if header is None:
         header = {"format": FORMAT, "fingerprint": dict(fingerprint), "embed_dim": int(prompt.shape[1])}
-        fileio.atomic_write_bytes(self.root / "library.json",
-                                         json.dumps(header, indent=1).encode())
+        fileio.atomic_write_bytes(self.root / "library.json", json.dumps(header, indent=1).encode())
       record = {"format": ENTRY_FORMAT, "id": entry_id, "task": task, "run_id": str(run_id),
                 "seed": int(seed), "fingerprint": dict(fingerprint),
                 "score": None if score is None else float(score), "metric": metric,

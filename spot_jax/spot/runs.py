@@ -15,9 +15,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from spot_jax import fileio
 from spot_jax import data as data_lib
 from spot_jax import evaluation
+from spot_jax import fileio
 from spot_jax import optimizers
 from spot_jax import prompts
 from spot_jax import trainer
@@ -142,6 +142,5 @@ def train_prompt(settings: RunSettings, task: str, run_dir: str | pathlib.Path, 
                        prompt_file=prompt_file,
                        embedding_file=f"prompts/prompt_step_{settings.embedding_step}.npy",
                        fingerprint=settings.fingerprint_for(seed), init=init_note)
-  fileio.atomic_write_bytes(run_dir / RECORD,
-                                   json.dumps(dataclasses.asdict(outcome), indent=1).encode())
+  fileio.atomic_write_bytes(run_dir / RECORD, json.dumps(dataclasses.asdict(outcome), indent=1).encode())
   return outcome
