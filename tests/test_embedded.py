@@ -235,6 +235,27 @@ def test_demo_command_line_error_from_a_fresh_process(tmp_path):
   assert "Traceback" not in proc.stderr
 
 
+
+@needs_model
+def test_demo_run_from_a_fresh_process_prints_no_tensorflow_log_lines(tmp_path):
+  # Without the demo's TF_CPP_MIN_LOG_LEVEL default, a run shorter than an epoch ends with
+  # TensorFlow's "did not fully read the dataset being cached" warning, and a machine without a
+  # CUDA driver gets a cuInit error, both in the middle of the progress lines.
+  import json  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+  proc = subprocess.run([sys.executable, "-m", "spot_jax.demo", "--methods=pt", "--targets=category",
+                         "--target_steps=3", "--compilation_cache=none", f"--output_dir={tmp_path}"],
+                        capture_output=True, text=True, env=env, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert [(r["task"], r["method"]) for r in results["runs"]] == [("category", "pt")]
+  log = proc.stdout + proc.stderr
+  assert "cache_dataset_ops" not in log and "cuInit" not in log, log[-2000:]
+  assert not [l for l in log.splitlines() if l[:5] in ("W0000", "E0000")], log[-2000:]
+
 def test_demo_report_table_json_markdown_and_chart(tmp_path):
   from spot_jax.demo import report  # pylint: disable=g-import-not-at-top
   runs = [{"task": "sum", "method": "pt", "role": "target", "accuracy": 54.0, "seconds": 9.9},
