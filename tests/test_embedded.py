@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -221,19 +223,23 @@ def test_pretrain_toy_bad_input_is_one_line(capsys, tmp_path):
   assert "--steps (0)" in line
 
 
+def _demo_in_a_fresh_process(argv, tf_log_level, timeout):
+  """`python -m spot_jax.demo *argv` on the CPU; TF_CPP_MIN_LOG_LEVEL=tf_log_level, or unset if None."""
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+  if tf_log_level is not None:
+    env["TF_CPP_MIN_LOG_LEVEL"] = tf_log_level
+  return subprocess.run([sys.executable, "-m", "spot_jax.demo", *argv],
+                        capture_output=True, text=True, env=env, timeout=timeout)
+
+
 @needs_model
 def test_demo_command_line_error_from_a_fresh_process(tmp_path):
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-             PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
-  proc = subprocess.run([sys.executable, "-m", "spot_jax.demo", "--methods=lora", f"--output_dir={tmp_path}"],
-                        capture_output=True, text=True, env=env, timeout=300)
+  proc = _demo_in_a_fresh_process(["--methods=lora", f"--output_dir={tmp_path}"], "3", timeout=300)
   lines = [l for l in proc.stderr.splitlines() if l.startswith("spot_jax.demo")]
   assert proc.returncode == 2 and lines == ["spot_jax.demo: error: unknown method 'lora' in --methods; "
                                             "valid: pt, spot, smop, residual, spot_unrelated"], proc.stderr
   assert "Traceback" not in proc.stderr
-
 
 
 @needs_model
@@ -241,20 +247,16 @@ def test_demo_run_from_a_fresh_process_prints_no_tensorflow_log_lines(tmp_path):
   # Without the demo's TF_CPP_MIN_LOG_LEVEL default, a run shorter than an epoch ends with
   # TensorFlow's "did not fully read the dataset being cached" warning, and a machine without a
   # CUDA driver gets a cuInit error, both in the middle of the progress lines.
-  import json  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
-  proc = subprocess.run([sys.executable, "-m", "spot_jax.demo", "--methods=pt", "--targets=category",
-                         "--target_steps=3", "--compilation_cache=none", f"--output_dir={tmp_path}"],
-                        capture_output=True, text=True, env=env, timeout=600)
+  proc = _demo_in_a_fresh_process(["--methods=pt", "--targets=category", "--target_steps=3",
+                                   "--compilation_cache=none", f"--output_dir={tmp_path}"],
+                                  None, timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
   results = json.loads((tmp_path / "results.json").read_text())
   assert [(r["task"], r["method"]) for r in results["runs"]] == [("category", "pt")]
   log = proc.stdout + proc.stderr
   assert "cache_dataset_ops" not in log and "cuInit" not in log, log[-2000:]
   assert not [l for l in log.splitlines() if l[:5] in ("W0000", "E0000")], log[-2000:]
+
 
 def test_demo_report_table_json_markdown_and_chart(tmp_path):
   from spot_jax.demo import report  # pylint: disable=g-import-not-at-top
