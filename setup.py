@@ -13,8 +13,8 @@ setuptools.setup(
     package_data={"": ["*.gin"],
                   # The embedded toy T5: vocabulary, README, loss log and its T5X checkpoint
                   # (zarr arrays are folders holding a hidden .zarray and chunk files).
-                  # bench_data: the RTE length distribution of `python -m spot_jax.bench_lengths`.
-                  "spot_jax": ["bench_data/*.txt", "embedded/toy_t5/*", "embedded/toy_t5/checkpoint/*",
+                  # bench/data: the RTE length distribution of `python -m spot_jax.bench.lengths`.
+                  "spot_jax": ["bench/data/*.txt", "embedded/toy_t5/*", "embedded/toy_t5/checkpoint/*",
                                "embedded/toy_t5/checkpoint/*/*", "embedded/toy_t5/checkpoint/*/.zarray"]},
     install_requires=[
         "jax>=0.6,<0.11",

@@ -23,11 +23,13 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from spot_jax import evaluation
-from spot_jax import gin_utils
+from spot_jax.train import loop as train_loop
+from spot_jax import orbax_io
+from spot_jax import backbone as backbone_lib
+from spot_jax.train import evaluator as evaluator_lib
+from spot_jax.cli import gin_flags
 from spot_jax import models
 from spot_jax import partitioning
-from spot_jax import trainer
 from spot_jax.errors import ConfigError
 
 
@@ -38,7 +40,6 @@ def _step_dirs(folder: pathlib.Path) -> list[pathlib.Path]:
 
 def _restore_params(checkpoint_dir: pathlib.Path, step: Optional[int], use_best: bool) -> tuple[Any, str]:
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from spot_jax import checkpointing  # pylint: disable=g-import-not-at-top
   candidates = []
   if step is not None:
     candidates.append(checkpoint_dir / "checkpoints" / str(step))
@@ -48,11 +49,11 @@ def _restore_params(checkpoint_dir: pathlib.Path, step: Optional[int], use_best:
     candidates += _step_dirs(checkpoint_dir / "checkpoints")[-1:]
   for path in candidates:
     if (path / "default").is_dir():
-      with checkpointing.quiet_abandoned_reads():
+      with orbax_io.quiet_abandoned_reads():
         try:
           restored = ocp.StandardCheckpointer().restore(path / "default")
         except Exception as e:  # pylint: disable=broad-except
-          raise ConfigError(f"the training state {path} cannot be read ({checkpointing.root_cause(e)}); "
+          raise ConfigError(f"the training state {path} cannot be read ({orbax_io.root_cause(e)}); "
                             f"evaluate another step (CHECKPOINT_STEP) or restart the training run, "
                             f"which falls back to its newest readable state") from None
       return restored["params"], str(path)
@@ -61,7 +62,7 @@ def _restore_params(checkpoint_dir: pathlib.Path, step: Optional[int], use_best:
                     f"give the MODEL_DIR of a spot_jax.train run")
 
 
-def evaluate(*, model: models.EncoderDecoderModel, eval_cfg: evaluation.EvalConfig,
+def evaluate(*, model: models.EncoderDecoderModel, eval_cfg: evaluator_lib.EvalConfig,
              checkpoint_dir: Optional[str] = None, step: Optional[int] = None, use_best: bool = True,
              prompt_file: Optional[str] = None, initial_checkpoint_path: Optional[str] = None,
              output_dir: Optional[str] = None, num_partitions: int = 1, seed: int = 0
@@ -84,22 +85,22 @@ def evaluate(*, model: models.EncoderDecoderModel, eval_cfg: evaluation.EvalConf
   if (checkpoint_dir is None) == (prompt_file is None):
     raise ConfigError("give exactly one of CHECKPOINT_DIR (a training run's MODEL_DIR) or PROMPT_FILE (.npy)")
   if initial_checkpoint_path:
-    trainer.check_initial_checkpoint(initial_checkpoint_path)
+    backbone_lib.check_initial_checkpoint(initial_checkpoint_path)
   if checkpoint_dir is not None and not pathlib.Path(checkpoint_dir).is_dir():
     raise ConfigError(f"CHECKPOINT_DIR {checkpoint_dir!r} is not a directory; give a training run's MODEL_DIR")
   out = pathlib.Path(output_dir or pathlib.Path(checkpoint_dir or ".") / f"eval_{eval_cfg.split}")
-  out = trainer.prepare_model_dir(str(out))
+  out = train_loop.prepare_model_dir(str(out))
   mesh = partitioning.create_mesh(num_partitions)
   rules = partitioning.logical_rules()
   lengths = eval_cfg.task_feature_lengths
   dummy = model.dummy_batch(lengths["inputs"], lengths["targets"])
-  backbone, _ = trainer.load_backbone(model, dummy, initial_checkpoint_path, seed, mesh, rules)
+  backbone, _ = backbone_lib.load_backbone(model, dummy, initial_checkpoint_path, seed, mesh, rules)
   with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
     if prompt_file is not None:
       path = pathlib.Path(prompt_file)
       if not path.is_file():
         raise ConfigError(f"PROMPT_FILE {prompt_file!r} does not exist; give a .npy exported by spot_jax.train")
-      abstract = jax.eval_shape(model.init_prompt, trainer.seed_keys(seed)[1], backbone, dummy)
+      abstract = jax.eval_shape(model.init_prompt, backbone_lib.seed_keys(seed)[1], backbone, dummy)
       names = sorted(models.unbox(abstract).get(models.PROMPT_KEY, {}))
       if names != ["prompt"]:
         raise ConfigError(f"PROMPT_FILE fits Prompt Tuning modules (one 'prompt' parameter); this model's "
@@ -112,7 +113,7 @@ def evaluate(*, model: models.EncoderDecoderModel, eval_cfg: evaluation.EvalConf
     else:
       trained, source = _restore_params(pathlib.Path(checkpoint_dir), step, use_best)
     params = dict(trained) if models.PROMPT_KEY not in trained else models.merge_params(backbone, trained)
-    evaluator = evaluation.Evaluator(model, eval_cfg, log_dir=str(out))
+    evaluator = evaluator_lib.Evaluator(model, eval_cfg, log_dir=str(out))
     metrics = evaluator.evaluate(params)
   record = {"source": source, "split": eval_cfg.split, "metrics": metrics}
   (out / "metrics.json").write_text(json.dumps(record, indent=2))
@@ -134,5 +135,5 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(gin_utils.run(main, sys.argv[1:], "spot_jax.eval", __doc__.splitlines()[0],
+  sys.exit(gin_flags.run(main, sys.argv[1:], "spot_jax.eval", __doc__.splitlines()[0],
                          GIN_ROOTS))

@@ -16,6 +16,8 @@ import shutil
 import tempfile
 from typing import IO, Iterator, Optional
 
+import numpy as np
+
 from spot_jax.errors import ConfigError
 
 
@@ -113,3 +115,11 @@ def staged_directory(path: str | os.PathLike) -> Iterator[str]:
     os.rename(fresh, path)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def save_npy(path: pathlib.Path, array: np.ndarray) -> None:
+  """Atomically saves one array as .npy."""
+  import io  # pylint: disable=g-import-not-at-top
+  buf = io.BytesIO()
+  np.save(buf, np.asarray(array), allow_pickle=False)
+  atomic_write_bytes(path, buf.getvalue())

@@ -91,7 +91,8 @@ def _prompt_specs(values: Sequence[str]) -> list[tuple[str, str]]:
 
 def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
-  from spot_jax.serve import sources, table as table_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve import table as table_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve import prompt_sources  # pylint: disable=g-import-not-at-top
   from spot_jax.t5.config import config_by_name  # pylint: disable=g-import-not-at-top
   config = config_by_name(args.config_name, dropout_rate=0.0)
   modes = [m for m in ("interpret", "export_peft", "export_npy") if getattr(args, m)]
@@ -99,10 +100,10 @@ def main(argv: Sequence[str]) -> int:
     raise ConfigError(f"give one of --interpret, --export_peft, --export_npy, not {len(modes)}")
   specs = _prompt_specs(args.prompt)
   fingerprint = None
-  if any(sources.library_reference(p) for _, p in specs):  # entries must match the served model
-    from spot_jax.spot import fingerprint as fingerprint_lib  # pylint: disable=g-import-not-at-top
-    fingerprint = fingerprint_lib.fingerprint(config, args.checkpoint, args.seed)
-  entries = [sources.load(n, p, args.smop_routing, config, fingerprint) for n, p in specs]
+  if any(prompt_sources.library_reference(p) for _, p in specs):  # entries must match the served model
+    from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
+    fingerprint = backbone_lib.fingerprint(config, args.checkpoint, args.seed)
+  entries = [prompt_sources.load(n, p, args.smop_routing, config, fingerprint) for n, p in specs]
   table = table_lib.PromptTable(entries, config.emb_dim)
   if args.export_peft or args.export_npy:
     return _export(args, table, config)
@@ -141,13 +142,14 @@ def _export(args, table, config) -> int:
 
 
 def _backbone(args, config) -> Any:
-  from spot_jax import models, partitioning, trainer  # pylint: disable=g-import-not-at-top
+  from spot_jax import models, partitioning  # pylint: disable=g-import-not-at-top
+  from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
   model = models.EncoderDecoderModel(Transformer(config))
   mesh = partitioning.create_mesh(1)
   note = lambda line: print(line, file=sys.stderr)
-  params, _ = trainer.load_backbone(model, model.dummy_batch(4, 4), args.checkpoint, args.seed,
-                                    mesh, partitioning.logical_rules(), info=note)
+  params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), args.checkpoint, args.seed,
+                                         mesh, partitioning.logical_rules(), info=note)
   return params
 
 

@@ -26,10 +26,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from spot_jax import run_dir as run_dir_lib
 from spot_jax import cli, fileio
 from spot_jax.errors import ConfigError
-from spot_jax.spot import fingerprint as fingerprint_lib
-from spot_jax.spot import library as library_lib
+from spot_jax import backbone as backbone_lib
+from spot_jax.spot import prompt_library
 from spot_jax.spot import runs as runs_lib
 from spot_jax.spot import settings as settings_lib
 
@@ -82,11 +83,10 @@ def _from_run_dir(args, record: Optional[runs_lib.RunOutcome]) -> dict:
   if not args.task:
     raise ConfigError(f"{args.run_dir!r} has no {runs_lib.RECORD} (not a spot_jax.study/retrieve run); "
                       f"give --task, --model and --initial_checkpoint_path")
-  from spot_jax import checkpointing  # pylint: disable=g-import-not-at-top
   step = args.embedding_step
   if step is None:
     exported = sorted(int(m.group(1)) for p in (run_dir / "prompts").glob("prompt_step_*.npy")
-                      if (m := checkpointing.PROMPT_STEP_RE.match(p.name)))
+                      if (m := run_dir_lib.PROMPT_STEP_RE.match(p.name)))
     if not exported:
       raise ConfigError(f"no prompts/prompt_step_<N>.npy in {args.run_dir!r}; give --embedding_step "
                         f"of a run that exported its early prompt (SAVE_PROMPT_STEPS)")
@@ -116,18 +116,18 @@ def add(args) -> int:
              "metric": args.metric or "accuracy", "prompt": args.prompt, "embedding": args.embedding,
              "embedding_step": args.embedding_step, "fingerprint": None}
   settings_lib.check_tasks([found["task"]], args.task_module)
-  prompt = library_lib.load_npy(found["prompt"], "prompt")
-  embedding = library_lib.load_npy(found["embedding"], "task embedding")
+  prompt = prompt_library.load_npy(found["prompt"], "prompt")
+  embedding = prompt_library.load_npy(found["embedding"], "task embedding")
   fileio.writable_dir(args.library, "--library")  # before loading the model
   embed_dim = None
   if args.model:
     model, _ = settings_lib.load_model(args.model, args.model_binding)
     embed_dim = int(model.config.emb_dim)
     given = settings_lib.model_fingerprint(model, args.initial_checkpoint_path, found["seed"])
-    if found["fingerprint"] is not None and not fingerprint_lib.same_model(given, found["fingerprint"]):
+    if found["fingerprint"] is not None and not backbone_lib.same_model(given, found["fingerprint"]):
       raise ConfigError(f"the run was made with another frozen model "
-                        f"({fingerprint_lib.describe(found['fingerprint'])}) than --model/"
-                        f"--initial_checkpoint_path ({fingerprint_lib.describe(given)})")
+                        f"({backbone_lib.describe(found['fingerprint'])}) than --model/"
+                        f"--initial_checkpoint_path ({backbone_lib.describe(given)})")
     found["fingerprint"] = given
   if found["fingerprint"] is None:
     raise ConfigError("the frozen model is unknown: give --model (and --initial_checkpoint_path) of "
@@ -135,7 +135,7 @@ def add(args) -> int:
   run_id = args.run_id or (pathlib.Path(args.run_dir).resolve().name if args.run_dir
                            else pathlib.Path(args.prompt).stem)
   entry_id = args.id or (found["task"] if run_id == found["task"] else f"{found['task']}.{run_id}")
-  entry = library_lib.Library(args.library).add(
+  entry = prompt_library.Library(args.library).add(
       entry_id=entry_id, task=found["task"], run_id=run_id, seed=found["seed"],
       fingerprint=found["fingerprint"], prompt=prompt, embedding=embedding, score=found["score"],
       metric=found["metric"], embedding_step=found["embedding_step"], embed_dim=embed_dim)
@@ -153,7 +153,7 @@ def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
   if args.command == "add":
     return add(args)
-  lib = library_lib.Library(args.library)
+  lib = prompt_library.Library(args.library)
   if not lib.root.is_dir():
     what = "is a file, not a library directory" if lib.root.exists() else "does not exist"
     raise ConfigError(f"--library {args.library!r} {what}; `add` creates a library")

@@ -3,7 +3,7 @@
   python -m spot_jax.report --study_dir=/runs/study [--out_dir=/runs/study/report] [--similarity=average]
 
 Writes transfer_heatmap.png, similarity_heatmap.png, similarity_vs_transfer.png and report.md
-(see spot_jax/spot/report.py).
+(see spot_jax/spot/figures.py).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 from spot_jax import cli
-from spot_jax.spot import report
+from spot_jax.spot import figures
 
 PROG = "spot_jax.report"
 
@@ -23,7 +23,7 @@ def main(argv: Sequence[str]) -> int:
   parser.add_argument("--similarity", default="average", help="average or per_token")
   parser.add_argument("--debug", action="store_true")
   args = parser.parse_args(argv)
-  result = report.write(args.study_dir, args.out_dir, args.similarity)
+  result = figures.write(args.study_dir, args.out_dir, args.similarity)
   print(f"wrote {result['out_dir']}/report.md and 3 figures")
   return 0
 

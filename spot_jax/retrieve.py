@@ -18,8 +18,8 @@ from typing import Sequence
 from spot_jax import cli
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
-from spot_jax.spot import fingerprint as fingerprint_lib
-from spot_jax.spot import library as library_lib
+from spot_jax import backbone as backbone_lib
+from spot_jax.spot import prompt_library
 from spot_jax.spot import retrieval
 from spot_jax.spot import settings as settings_lib
 
@@ -56,16 +56,16 @@ def main(argv: Sequence[str]) -> int:
     raise ConfigError(f"--strategy {args.strategy!r} names no strategy; valid: {', '.join(retrieval.STRATEGIES)}")
   settings = settings_lib.from_args(args)
   settings_lib.check_tasks([args.target_task], args.task_module)
-  lib = library_lib.Library(args.library)
+  lib = prompt_library.Library(args.library)
   header = lib.header()
   if header is None:
     raise ConfigError(f"--library {args.library!r} is empty or missing; add source prompts with "
                       f"`python -m spot_jax.library add`")
   expected = settings.fingerprint_for(args.seed)
-  if not fingerprint_lib.same_model(header["fingerprint"], expected):
+  if not backbone_lib.same_model(header["fingerprint"], expected):
     raise ConfigError(f"the library belongs to another frozen model "
-                      f"({fingerprint_lib.describe(header['fingerprint'])}) than --model/"
-                      f"--initial_checkpoint_path/--seed ({fingerprint_lib.describe(expected)})")
+                      f"({backbone_lib.describe(header['fingerprint'])}) than --model/"
+                      f"--initial_checkpoint_path/--seed ({backbone_lib.describe(expected)})")
   entries, problems = lib.load()
   for line in problems:
     print(f"{PROG}: warning: {line}", file=sys.stderr)

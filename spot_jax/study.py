@@ -20,7 +20,7 @@ from spot_jax import cli
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.spot import settings as settings_lib
-from spot_jax.spot import study
+from spot_jax.spot import grid as grid_lib
 
 PROG = "spot_jax.study"
 
@@ -66,7 +66,7 @@ def main(argv: Sequence[str]) -> int:
   if args.sources is None or args.targets is None:
     from tasks import names  # pylint: disable=g-import-not-at-top
     default_sources, default_targets = names.SOURCE_TASKS.values(), names.TARGET_TASKS.values()
-  grid = study.Grid(sources=_names(args.sources, default_sources),
+  grid = grid_lib.Grid(sources=_names(args.sources, default_sources),
                     targets=_names(args.targets, default_targets), seeds=_seeds(args.seeds),
                     source_seed=args.source_seed, generic=args.generic,
                     source_train_steps=args.source_train_steps)
@@ -79,7 +79,7 @@ def main(argv: Sequence[str]) -> int:
     print(f"{PROG}: warning: no --initial_checkpoint_path: each seed draws its own random backbone, "
           f"so transfers across seeds compare different models (fine for tests only)", file=sys.stderr)
   fileio.writable_dir(args.study_dir, "--study_dir")
-  study.run(settings, args.study_dir, grid, shard_index=args.shard_index, num_shards=args.num_shards,
+  grid_lib.run(settings, args.study_dir, grid, shard_index=args.shard_index, num_shards=args.num_shards,
             verbose=args.verbose)
   return 0
 

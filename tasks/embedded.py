@@ -3,7 +3,7 @@
 Sentences describe things in four domains (movies, food, travel, sports) with sentiment and
 descriptive adjectives, e.g. "the soup was awful and the waiter was lovely". Every task is
 generated deterministically from (task name, split) and uses the SentencePiece vocabulary that
-`python -m spot_jax.pretrain_toy` trains on this suite's corpus (committed beside the toy model,
+`python -m spot_jax.embedded.pretrain` trains on this suite's corpus (committed beside the toy model,
 `spot_jax/embedded/toy_t5/spm.model`, or `$SPOT_JAX_TOY_DIR/spm.model`).
 Import explicitly: MIXTURE_OR_TASK_MODULE='tasks.embedded'.
 
@@ -230,8 +230,8 @@ TARGETS = ("sentiment_travel", "sentiment_sports", "category", "sum")
 # committed 800-step backbone only half-learned nli (48%) and paraphrase (55%), so prompts on
 # them stay near chance with the demo's budgets (see docs/embedded.md).
 HARD_TARGETS = ("nli_sports", "paraphrase_travel")
-# The tasks whose text the committed SentencePiece vocabulary was trained on (spot_jax/toy_data.py).
-# Pinned: tasks added later must not change the vocabulary, or `python -m spot_jax.pretrain_toy`
+# The tasks whose text the committed SentencePiece vocabulary was trained on (spot_jax/embedded/toy_data.py).
+# Pinned: tasks added later must not change the vocabulary, or `python -m spot_jax.embedded.pretrain`
 # would no longer reproduce the committed model. New tasks reuse this text's words and fields.
 VOCABULARY_TASKS = ("addition", "length", "nli", "nli_sports", "paraphrase", "paraphrase_travel",
                     "reverse", "sentiment_food", "sentiment_movies", "sentiment_travel", "sum", "topic")

@@ -12,7 +12,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # pylint: disable=g-import-not-at-top
 
-from spot_jax import data, models, prompts, trainer
+from spot_jax import data, models, prompts
+from spot_jax import train as train_lib
 from spot_jax.t5 import Transformer, config_by_name
 from tests import local_tasks
 
@@ -25,7 +26,7 @@ def main(out_dir: str, partitions: list[int]) -> None:
   cfg = data.DatasetConfig(task, {"inputs": 32, "targets": 4}, batch_size=8)
   results = {}
   for n in partitions:
-    r = trainer.train(model=model, train_dataset_cfg=cfg, total_steps=5, model_dir=str(out / f"run_{n}"),
+    r = train_lib.train(model=model, train_dataset_cfg=cfg, total_steps=5, model_dir=str(out / f"run_{n}"),
                       num_partitions=n, log_period=1, verbose=False)
     frozen_specs = {jax.tree_util.keystr(p): str(x.sharding.spec)
                     for p, x in jax.tree_util.tree_flatten_with_path(r.frozen_params)[0]}

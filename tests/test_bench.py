@@ -7,7 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from spot_jax import bench, cli, hostmem
+from spot_jax import cli
+from spot_jax.bench import train_step as bench
+from spot_jax import runtime
 
 
 def test_bench_rows(tmp_path):
@@ -29,7 +31,7 @@ def test_bench_rows(tmp_path):
     assert row["compile_sec"] < row["compile_plus_first_step_sec"]
     assert row["flops_per_step"] > 0 and 0 < row["mfu"]
     assert row["tokens_per_sec"] == pytest.approx(row["examples_per_sec"] * 20)
-    assert row["malloc"] == hostmem.applied()  # "system" here: only the command lines set "keep"
+    assert row["malloc"] == runtime.applied()  # "system" here: only the command lines set "keep"
   # Model tuning also back-propagates into every weight: more FLOPs than prompt tuning (8 tokens).
   assert rows["model_tuning"]["flops_per_step"] > rows["prompt_tuning"]["flops_per_step"]
   table = md.read_text().splitlines()
@@ -129,10 +131,10 @@ def test_vs_peft_reports_the_counterparts(tmp_path):
 
 
 def test_bench_peft_rejects_bad_shape():
-  proc = subprocess.run([sys.executable, "-m", "spot_jax.bench_peft", "--method=pt", "--shape={"],
+  proc = subprocess.run([sys.executable, "-m", "spot_jax.bench.peft", "--method=pt", "--shape={"],
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and "Traceback" not in proc.stderr
-  assert proc.stderr.strip().startswith("spot_jax.bench_peft: error: --shape is not JSON")
+  assert proc.stderr.strip().startswith("spot_jax.bench.peft: error: --shape is not JSON")
 
 
 def test_cpu_devices_runs_the_data_parallel_mesh(tmp_path):

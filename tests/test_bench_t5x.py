@@ -6,14 +6,16 @@ import sys
 
 import pytest
 
-from spot_jax import bench, cli
+from spot_jax import cli
+from spot_jax.bench import train_step as bench
+from spot_jax.bench import common
 from spot_jax.contrib.t5x import bench as bench_t5x
 from spot_jax.t5 import CONFIGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config=t5_1_1_test", "--steps=1", "--input_length=8", "--target_length=4", "--batch_size=2",
         "--prompt_length=4", "--warmup=0", "--inference_steps=1"]
-needs_t5x = pytest.mark.skipif(not bench_t5x.t5x_importable(),
+needs_t5x = pytest.mark.skipif(not common.t5x_importable(),
                                reason="t5x, flaxformer and prompt_tuning are not importable "
                                       "(put their checkouts on PYTHONPATH; see docs/t5x.md)")
 
@@ -24,7 +26,7 @@ def test_the_issue_shape_is_t5_1_1_small_with_6_layers_of_8_heads():
   assert (config.emb_dim, config.num_heads, config.head_dim, config.mlp_dim) == (512, 8, 64, 1024)
   assert (config.num_encoder_layers, config.num_decoder_layers, config.vocab_size) == (6, 6, 32128)
   assert config.mlp_activations == ("gelu", "linear") and not config.logits_via_embedding
-  assert bench_t5x.t5x_shape(config)["num_heads"] == 8
+  assert common.t5x_shape(config)["num_heads"] == 8
 
 
 @needs_t5x
@@ -35,7 +37,7 @@ def test_vs_t5x_runs_prompt_tunings_model_on_the_same_shape(tmp_path):
   rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
   assert "t5x" not in rows["smop4x5"]
   ours, t5x = rows["prompt_tuning"], rows["prompt_tuning"]["t5x"]
-  assert t5x["shape"] == {k: ours["shape"][k] for k in bench_t5x.SHAPE_KEYS}
+  assert t5x["shape"] == {k: ours["shape"][k] for k in common.SHAPE_KEYS}
   assert (t5x["batch_size"], t5x["input_length"], t5x["target_length"], t5x["prompt_length"]) == (2, 8, 4, 4)
   # Same architecture: flaxformer's T5.1.1 has exactly spot-jax's frozen parameters, and only the
   # [prompt_length, emb_dim] prompt is trained on both sides.
@@ -65,7 +67,7 @@ def test_vs_t5x_pairs_unsafe_rbg_with_t5xs_hardware_rng(tmp_path):
 
 def _without_t5x_env():
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  probe = subprocess.run([sys.executable, "-c", "from spot_jax.contrib.t5x import bench as b; "
+  probe = subprocess.run([sys.executable, "-c", "from spot_jax.bench import common as b; "
                           "print(b.t5x_importable())"], capture_output=True, text=True, env=env, cwd=ROOT)
   if probe.stdout.strip() != "False":
     pytest.skip("t5x is importable without PYTHONPATH (installed in site-packages)")
@@ -74,7 +76,7 @@ def _without_t5x_env():
 
 @pytest.mark.parametrize("module,args", [
     ("spot_jax.bench", ["--vs=t5x"] + TINY),
-    ("spot_jax.contrib.t5x.bench", ["--shape=" + json.dumps({k: 8 for k in bench_t5x.SHAPE_KEYS})]),
+    ("spot_jax.contrib.t5x.bench", ["--shape=" + json.dumps({k: 8 for k in common.SHAPE_KEYS})]),
 ])
 def test_without_t5x_one_line_error_naming_pythonpath(module, args):
   proc = subprocess.run([sys.executable, "-m", module] + args, capture_output=True, text=True,

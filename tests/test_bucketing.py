@@ -16,7 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spot_jax import bucketing, data, models, optimizers, prompts, trainer
+from spot_jax import data, models, prompts
+from spot_jax.data import bucketing
+from spot_jax.train import optimizers
+from spot_jax import train as train_lib
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from tests import local_tasks
@@ -192,9 +195,9 @@ def test_trainer_compiles_once_per_bucket_and_resumes_exactly(tmp_path, task_nam
   cfg = _cfg(task_name, length_buckets=(32,))
 
   def run(folder):
-    return trainer.train(model=model, train_dataset_cfg=cfg, total_steps=6, model_dir=str(tmp_path / folder),
+    return train_lib.train(model=model, train_dataset_cfg=cfg, total_steps=6, model_dir=str(tmp_path / folder),
                          optimizer=optimizers.adafactor(), eval_period=1000, verbose=False,
-                         checkpoint_cfg=trainer.CheckpointConfig(period=3, keep=3))
+                         checkpoint_cfg=train_lib.CheckpointConfig(period=3, keep=3))
 
   straight = run("straight")
   widths = {b["encoder_input_tokens"].shape[1] for b in _take(data.train_batches(cfg), 6)}
@@ -212,7 +215,7 @@ def test_trainer_compiles_once_per_bucket_and_resumes_exactly(tmp_path, task_nam
 TRAIN = ["--gin_file=gin/models/t5_1_1_toy.gin", "--gin_file=gin/prompts/prompt_tuning_sampled_vocab.gin",
          "--gin_file=gin/runs/prompt_tune.gin", "--gin.MIXTURE_OR_TASK_NAME='spot_toy_reverse_taskless_v100'",
          "--gin.MIXTURE_OR_TASK_MODULE='tasks.embedded'", "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 24}",
-         "--gin.PROMPT_LENGTH=10", "--gin.BATCH_SIZE=8", "--gin.trainer.train.eval_cfg=None"]
+         "--gin.PROMPT_LENGTH=10", "--gin.BATCH_SIZE=8", "--gin.train.train.eval_cfg=None"]
 
 
 def test_command_lines(tmp_path):
@@ -224,7 +227,7 @@ def test_command_lines(tmp_path):
   bench_args = [f"--lengths=file:{lengths}", "--config=t5_1_1_byte_tiny", "--method=prompt_tuning",
                 "--prompt_length=3", "--batch_size=2", "--buckets=8", "--bucket_window=3", "--target_length=4",
                 "--steps=1", "--warmup=0"]
-  bench = "spot_jax.bench_lengths"
+  bench = "spot_jax.bench.lengths"
   cases = [
       ([*bench_args, f"--lengths=file:{tmp_path}/missing.txt"], "missing.txt: cannot read it", bench),
       ([*bench_args, f"--lengths=file:{tmp_path}/bad_lengths.txt"], "line 2 is 'seven'", bench),

@@ -21,7 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spot_jax import checkpointing, data, models, optimizers, prompts, trainer
+from spot_jax.train import loop as train_loop
+from spot_jax import orbax_io
+from spot_jax import data, models, prompts
+from spot_jax.train import checkpointer
+from spot_jax.train import optimizers
+from spot_jax import train as train_lib
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from tests import local_tasks
@@ -31,7 +36,7 @@ from tests.cli_error_runner import tree_hash
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-COMMON = ["--gin_file=gin/test/smoke.gin", "--gin.trainer.train.eval_cfg=None", "--gin.TRAIN_STEPS=20",
+COMMON = ["--gin_file=gin/test/smoke.gin", "--gin.train.train.eval_cfg=None", "--gin.TRAIN_STEPS=20",
           "--gin.CHECKPOINT_PERIOD=10"]
 STARTUP_NOTE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
                           r"|[IWE]\d{4} [\d:. ]+\d+ [\w.]+:\d+\] .*|WARNING:absl:.*)$")
@@ -119,7 +124,7 @@ def _abstract(state):
 
 
 def test_damaged_best_state_is_moved_aside_with_its_metric(tmp_path):
-  ckpt = checkpointing.Checkpointer(tmp_path)
+  ckpt = checkpointer.Checkpointer(tmp_path)
   ckpt.save_best(30, _state(), "accuracy", 0.9)
   assert ckpt.best_metric() == 0.9
   _damage(tmp_path / "best" / "30")
@@ -134,7 +139,7 @@ def test_damaged_best_state_is_moved_aside_with_its_metric(tmp_path):
 
 
 def test_mismatch_is_refused_without_moving_anything(tmp_path):
-  ckpt = checkpointing.Checkpointer(tmp_path)
+  ckpt = checkpointer.Checkpointer(tmp_path)
   ckpt.save(10, _state())
   before = tree_hash(tmp_path)
   with pytest.raises(ConfigError, match=r"params/prompt/prompt is float32\[10, 64\] in the checkpoint, "
@@ -145,7 +150,7 @@ def test_mismatch_is_refused_without_moving_anything(tmp_path):
 
 
 def test_moved_aside_states_survive_later_saves(tmp_path):
-  ckpt = checkpointing.Checkpointer(tmp_path, keep=2)
+  ckpt = checkpointer.Checkpointer(tmp_path, keep=2)
   for step in (10, 20):
     ckpt.save(step, _state())
   _damage(tmp_path / "checkpoints" / "20")
@@ -170,12 +175,12 @@ def test_nan_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_pat
   optimizer = optimizers.adafactor(learning_rate=lambda count: jnp.where(count >= 25, jnp.inf, 0.3))
   run = dict(model=model, train_dataset_cfg=data.DatasetConfig(task, {"inputs": 24, "targets": 4}, batch_size=8),
              model_dir=str(tmp_path / "run"), optimizer=optimizer, eval_period=1000, log_period=10,
-             verbose=False, checkpoint_cfg=trainer.CheckpointConfig(period=10, save_prompt_steps=(28,)))
-  trainer.train(total_steps=20, **run)
+             verbose=False, checkpoint_cfg=train_lib.CheckpointConfig(period=10, save_prompt_steps=(28,)))
+  train_lib.train(total_steps=20, **run)
   saved = {name: tree_hash(tmp_path / "run" / name) for name in ("checkpoints", "prompts", "best")}
 
   with pytest.raises(ConfigError) as info:
-    trainer.train(total_steps=40, **run)
+    train_lib.train(total_steps=40, **run)
 
   message = str(info.value)
   assert "\n" not in message
@@ -184,19 +189,19 @@ def test_nan_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_pat
           "lower LEARNING_RATE") in message
   assert {name: tree_hash(tmp_path / "run" / name) for name in saved} == saved
   assert not (tmp_path / "run" / "prompts" / "prompt_step_28.npy").exists()
-  restored, step = checkpointing.Checkpointer(tmp_path / "run").restore_latest(
+  restored, step = checkpointer.Checkpointer(tmp_path / "run").restore_latest(
       _abstract_of_run(model, optimizer), warn=pytest.fail)
   assert step == 20 and np.isfinite(np.asarray(restored["params"]["prompt"]["prompt"])).all()
 
 
 def _abstract_of_run(model, optimizer):
-  from spot_jax.train_state import TrainState  # pylint: disable=g-import-not-at-top
+  from spot_jax.train.state import TrainState  # pylint: disable=g-import-not-at-top
   dummy = model.dummy_batch(24, 4)
   backbone = jax.eval_shape(model.init_backbone, jax.random.PRNGKey(0), dummy)
   prompt = jax.eval_shape(lambda b: models.unbox(model.init_prompt(jax.random.PRNGKey(1), models.unbox(b), dummy)),
                           backbone)
   state = jax.eval_shape(lambda p: TrainState.create(p, optimizer, jax.random.PRNGKey(2)), prompt)
-  return trainer._state_dict(state)  # pylint: disable=protected-access
+  return train_loop._state_dict(state)  # pylint: disable=protected-access
 
 
 def _coroutine_from(filename: str, body: str = "return None"):
@@ -212,16 +217,16 @@ def test_after_a_failed_restore_late_orbax_reads_stay_silent_and_nothing_else_do
   saved = sys.unraisablehook
   sys.unraisablehook = base
   try:
-    with checkpointing.quiet_abandoned_reads():
+    with orbax_io.quiet_abandoned_reads():
       pass
     assert sys.unraisablehook is base  # a restore that succeeds leaves the hook alone
     with pytest.raises(RuntimeError):
-      with checkpointing.quiet_abandoned_reads():
+      with orbax_io.quiet_abandoned_reads():
         raise RuntimeError("a read failed")
     hook = sys.unraisablehook
-    assert isinstance(hook, checkpointing.DropAbandonedReads) and hook.forward is base
+    assert isinstance(hook, orbax_io.DropAbandonedReads) and hook.forward is base
     with pytest.raises(RuntimeError):
-      with checkpointing.quiet_abandoned_reads():
+      with orbax_io.quiet_abandoned_reads():
         raise RuntimeError("again")
     assert sys.unraisablehook is hook  # installed once
   finally:
@@ -263,12 +268,12 @@ def test_after_a_failed_restore_orbax_task_errors_stay_off_the_asyncio_log():
   failing = "raise ValueError('OUT_OF_RANGE: Requested byte range is not valid')"
   try:
     with pytest.raises(RuntimeError):
-      with checkpointing.quiet_abandoned_reads():
+      with orbax_io.quiet_abandoned_reads():
         raise RuntimeError("a read failed")
     with pytest.raises(RuntimeError):
-      with checkpointing.quiet_abandoned_reads():
+      with orbax_io.quiet_abandoned_reads():
         raise RuntimeError("again")
-    assert sum(isinstance(f, checkpointing.DropAbandonedReadErrors) for f in log.filters) == 1
+    assert sum(isinstance(f, orbax_io.DropAbandonedReadErrors) for f in log.filters) == 1
     _free_a_failed_task(_coroutine_from(
         os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "serialization.py"), failing))
     assert not records

@@ -29,9 +29,9 @@ from tests.cli_error_runner import tree_hash
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SMOKE = ["--gin_file=gin/test/smoke.gin"]
-RUN = [*SMOKE, "--gin.MODEL_DIR='{run}'", "--gin.trainer.train.eval_cfg=None", "--gin.TRAIN_STEPS=30",
+RUN = [*SMOKE, "--gin.MODEL_DIR='{run}'", "--gin.train.train.eval_cfg=None", "--gin.TRAIN_STEPS=30",
        "--gin.CHECKPOINT_PERIOD=10"]
-FRESH = [*SMOKE, "--gin.MODEL_DIR='{tmp}/fresh'", "--gin.trainer.train.eval_cfg=None"]
+FRESH = [*SMOKE, "--gin.MODEL_DIR='{tmp}/fresh'", "--gin.train.train.eval_cfg=None"]
 EVAL = ["--gin_file=gin/models/t5_1_1_byte_tiny.gin", "--gin_file=gin/test/smoke_prompt.gin",
         "--gin_file=gin/runs/eval.gin", "--gin.MIXTURE_OR_TASK_NAME='spot_synthetic_sentiment_v100'",
         "--gin.MIXTURE_OR_TASK_MODULE='tasks.synthetic'", "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 12}",
@@ -44,8 +44,8 @@ ROWS = [
     ("train unknown flag", TRAIN, [*RUN, "--no_such_flag"], "unrecognised argument '--no_such_flag'", False),
     ("train no gin file", TRAIN, [], "at least one --gin_file is required", False),
     ("train missing gin file", TRAIN, ["--gin_file=gin/runs/no_such_run.gin"], "not found", False),
-    ("train unknown gin parameter", TRAIN, [*RUN, "--gin.trainer.train.no_such_flag=1"],
-     "--gin.trainer.train.no_such_flag=1: Configurable 'trainer.train' doesn't have a parameter named", False),
+    ("train unknown gin parameter", TRAIN, [*RUN, "--gin.train.train.no_such_flag=1"],
+     "--gin.train.train.no_such_flag=1: Configurable 'train.train' doesn't have a parameter named", False),
     ("train gin syntax error", TRAIN, [*RUN, "--gin.LEARNING_RATE=float('nan')"],
      "--gin.LEARNING_RATE=float('nan'): gin cannot parse it", False),
     ("train unused macro", TRAIN, [*RUN, "--gin.PROMPT_LENGTH=7"],
@@ -72,7 +72,7 @@ ROWS = [
     ("train restart with another config", TRAIN, [*RUN, "--gin.prompts.PromptTuning.length=7"],
      "does not match this run's configuration (params/prompt/prompt is float32[10, 64] in the checkpoint, "
      "float32[7, 64] in this run)", ALONE),
-    ("train every state damaged", TRAIN, [*SMOKE, "--gin.MODEL_DIR='{damaged}'", "--gin.trainer.train.eval_cfg=None",
+    ("train every state damaged", TRAIN, [*SMOKE, "--gin.MODEL_DIR='{damaged}'", "--gin.train.train.eval_cfg=None",
                                           "--gin.TRAIN_STEPS=30", "--gin.CHECKPOINT_PERIOD=10"],
      "no readable training state in", ALONE),
     ("train diverges", TRAIN, [*FRESH, "--gin.LEARNING_RATE=1e400", "--gin.TRAIN_STEPS=5"],
@@ -123,7 +123,7 @@ def places(tmp_path_factory):
   root = tmp_path_factory.mktemp("cli_errors")
   run = root / "run"
   proc = subprocess.run([sys.executable, "-m", TRAIN, *SMOKE, f"--gin.MODEL_DIR='{run}'",
-                         "--gin.trainer.train.eval_cfg=None", "--gin.TRAIN_STEPS=20", "--gin.CHECKPOINT_PERIOD=10"],
+                         "--gin.train.train.eval_cfg=None", "--gin.TRAIN_STEPS=20", "--gin.CHECKPOINT_PERIOD=10"],
                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["10", "20"]

@@ -14,17 +14,17 @@ import seqio
 
 from spot_jax import data as data_lib
 from spot_jax import embedded
-from spot_jax import evaluation
+from spot_jax.train import evaluator as evaluator_lib
 from spot_jax import models
-from spot_jax import optimizers
+from spot_jax.train import optimizers
 from spot_jax import prompts
 from spot_jax import t5
-from spot_jax import trainer
+from spot_jax import train as train_lib
 from tasks import embedded as suite
 
 COMMITTED = pathlib.Path(embedded.TOY_DIR)
 needs_model = pytest.mark.skipif(not (COMMITTED / "checkpoint").is_dir(),
-                                 reason=f"no toy model at {COMMITTED}; run python -m spot_jax.pretrain_toy")
+                                 reason=f"no toy model at {COMMITTED}; run python -m spot_jax.embedded.pretrain")
 
 
 # --- the suite ---------------------------------------------------------------------------------
@@ -78,7 +78,7 @@ def test_category_label_is_the_domain_of_both_sentences_nouns():
 
 @needs_model
 def test_vocabulary_text_is_pinned_and_later_tasks_tokenise_without_unknowns():
-  from spot_jax import toy_data  # pylint: disable=g-import-not-at-top
+  from spot_jax.embedded import toy_data  # pylint: disable=g-import-not-at-top
   # The committed vocabulary was trained on the first 12 tasks; tasks added later stay out of it.
   assert len(suite.VOCABULARY_TASKS) == 12 and set(suite.VOCABULARY_TASKS) < set(suite.TASKS)
   assert not {"sentiment_sports", "category"} & set(suite.VOCABULARY_TASKS)
@@ -138,7 +138,7 @@ def test_committed_checkpoint_loads_strictly_with_its_registered_config():
 
 @needs_model
 def test_pretrain_toy_reproduces_the_committed_vocabulary_and_first_losses(tmp_path):
-  from spot_jax import pretrain_toy  # pylint: disable=g-import-not-at-top
+  from spot_jax.embedded import pretrain as pretrain_toy  # pylint: disable=g-import-not-at-top
   log = json.loads((COMMITTED / "losses.json").read_text())
   steps = 6
   short = pretrain_toy.pretrain(str(tmp_path), steps=log.get("schedule_steps", log["steps"]),
@@ -164,11 +164,11 @@ def _prompt_accuracy(tmp_path: pathlib.Path, checkpoint) -> float:
   rows = suite.get_vocabulary().vocab_size - suite.EXTRA_IDS
   model = models.EncoderDecoderModel(module=t5.Transformer(
       config, prompt=prompts.PromptTuning(length=20, prompt_init=prompts.sampled_vocab(rows))))
-  result = trainer.train(
+  result = train_lib.train(
       model=model, train_dataset_cfg=data_lib.DatasetConfig(task, lengths, batch_size=16, module="tasks.embedded"),
       total_steps=STEPS, model_dir=str(tmp_path / ("toy" if checkpoint else "random")),
       optimizer=optimizers.adafactor(learning_rate=0.3),
-      eval_cfg=evaluation.EvalConfig(task, lengths, batch_size=100, num_examples=200, module="tasks.embedded"),
+      eval_cfg=evaluator_lib.EvalConfig(task, lengths, batch_size=100, num_examples=200, module="tasks.embedded"),
       eval_period=STEPS, initial_checkpoint_path=checkpoint, seed=0, verbose=False)
   return result.eval_history[-1][1][task]["accuracy"]
 
@@ -218,8 +218,8 @@ def test_demo_unwritable_output_dir_is_one_line(capsys, tmp_path):
 
 
 def test_pretrain_toy_bad_input_is_one_line(capsys, tmp_path):
-  from spot_jax.pretrain_toy import main  # pylint: disable=g-import-not-at-top
-  line = _one_line_error(capsys, main, ["--steps=0", f"--output_dir={tmp_path}"], "spot_jax.pretrain_toy")
+  from spot_jax.embedded.pretrain import main  # pylint: disable=g-import-not-at-top
+  line = _one_line_error(capsys, main, ["--steps=0", f"--output_dir={tmp_path}"], "spot_jax.embedded.pretrain")
   assert "--steps (0)" in line
 
 
@@ -259,15 +259,15 @@ def test_demo_run_from_a_fresh_process_prints_no_tensorflow_log_lines(tmp_path):
 
 
 def test_demo_report_table_json_markdown_and_chart(tmp_path):
-  from spot_jax.demo import report  # pylint: disable=g-import-not-at-top
+  from spot_jax.demo import results  # pylint: disable=g-import-not-at-top
   runs = [{"task": "sum", "method": "pt", "role": "target", "accuracy": 54.0, "seconds": 9.9},
           {"task": "sum", "method": "spot", "role": "target", "accuracy": 72.5, "seconds": 10.2},
           {"task": "addition", "method": "pt", "role": "source", "accuracy": 80.0, "seconds": 20.0}]
-  rows = report.table_rows(runs, ["sum"], ["pt", "spot"], {"sum": 10.2})
+  rows = results.table_rows(runs, ["sum"], ["pt", "spot"], {"sum": 10.2})
   assert rows == [["target", "chance", "Prompt Tuning", "SPoT"], ["sum", "10.2", "54.0 (10s)", "72.5 (10s)"]]
   summary = {"settings": {"seed": 0, "target_steps": 100}, "methods": ["pt", "spot"], "targets": ["sum"],
              "chance": {"sum": 10.2}, "runs": runs}
-  paths = report.write(tmp_path, summary, rows)
+  paths = results.write(tmp_path, summary, rows)
   assert json.loads(paths[0].read_text())["runs"] == runs
   md = paths[1].read_text()
   assert "| sum | 10.2 | 54.0 (10s) | 72.5 (10s) |" in md and "| addition | 80.0 | 20 |" in md

@@ -7,7 +7,7 @@ import re
 import gin
 import pytest
 
-from spot_jax import gin_utils
+from spot_jax.cli import gin_flags
 from spot_jax import t5
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ ALL_FILES = sorted(f for f in (REPO / "gin").rglob("*.gin") if "t5x" not in f.re
 
 def _parse(files, bindings=()):
   gin.clear_config(clear_constants=True)
-  for path in gin_utils.search_paths([]):
+  for path in gin_flags.search_paths([]):
     gin.add_config_file_search_path(path)
   gin.parse_config_files_and_bindings([str(f) for f in files], list(bindings), finalize_config=False)
 
@@ -101,11 +101,17 @@ def test_documented_commands_are_found():
 @pytest.mark.parametrize("where, module, args", documented_commands(), ids=lambda v: v if isinstance(v, str) and ":" in v else "")
 def test_documented_command_uses_every_override(where, module, args):
   """Parsing each documented command (files, overrides, unused-override check) raises nothing."""
-  import importlib  # pylint: disable=g-import-not-at-top
   gin.clear_config(clear_constants=True)
-  program = importlib.import_module(module)
-  parsed = gin_utils.parse_args(args, module, "")
-  gin_utils.parse_gin(parsed, program.GIN_ROOTS)
+  program = program_module(module)
+  parsed = gin_flags.parse_args(args, module, "")
+  gin_flags.parse_gin(parsed, program.GIN_ROOTS)
+
+
+def program_module(name: str):
+  """The module `python -m name` runs: `name` itself, or `name.__main__` for a package."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  module = importlib.import_module(name)
+  return importlib.import_module(f"{name}.__main__") if hasattr(module, "__path__") else module
 
 
 def documented_override_keys() -> list[str]:
@@ -140,12 +146,12 @@ def test_t5x_documented_overrides_are_macros_of_gin_t5x():
 def used_by_documented_commands():
   """For each documented command: a function telling whether an override key is used by it."""
   import importlib  # pylint: disable=g-import-not-at-top
-  from spot_jax import gin_overrides  # pylint: disable=g-import-not-at-top
+  from spot_jax.cli import gin_overrides  # pylint: disable=g-import-not-at-top
   checks = []
   for where, module, args in documented_commands():
     gin.clear_config(clear_constants=True)
-    roots = importlib.import_module(module).GIN_ROOTS
-    gin_utils.parse_gin(gin_utils.parse_args(args, module, ""), roots)
+    roots = program_module(module).GIN_ROOTS
+    gin_flags.parse_gin(gin_flags.parse_args(args, module, ""), roots)
     used = gin_overrides.used_keys(gin_overrides.resolve_roots(roots))
     keys = {}
     for key in documented_override_keys():
@@ -172,24 +178,24 @@ def test_documented_override_is_used_by_a_documented_command(key, used_by_docume
 def test_unused_or_unknown_override_is_refused_before_training(override, message):
   from spot_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   gin.clear_config(clear_constants=True)
-  parsed = gin_utils.parse_args(["--gin_file=gin/test/smoke.gin", "--gin.MODEL_DIR='/tmp/x'", f"--gin.{override}"],
+  parsed = gin_flags.parse_args(["--gin_file=gin/test/smoke.gin", "--gin.MODEL_DIR='/tmp/x'", f"--gin.{override}"],
                                 "spot_jax.train", "")
   with pytest.raises(ConfigError, match=re.escape(message)):
-    gin_utils.parse_gin(parsed, ("spot_jax.trainer.train",))
+    gin_flags.parse_gin(parsed, ("spot_jax.train.train",))
   gin.clear_config(clear_constants=True)
-  allowed = gin_utils.parse_args(["--gin_file=gin/test/smoke.gin", "--gin.MODEL_DIR='/tmp/x'", "--gin.PROMPT_LENGTH=7",
+  allowed = gin_flags.parse_args(["--gin_file=gin/test/smoke.gin", "--gin.MODEL_DIR='/tmp/x'", "--gin.PROMPT_LENGTH=7",
                                   "--allow_unused_gin_overrides"], "spot_jax.train", "")
-  gin_utils.parse_gin(allowed, ("spot_jax.trainer.train",))  # the escape hatch
+  gin_flags.parse_gin(allowed, ("spot_jax.train.train",))  # the escape hatch
 
 
 def test_used_overrides_follow_scopes_and_macros():
   """Overrides reached only through a scoped reference or a macro chain count as used."""
   gin.clear_config(clear_constants=True)
-  parsed = gin_utils.parse_args(["--gin_file=gin/test/smoke.gin", "--gin.MODEL_DIR='/tmp/x'",
+  parsed = gin_flags.parse_args(["--gin_file=gin/test/smoke.gin", "--gin.MODEL_DIR='/tmp/x'",
                                  "--gin.train/data.DatasetConfig.batch_size=8", "--gin.DROPOUT_RATE=0.2",
                                  "--gin.optimizers.adafactor.decay_rate=0.5", "--gin.prompts.sampled_vocab.num_most_frequent=100"],
                                 "spot_jax.train", "")
-  gin_utils.parse_gin(parsed, ("spot_jax.trainer.train",))
+  gin_flags.parse_gin(parsed, ("spot_jax.train.train",))
   assert gin.query_parameter("train/data.DatasetConfig.batch_size") == 8
 
 
@@ -197,11 +203,11 @@ def test_without_declared_roots_the_unreferenced_bound_configurables_are_the_roo
   """Entry points that pass no roots still refuse an unused macro and accept used overrides."""
   from spot_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   gin.clear_config(clear_constants=True)
-  parsed = gin_utils.parse_args([*SMOKE_ARGS, "--gin.PROMPT_LENGTH=7"], "spot_jax.x", "")
+  parsed = gin_flags.parse_args([*SMOKE_ARGS, "--gin.PROMPT_LENGTH=7"], "spot_jax.x", "")
   with pytest.raises(ConfigError, match="uses the macro PROMPT_LENGTH"):
-    gin_utils.parse_gin(parsed)
+    gin_flags.parse_gin(parsed)
   gin.clear_config(clear_constants=True)
-  gin_utils.parse_gin(gin_utils.parse_args([*SMOKE_ARGS, "--gin.TRAIN_STEPS=7", "--gin.DROPOUT_RATE=0.2"],
+  gin_flags.parse_gin(gin_flags.parse_args([*SMOKE_ARGS, "--gin.TRAIN_STEPS=7", "--gin.DROPOUT_RATE=0.2"],
                                            "spot_jax.x", ""))
 
 

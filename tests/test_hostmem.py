@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from spot_jax import hostmem
+from spot_jax import runtime
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -22,8 +22,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 PROBE = """
 import json, resource, sys
 import jax, jax.numpy as jnp
-from spot_jax import hostmem
-applied = hostmem.keep_heap()
+from spot_jax import runtime
+applied = runtime.keep_heap()
 x = jnp.ones((4096, 1024), jnp.float32) / 1024
 w = jnp.eye(1024, dtype=jnp.float32) * 0.5
 @jax.jit
@@ -76,10 +76,10 @@ def test_bad_setting_is_one_line_and_exit_2():
 
 
 def test_mode_reads_the_environment(monkeypatch):
-  monkeypatch.delenv(hostmem.ENV, raising=False)
-  assert hostmem.mode() == "keep"
-  monkeypatch.setenv(hostmem.ENV, " System ")
-  assert hostmem.mode() == "system"
-  monkeypatch.setenv(hostmem.ENV, "fast")
+  monkeypatch.delenv(runtime.ENV, raising=False)
+  assert runtime.mode() == "keep"
+  monkeypatch.setenv(runtime.ENV, " System ")
+  assert runtime.mode() == "system"
+  monkeypatch.setenv(runtime.ENV, "fast")
   with pytest.raises(ValueError, match="SPOT_JAX_MALLOC='fast'; valid: 'keep', 'system'"):
-    hostmem.mode()
+    runtime.mode()

@@ -32,7 +32,7 @@ def _free_port() -> int:
 def _command(model_dir: pathlib.Path, steps: int, *dist: str) -> list[str]:
   return [sys.executable, "-m", "spot_jax.train", "--gin_file=gin/test/smoke.gin",
           f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=4",
-          "--gin.trainer.train.eval_cfg=None", "--gin.trainer.train.log_period=1",
+          "--gin.train.train.eval_cfg=None", "--gin.train.train.log_period=1",
           "--gin.CHECKPOINT_PERIOD=2", *dist]
 
 
@@ -139,7 +139,7 @@ def test_killed_process_stops_the_other_and_restart_resumes(tmp_path, victim):
 
 
 def test_distributed_settings_are_checked():
-  from spot_jax import distributed  # pylint: disable=g-import-not-at-top
+  from spot_jax.cli import distributed  # pylint: disable=g-import-not-at-top
   from spot_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   cfg = distributed.resolve(environ={"SPOT_JAX_COORDINATOR_ADDRESS": "h:1", "SPOT_JAX_NUM_PROCESSES": "2",
                                      "SPOT_JAX_PROCESS_ID": "1", "SPOT_JAX_HEARTBEAT_TIMEOUT": "7"})

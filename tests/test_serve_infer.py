@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import seqio
 
-from spot_jax import checkpointing, cli, infer
+from spot_jax import cli, infer
+from spot_jax.train import checkpointer
 from spot_jax.prompts import PromptTuning
 from spot_jax.serve import mixed, peft_io
 from spot_jax.t5 import Transformer, checkpoints, config_by_name, generate
@@ -35,7 +36,7 @@ def files(tmp_path_factory):
   np.save(root / "a.npy", rs.normal(0, 2, (3, CONFIG.emb_dim)).astype(np.float32))
   np.save(root / "b.npy", rs.normal(0, 2, (5, CONFIG.emb_dim)).astype(np.float32))
   np.save(root / "narrow.npy", rs.normal(0, 2, (3, 32)).astype(np.float32))
-  run = checkpointing.Checkpointer(str(root / "smop_run"))
+  run = checkpointer.Checkpointer(str(root / "smop_run"))
   smop = {"prompts": rs.normal(0, 2, (3, 2, CONFIG.emb_dim)).astype(np.float32),
           "router": {"kernel": rs.normal(0, 3, (CONFIG.emb_dim, 3)).astype(np.float32)}}
   run.save_best(7, {"params": {"prompt": smop}, "step": np.int32(7)}, "accuracy", 0.5)
@@ -275,14 +276,14 @@ def test_module_entry_point_bad_input(files):
 
 def test_library_entry_is_served_and_another_models_entry_refused(files, capsys, tmp_path):
   """`LIBRARY_DIR#ID` serves the entry's best prompt; an entry of another frozen model is refused."""
-  from spot_jax.spot import fingerprint as fingerprint_lib  # pylint: disable=g-import-not-at-top
-  from spot_jax.spot import library as library_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import prompt_library  # pylint: disable=g-import-not-at-top
   root, backbone = files
   prompt = np.load(root / "a.npy")
   for entry_id, checkpoint in (("a.served", str(root / "ckpt")), ("a.other", None)):
     # one library per frozen model (the library itself refuses to mix them)
-    library_lib.Library(tmp_path / entry_id.split(".")[1]).add(entry_id=entry_id, task="spot_synthetic_sentiment_v100", run_id=entry_id, seed=0,
-            fingerprint=fingerprint_lib.fingerprint(CONFIG, checkpoint, 0), prompt=prompt,
+    prompt_library.Library(tmp_path / entry_id.split(".")[1]).add(entry_id=entry_id, task="spot_synthetic_sentiment_v100", run_id=entry_id, seed=0,
+            fingerprint=backbone_lib.fingerprint(CONFIG, checkpoint, 0), prompt=prompt,
             embedding=prompt, score=1.0, metric="accuracy", embed_dim=CONFIG.emb_dim)
   (tmp_path / "in.jsonl").write_text(json.dumps({"input": "a good film"}) + "\n")
   out_path = tmp_path / "out.jsonl"

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from spot_jax.prompts import PromptTuning, ResidualPrompt, SMoP, initializers
-from spot_jax.serve import mixed, sources
+from spot_jax.serve import mixed
+from spot_jax.serve import prompt_sources
 from spot_jax.serve.table import PromptTable, ServedPrompt
 from spot_jax.t5 import Transformer, config_by_name, generate
 from spot_jax.t5.generation import search_settings
@@ -33,7 +34,7 @@ def setup():
                    router_init=jax.nn.initializers.normal(3.0)),
   }
   params = {n: _prompt_params(m, backbone, i + 1) for i, (n, m) in enumerate(modules.items())}
-  table = PromptTable([sources.from_module(n, m, params[n]) for n, m in modules.items()],
+  table = PromptTable([prompt_sources.from_module(n, m, params[n]) for n, m in modules.items()],
                       CONFIG.emb_dim)
   rng = np.random.RandomState(0)
   tokens = rng.randint(2, CONFIG.vocab_size, size=(9, 10)).astype(np.int32)

@@ -24,7 +24,9 @@ from spot_jax import library as library_cli
 from spot_jax import report as report_cli
 from spot_jax import retrieve as retrieve_cli
 from spot_jax import study as study_cli
-from spot_jax.spot import library, runs, similarity, study
+from spot_jax.spot import runs, similarity
+from spot_jax.spot import prompt_library
+from spot_jax.spot import grid as grid_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = ["spot_test_sentiment_v1", "spot_test_parity_v1", "spot_test_length_v1"]
@@ -35,7 +37,7 @@ RUN_FLAGS = ["--model=t5_1_1_byte_tiny", "--task_module=tests.spot_tasks", "--in
              "--metric=char_match"]
 STUDY_FLAGS = [f"--sources={','.join(SOURCES)}", f"--targets={','.join(TARGETS)}", "--seeds=0", "--generic",
                *RUN_FLAGS]
-GRID = study.Grid(tuple(SOURCES), tuple(TARGETS), (0,), generic=True)
+GRID = grid_lib.Grid(tuple(SOURCES), tuple(TARGETS), (0,), generic=True)
 ALL_CELLS = {c.path for c in GRID.stage1() + GRID.stage2()}  # 3 + 2 + 1, then 6 + 2
 
 
@@ -75,7 +77,7 @@ def test_study_writes_the_table(uninterrupted):
   rows = doc["rows"]
   assert len(rows) == 2 * (1 + 3 + 1)  # per target: baseline, 3 sources, generic SPoT
   header = (uninterrupted / "results.csv").read_text().splitlines()[0]
-  assert header.split(",") == list(study.COLUMNS)
+  assert header.split(",") == list(grid_lib.COLUMNS)
   for row in rows:
     base = runs.read_record(uninterrupted / f"targets/{row['target']}/seed0/baseline")
     cell = row["init"] if row["init"] in ("baseline", "generic") else f"from/{row['init']}"
@@ -155,7 +157,7 @@ def library_dir(uninterrupted, tmp_path_factory) -> pathlib.Path:
     code = cli.run(library_cli.main, ["add", f"--library={lib}", f"--run_dir={uninterrupted / 'sources' / source}",
                                       "--task_module=tests.spot_tasks"], library_cli.PROG)
     assert code == 0
-  entries, problems = library.Library(lib).load()
+  entries, problems = prompt_library.Library(lib).load()
   assert [e.id for e in entries] == sorted(SOURCES) and not problems
   for e in entries:
     rec = runs.read_record(uninterrupted / "sources" / e.task)
@@ -240,9 +242,9 @@ def test_study_and_retrieve_bad_inputs_exit_2_with_one_line(tmp_path, env, capsy
 
 
 def test_shards_partition_every_stage():
-  grid = study.Grid(tuple(SOURCES), tuple(TARGETS), (0, 1), generic=True)
+  grid = grid_lib.Grid(tuple(SOURCES), tuple(TARGETS), (0, 1), generic=True)
   for stage in (grid.stage1(), grid.stage2()):
-    parts = [study.shard_cells(stage, i, 3) for i in range(3)]
+    parts = [grid_lib.shard_cells(stage, i, 3) for i in range(3)]
     assert sorted(c.path for p in parts for c in p) == sorted(c.path for c in stage)
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
@@ -257,12 +259,12 @@ def _settings(**change):
 
 
 def test_restart_with_other_settings_is_refused(tmp_path):
-  study.check_config(tmp_path, _settings(), GRID)
-  before = (tmp_path / study.CONFIG).read_bytes()
-  study.check_config(tmp_path, _settings(), GRID)  # same settings: fine
-  with pytest.raises(study.ConfigError, match="learning_rate differ"):
-    study.check_config(tmp_path, _settings(learning_rate=0.1), GRID)
-  assert (tmp_path / study.CONFIG).read_bytes() == before
+  grid_lib.check_config(tmp_path, _settings(), GRID)
+  before = (tmp_path / grid_lib.CONFIG).read_bytes()
+  grid_lib.check_config(tmp_path, _settings(), GRID)  # same settings: fine
+  with pytest.raises(grid_lib.ConfigError, match="learning_rate differ"):
+    grid_lib.check_config(tmp_path, _settings(learning_rate=0.1), GRID)
+  assert (tmp_path / grid_lib.CONFIG).read_bytes() == before
 
 
 def test_model_from_gin_file_has_the_config_names_fingerprint(tmp_path):
@@ -282,6 +284,6 @@ def test_model_from_gin_file_has_the_config_names_fingerprint(tmp_path):
 
 
 def test_stage2_cell_waits_for_a_source_of_another_shard(tmp_path):
-  for cell in (study.Cell("transfer", TARGETS[0], 0, SOURCES[0]), study.Cell("generic", TARGETS[0], 0)):
-    assert study.run_cell(_settings(), tmp_path, cell, GRID) is None
+  for cell in (grid_lib.Cell("transfer", TARGETS[0], 0, SOURCES[0]), grid_lib.Cell("generic", TARGETS[0], 0)):
+    assert grid_lib.run_cell(_settings(), tmp_path, cell, GRID) is None
     assert not (tmp_path / cell.path).exists()  # nothing trained, nothing written

@@ -14,13 +14,15 @@ import pytest
 
 from spot_jax import cli
 from spot_jax import library as library_cli
-from spot_jax.spot import fingerprint, library, runs
+from spot_jax.spot import runs
+from spot_jax import backbone as backbone_lib
+from spot_jax.spot import prompt_library
 from spot_jax.t5 import config_by_name
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MODEL = ["--model=t5_1_1_byte_tiny", "--task_module=tests.spot_tasks"]
 E = config_by_name("t5_1_1_byte_tiny").emb_dim  # 64
-FP0 = fingerprint.fingerprint(config_by_name("t5_1_1_byte_tiny"), None, 0)
+FP0 = backbone_lib.fingerprint(config_by_name("t5_1_1_byte_tiny"), None, 0)
 
 
 def _run(argv, capsys) -> tuple[int, str, str]:
@@ -51,7 +53,7 @@ def lib(tmp_path, capsys):
 
 
 def test_entries_round_trip(lib, tmp_path, capsys):
-  entries, problems = library.Library(lib).load()
+  entries, problems = prompt_library.Library(lib).load()
   assert problems == []
   assert [e.task for e in entries] == ["spot_test_parity_v1", "spot_test_sentiment_v1"]
   np.testing.assert_array_equal(entries[1].prompt, np.load(tmp_path / "p0.npy"))
@@ -62,7 +64,7 @@ def test_entries_round_trip(lib, tmp_path, capsys):
   code, out, _ = _run(["show", f"--library={lib}", "--id=spot_test_parity_v1.p1"], capsys)
   assert json.loads(out)["prompt_shape"] == [4, E]
   code, out, _ = _run(["remove", f"--library={lib}", "--id=spot_test_parity_v1.p1"], capsys)
-  assert code == 0 and library.Library(lib).ids() == ["spot_test_sentiment_v1.p0"]
+  assert code == 0 and prompt_library.Library(lib).ids() == ["spot_test_sentiment_v1.p0"]
   assert not list((lib / "arrays").glob("spot_test_parity_v1.p1.*"))
 
 
@@ -79,7 +81,7 @@ def test_add_from_a_run_directory_record(tmp_path, capsys):
   code, out, err = _run(["add", f"--library={tmp_path / 'lib'}", f"--run_dir={run_dir}",
                          "--task_module=tests.spot_tasks"], capsys)
   assert code == 0, err
-  (entry,), _ = library.Library(tmp_path / "lib").load()
+  (entry,), _ = prompt_library.Library(tmp_path / "lib").load()
   assert (entry.task, entry.score, entry.metric, entry.embedding_step) == ("spot_test_bits_v1", 71.5, "char_match", 2)
   np.testing.assert_array_equal(entry.embedding, np.load(run_dir / "prompts" / "prompt_step_2.npy"))
   # the same run against --model with another backbone (seed 1 = another random backbone)
@@ -128,8 +130,8 @@ def test_refusals_are_one_line_and_leave_the_library_byte_identical(lib, tmp_pat
     assert fragment in lines[0], (name, lines[0])
     assert _snapshot(lib) == before, name
   # the library itself also refuses another width, without being told the model's
-  with pytest.raises(library.ConfigError, match="this library's is 64"):
-    library.Library(lib).add(entry_id="narrow", task="t", run_id="r", seed=0, fingerprint=FP0,
+  with pytest.raises(prompt_library.ConfigError, match="this library's is 64"):
+    prompt_library.Library(lib).add(entry_id="narrow", task="t", run_id="r", seed=0, fingerprint=FP0,
                              prompt=np.ones((4, 32)), embedding=np.ones((4, 32)), score=1.0, metric="accuracy")
   assert _snapshot(lib) == before
 
@@ -147,7 +149,7 @@ def test_corrupt_and_foreign_entries_are_reported_and_skipped(lib, capsys):
   data = bytearray(flipped.read_bytes())
   data[-1] ^= 0xFF
   flipped.write_bytes(bytes(data))
-  entries, problems = library.Library(lib).load()
+  entries, problems = prompt_library.Library(lib).load()
   assert [e.id for e in entries] == ["spot_test_parity_v1.p1"]
   assert len(problems) == 4, problems
   joined = "\n".join(problems)
@@ -164,12 +166,12 @@ def test_corrupt_and_foreign_entries_are_reported_and_skipped(lib, capsys):
 _WRITER = textwrap.dedent("""
     import pathlib, sys, time
     import numpy as np
-    from spot_jax.spot import library
+    from spot_jax.spot import prompt_library
     root, tag, go, n = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]), int(sys.argv[4])
     fp = {"id": "abc", "config": "c", "checkpoint": "random:0"}
     while not go.exists():
       time.sleep(0.01)
-    lib = library.Library(root)
+    lib = prompt_library.Library(root)
     for i in range(n):
       p = np.full((3, 8), i, np.float32)
       lib.add(entry_id=f"{tag}{i}", task="t", run_id=tag, seed=0, fingerprint=fp, prompt=p,
@@ -187,7 +189,7 @@ def test_two_processes_adding_at_once_lose_nothing(tmp_path):
   go.write_text("go")
   for p in procs:
     assert p.wait(timeout=120) == 0, p.stderr.read()
-  entries, problems = library.Library(tmp_path / "lib").load()
+  entries, problems = prompt_library.Library(tmp_path / "lib").load()
   assert problems == []
   assert sorted(e.id for e in entries) == sorted([f"a{i}" for i in range(n)] + [f"b{i}" for i in range(n)])
   assert not [p for p in (tmp_path / "lib").rglob("*.tmp")]

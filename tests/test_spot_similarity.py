@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from spot_jax.spot import experts, report, similarity, study
+from spot_jax.spot import experts, similarity
+from spot_jax.spot import figures
+from spot_jax.spot import grid
 
 
 def _cos(a, b):
@@ -120,9 +122,9 @@ def test_expert_compression():
 
 
 def test_relative_error_reduction():
-  assert study.relative_error_reduction(80.0, 60.0, 100.0) == pytest.approx(0.5)
-  assert study.relative_error_reduction(50.0, 60.0, 100.0) == pytest.approx(-0.25)
-  assert study.relative_error_reduction(90.0, 100.0, 100.0) is None
+  assert grid.relative_error_reduction(80.0, 60.0, 100.0) == pytest.approx(0.5)
+  assert grid.relative_error_reduction(50.0, 60.0, 100.0) == pytest.approx(-0.25)
+  assert grid.relative_error_reduction(90.0, 100.0, 100.0) is None
 
 
 def _rows():
@@ -136,14 +138,14 @@ def _rows():
       for s in ("a", "b", "c", "d"):
         score = float(rs.uniform(30, 80))
         rows.append({"target": t, "seed": seed, "init": s, "score": score, "baseline_score": base,
-                     "relative_error_reduction": study.relative_error_reduction(score, base, 100.0),
+                     "relative_error_reduction": grid.relative_error_reduction(score, base, 100.0),
                      "similarity_average": float(rs.uniform(-1, 1))})
   return rows
 
 
 def test_correlations_match_scipy_on_the_same_points():
   rows = _rows()
-  got = report.correlations(rows, "t1", "average")
+  got = figures.correlations(rows, "t1", "average")
   pts = [(r["similarity_average"], r["relative_error_reduction"]) for r in rows
          if r["target"] == "t1" and r["init"] != "baseline"]
   x, y = np.array(pts).T
@@ -156,7 +158,7 @@ def test_correlations_match_scipy_on_the_same_points():
 
 def test_retrieval_table_against_hand_computation():
   rows = _rows()
-  table = {r["method"]: r for r in report.retrieval_table(rows, ["a", "b", "c", "d"], "average", ks=(1, 3))}
+  table = {r["method"]: r for r in figures.retrieval_table(rows, ["a", "b", "c", "d"], "average", ks=(1, 3))}
   cases = {}
   for r in rows:
     cases.setdefault((r["target"], r["seed"]), {})[r["init"]] = r
@@ -177,7 +179,7 @@ def test_retrieval_table_against_hand_computation():
 
 def test_cluster_order_groups_related_tasks():
   sim = np.array([[1, .9, .1, .2], [.9, 1, .15, .1], [.1, .15, 1, .95], [.2, .1, .95, 1]])
-  order = list(report.cluster_order(sim))
+  order = list(figures.cluster_order(sim))
   pos = {v: i for i, v in enumerate(order)}
   assert abs(pos[0] - pos[1]) == 1 and abs(pos[2] - pos[3]) == 1
   assert not math.isnan(sim.sum())

@@ -96,32 +96,32 @@ def test_keep_fraction_and_scaling(rate):
 def test_dropout_rng_choices_keep_rate_and_determinism(params):
   """DROPOUT_RNG: RngBitGenerator keys keep the rate and scaling, differ from threefry's masks,
   are a pure function of the step key, and change nothing without dropout."""
-  from spot_jax import trainer  # pylint: disable=g-import-not-at-top
+  from spot_jax import train as train_lib  # pylint: disable=g-import-not-at-top
   step_key = jax.random.fold_in(jax.random.PRNGKey(5), 3)
   ones = jnp.ones((512, 1024))
   drop = lambda key: nn.Dropout(0.1).apply({}, ones, deterministic=False, rngs={"dropout": key})
   masks = {}
-  for impl in trainer.DROPOUT_RNGS:
-    out = drop(trainer.dropout_key(step_key, impl))
+  for impl in train_lib.DROPOUT_RNGS:
+    out = drop(train_lib.dropout_key(step_key, impl))
     kept = np.asarray(out != 0)
     assert abs(kept.mean() - 0.9) < 0.003, (impl, kept.mean())
     np.testing.assert_allclose(np.asarray(out)[kept], 1 / 0.9, rtol=1e-6)
-    np.testing.assert_array_equal(drop(trainer.dropout_key(step_key, impl)), out)
+    np.testing.assert_array_equal(drop(train_lib.dropout_key(step_key, impl)), out)
     masks[impl] = kept
   assert (masks["unsafe_rbg"] != masks["threefry"]).mean() > 0.1
   model, batch = _model(0.1), _batch()
   for impl in ("threefry", "unsafe_rbg"):
-    key = trainer.dropout_key(step_key, impl)
+    key = train_lib.dropout_key(step_key, impl)
     on = _loss_and_grad(model, params, batch, key, True)[0]
     off = _loss_and_grad(model, params, batch, key, False)[0]
     assert np.isfinite(on) and abs(float(on) - float(off)) > 1e-4
   zero = _model(0.0)
-  same = [_loss_and_grad(zero, params, batch, trainer.dropout_key(step_key, i), True) for i in
+  same = [_loss_and_grad(zero, params, batch, train_lib.dropout_key(step_key, i), True) for i in
           ("threefry", "unsafe_rbg")]
   np.testing.assert_allclose(same[0][0], same[1][0], rtol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), same[0][1], same[1][1])
   with pytest.raises(ValueError, match="DROPOUT_RNG='philox'; valid: 'threefry', 'rbg', 'unsafe_rbg'"):
-    trainer.make_train_step(model, None, "philox")
+    train_lib.make_train_step(model, None, "philox")
 
 
 class _WeightsDropoutAttention(nn.Module):
@@ -147,7 +147,7 @@ class _WeightsDropoutAttention(nn.Module):
 def test_attention_dropout_on_values_is_t5x_dropout_on_weights(impl):
   """Masking the values' rows is the same product as t5x's mask on the weights, with the very
   same mask: same module path, and bits drawn as [B, H, K, 1] equal those drawn as [B, H, 1, K]."""
-  from spot_jax import trainer  # pylint: disable=g-import-not-at-top
+  from spot_jax import train as train_lib  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
   b, t, e, heads, depth = 2, 9, 12, 3, 4
   x = jnp.asarray(rng.randn(b, t, e), jnp.float32)
@@ -155,7 +155,7 @@ def test_attention_dropout_on_values_is_t5x_dropout_on_weights(impl):
   bias = jnp.asarray(rng.randn(1, heads, t, t), jnp.float32)
   ours = layers.MultiHeadDotProductAttention(heads, depth, dropout_rate=0.3)
   params = ours.init(jax.random.PRNGKey(0), x, x, mask, bias, deterministic=True)
-  key = trainer.dropout_key(jax.random.PRNGKey(9), impl)
+  key = train_lib.dropout_key(jax.random.PRNGKey(9), impl)
   shape = (b, heads, 1, t)
   np.testing.assert_array_equal(
       jax.random.bernoulli(key, 0.7, shape).reshape(-1),

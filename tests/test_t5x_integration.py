@@ -22,11 +22,11 @@ import orbax.checkpoint as ocp
 from flax import traverse_util
 
 from spot_jax import eval as spot_eval
-from spot_jax import evaluation
+from spot_jax.train import evaluator as evaluator_lib
 from spot_jax import models
 from spot_jax import prompts
 from spot_jax import t5
-from spot_jax.contrib.t5x import checkpoints as t5x_checkpoints
+from spot_jax.contrib.t5x import state_fns
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 METHODS = ("prompt_tuning", "smop", "residual")
@@ -100,7 +100,7 @@ def test_t5x_train_updates_only_the_prompt_and_exports_it(method, tiny_checkpoin
     assert (run_dir / "prompts" / f"prompt_step_{step}.npy").is_file()
   model = _model(method)
   exported = np.load(run_dir / "prompts" / f"prompt_step_{STEPS}.npy")
-  raw = t5x_checkpoints.load_prompt_params(run_dir / "prompts" / f"prompt_params_step_{STEPS}.npz")
+  raw = state_fns.load_prompt_params(run_dir / "prompts" / f"prompt_params_step_{STEPS}.npz")
   for name, value in _flat(raw["prompt"]).items():
     np.testing.assert_array_equal(value, after[name])
   np.testing.assert_allclose(exported, prompts.effective_prompt(model.module.prompt, final["target"]["prompt"]),
@@ -132,7 +132,7 @@ def test_t5x_train_updates_only_the_prompt_and_exports_it(method, tiny_checkpoin
     spot_tokens = spot_model.predict_batch(models.merge_params(backbone_params, prompt_params),
                                            batch["encoder_input_tokens"], max_decode_length=5)
     np.testing.assert_array_equal(np.asarray(t5x_tokens), np.asarray(spot_tokens))
-    eval_cfg = evaluation.EvalConfig(mixture_or_task_name="spot_synthetic_sentiment_v100",
+    eval_cfg = evaluator_lib.EvalConfig(mixture_or_task_name="spot_synthetic_sentiment_v100",
                                      task_feature_lengths={"inputs": 32, "targets": 8},
                                      batch_size=8, num_examples=8, module="tasks.synthetic")
     metrics = spot_eval.evaluate(model=spot_model, eval_cfg=eval_cfg,
@@ -153,12 +153,12 @@ def test_strict_restore_keeps_the_backbone_and_drops_only_the_prompt():
   ckpt = _state({"encoder": {"w": np.ones(2)}, "decoder": {"w": np.ones(3)}})
   target = _state({"encoder": {"w": np.zeros(2)}, "decoder": {"w": np.zeros(3)},
                    "prompt": {"prompt": np.zeros((3, 4))}})
-  kept = t5x_checkpoints.strict_prompt_restore(ckpt, target)
+  kept = state_fns.strict_prompt_restore(ckpt, target)
   assert set(kept) == {"target"}  # no optimizer state or step: those start fresh with the prompt
   assert sorted(kept["target"]) == ["decoder", "encoder"]
   np.testing.assert_array_equal(kept["target"]["encoder"]["w"], np.ones(2))
   # Resuming this run's own checkpoint keeps everything.
-  assert t5x_checkpoints.strict_prompt_restore(target, target, is_resuming=True) == target
+  assert state_fns.strict_prompt_restore(target, target, is_resuming=True) == target
 
 
 def test_strict_restore_names_a_missing_backbone_parameter():
@@ -166,11 +166,11 @@ def test_strict_restore_names_a_missing_backbone_parameter():
   target = _state({"encoder": {"w": np.zeros(2)}, "decoder": {"logits_dense": {"kernel": np.zeros(3)}},
                    "prompt": {"prompt": np.zeros((3, 4))}})
   with pytest.raises(ValueError, match="lacks 1 backbone parameter.*decoder/logits_dense/kernel"):
-    t5x_checkpoints.strict_prompt_restore(ckpt, target)
+    state_fns.strict_prompt_restore(ckpt, target)
   ckpt = _state({"encoder": {"w": np.ones(2)}, "extra": {"w": np.ones(1)}})
   target = _state({"encoder": {"w": np.zeros(2)}, "prompt": {"prompt": np.zeros((3, 4))}})
   with pytest.raises(ValueError, match="has 1 parameter.*this model lacks: extra/w"):
-    t5x_checkpoints.strict_prompt_restore(ckpt, target)
+    state_fns.strict_prompt_restore(ckpt, target)
 
 
 def test_t5x_train_refuses_a_checkpoint_of_another_architecture(tiny_checkpoint, tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SMOKE = ["--gin_file=gin/test/smoke.gin"]
-NO_EVAL = ["--gin.trainer.train.eval_cfg=None"]
+NO_EVAL = ["--gin.train.train.eval_cfg=None"]
 
 
 def _cmd(*args: str) -> list[str]:
@@ -60,7 +60,7 @@ def _bad_cases(tmp: pathlib.Path, mismatched: str):
   blocker.write_text("not a directory")
   run = f"--gin.MODEL_DIR='{tmp / 'run'}'"
   return {
-      "unknown gin parameter": ([*SMOKE, run, "--gin.trainer.train.no_such_flag=1"],
+      "unknown gin parameter": ([*SMOKE, run, "--gin.train.train.no_such_flag=1"],
                                 "doesn't have a parameter named 'no_such_flag'"),
       "unknown task": ([*SMOKE, run, "--gin.MIXTURE_OR_TASK_NAME='spot_synthetic_sentimnt_v100'"],
                        "did you mean 'spot_synthetic_sentiment_v100'"),
@@ -123,7 +123,7 @@ def test_model_tuning_baselines_through_the_cli(tmp_path, run_file, task):
                f"--gin.MODEL_DIR='{tmp_path}'", f"--gin.MIXTURE_OR_TASK_NAME='{task}'",
                "--gin.MIXTURE_OR_TASK_MODULE='tasks.synthetic'",
                "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 12}", "--gin.TRAIN_STEPS=40",
-               "--gin.BATCH_SIZE=16", "--gin.LEARNING_RATE=0.01", "--gin.trainer.train.log_period=5"])
+               "--gin.BATCH_SIZE=16", "--gin.LEARNING_RATE=0.01", "--gin.train.train.log_period=5"])
   assert proc.returncode == 0, proc.stderr[-3000:]
   losses = _losses(proc.stdout)
   assert len(losses) == 8, proc.stdout
@@ -137,7 +137,7 @@ def test_cpu_devices_splits_the_batch_and_keeps_the_run(tmp_path):
   for devices in (1, 2):
     model_dir = tmp_path / f"d{devices}"
     proc = _run([*SMOKE, *NO_EVAL, f"--cpu_devices={devices}", f"--gin.MODEL_DIR='{model_dir}'",
-                 "--gin.TRAIN_STEPS=6", "--gin.trainer.train.log_period=1"])
+                 "--gin.TRAIN_STEPS=6", "--gin.train.train.log_period=1"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     prompt = np.load(next((model_dir / "prompts").rglob("*6*.npy")))
     runs[devices] = (_losses(proc.stdout), prompt, proc.stdout + proc.stderr)
@@ -154,7 +154,7 @@ def test_dropout_rng_is_wired_and_deterministic(tmp_path):
   for name, impl in (("a", "unsafe_rbg"), ("b", "unsafe_rbg"), ("c", "threefry")):
     proc = _run([*SMOKE, *NO_EVAL, f"--gin.MODEL_DIR='{tmp_path / name}'", "--gin.TRAIN_STEPS=4",
                  "--gin.DROPOUT_RATE=0.1", f"--gin.DROPOUT_RNG='{impl}'",
-                 "--gin.trainer.train.log_period=1"])
+                 "--gin.train.train.log_period=1"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses[name] = _losses(proc.stdout)
   assert len(losses["a"]) == 4 and losses["a"] == losses["b"]

@@ -7,7 +7,10 @@ import jax
 import numpy as np
 import pytest
 
-from spot_jax import data, evaluation, models, optimizers, prompts, trainer
+from spot_jax import data, models, prompts
+from spot_jax.train import evaluator as evaluator_lib
+from spot_jax.train import optimizers
+from spot_jax import train as train_lib
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name, save_checkpoint
 from tests import local_tasks
@@ -41,7 +44,7 @@ def _model(prompt_length: int = 6) -> models.EncoderDecoderModel:
 def run50(tmp_path_factory, task_name, backbone_checkpoint):
   ckpt_path, _ = backbone_checkpoint
   cfg = data.DatasetConfig(task_name, LENGTHS, batch_size=16)
-  return trainer.train(model=_model(), train_dataset_cfg=cfg, total_steps=50,
+  return train_lib.train(model=_model(), train_dataset_cfg=cfg, total_steps=50,
                        model_dir=str(tmp_path_factory.mktemp("run50")),
                        optimizer=optimizers.adafactor(), initial_checkpoint_path=ckpt_path,
                        eval_period=1000, log_period=10, verbose=False)
@@ -87,7 +90,7 @@ def test_prompt_changed_and_exported(run50, tmp_path):
 def test_model_tuning_trains_every_parameter(tmp_path, task_name):
   cfg = data.DatasetConfig(task_name, LENGTHS, batch_size=16)
   model = models.EncoderDecoderModel(Transformer(config_by_name("t5_1_1_byte_tiny")))
-  result = trainer.train(model=model, train_dataset_cfg=cfg, total_steps=30, model_dir=str(tmp_path),
+  result = train_lib.train(model=model, train_dataset_cfg=cfg, total_steps=30, model_dir=str(tmp_path),
                          optimizer=optimizers.adafactor(learning_rate=1e-2, factored=True),
                          trainable="all", eval_period=1000, verbose=False)
   assert result.frozen_params == {}
@@ -98,10 +101,10 @@ def test_model_tuning_trains_every_parameter(tmp_path, task_name):
 
 def test_eval_and_best_prompt_export(tmp_path, task_name):
   cfg = data.DatasetConfig(task_name, LENGTHS, batch_size=16)
-  ecfg = evaluation.EvalConfig(task_name, LENGTHS, batch_size=16)
-  result = trainer.train(model=_model(), train_dataset_cfg=cfg, total_steps=20, model_dir=str(tmp_path),
+  ecfg = evaluator_lib.EvalConfig(task_name, LENGTHS, batch_size=16)
+  result = train_lib.train(model=_model(), train_dataset_cfg=cfg, total_steps=20, model_dir=str(tmp_path),
                          eval_cfg=ecfg, eval_period=10,
-                         checkpoint_cfg=trainer.CheckpointConfig(best_metric="accuracy", save_prompt_steps=(3,)),
+                         checkpoint_cfg=train_lib.CheckpointConfig(best_metric="accuracy", save_prompt_steps=(3,)),
                          verbose=False)
   assert [s for s, _ in result.eval_history] == [10, 20]
   for _, metrics in result.eval_history:
@@ -123,7 +126,7 @@ def test_bad_configuration_is_one_clear_error(tmp_path, task_name, change, messa
   cfg = data.DatasetConfig(change.get("task", task_name), change.get("lengths", LENGTHS), batch_size=8,
                            pack=change.get("pack", False))
   with pytest.raises(ConfigError, match=message) as info:
-    trainer.train(model=_model(), train_dataset_cfg=cfg, total_steps=5, model_dir=str(tmp_path / "run"),
+    train_lib.train(model=_model(), train_dataset_cfg=cfg, total_steps=5, model_dir=str(tmp_path / "run"),
                   trainable=change.get("trainable", "prompt"), verbose=False)
   assert "\n" not in str(info.value)
   assert not (tmp_path / "run" / "checkpoints").exists()
@@ -131,7 +134,7 @@ def test_bad_configuration_is_one_clear_error(tmp_path, task_name, change, messa
 
 def test_truncation_is_counted_and_warned(tmp_path, task_name, capsys):
   cfg = data.DatasetConfig(task_name, {"inputs": 32, "targets": 2}, batch_size=8)
-  trainer.train(model=_model(), train_dataset_cfg=cfg, total_steps=4, model_dir=str(tmp_path),
+  train_lib.train(model=_model(), train_dataset_cfg=cfg, total_steps=4, model_dir=str(tmp_path),
                 log_period=2, verbose=True)
   out = capsys.readouterr().out
   assert "warning: 16 of 16 training examples so far had targets longer than" in out
@@ -142,8 +145,8 @@ def test_relative_model_dir(tmp_path, task_name, monkeypatch):
   """A relative MODEL_DIR (orbax itself refuses relative paths) trains, checkpoints and resumes."""
   monkeypatch.chdir(tmp_path)
   cfg = data.DatasetConfig(task_name, {"inputs": 32, "targets": 8}, batch_size=8)
-  trainer.train(model=_model(), train_dataset_cfg=cfg, total_steps=2, model_dir="runs/rel", verbose=False)
+  train_lib.train(model=_model(), train_dataset_cfg=cfg, total_steps=2, model_dir="runs/rel", verbose=False)
   assert (tmp_path / "runs" / "rel" / "checkpoints" / "2").is_dir()
-  result = trainer.train(model=_model(), train_dataset_cfg=cfg, total_steps=3, model_dir="runs/rel",
+  result = train_lib.train(model=_model(), train_dataset_cfg=cfg, total_steps=3, model_dir="runs/rel",
                          verbose=False)
   assert int(result.state.step) == 3 and len(result.history) == 1

@@ -36,7 +36,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from spot_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from spot_jax import embedded
 from spot_jax import fileio
-from spot_jax.demo import report, runs
+from spot_jax.demo import runs
+from spot_jax.demo import results as results_lib
 from spot_jax.errors import ConfigError
 
 QUICK = dict(source_steps=100, target_steps=50)
@@ -98,7 +99,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   settings = dataclasses.replace(runs.Settings(), **changes)
   if not os.path.isdir(embedded.CHECKPOINT_PATH):
     raise ConfigError(f"the embedded toy model is missing at {embedded.CHECKPOINT_PATH}; "
-                      f"make it with `python -m spot_jax.pretrain_toy`")
+                      f"make it with `python -m spot_jax.embedded.pretrain`")
   out = _writable(args.output_dir)
   if args.compilation_cache != "none":
     import jax  # pylint: disable=g-import-not-at-top
@@ -152,13 +153,13 @@ def main(argv: Sequence[str]) -> Optional[int]:
       run(runs.RunSpec(target, method, "target", init_from))
 
   chance = {t: round(suite.TASKS[t].chance, 1) for t in targets}
-  rows = report.table_rows(results, targets, methods, chance)
+  rows = results_lib.table_rows(results, targets, methods, chance)
   summary = {"settings": dataclasses.asdict(settings), "methods": methods, "targets": targets,
              "chance": chance, "spot_source": best_source, "runs": results,
              "wall_seconds": round(time.time() - started, 1)}
-  paths = report.write(out, summary, rows)
+  paths = results_lib.write(out, summary, rows)
   print()
-  print(report.plain(rows))
+  print(results_lib.plain(rows))
   print("\nvalidation accuracy % (run wall time); SPoT sources: "
         + (", ".join(f"{t} <- {s}" for t, s in best_source.items()) or "none"))
   print(f"demo took {time.time() - started:.0f}s; wrote {', '.join(str(p) for p in paths)}")

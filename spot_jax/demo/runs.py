@@ -18,12 +18,12 @@ from typing import Optional
 
 from spot_jax import data as data_lib
 from spot_jax import embedded
-from spot_jax import evaluation
+from spot_jax.train import evaluator as evaluator_lib
 from spot_jax import models
-from spot_jax import optimizers
+from spot_jax.train import optimizers
 from spot_jax import prompts
 from spot_jax import t5
-from spot_jax import trainer
+from spot_jax import train as train_lib
 
 METHODS = ("pt", "spot", "smop", "residual")
 # A control, not run by default: SPoT started from an unrelated source's prompt.
@@ -123,15 +123,15 @@ def execute(spec: RunSpec, settings: Settings, run_dir: pathlib.Path, vocab_rows
   lengths = {"inputs": settings.input_length, "targets": settings.target_length}
   steps = settings.source_steps if spec.role == "source" else settings.target_steps
   started = time.time()
-  result = trainer.train(
+  result = train_lib.train(
       model=build_model(spec, settings, vocab_rows),
       train_dataset_cfg=data_lib.DatasetConfig(task, lengths, batch_size=settings.batch_size,
                                                seed=settings.seed, module=TASK_MODULE),
       total_steps=steps, model_dir=str(run_dir),
       optimizer=optimizers.adafactor(learning_rate=settings.learning_rate),
-      eval_cfg=evaluation.EvalConfig(task, lengths, split="validation", batch_size=100,
+      eval_cfg=evaluator_lib.EvalConfig(task, lengths, split="validation", batch_size=100,
                                      num_examples=settings.eval_examples, module=TASK_MODULE),
-      eval_period=steps, checkpoint_cfg=trainer.CheckpointConfig(period=steps),
+      eval_period=steps, checkpoint_cfg=train_lib.CheckpointConfig(period=steps),
       initial_checkpoint_path=embedded.CHECKPOINT_PATH, seed=settings.seed, verbose=False)
   seconds = time.time() - started
   metrics = result.eval_history[-1][1][task]

@@ -1,4 +1,4 @@
-"""Files shipped with the package: the embedded toy T5 (`toy_t5/`), made by `spot_jax.pretrain_toy`.
+"""Files shipped with the package: the embedded toy T5 (`toy_t5/`), made by `spot_jax.embedded.pretrain`.
 
 Attributes:
   TOY_DIR: the folder holding the toy model, its vocabulary, gin file, loss log and README.

@@ -21,7 +21,6 @@ from typing import Optional
 
 import numpy as np
 
-from spot_jax import checkpointing
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
@@ -152,4 +151,4 @@ def export_npy(prompt: np.ndarray, path: str) -> None:
   prompt = np.asarray(prompt, np.float32)
   if prompt.ndim != 2:
     raise ConfigError(f"a prompt-tuning .npy holds one [L, E] prompt, got shape {prompt.shape}")
-  checkpointing.save_npy(pathlib.Path(path), prompt)
+  fileio.save_npy(pathlib.Path(path), prompt)

@@ -31,7 +31,7 @@ import numpy as np
 from spot_jax.errors import ConfigError
 from spot_jax.spot import experts
 from spot_jax.spot import similarity
-from spot_jax.spot.library import Entry
+from spot_jax.spot.prompt_library import Entry
 from spot_jax.spot.runs import RunOutcome, train_prompt
 from spot_jax.spot.settings import RunSettings
 

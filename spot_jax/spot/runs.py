@@ -16,11 +16,11 @@ from typing import Any, Optional
 import numpy as np
 
 from spot_jax import data as data_lib
-from spot_jax import evaluation
+from spot_jax.train import evaluator as evaluator_lib
 from spot_jax import fileio
-from spot_jax import optimizers
+from spot_jax.train import optimizers
 from spot_jax import prompts
-from spot_jax import trainer
+from spot_jax import train as train_lib
 from spot_jax.spot.settings import RunSettings
 
 RECORD = "spot_run.json"
@@ -122,13 +122,13 @@ def train_prompt(settings: RunSettings, task: str, run_dir: str | pathlib.Path, 
   metric = settings.metric_for(task)
   train_cfg = data_lib.DatasetConfig(task, dict(settings.lengths), batch_size=settings.batch_size,
                                      seed=seed, module=settings.task_module)
-  eval_cfg = (evaluation.EvalConfig(task, dict(settings.lengths), batch_size=settings.eval_batch_size,
+  eval_cfg = (evaluator_lib.EvalConfig(task, dict(settings.lengths), batch_size=settings.eval_batch_size,
                                     num_examples=settings.eval_num_examples,
                                     module=settings.task_module) if evaluate else None)
-  checkpoint_cfg = trainer.CheckpointConfig(period=settings.checkpoint_period,
+  checkpoint_cfg = train_lib.CheckpointConfig(period=settings.checkpoint_period,
                                             save_prompt_steps=(settings.embedding_step,),
                                             best_metric=metric if evaluate else None)
-  trainer.train(model=model, train_dataset_cfg=train_cfg, total_steps=settings.train_steps,
+  train_lib.train(model=model, train_dataset_cfg=train_cfg, total_steps=settings.train_steps,
                 model_dir=str(run_dir), optimizer=optimizers.adafactor(learning_rate=settings.learning_rate),
                 eval_cfg=eval_cfg, eval_period=settings.eval_period, checkpoint_cfg=checkpoint_cfg,
                 initial_checkpoint_path=settings.initial_checkpoint_path, seed=seed,

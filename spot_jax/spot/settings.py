@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence
 
 from spot_jax import models
 from spot_jax.errors import ConfigError
-from spot_jax.spot import fingerprint as fingerprint_lib
+from spot_jax import backbone as backbone_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +87,7 @@ class RunSettings:
     """The backbone's fingerprint for a run of `seed` (a random backbone depends on the seed)."""
     if self.initial_checkpoint_path:
       return dict(self.fingerprint)
-    return fingerprint_lib.fingerprint(self.model.config, None, seed)
+    return backbone_lib.fingerprint(self.model.config, None, seed)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -131,14 +131,14 @@ def load_model(spec: str, bindings: Sequence[str] = ()) -> tuple[models.EncoderD
   """The backbone model of a gin model file (its MODEL macro) or of a config name."""
   if spec.endswith(".gin"):
     import gin  # pylint: disable=g-import-not-at-top
-    from spot_jax import gin_utils  # pylint: disable=g-import-not-at-top
-    path = next((pathlib.Path(p, spec) for p in gin_utils.search_paths([])
+    from spot_jax.cli import gin_flags  # pylint: disable=g-import-not-at-top
+    path = next((pathlib.Path(p, spec) for p in gin_flags.search_paths([])
                  if pathlib.Path(p, spec).is_file()), pathlib.Path(spec))
     if not path.is_file():
       raise ConfigError(f"--model {spec!r}: no such gin file; give a file under gin/models/ or "
                         f"a config name such as t5_1_1_base")
     gin.clear_config()
-    for p in gin_utils.search_paths([]):
+    for p in gin_flags.search_paths([]):
       gin.add_config_file_search_path(p)
     try:
       gin.parse_config_files_and_bindings([str(path)], list(bindings), finalize_config=False)
@@ -172,9 +172,8 @@ def _parse_task_metrics(items: Sequence[str]) -> dict[str, str]:
 def model_fingerprint(model: models.EncoderDecoderModel, checkpoint: Optional[str],
                       seed: int = 0) -> dict[str, str]:
   if checkpoint:
-    from spot_jax import trainer  # pylint: disable=g-import-not-at-top
-    trainer.check_initial_checkpoint(checkpoint)
-  return fingerprint_lib.fingerprint(model.config, checkpoint, seed)
+    backbone_lib.check_initial_checkpoint(checkpoint)
+  return backbone_lib.fingerprint(model.config, checkpoint, seed)
 
 
 def from_args(args: argparse.Namespace) -> RunSettings:

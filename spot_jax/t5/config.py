@@ -131,7 +131,7 @@ def _build_registry() -> dict[str, T5Config]:
   reg["t5_1_1_byte_tiny"] = T5Config(vocab_size=384, emb_dim=64, num_heads=4, head_dim=16, mlp_dim=128,
                                      num_encoder_layers=2, num_decoder_layers=2, **_T5_1_1)
   reg["t5_byte_tiny"] = reg["t5_1_1_byte_tiny"].replace(**_T5)
-  # The embedded toy T5 made by `python -m spot_jax.pretrain_toy` (spot_jax/embedded/toy_t5):
+  # The embedded toy T5 made by `python -m spot_jax.embedded.pretrain` (spot_jax/embedded/toy_t5):
   # its SentencePiece vocabulary (< 284 pieces) plus 100 sentinels, padded to 384 rows.
   reg["t5_1_1_toy"] = T5Config(vocab_size=384, emb_dim=128, num_heads=4, head_dim=32, mlp_dim=384,
                                num_encoder_layers=3, num_decoder_layers=3,

@@ -22,14 +22,10 @@ import sys
 import time
 from typing import Sequence
 
-from spot_jax import bench_worker, hostmem
+from spot_jax.bench import worker as bench_worker
+from spot_jax import runtime
+from spot_jax.bench.common import PYTHONPATH_HINT, SHAPE_KEYS
 from spot_jax.errors import ConfigError
-
-PYTHONPATH_HINT = ("put checkouts of google-research/t5x, flaxformer and prompt-tuning (plus t5x's "
-                   "airio and jestimator) on PYTHONPATH")
-SHAPE_KEYS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers",
-              "num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance")
-
 
 def import_t5x():
   """Imports t5x and prompt_tuning (aliasing `flax.optim` to `t5x.optimizers`, as prompt-tuning needs).
@@ -48,21 +44,6 @@ def import_t5x():
     import prompt_tuning.train.utils  # pylint: disable=import-outside-toplevel,unused-import
   except ImportError as e:
     raise ConfigError(f"t5x + prompt-tuning are not importable ({e}); {PYTHONPATH_HINT}") from None
-
-
-def t5x_importable() -> bool:
-  """Whether this interpreter can import t5x and prompt_tuning (checked without importing them)."""
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  return all(importlib.util.find_spec(m) is not None
-             for m in ("t5x", "flaxformer", "prompt_tuning", "airio", "jestimator"))
-
-
-def t5x_shape(config) -> dict:
-  """The shape fields of a spot_jax `T5Config` that the t5x model takes (called by bench)."""
-  if tuple(config.mlp_activations) != ("gelu", "linear") or config.logits_via_embedding:
-    raise ConfigError("--vs=t5x needs a T5.1.1 config (gated-GELU, untied logits) like prompt-tuning's "
-                      "t5_1_1_prompt.gin; e.g. --config=t5_1_1_small")
-  return {k: getattr(config, k) for k in SHAPE_KEYS}
 
 
 def build_model(shape: dict, prompt_length: int, dropout_rate: float):
@@ -109,12 +90,11 @@ def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: in
   if use_hardware_rng:
     utils.set_hardware_rng_ops()
   from prompt_tuning.train import partitioning as pt_partitioning  # pylint: disable=import-outside-toplevel
-  from spot_jax import bench  # pylint: disable=import-outside-toplevel
-  from spot_jax import trainer as spot_trainer  # pylint: disable=import-outside-toplevel
-  spot_trainer.enable_compilation_cache(compilation_cache_dir)
+  from spot_jax.bench import common  # pylint: disable=import-outside-toplevel
+  runtime.enable_compilation_cache(compilation_cache_dir)
 
   model = build_model(shape, prompt_length, dropout_rate)
-  batch = {k: jax.numpy.asarray(v) for k, v in bench.numpy_batch(
+  batch = {k: jax.numpy.asarray(v) for k, v in common.numpy_batch(
       shape["vocab_size"], batch_size, input_length, target_length, seed).items()}
   batch["decoder_loss_weights"] = jax.numpy.ones_like(batch["decoder_target_tokens"], np.float32)
   partitioner = partitioning.PjitPartitioner(
@@ -161,12 +141,12 @@ def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: in
           "step_sec_median": median, "step_sec_min": min(times), "step_sec_max": max(times),
           "examples_per_sec": batch_size / median,
           "lower_sec": lower_s, "compile_sec": compile_s, "compile_plus_first_step_sec": first_step_s,
-          "flops_per_step": bench.xla_flops(step), "hlo_ops": bench.hlo_op_counts(lowered, step),
+          "flops_per_step": common.xla_flops(step), "hlo_ops": common.hlo_op_counts(lowered, step),
           "trainable_params": trainable,
           "frozen_params": sum(int(np.prod(v.shape)) for _, v in flat) - trainable,
           "final_loss": loss(metrics), "jax": jax.__version__, "t5x_path": os.path.dirname(t5x.__file__),
           "load_average_1min": os.getloadavg()[0],
-          "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(), "malloc": hostmem.applied()}
+          "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(), "malloc": runtime.applied()}
 
 
 def main(argv: Sequence[str]) -> int:

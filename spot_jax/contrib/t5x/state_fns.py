@@ -23,7 +23,6 @@ import numpy as np
 from flax import traverse_util
 from t5x import state_utils
 
-from spot_jax import checkpointing
 from spot_jax import fileio
 from spot_jax import prompts as prompts_lib
 from spot_jax.contrib.t5x.optim import is_prompt_path
@@ -122,7 +121,7 @@ class PromptExporter:
     np.savez(buf, **{k: np.asarray(v, np.float32) for k, v in flat.items()})
     fileio.atomic_write_bytes(folder / f"prompt_params_step_{step}.npz", buf.getvalue())
     path = folder / f"prompt_step_{step}.npy"
-    checkpointing.save_npy(path, prompts_lib.effective_prompt(self.prompt, params))
+    fileio.save_npy(path, prompts_lib.effective_prompt(self.prompt, params))
     return path
 
 

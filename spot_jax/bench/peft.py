@@ -1,4 +1,4 @@
-"""`python -m spot_jax.bench_peft`: the PyTorch + Hugging Face PEFT counterpart of `spot_jax.bench`.
+"""`python -m spot_jax.bench.peft`: the PyTorch + Hugging Face PEFT counterpart of `spot_jax.bench`.
 
 Run by `python -m spot_jax.bench --vs=peft` in its own process (torch and JAX never share one).
 It builds a randomly initialised transformers T5 of the same shape as a spot_jax config, wraps
@@ -25,7 +25,8 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from spot_jax import bench_worker, hostmem
+from spot_jax.bench import worker as bench_worker
+from spot_jax import runtime
 from spot_jax.errors import ConfigError
 
 PEFT_METHODS = ("pt", "ptune")
@@ -108,11 +109,11 @@ def bench_peft(method: str, shape: dict, batch_size: int, input_length: int, tar
           "mfu": flops / median / peak_flops if peak_flops else None, "trainable_params": int(sum(p.numel() for p in trainable)),
           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
           "peft": peft.__version__, "final_loss": loss,
-          "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(), "malloc": hostmem.applied()}
+          "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(), "malloc": runtime.applied()}
 
 
 def main(argv: Sequence[str]) -> int:
-  parser = bench_worker.parser("spot_jax.bench_peft", __doc__.splitlines()[0],
+  parser = bench_worker.parser("spot_jax.bench.peft", __doc__.splitlines()[0],
                                "JSON of transformers.T5Config shape fields")
   parser.add_argument("--method", choices=PEFT_METHODS, required=True)
   parser.add_argument("--peak_flops", type=float, default=None,
@@ -126,4 +127,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(bench_worker.run(main, "spot_jax.bench_peft"))
+  sys.exit(bench_worker.run(main, "spot_jax.bench.peft"))

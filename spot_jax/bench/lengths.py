@@ -1,14 +1,14 @@
-"""`python -m spot_jax.bench_lengths`: examples/s of fixed padding vs length buckets on real lengths.
+"""`python -m spot_jax.bench.lengths`: examples/s of fixed padding vs length buckets on real lengths.
 
-  python -m spot_jax.bench_lengths --json=bench_lengths.json --markdown=bench_lengths.md \
-      [--lengths=file:spot_jax/bench_data/rte_train_t5_input_lengths.txt] \
+  python -m spot_jax.bench.lengths --json=bench_lengths.json --markdown=bench_lengths.md \
+      [--lengths=file:spot_jax/bench/data/rte_train_t5_input_lengths.txt] \
       [--lengths=task:spot_toy_*_taskless_v100[:train]]
 
 For each length distribution (`--lengths`, repeatable: `file:<path>` with one input length per
 line, or `task:<seqio task, mixture or glob of task names>[:split]` whose inputs are measured in
 tokens, EOS included) it takes one shuffled pass over the lengths as a stream of `--batch_size`
 examples, then groups it twice: fixed padding (every batch [B, --input_length], default the
-longest input rounded up to 64) and the trainer's length buckets (`spot_jax.bucketing.bucket_batches`
+longest input rounded up to 64) and the trainer's length buckets (`spot_jax.data.bucketing.bucket_batches`
 with `--buckets`, default 'auto', and `--bucket_window`). The train step of `--method` (default
 PT-100 on t5_small, random weights, dropout 0.1, float32) is compiled for every input width either
 stream needs (compile seconds and the number of compiles are reported on their own), then timed
@@ -29,12 +29,19 @@ from typing import Optional, Sequence
 import jax
 import numpy as np
 
-from spot_jax import bench, bench_worker, bucketing, cli, data, fileio, models, optimizers, trainer
+from spot_jax import runtime
+from spot_jax import backbone as backbone_lib
+from spot_jax import cli, data, fileio, models
+from spot_jax.bench import common
+from spot_jax.bench import worker as bench_worker
+from spot_jax.data import bucketing
+from spot_jax.train import optimizers
+from spot_jax import train as train_lib
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
-from spot_jax.train_state import TrainState
+from spot_jax.train.state import TrainState
 
-RTE_LENGTHS = pathlib.Path(__file__).parent / "bench_data" / "rte_train_t5_input_lengths.txt"
+RTE_LENGTHS = pathlib.Path(__file__).parent / "data" / "rte_train_t5_input_lengths.txt"
 DEFAULT_LENGTHS = (f"file:{RTE_LENGTHS}", "task:spot_toy_*_taskless_v100")
 
 
@@ -115,12 +122,12 @@ def compile_steps(method: str, config_name: str, batch_size: int, widths: Sequen
     (run, stats, prompt_length): run(width) takes one timed step at that width and returns its
     seconds; stats[width] holds compile_sec and flops_per_step.
   """
-  kind, length = bench.METHODS[method]
+  kind, length = common.METHODS[method]
   length = prompt_length if length is None else length
   config = config_by_name(config_name, dropout_rate=dropout_rate)
-  model = models.EncoderDecoderModel(Transformer(config, prompt=bench._prompt_module(kind, length)))  # pylint: disable=protected-access
+  model = models.EncoderDecoderModel(Transformer(config, prompt=common.prompt_module(kind, length)))
   dummy = model.dummy_batch(max(widths), target_length)
-  backbone_rng, prompt_rng, state_rng = trainer.seed_keys(seed)
+  backbone_rng, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
   backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)
   prompt_params = (jax.jit(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)))(prompt_rng, backbone)
                    if model.has_prompt else {})
@@ -131,13 +138,13 @@ def compile_steps(method: str, config_name: str, batch_size: int, widths: Sequen
   else:
     frozen, params, tx = backbone, prompt_params, optimizers.adafactor()
   holder = {"state": TrainState.create(params, tx, state_rng)}
-  step_fn = jax.jit(trainer.make_train_step(model, tx), donate_argnums=(0,))
+  step_fn = jax.jit(train_lib.make_train_step(model, tx), donate_argnums=(0,))
   compiled, batches, stats = {}, {}, {}
   for width in sorted(set(widths)):
-    batches[width] = bench._batch(config.vocab_size, batch_size, width, target_length, seed)  # pylint: disable=protected-access
+    batches[width] = common.device_batch(config.vocab_size, batch_size, width, target_length, seed)
     t0 = time.perf_counter()
     compiled[width] = step_fn.lower(holder["state"], frozen, batches[width]).compile()
-    stats[width] = {"compile_sec": time.perf_counter() - t0, "flops_per_step": bench.xla_flops(compiled[width])}
+    stats[width] = {"compile_sec": time.perf_counter() - t0, "flops_per_step": common.xla_flops(compiled[width])}
 
   def run(width: int) -> float:
     t0 = time.perf_counter()
@@ -215,14 +222,14 @@ def markdown(result: dict) -> str:
 
 
 def _parse(argv: Sequence[str]):
-  parser = cli.ArgumentParser(prog="spot_jax.bench_lengths", description=__doc__.splitlines()[0])
+  parser = cli.ArgumentParser(prog="spot_jax.bench.lengths", description=__doc__.splitlines()[0])
   parser.add_argument("--lengths", action="append", default=None,
                       help="file:<path> or task:<seqio task or glob>[:split]; repeatable "
                            f"(default: {' and '.join(DEFAULT_LENGTHS)})")
   parser.add_argument("--task_module", default="tasks.embedded",
                       help="module(s) registering the seqio tasks of task: distributions")
   parser.add_argument("--max_examples", type=int, default=1000, help="per task, for task: distributions")
-  parser.add_argument("--method", default="pt100", help=f"one of: {', '.join(bench.METHODS)}")
+  parser.add_argument("--method", default="pt100", help=f"one of: {', '.join(common.METHODS)}")
   parser.add_argument("--config", default="t5_small", help="a spot_jax.t5 config name")
   parser.add_argument("--batch_size", type=int, default=8)
   parser.add_argument("--input_length", type=int, default=None,
@@ -261,8 +268,8 @@ def _buckets(spec: str, input_length: int) -> tuple[int, ...]:
 
 def main(argv: Sequence[str]) -> int:
   args = _parse(argv)
-  if args.method not in bench.METHODS:
-    raise ConfigError(f"unknown method {args.method!r}; valid: {', '.join(bench.METHODS)}")
+  if args.method not in common.METHODS:
+    raise ConfigError(f"unknown method {args.method!r}; valid: {', '.join(common.METHODS)}")
   config_by_name(args.config)
   if min(args.batch_size, args.target_length, args.prompt_length, args.steps, args.max_examples,
          args.bucket_window) <= 0 or args.warmup < 0 or (args.input_length is not None and args.input_length <= 0):
@@ -281,7 +288,7 @@ def main(argv: Sequence[str]) -> int:
     plans.append((spec, lengths, boundaries, plan(lengths, args.batch_size, input_length, boundaries,
                                                   args.bucket_window, args.seed)))
     print(f"{spec}: {len(lengths)} lengths, fixed {input_length}, buckets {boundaries}", flush=True)
-  trainer.enable_compilation_cache(args.compilation_cache_dir)
+  runtime.enable_compilation_cache(args.compilation_cache_dir)
   widths = sorted({w for *_, p in plans for w in p["fixed_widths"] + p["bucketed_widths"]})
   run, stats, prompt = compile_steps(args.method, args.config, args.batch_size, widths, args.target_length,
                                      args.prompt_length, args.dropout_rate, args.seed)
@@ -307,10 +314,10 @@ def main(argv: Sequence[str]) -> int:
       json.dump(result, f, indent=2)
   if args.markdown:
     with fileio.atomic_open(outputs["--markdown"], "w", encoding="utf-8") as f:
-      f.write(f"`python -m spot_jax.bench_lengths {' '.join(argv)}`: {args.method} on {args.config}, batch "
+      f.write(f"`python -m spot_jax.bench.lengths {' '.join(argv)}`: {args.method} on {args.config}, batch "
               f"{args.batch_size}, {args.target_length} targets, dropout {args.dropout_rate}, float32\n\n" + table)
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench_lengths"))
+  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench.lengths"))

@@ -8,27 +8,27 @@
     --gin.INITIAL_CHECKPOINT_PATH="'/ckpts/t5_1_1_lm100k_base/checkpoint_1100000'" \
     --gin.PROMPT_LENGTH=100
 
-The run files bind `spot_jax.trainer.train` (see gin/runs/); this module only parses flags.
+The run files bind `spot_jax.train.train` (see gin/runs/); this module only parses flags.
 """
 from __future__ import annotations
 
 import sys
 
-from spot_jax import gin_utils
+from spot_jax.cli import gin_flags
 
 
 # The configurables main() calls: gin overrides they never reach are refused.
-GIN_ROOTS = ("spot_jax.trainer.train",)
+GIN_ROOTS = ("spot_jax.train.train",)
 
 
 def main(args) -> int:
   del args
   import gin  # pylint: disable=g-import-not-at-top
-  from spot_jax import trainer  # pylint: disable=g-import-not-at-top
-  gin.get_configurable(trainer.train)()
+  from spot_jax import train as train_lib  # pylint: disable=g-import-not-at-top
+  gin.get_configurable(train_lib.train)()
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(gin_utils.run(main, sys.argv[1:], "spot_jax.train", __doc__.splitlines()[0],
+  sys.exit(gin_flags.run(main, sys.argv[1:], "spot_jax.train", __doc__.splitlines()[0],
                          GIN_ROOTS))

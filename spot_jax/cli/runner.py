@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import Callable, NoReturn, Optional, Sequence
 
-from spot_jax import hostmem
+from spot_jax import runtime
 from spot_jax.errors import ConfigError
 
 EXIT_USER_ERROR = 2
@@ -65,7 +65,7 @@ def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], pro
     argv: the arguments after the program name.
     prog: the program's name in messages, e.g. "spot_jax.train".
     user_errors: exception types reported as user errors (exit 2).
-    keep_heap: first apply `hostmem.keep_heap()` (SPOT_JAX_MALLOC), before JAX starts. The
+    keep_heap: first apply `runtime.keep_heap()` (SPOT_JAX_MALLOC), before JAX starts. The
       benchmark's peer processes pass False unless asked: they run as their users run them.
 
   Returns:
@@ -75,7 +75,7 @@ def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], pro
   debug = "--debug" in argv
   try:
     if keep_heap:
-      hostmem.keep_heap()
+      runtime.keep_heap()
     return int(main(argv) or 0)
   except SystemExit:
     raise

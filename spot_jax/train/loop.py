@@ -15,26 +15,27 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import pathlib
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
-from spot_jax import checkpointing
+from spot_jax import backbone as backbone_lib
 from spot_jax import data as data_lib
-from spot_jax import evaluation
 from spot_jax import fileio
-from spot_jax import metrics_logging
 from spot_jax import models
-from spot_jax import optimizers
 from spot_jax import partitioning
+from spot_jax import runtime
 from spot_jax.errors import ConfigError
-from spot_jax.train_state import TrainState
+from spot_jax.train import checkpointer as checkpointer_lib
+from spot_jax.train import evaluator as evaluator_lib
+from spot_jax.train import optimizers
+from spot_jax.train import progress
+from spot_jax.train.state import TrainState
+from spot_jax.train.step import DROPOUT_RNGS, make_train_step
 
 TRAINABLE_PROMPT = "prompt"
 TRAINABLE_ALL = "all"
@@ -92,106 +93,6 @@ def prepare_model_dir(model_dir: str) -> pathlib.Path:
   return fileio.writable_dir(model_dir, "MODEL_DIR")
 
 
-def check_initial_checkpoint(path: str) -> None:
-  """A one-line error when a local INITIAL_CHECKPOINT_PATH does not exist."""
-  if "://" not in path and not os.path.exists(path):
-    raise ConfigError(f"INITIAL_CHECKPOINT_PATH {path!r} does not exist; give a T5X checkpoint "
-                      f"directory (checkpoint_N), an orbax checkpoint or a Hugging Face model directory")
-
-
-def enable_compilation_cache(cache_dir: Optional[str]) -> None:
-  """Turns on JAX's persistent compilation cache in `cache_dir` (every entry kept); None: off.
-
-  A later process compiling the same step (a study's next run, a restart, each length bucket
-  of a rerun) then loads the executable instead of compiling it.
-  """
-  if not cache_dir:
-    return
-  if "://" not in str(cache_dir):
-    cache_dir = str(fileio.writable_dir(cache_dir, "COMPILATION_CACHE_DIR"))
-  jax.config.update("jax_compilation_cache_dir", str(cache_dir))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-def seed_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(backbone, prompt, state) keys of a run; shared by training and evaluation."""
-  backbone_rng, prompt_rng, state_rng = jax.random.split(jax.random.PRNGKey(seed), 3)
-  return backbone_rng, prompt_rng, state_rng
-
-
-def load_backbone(model: models.EncoderDecoderModel, dummy: Mapping[str, jax.Array],
-                  initial_checkpoint_path: Optional[str], seed: int, mesh, rules,
-                  info: Callable[[str], None] = print) -> tuple[Any, Any]:
-  """The frozen backbone on `mesh` (strictly loaded, or random from `seed`) and its shardings.
-
-  Call outside `nn.logical_axis_rules`: shardings are explicit here.
-  """
-  backbone_rng = seed_keys(seed)[0]
-  abstract = jax.eval_shape(model.init_backbone, backbone_rng, dummy)
-  shardings = partitioning.param_shardings(abstract, mesh, rules)
-  if initial_checkpoint_path:
-    check_initial_checkpoint(initial_checkpoint_path)
-    from spot_jax import t5  # pylint: disable=g-import-not-at-top
-    return t5.load_checkpoint(initial_checkpoint_path, model.config, mesh=mesh, rules=rules), shardings
-  info(f"note: no INITIAL_CHECKPOINT_PATH; the backbone is randomly initialised (seed {seed}); "
-       f"fine for smoke tests, meaningless for research")
-  init = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)), out_shardings=shardings)
-  return init(backbone_rng), shardings
-
-
-DROPOUT_RNGS = ("threefry", "rbg", "unsafe_rbg")
-
-
-def dropout_key(step_rng: jax.Array, dropout_rng: str = "threefry") -> jax.Array:
-  """The dropout key of a step: the step key itself, or a key of another PRNG seeded by it.
-
-  "threefry" (the default) is JAX's counter-based hash. "rbg" and "unsafe_rbg" draw the dropout
-  bits with XLA's RngBitGenerator (t5x's USE_HARDWARE_RNG sets "unsafe_rbg" for all of its
-  randomness); "unsafe_rbg" also derives the per-layer keys with it, which leaves out the
-  threefry code of every dropout site (a smaller program: faster to compile, a little faster to
-  run). Masks keep their rate and layout; only the random stream differs. Either way the key is a
-  pure function of (state.rng, step), so resuming stays exact with the same setting.
-  """
-  if dropout_rng == "threefry":
-    return step_rng
-  if dropout_rng not in DROPOUT_RNGS:
-    raise ConfigError(f"DROPOUT_RNG={dropout_rng!r}; valid: {', '.join(map(repr, DROPOUT_RNGS))}")
-  return jax.random.wrap_key_data(jax.random.bits(step_rng, (4,), jnp.uint32), impl=dropout_rng)
-
-
-def make_train_step(model: models.EncoderDecoderModel, tx: optax.GradientTransformation,
-                    dropout_rng: str = "threefry"
-                    ) -> Callable[[TrainState, Any, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
-  """The pure train step: gradients of `state.params` only; frozen parameters are an input.
-
-  `dropout_rng` picks the PRNG of the dropout masks (see `dropout_key`).
-  """
-  dropout_key(jax.random.PRNGKey(0), dropout_rng)  # a bad name fails here, not inside jit
-
-  def train_step(state: TrainState, frozen_params: Any, batch: Mapping[str, jax.Array]):
-    step_rng = dropout_key(jax.random.fold_in(state.rng, state.step), dropout_rng)
-
-    def loss_fn(trainable):
-      return model.loss_fn(models.merge_params(frozen_params, trainable), batch, step_rng,
-                           enable_dropout=True)
-
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    # param_norm: a finite loss and gradient can still give an infinite update (checked on the host)
-    metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads),
-                   param_norm=optax.tree.norm(params))
-    lr = optimizers.current_learning_rate(state.opt_state)
-    if lr is not None:
-      metrics["learning_rate"] = jnp.asarray(lr, jnp.float32)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                              data_position=state.data_position + 1)
-    return new_state, metrics
-
-  return train_step
-
-
 def _host_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
   out = {}
   for name, value in jax.device_get(dict(metrics)).items():
@@ -238,7 +139,7 @@ def _state_from_dict(d: Mapping[str, Any]) -> TrainState:
 def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.DatasetConfig,
           total_steps: int, model_dir: str,
           optimizer: Optional[optax.GradientTransformation] = None,
-          eval_cfg: Optional[evaluation.EvalConfig] = None, eval_period: int = 500,
+          eval_cfg: Optional[evaluator_lib.EvalConfig] = None, eval_period: int = 500,
           checkpoint_cfg: CheckpointConfig = CheckpointConfig(),
           initial_checkpoint_path: Optional[str] = None, trainable: str = TRAINABLE_PROMPT,
           num_partitions: int = 1, shard_prompt_embed: bool = False, seed: int = 0,
@@ -290,9 +191,9 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
   data_lib.import_modules(train_dataset_cfg.module)
   data_lib.get_mixture_or_task(train_dataset_cfg.mixture_or_task_name)
   if initial_checkpoint_path:
-    check_initial_checkpoint(initial_checkpoint_path)
+    backbone_lib.check_initial_checkpoint(initial_checkpoint_path)
   run_dir = prepare_model_dir(model_dir)
-  enable_compilation_cache(compilation_cache_dir)
+  runtime.enable_compilation_cache(compilation_cache_dir)
   tx = optimizer if optimizer is not None else optimizers.adafactor()
   ckpt_period = checkpoint_cfg.period or eval_period
 
@@ -305,15 +206,15 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
                       f"mesh size {data_size} ({jax.device_count()} devices / {num_partitions} partitions)")
   lengths = train_dataset_cfg.task_feature_lengths
   dummy = model.dummy_batch(lengths["inputs"], lengths["targets"])
-  _, prompt_rng, state_rng = seed_keys(seed)
-  log = metrics_logging.ProgressLogger(total_steps, train_dataset_cfg.batch_size,
+  _, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
+  log = progress.ProgressLogger(total_steps, train_dataset_cfg.batch_size,
                                        run_dir / "tensorboard" if jax.process_index() == 0 else None,
                                        enabled=verbose and jax.process_index() == 0)
   log.info(f"mesh: data={data_size} x model={num_partitions} over {jax.device_count()} "
            f"{jax.devices()[0].platform} device(s)")
 
   # --- 2. frozen backbone (placed by explicit shardings, before the rules context) ------------
-  backbone, backbone_shardings = load_backbone(model, dummy, initial_checkpoint_path, seed, mesh,
+  backbone, backbone_shardings = backbone_lib.load_backbone(model, dummy, initial_checkpoint_path, seed, mesh,
                                                rules, log.info)
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
@@ -340,7 +241,7 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
     state_shardings = jax.tree.map(lambda x: x.sharding, fresh)
 
     # --- 5. restore: this run's own checkpoint first, else the fresh state --------------------
-    checkpointer = checkpointing.Checkpointer(run_dir, keep=checkpoint_cfg.keep)
+    checkpointer = checkpointer_lib.Checkpointer(run_dir, keep=checkpoint_cfg.keep)
     try:
       abstract_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                                     _state_dict(fresh))
@@ -360,7 +261,7 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
                         in_shardings=(state_shardings, frozen_shardings, batch_sharding),
                         out_shardings=(state_shardings, partitioning.replicated(mesh)),
                         donate_argnums=(0,))
-      evaluator = (evaluation.Evaluator(model, eval_cfg, log_dir=str(run_dir / "eval"))
+      evaluator = (evaluator_lib.Evaluator(model, eval_cfg, log_dir=str(run_dir / "eval"))
                    if eval_cfg is not None else None)
 
       # --- 7. loop ------------------------------------------------------------------------
@@ -415,7 +316,7 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
           log.info(f"eval step {done}: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(flat.items())))
           log.scalars("eval", done, flat)
           if checkpoint_cfg.best_metric:
-            value = evaluation.lookup_metric(results, checkpoint_cfg.best_metric)
+            value = evaluator_lib.lookup_metric(results, checkpoint_cfg.best_metric)
             best = checkpointer.best_metric()
             better = best is None or (value > best if checkpoint_cfg.best_mode == "max" else value < best)
             if better:
@@ -441,7 +342,7 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
                      compilations=compilations, mesh=mesh)
 
 
-def _export(checkpointer: checkpointing.Checkpointer, model: models.EncoderDecoderModel,
+def _export(checkpointer: checkpointer_lib.Checkpointer, model: models.EncoderDecoderModel,
             state: TrainState, name: str) -> None:
   if jax.process_index() != 0:
     return

@@ -31,7 +31,7 @@ import numpy as np
 
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
-from spot_jax.spot import fingerprint as fingerprint_lib
+from spot_jax import backbone as backbone_lib
 
 FORMAT = "spot_jax.library/1"
 ENTRY_FORMAT = "spot_jax.library.entry/1"
@@ -169,10 +169,10 @@ class Library:
     with self._locked():
       header = self.header()
       if header is not None:
-        if not fingerprint_lib.same_model(header["fingerprint"], fingerprint):
+        if not backbone_lib.same_model(header["fingerprint"], fingerprint):
           raise ConfigError(f"the entry was made with another frozen model "
-                            f"({fingerprint_lib.describe(fingerprint)}) than this library's "
-                            f"({fingerprint_lib.describe(header['fingerprint'])}); use a library "
+                            f"({backbone_lib.describe(fingerprint)}) than this library's "
+                            f"({backbone_lib.describe(header['fingerprint'])}); use a library "
                             f"for that model")
         if prompt.shape[1] != header["embed_dim"]:
           raise ConfigError(f"the prompt's embedding size is {prompt.shape[1]} but this library's "
@@ -224,9 +224,9 @@ class Library:
       raise ValueError("not a spot_jax library entry")
     if record.get("id") != path.stem:
       raise ValueError(f"its id {record.get('id')!r} does not match the file name")
-    if not fingerprint_lib.same_model(record.get("fingerprint"), header["fingerprint"]):
+    if not backbone_lib.same_model(record.get("fingerprint"), header["fingerprint"]):
       raise ValueError(f"foreign: made with another frozen model "
-                       f"({fingerprint_lib.describe(record.get('fingerprint') or {})})")
+                       f"({backbone_lib.describe(record.get('fingerprint') or {})})")
     arrays = {}
     for kind in ("prompt", "embedding"):
       file = self._array_path(path.stem, kind)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import flax.linen as nn
 import numpy as np
 
-from spot_jax import checkpointing
+from spot_jax import run_dir as run_dir_lib
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import PromptTuning, ResidualPrompt, SMoP
 from spot_jax.serve.table import SMOP_EVAL_ROUTING, ServedPrompt
@@ -71,7 +71,7 @@ def exported_prompt(run_dir: pathlib.Path) -> tuple[pathlib.Path, Optional[int]]
   best = run_dir / "prompts" / "prompt_best.npy"
   if best.is_file():
     return best, None
-  step = checkpointing.latest_prompt_step(run_dir)
+  step = run_dir_lib.latest_prompt_step(run_dir)
   if step is None:
     raise ConfigError(f"{run_dir} holds no exported prompt (prompts/prompt_best.npy or "
                       f"prompts/prompt_step_N.npy); give the MODEL_DIR of a spot_jax.train run")
@@ -137,15 +137,15 @@ def from_library(name: str, root: str, entry_id: str, fingerprint: Optional[dict
   Args:
     name: the served name.
     root, entry_id: the library directory and the entry.
-    fingerprint: the serving backbone's `spot_jax.spot.fingerprint` (None: not checked).
+    fingerprint: the serving backbone's `spot_jax.backbone` (None: not checked).
   """
-  from spot_jax.spot import fingerprint as fingerprint_lib  # pylint: disable=g-import-not-at-top
-  from spot_jax.spot import library as library_lib  # pylint: disable=g-import-not-at-top
-  entry = library_lib.Library(root).get(entry_id)
-  if fingerprint is not None and not fingerprint_lib.same_model(entry.fingerprint, fingerprint):
+  from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import prompt_library  # pylint: disable=g-import-not-at-top
+  entry = prompt_library.Library(root).get(entry_id)
+  if fingerprint is not None and not backbone_lib.same_model(entry.fingerprint, fingerprint):
     raise ConfigError(f"library entry {entry_id!r} was trained against frozen model "
-                      f"{fingerprint_lib.describe(entry.fingerprint)}, not the one served "
-                      f"({fingerprint_lib.describe(fingerprint)}); give the --config_name and "
+                      f"{backbone_lib.describe(entry.fingerprint)}, not the one served "
+                      f"({backbone_lib.describe(fingerprint)}); give the --config_name and "
                       f"--checkpoint it was trained with")
   return ServedPrompt(name, np.asarray(entry.prompt, np.float32),
                       source=f"{root}{LIBRARY_SEPARATOR}{entry_id}")

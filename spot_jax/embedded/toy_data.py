@@ -1,6 +1,6 @@
 """Pretraining data of the toy T5: its SentencePiece vocabulary, span corruption and task batches.
 
-Everything is a pure function of a seed, so `python -m spot_jax.pretrain_toy` sees the same
+Everything is a pure function of a seed, so `python -m spot_jax.embedded.pretrain` sees the same
 batches on every machine. Batches have t5x's features (int32 [B, T] / [B, S]).
 """
 from __future__ import annotations

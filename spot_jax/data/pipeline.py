@@ -9,7 +9,7 @@ Resuming: the stream is a pure function of (task, seed, host shard) and is posit
 number of batches already consumed (`start_position`), which the training state records.
 
 Length buckets (`DatasetConfig.length_buckets`, off by default): the same example stream, read
-in windows of `bucket_window` batches, each regrouped by `spot_jax.bucketing` into batches padded
+in windows of `bucket_window` batches, each regrouped by `spot_jax.data.bucketing` into batches padded
 only to their input-length bucket.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from spot_jax import bucketing
+from spot_jax.data import bucketing
 from spot_jax.errors import ConfigError
 
 MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",

@@ -12,7 +12,8 @@ import resource
 import sys
 from typing import Callable, Optional, Sequence
 
-from spot_jax import cli, hostmem
+from spot_jax import cli
+from spot_jax import runtime
 from spot_jax.errors import ConfigError
 
 
@@ -57,4 +58,4 @@ def peak_host_memory_bytes() -> int:
 def run(main: Callable[[Sequence[str]], Optional[int]], prog: str) -> int:
   """A peer's `cli.run` over sys.argv: with spot-jax's host-memory setting only when its parent
   asked for it (SPOT_JAX_MALLOC=keep in the environment, `bench --peer_malloc=keep`)."""
-  return cli.run(main, sys.argv[1:], prog, keep_heap=os.environ.get(hostmem.ENV) == "keep")
+  return cli.run(main, sys.argv[1:], prog, keep_heap=os.environ.get(runtime.ENV) == "keep")

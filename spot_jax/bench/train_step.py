@@ -30,111 +30,23 @@ from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from spot_jax import (bench_peft, bench_worker, cli, distributed, fileio, hostmem, models, optimizers,
-                      partitioning, prompts, trainer)
-from spot_jax.contrib.t5x import bench as bench_t5x
+from spot_jax import backbone as backbone_lib
+from spot_jax import cli, fileio, models, partitioning
+from spot_jax.bench import peft as bench_peft
+from spot_jax.bench import worker as bench_worker
+from spot_jax.cli import distributed
+from spot_jax import runtime
+from spot_jax.train import optimizers
+from spot_jax import train as train_lib
+from spot_jax.bench import common
+from spot_jax.bench.common import (DEFAULT_METHODS, METHODS, OVERRIDE_FLAGS, SHAPE_FIELDS, T5X_DROPOUT_RNGS, bench_config, device_batch,
+                                   hlo_op_counts, matmul_peak_flops, nbytes, timed,
+                                   xla_flops)
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
-from spot_jax.train_state import TrainState
-
-# name -> (prompt method, prompt length); length None means --prompt_length.
-METHODS = {
-    "pt100": ("prompt_tuning", 100), "pt20": ("prompt_tuning", 20), "smop4x5": ("smop", 20),
-    "residual100": ("residual", 100), "residual10": ("residual", 10),
-    "model_tuning": ("model_tuning", 0),
-    "prompt_tuning": ("prompt_tuning", None), "smop": ("smop", None), "residual": ("residual", None),
-}
-DEFAULT_METHODS = ("pt100", "pt20", "smop4x5", "residual100", "residual10", "model_tuning")
-# --vs=t5x pairs each DROPOUT_RNG with t5x's setting that draws dropout masks the same way.
-T5X_DROPOUT_RNGS = {"threefry": "t5x's default", "unsafe_rbg": "t5x's USE_HARDWARE_RNG"}
-
-
-def _prompt_module(kind: str, length: int):
-  if kind == "prompt_tuning":
-    return prompts.PromptTuning(length=length)
-  if kind == "smop":
-    return prompts.SMoP(num_prompts=4, length=max(1, length // 4))
-  if kind == "residual":
-    return prompts.ResidualPrompt(length=length, bottleneck=128)
-  return None
-
-
-# T5Config fields settable from the command line (--num_layers sets both stacks).
-SHAPE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers",
-                "num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance")
-_OVERRIDE_FLAGS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_layers")
-
-
-def bench_config(name: str, overrides: Optional[dict] = None, dropout_rate: Optional[float] = None):
-  """The named `T5Config` with `overrides` ({field: value}; "num_layers" sets both stacks)."""
-  changes = dict(overrides or {})
-  if "num_layers" in changes:
-    layers = changes.pop("num_layers")
-    changes.update(num_encoder_layers=layers, num_decoder_layers=layers)
-  return config_by_name(name, dropout_rate=dropout_rate).replace(**changes)
-
-
-def _nbytes(tree) -> int:
-  return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
-
-
-def xla_flops(compiled) -> Optional[float]:
-  """FLOPs of one call of a compiled computation from XLA's cost analysis (None if unknown)."""
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else None
-  flops = (cost or {}).get("flops")
-  return float(flops) if flops else None
-
-
-def matmul_peak_flops(n: int = 1024, reps: int = 10) -> float:
-  """float32 FLOP/s of a jitted [n, n] x [n, n] matmul (best of `reps`): the MFU denominator."""
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  jax.block_until_ready(f(a))
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(a))
-    times.append(time.perf_counter() - t0)
-  return 2.0 * n ** 3 / float(min(times))
-
-
-def numpy_batch(vocab: int, batch_size: int, input_length: int, target_length: int,
-                seed: int) -> dict[str, np.ndarray]:
-  """The benchmark's random batch (no padding), shared with the t5x counterpart process."""
-  rng = np.random.RandomState(seed)
-  targets = rng.randint(2, vocab, size=(batch_size, target_length)).astype(np.int32)
-  return {
-      "encoder_input_tokens": rng.randint(2, vocab, size=(batch_size, input_length)).astype(np.int32),
-      "decoder_target_tokens": targets,
-      "decoder_input_tokens": np.concatenate([np.zeros((batch_size, 1), np.int32), targets[:, :-1]], 1),
-  }
-
-
-def _batch(vocab: int, batch_size: int, input_length: int, target_length: int, seed: int):
-  return {k: jnp.asarray(v) for k, v in numpy_batch(vocab, batch_size, input_length, target_length,
-                                                    seed).items()}
-
-
-def hlo_op_counts(lowered, compiled) -> dict[str, int]:
-  """Instruction counts of a step: the lowered StableHLO module and XLA's optimized HLO module."""
-  def count(text: str) -> int:
-    return sum(1 for line in text.splitlines() if " = " in line)
-  return {"stablehlo": count(lowered.as_text()), "optimized_hlo": count(compiled.as_text())}
-
-
-def _timed(fn, n: int) -> list[float]:
-  times = []
-  for _ in range(n):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return times
-
+from spot_jax.train.state import TrainState
 
 @contextlib.contextmanager
 def _bench_mesh():
@@ -173,9 +85,9 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
   kind, length = METHODS[method]
   length = prompt_length if length is None else length
   config = bench_config(config_name, config_overrides, dropout_rate)
-  model = models.EncoderDecoderModel(Transformer(config, prompt=_prompt_module(kind, length)))
+  model = models.EncoderDecoderModel(Transformer(config, prompt=common.prompt_module(kind, length)))
   dummy = model.dummy_batch(input_length, target_length)
-  backbone_rng, prompt_rng, state_rng = trainer.seed_keys(seed)
+  backbone_rng, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
   backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)
   prompt_params = (jax.jit(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)))(prompt_rng, backbone)
                    if model.has_prompt else {})
@@ -187,12 +99,12 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
     frozen, params = backbone, prompt_params
     tx = optimizers.adafactor()
   state = TrainState.create(params, tx, state_rng)
-  batch = _batch(config.vocab_size, batch_size, input_length, target_length, seed)
+  batch = device_batch(config.vocab_size, batch_size, input_length, target_length, seed)
   rep, split = shardings
   state, frozen, batch = jax.device_put((state, frozen, batch), (rep, rep, split))
 
   t0 = time.perf_counter()
-  traced = jax.jit(trainer.make_train_step(model, tx, dropout_rng), donate_argnums=(0,),
+  traced = jax.jit(train_lib.make_train_step(model, tx, dropout_rng), donate_argnums=(0,),
                    in_shardings=(rep, rep, split), out_shardings=(rep, rep)).trace(state, frozen, batch)
   trace_s = time.perf_counter() - t0
   lowered = traced.lower()
@@ -216,9 +128,9 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
       "compile_plus_first_step_sec": first_step_s, "hlo_ops": hlo_op_counts(lowered, step),
       "flops_per_step": flops,
       "trainable_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(state.params))),
-      "trainable_state_bytes": _nbytes(state.params) + _nbytes(state.opt_state),
+      "trainable_state_bytes": nbytes(state.params) + nbytes(state.opt_state),
       "frozen_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(frozen))),
-      "devices": jax.device_count(), "dropout_rng": dropout_rng, "malloc": hostmem.applied(),
+      "devices": jax.device_count(), "dropout_rng": dropout_rng, "malloc": runtime.applied(),
   }
   return _Run(model, step, state, frozen, batch, metrics, row)
 
@@ -229,7 +141,7 @@ def _finish(run: _Run, times: Sequence[float], *, inference_steps: int,
   merged = models.merge_params(run.frozen, run.state.params)
   score = jax.jit(run.model.score_batch)
   jax.block_until_ready(score(merged, run.batch))
-  infer_s = float(np.median(_timed(lambda: score(merged, run.batch), inference_steps)))
+  infer_s = float(np.median(timed(lambda: score(merged, run.batch), inference_steps)))
   step_s = float(np.median(times))
   row, flops = dict(run.row), run.row["flops_per_step"]
   batch_size, tokens = row["batch_size"], row["input_length"] + row["target_length"]
@@ -329,21 +241,21 @@ PEFT_COUNTERPART = {"prompt_tuning": "pt", "residual": "ptune"}
 
 def _peer_env(peer_malloc: str) -> dict:
   """The environment of a peer's process: this one's, with SPOT_JAX_MALLOC=`peer_malloc`."""
-  return dict(os.environ, **{hostmem.ENV: peer_malloc})
+  return dict(os.environ, **{runtime.ENV: peer_malloc})
 
 
 def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = None,
              peer_malloc: str = "system") -> Optional[dict]:
   """Times the PEFT counterpart of a spot-jax row in a separate process; None if it has none.
 
-  `peer_malloc` "keep" has it apply `hostmem.keep_heap()` as spot-jax does (glibc's part for
+  `peer_malloc` "keep" has it apply `runtime.keep_heap()` as spot-jax does (glibc's part for
   PyTorch; both parts for t5x).
   """
   method = PEFT_COUNTERPART.get(row["prompt_method"])
   if method is None:
     return None
   shape = bench_peft.hf_shape(bench_config(row["config"], row["config_overrides"]))
-  cmd = [sys.executable, "-m", "spot_jax.bench_peft", f"--method={method}", f"--shape={json.dumps(shape)}",
+  cmd = [sys.executable, "-m", "spot_jax.bench.peft", f"--method={method}", f"--shape={json.dumps(shape)}",
          f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
          f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
          f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}"]
@@ -366,7 +278,7 @@ def run_t5x(row: dict, steps: int, warmup: int, compilation_cache_dir: str = "",
   """
   if row["prompt_method"] != "prompt_tuning":
     return None
-  shape = bench_t5x.t5x_shape(bench_config(row["config"], row["config_overrides"]))
+  shape = common.t5x_shape(bench_config(row["config"], row["config_overrides"]))
   cmd = [sys.executable, "-m", "spot_jax.contrib.t5x.bench", f"--shape={json.dumps(shape)}",
          f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
          f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
@@ -453,16 +365,16 @@ def _parse(argv: Sequence[str]):
   parser.add_argument("--vs", default="", choices=("", "peft", "t5x"),
                       help="also time the PyTorch + PEFT counterparts, or t5x + prompt-tuning's for the "
                            "prompt_tuning rows (separate processes)")
-  for name in _OVERRIDE_FLAGS:
+  for name in OVERRIDE_FLAGS:
     parser.add_argument(f"--{name}", type=int, default=None,
                         help=f"override the config's {name}" + (" (encoder and decoder)"
                                                                  if name == "num_layers" else ""))
-  parser.add_argument("--dropout_rng", default="threefry", choices=trainer.DROPOUT_RNGS,
+  parser.add_argument("--dropout_rng", default="threefry", choices=train_lib.DROPOUT_RNGS,
                       help="PRNG of the dropout masks (the trainer's DROPOUT_RNG)")
   parser.add_argument("--cpu_devices", default=None,
                       help="split the CPU into this many JAX devices and run the trainer's "
                            "data-parallel mesh over them (as `spot_jax.train --cpu_devices`)")
-  parser.add_argument("--peer_malloc", default="system", choices=hostmem.MODES,
+  parser.add_argument("--peer_malloc", default="system", choices=runtime.MODES,
                       help="host memory settings of the --vs peer's process: its defaults (system), "
                            "or spot-jax's own (keep; see SPOT_JAX_MALLOC)")
   parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -481,7 +393,7 @@ def main(argv: Sequence[str]) -> int:
   outputs = {flag: fileio.output_file(path, flag)
              for flag, path in (("--json", args.json), ("--markdown", args.markdown)) if path}
   config_by_name(args.config)
-  overrides = {k: getattr(args, k) for k in _OVERRIDE_FLAGS if getattr(args, k) is not None}
+  overrides = {k: getattr(args, k) for k in OVERRIDE_FLAGS if getattr(args, k) is not None}
   bad = [f"--{k}={v}" for k, v in overrides.items() if v <= 0]
   if bad:
     raise ConfigError(f"{', '.join(bad)}: shape overrides must be positive integers")
@@ -500,16 +412,16 @@ def main(argv: Sequence[str]) -> int:
     if args.dropout_rng not in T5X_DROPOUT_RNGS:
       raise ConfigError(f"--vs=t5x with --dropout_rng={args.dropout_rng}: t5x has no such setting; valid: "
                         f"{' or '.join(f'{k} ({v})' for k, v in T5X_DROPOUT_RNGS.items())}")
-    bench_t5x.t5x_shape(bench_config(args.config, overrides))
-    if not bench_t5x.t5x_importable():
+    common.t5x_shape(bench_config(args.config, overrides))
+    if not common.t5x_importable():
       raise ConfigError(f"--vs=t5x: t5x, flaxformer or prompt_tuning is not importable; "
-                        f"{bench_t5x.PYTHONPATH_HINT}")
+                        f"{common.PYTHONPATH_HINT}")
   distributed.set_cpu_devices(args.cpu_devices)
   if args.batch_size % jax.device_count():
     raise ConfigError(f"--batch_size={args.batch_size} must be divisible by the {jax.device_count()} "
                       f"devices (--cpu_devices)")
   if args.compilation_cache_dir:
-    trainer.enable_compilation_cache(args.compilation_cache_dir)
+    runtime.enable_compilation_cache(args.compilation_cache_dir)
   peak = matmul_peak_flops()
   print(f"float32 matmul peak: {peak / 1e9:.1f} GFLOP/s on {jax.devices()[0]}", flush=True)
   kwargs = dict(dropout_rate=args.dropout_rate, warmup=args.warmup,

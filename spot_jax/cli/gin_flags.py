@@ -3,7 +3,7 @@
 Errors a user can cause (unknown gin parameter, unknown task, missing checkpoint, ...) end the
 program with one line on stderr naming the problem and exit status 2; `--debug` shows the
 traceback instead. An override that the final configuration never uses is such an error too
-(`spot_jax.gin_overrides`), unless `--allow_unused_gin_overrides` is given.
+(`spot_jax.cli.gin_overrides`), unless `--allow_unused_gin_overrides` is given.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pathlib
 from typing import Callable, Optional, Sequence
 
 from spot_jax import cli
-from spot_jax import gin_overrides
-from spot_jax import distributed
+from spot_jax.cli import gin_overrides
+from spot_jax.cli import distributed
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Namespace:
@@ -69,7 +69,7 @@ def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -
 
   Args:
     args: from `parse_args`.
-    roots: the configurables the program calls ("spot_jax.trainer.train"); overrides they never
+    roots: the configurables the program calls ("spot_jax.train.train"); overrides they never
       reach are refused. None: the configurables the files bind that nothing references.
   """
   import gin  # pylint: disable=g-import-not-at-top
@@ -97,7 +97,7 @@ def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str]
         description: str, roots: Optional[Sequence[str]] = None) -> int:
   """Parses flags and gin, runs `main`; user errors become one line + exit 2 (`spot_jax.cli`).
 
-  `roots` names the configurables `main` calls (e.g. ("spot_jax.trainer.train",)), which decide
+  `roots` names the configurables `main` calls (e.g. ("spot_jax.train.train",)), which decide
   whether an override is used (see `parse_gin`).
   """
 

@@ -1,4 +1,10 @@
-"""The identity of a frozen backbone: its configuration plus its checkpoint's files.
+"""The frozen backbone: its identity (fingerprint) and loading it onto a mesh.
+
+`load_backbone` places the frozen parameters (strictly loaded from a checkpoint, or random from
+the run seed) with the rule table's shardings; `seed_keys` are a run's (backbone, prompt, state)
+keys.
+
+The identity of a frozen backbone: its configuration plus its checkpoint's files.
 
 Two prompts can only be compared or transferred when they were trained against the same frozen
 model. A fingerprint is a dict {"id", "config", "checkpoint"}: `config` hashes the T5Config
@@ -12,8 +18,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import pathlib
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional
+
+import jax
+
+from spot_jax import models
+from spot_jax import partitioning
+from spot_jax.errors import ConfigError
 
 _IGNORED_FIELDS = ("dropout_rate", "dtype")
 _CHUNK = 1 << 20
@@ -70,3 +83,34 @@ def describe(fp: dict) -> str:
   return f"{fp.get('id', '?')} ({ckpt[:22]}{'...' if len(ckpt) > 22 else ''})"
 
 
+def check_initial_checkpoint(path: str) -> None:
+  """A one-line error when a local INITIAL_CHECKPOINT_PATH does not exist."""
+  if "://" not in path and not os.path.exists(path):
+    raise ConfigError(f"INITIAL_CHECKPOINT_PATH {path!r} does not exist; give a T5X checkpoint "
+                      f"directory (checkpoint_N), an orbax checkpoint or a Hugging Face model directory")
+
+
+def seed_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(backbone, prompt, state) keys of a run; shared by training and evaluation."""
+  backbone_rng, prompt_rng, state_rng = jax.random.split(jax.random.PRNGKey(seed), 3)
+  return backbone_rng, prompt_rng, state_rng
+
+
+def load_backbone(model: models.EncoderDecoderModel, dummy: Mapping[str, jax.Array],
+                  initial_checkpoint_path: Optional[str], seed: int, mesh, rules,
+                  info: Callable[[str], None] = print) -> tuple[Any, Any]:
+  """The frozen backbone on `mesh` (strictly loaded, or random from `seed`) and its shardings.
+
+  Call outside `nn.logical_axis_rules`: shardings are explicit here.
+  """
+  backbone_rng = seed_keys(seed)[0]
+  abstract = jax.eval_shape(model.init_backbone, backbone_rng, dummy)
+  shardings = partitioning.param_shardings(abstract, mesh, rules)
+  if initial_checkpoint_path:
+    check_initial_checkpoint(initial_checkpoint_path)
+    from spot_jax import t5  # pylint: disable=g-import-not-at-top
+    return t5.load_checkpoint(initial_checkpoint_path, model.config, mesh=mesh, rules=rules), shardings
+  info(f"note: no INITIAL_CHECKPOINT_PATH; the backbone is randomly initialised (seed {seed}); "
+       f"fine for smoke tests, meaningless for research")
+  init = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)), out_shardings=shardings)
+  return init(backbone_rng), shardings

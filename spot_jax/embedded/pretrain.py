@@ -1,4 +1,4 @@
-r"""`python -m spot_jax.pretrain_toy`: makes the embedded toy T5 from nothing, on a CPU.
+r"""`python -m spot_jax.embedded.pretrain`: makes the embedded toy T5 from nothing, on a CPU.
 
   1. a SentencePiece vocabulary trained on the embedded suite's corpus (tasks/embedded.py)
   2. a T5.1.1-style model (config `t5_1_1_toy`) trained with AdamW on span corruption over the
@@ -10,8 +10,8 @@ r"""`python -m spot_jax.pretrain_toy`: makes the embedded toy T5 from nothing, o
 
 Same seed, same step count -> the same vocabulary bytes and the same loss curve.
 
-  python -m spot_jax.pretrain_toy                       # rewrites spot_jax/embedded/toy_t5
-  python -m spot_jax.pretrain_toy --stop_after=20 --output_dir=/tmp/toy   # its first 20 steps
+  python -m spot_jax.embedded.pretrain                       # rewrites spot_jax/embedded/toy_t5
+  python -m spot_jax.embedded.pretrain --stop_after=20 --output_dir=/tmp/toy   # its first 20 steps
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from spot_jax import embedded
 from spot_jax import fileio
 from spot_jax import models
 from spot_jax import t5
-from spot_jax import toy_data
+from spot_jax.embedded import toy_data
 from spot_jax.errors import ConfigError
 from tasks import embedded as suite
 
@@ -45,7 +45,7 @@ WARMUP_STEPS = 100
 
 GIN_TEXT = """\
 # Model: the embedded toy T5 (T5.1.1 gated-GELU, untied; config t5_1_1_toy, 1.6M parameters)
-# made by `python -m spot_jax.pretrain_toy`, with its SentencePiece vocabulary (tasks.embedded).
+# made by `python -m spot_jax.embedded.pretrain`, with its SentencePiece vocabulary (tasks.embedded).
 # Provides MODEL (and PROMPT = None, which a gin/prompts/ file given after this one replaces).
 # Its checkpoint is spot_jax/embedded/toy_t5/checkpoint (INITIAL_CHECKPOINT_PATH):
 #   python -m spot_jax.train --gin_file=gin/models/t5_1_1_toy.gin \\
@@ -150,7 +150,7 @@ def pretrain(output_dir: str, *, steps: int = STEPS, seed: int = 0, batch_size: 
   ckpt = t5.save_checkpoint(params, str(out / "checkpoint"), step=run_steps, overwrite=True)
   (out / "spm.model").write_bytes(model_bytes)
   (out / f"{embedded.CONFIG_NAME}.gin").write_text(GIN_TEXT)
-  log = {"command": "python -m spot_jax.pretrain_toy " + " ".join(sys.argv[1:]), "seed": seed,
+  log = {"command": "python -m spot_jax.embedded.pretrain " + " ".join(sys.argv[1:]), "seed": seed,
          "steps": run_steps, "schedule_steps": steps, "batch_size": batch_size, "input_length": INPUT_LENGTH,
          "target_length": TARGET_LENGTH, "peak_learning_rate": PEAK_LEARNING_RATE,
          "num_parameters": num_params, "vocabulary_pieces": sp.get_piece_size(),
@@ -217,7 +217,7 @@ def evaluate_prefixed(model: models.EncoderDecoderModel, params, sp: spm.Sentenc
 
 
 def main(argv: Sequence[str]) -> Optional[int]:
-  parser = cli.ArgumentParser(prog="spot_jax.pretrain_toy", description=__doc__.splitlines()[0])
+  parser = cli.ArgumentParser(prog="spot_jax.embedded.pretrain", description=__doc__.splitlines()[0])
   parser.add_argument("--output_dir", default=embedded.TOY_DIR,
                       help="where to write the model (default: the package's embedded folder)")
   parser.add_argument("--steps", type=int, default=STEPS)
@@ -238,4 +238,4 @@ def main(argv: Sequence[str]) -> Optional[int]:
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.pretrain_toy"))
+  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.embedded.pretrain"))

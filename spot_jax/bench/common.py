@@ -1,0 +1,139 @@
+"""What the benchmarks share: the method table, shapes, batches, FLOP counts and the matmul peak.
+
+Public, so every bench (the train step, lengths, serving, the PEFT and t5x peers) uses the
+same definitions: `METHODS` (name -> prompt method and length), `bench_config` (a named T5Config
+with overrides), `numpy_batch` / `device_batch` (the random batch every peer gets),
+`xla_flops` / `hlo_op_counts` (from a compiled step) and `matmul_peak_flops` (the MFU
+denominator). `t5x_shape` is the shape the t5x peer process takes; nothing here imports t5x.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spot_jax import prompts
+from spot_jax.errors import ConfigError
+from spot_jax.t5 import config_by_name
+
+# name -> (prompt method, prompt length); length None means --prompt_length.
+METHODS = {
+    "pt100": ("prompt_tuning", 100), "pt20": ("prompt_tuning", 20), "smop4x5": ("smop", 20),
+    "residual100": ("residual", 100), "residual10": ("residual", 10),
+    "model_tuning": ("model_tuning", 0),
+    "prompt_tuning": ("prompt_tuning", None), "smop": ("smop", None), "residual": ("residual", None),
+}
+DEFAULT_METHODS = ("pt100", "pt20", "smop4x5", "residual100", "residual10", "model_tuning")
+# --vs=t5x pairs each DROPOUT_RNG with t5x's setting that draws dropout masks the same way.
+T5X_DROPOUT_RNGS = {"threefry": "t5x's default", "unsafe_rbg": "t5x's USE_HARDWARE_RNG"}
+
+
+def prompt_module(kind: str, length: int):
+  if kind == "prompt_tuning":
+    return prompts.PromptTuning(length=length)
+  if kind == "smop":
+    return prompts.SMoP(num_prompts=4, length=max(1, length // 4))
+  if kind == "residual":
+    return prompts.ResidualPrompt(length=length, bottleneck=128)
+  return None
+
+
+# T5Config fields settable from the command line (--num_layers sets both stacks).
+SHAPE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers",
+                "num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance")
+OVERRIDE_FLAGS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_layers")
+
+
+def bench_config(name: str, overrides: Optional[dict] = None, dropout_rate: Optional[float] = None):
+  """The named `T5Config` with `overrides` ({field: value}; "num_layers" sets both stacks)."""
+  changes = dict(overrides or {})
+  if "num_layers" in changes:
+    layers = changes.pop("num_layers")
+    changes.update(num_encoder_layers=layers, num_decoder_layers=layers)
+  return config_by_name(name, dropout_rate=dropout_rate).replace(**changes)
+
+
+def nbytes(tree) -> int:
+  return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def xla_flops(compiled) -> Optional[float]:
+  """FLOPs of one call of a compiled computation from XLA's cost analysis (None if unknown)."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  flops = (cost or {}).get("flops")
+  return float(flops) if flops else None
+
+
+def matmul_peak_flops(n: int = 1024, reps: int = 10) -> float:
+  """float32 FLOP/s of a jitted [n, n] x [n, n] matmul (best of `reps`): the MFU denominator."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  jax.block_until_ready(f(a))
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(a))
+    times.append(time.perf_counter() - t0)
+  return 2.0 * n ** 3 / float(min(times))
+
+
+def numpy_batch(vocab: int, batch_size: int, input_length: int, target_length: int,
+                seed: int) -> dict[str, np.ndarray]:
+  """The benchmark's random batch (no padding), shared with the t5x counterpart process."""
+  rng = np.random.RandomState(seed)
+  targets = rng.randint(2, vocab, size=(batch_size, target_length)).astype(np.int32)
+  return {
+      "encoder_input_tokens": rng.randint(2, vocab, size=(batch_size, input_length)).astype(np.int32),
+      "decoder_target_tokens": targets,
+      "decoder_input_tokens": np.concatenate([np.zeros((batch_size, 1), np.int32), targets[:, :-1]], 1),
+  }
+
+
+def device_batch(vocab: int, batch_size: int, input_length: int, target_length: int, seed: int):
+  return {k: jnp.asarray(v) for k, v in numpy_batch(vocab, batch_size, input_length, target_length,
+                                                    seed).items()}
+
+
+def hlo_op_counts(lowered, compiled) -> dict[str, int]:
+  """Instruction counts of a step: the lowered StableHLO module and XLA's optimized HLO module."""
+  def count(text: str) -> int:
+    return sum(1 for line in text.splitlines() if " = " in line)
+  return {"stablehlo": count(lowered.as_text()), "optimized_hlo": count(compiled.as_text())}
+
+
+def timed(fn, n: int) -> list[float]:
+  times = []
+  for _ in range(n):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return times
+
+
+
+PYTHONPATH_HINT = ("put checkouts of google-research/t5x, flaxformer and prompt-tuning (plus t5x's "
+                   "airio and jestimator) on PYTHONPATH")
+SHAPE_KEYS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers",
+              "num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance")
+
+
+def t5x_importable() -> bool:
+  """Whether this interpreter can import t5x and prompt_tuning (checked without importing them)."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  return all(importlib.util.find_spec(m) is not None
+             for m in ("t5x", "flaxformer", "prompt_tuning", "airio", "jestimator"))
+
+
+def t5x_shape(config) -> dict:
+  """The shape fields of a spot_jax `T5Config` that the t5x model takes (called by bench)."""
+  if tuple(config.mlp_activations) != ("gelu", "linear") or config.logits_via_embedding:
+    raise ConfigError("--vs=t5x needs a T5.1.1 config (gated-GELU, untied logits) like prompt-tuning's "
+                      "t5_1_1_prompt.gin; e.g. --config=t5_1_1_small")
+  return {k: getattr(config, k) for k in SHAPE_KEYS}
+
+

@@ -1,0 +1,10 @@
+"""The input pipeline: seqio tasks -> unpacked, padded, deterministic, resumable training batches.
+
+  pipeline   DatasetConfig, train_batches (fixed padding or length buckets), task look-up
+  bucketing  regrouping a window of examples into batches padded to their length bucket
+"""
+from spot_jax.data.pipeline import (MODEL_FEATURES, DatasetConfig, bucket_boundaries,
+                                    get_mixture_or_task, import_modules, train_batches, validate)
+
+__all__ = ["MODEL_FEATURES", "DatasetConfig", "bucket_boundaries", "get_mixture_or_task",
+           "import_modules", "train_batches", "validate"]
