@@ -42,10 +42,12 @@ def checkpoint_identity(path: Optional[str], seed: int) -> str:
   """"random:<seed>" without a checkpoint, else "files:<sha256>" of the checkpoint's files."""
   if not path:
     return f"random:{int(seed)}"
+  if "://" in str(path):  # a remote checkpoint is known by its address (its files are not read)
+    return f"path:{str(path).rstrip('/')}"
   root = pathlib.Path(path)
   if not root.exists():
-    raise FileNotFoundError(f"checkpoint {path!r} does not exist; give the frozen model's "
-                            f"checkpoint directory")
+    raise ConfigError(f"checkpoint {path!r} does not exist; give the frozen model's checkpoint "
+                      f"directory")
   files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
   digest = hashlib.sha256()
   for file in files:
@@ -72,6 +74,52 @@ def fingerprint(config: Any, checkpoint_path: Optional[str], seed: int = 0) -> d
   cfg, ckpt = config_hash(config), checkpoint_identity(checkpoint_path, seed)
   ident = hashlib.sha256(f"{cfg}|{ckpt}".encode()).hexdigest()[:16]
   return {"id": ident, "config": cfg, "checkpoint": ckpt}
+
+
+def describe_vocabulary(vocab: Any) -> Optional[dict]:
+  """What a run records of its task's vocabulary, so that serving it needs no --vocab.
+
+  {"kind": "sentencepiece", "path": <portable path>, "extra_ids": n} for a SentencePiece model
+  (seqio's, or spot-jax's deferred T5 vocabulary), {"kind": "byte"} for seqio's byte vocabulary,
+  None for anything else (serving then needs the vocabulary named).
+  """
+  from spot_jax import embedded  # pylint: disable=g-import-not-at-top
+  path = getattr(vocab, "sentencepiece_model_file", None)
+  if path:
+    local = path if "://" in path else os.path.abspath(path)
+    return {"kind": "sentencepiece", "path": embedded.portable(local) if "://" not in local else local,
+            "extra_ids": int(getattr(vocab, "extra_ids", 0) or 0)}
+  if type(vocab).__name__ == "ByteVocabulary":
+    return {"kind": "byte"}
+  return None
+
+
+def record(config: Any, checkpoint_path: Optional[str], seed: int, vocabulary: Any = None) -> dict:
+  """The backbone part of a run record (`spot_jax.run_dir.RunRecord.backbone`)."""
+  from spot_jax import embedded  # pylint: disable=g-import-not-at-top
+  checkpoint = None
+  if checkpoint_path:
+    checkpoint = (str(checkpoint_path) if "://" in str(checkpoint_path)
+                  else embedded.portable(str(checkpoint_path)))
+  return {"config": json.loads(json.dumps(dataclasses.asdict(config), default=list)),
+          "checkpoint": checkpoint, "seed": int(seed),
+          "fingerprint": fingerprint(config, checkpoint_path, seed),
+          "vocabulary": describe_vocabulary(vocabulary) if vocabulary is not None else None}
+
+
+def check_same(recorded: dict, current: dict, where: str, flag: str) -> None:
+  """Refuses, in one line naming both, a backbone other than the one a run was trained with.
+
+  Args:
+    recorded: the run's recorded fingerprint.
+    current: the fingerprint of the backbone given now.
+    where: the run directory (for the message).
+    flag: how to override on purpose (e.g. "--gin.ALLOW_BACKBONE_CHANGE=True").
+  """
+  if not same_model(recorded, current):
+    raise ConfigError(f"{where} was trained against frozen model {describe(recorded)}, not "
+                      f"{describe(current)} given now; give the backbone it was trained with "
+                      f"(config and checkpoint), or {flag} to move the prompt on purpose")
 
 
 def same_model(a: dict, b: dict) -> bool:

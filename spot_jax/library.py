@@ -1,10 +1,8 @@
 """`python -m spot_jax.library add|list|show|remove`: the SPoT prompt library.
 
-  # from a run made by this layer (spot_run.json knows task, seed, score and frozen model):
+  # from any run directory (spot_jax.train, the study, retrieval, the demo): its run.json knows
+  # the task, seed, score, task-embedding step and frozen model
   python -m spot_jax.library add --library=/lib --run_dir=/runs/mnli
-  # from any spot_jax.train run directory, naming what it does not record:
-  python -m spot_jax.library add --library=/lib --run_dir=/runs/mnli --task=spot_glue_mnli_v200 \
-    --model=gin/models/t5_1_1_lm100k_base.gin --initial_checkpoint_path=/ckpts/... --embedding_step=10000
   # from .npy files:
   python -m spot_jax.library add --library=/lib --prompt=p.npy --embedding=e.npy \
     --task=spot_glue_mnli_v200 --score=86.1 --model=... --initial_checkpoint_path=...
@@ -22,16 +20,15 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from spot_jax import run_dir as run_dir_lib
 from spot_jax import cli, fileio
 from spot_jax.errors import ConfigError
+from spot_jax.run_dir import RunDir
 from spot_jax import backbone as backbone_lib
 from spot_jax.spot import prompt_library
-from spot_jax.spot import runs as runs_lib
 from spot_jax.spot import settings as settings_lib
 
 PROG = "spot_jax.library"
@@ -54,7 +51,11 @@ def _parser() -> cli.ArgumentParser:
   add.add_argument("--id", default=None, help="entry id (default: <task>.<run_id>)")
   add.add_argument("--embedding_step", type=int, default=None,
                    help="with --run_dir: the step whose exported prompt is the task embedding")
-  add.add_argument("--task_module", default="tasks", help="module(s) registering the task")
+  add.add_argument("--task_module", default=None,
+                   help="module(s) registering the task (default: the run's, else tasks)")
+  add.add_argument("--allow_backbone_change", action="store_true",
+                   help="enter the prompt as trained with the --model/--initial_checkpoint_path "
+                        "given, although the run recorded another frozen backbone")
   settings_lib.add_model_arguments(add, required=False)
   add.add_argument("--debug", action="store_true")
   for name in ("list", "show", "remove"):
@@ -66,56 +67,41 @@ def _parser() -> cli.ArgumentParser:
   return parser
 
 
-def _from_run_dir(args, record: Optional[runs_lib.RunOutcome]) -> dict:
-  run_dir = pathlib.Path(args.run_dir)
-  if not run_dir.is_dir():
-    raise ConfigError(f"--run_dir {args.run_dir!r} is not a directory; give a training run's MODEL_DIR")
-  if record is not None:
-    if args.task and args.task != record.task:
-      raise ConfigError(f"--task {args.task!r} differs from the run's task {record.task!r}; drop --task")
-    embedding = record.embedding_path
-    step = int(record.embedding_file.rsplit("_", 1)[-1].split(".")[0])
-    if args.embedding_step is not None:
-      step, embedding = args.embedding_step, run_dir / "prompts" / f"prompt_step_{args.embedding_step}.npy"
-    return {"task": record.task, "seed": record.seed, "score": record.score, "metric": record.metric,
-            "prompt": record.prompt_path, "embedding": embedding, "embedding_step": step,
-            "fingerprint": record.fingerprint}
-  if not args.task:
-    raise ConfigError(f"{args.run_dir!r} has no {runs_lib.RECORD} (not a spot_jax.study/retrieve run); "
-                      f"give --task, --model and --initial_checkpoint_path")
-  step = args.embedding_step
-  if step is None:
-    exported = sorted(int(m.group(1)) for p in (run_dir / "prompts").glob("prompt_step_*.npy")
-                      if (m := run_dir_lib.PROMPT_STEP_RE.match(p.name)))
-    if not exported:
-      raise ConfigError(f"no prompts/prompt_step_<N>.npy in {args.run_dir!r}; give --embedding_step "
-                        f"of a run that exported its early prompt (SAVE_PROMPT_STEPS)")
-    step = exported[0]
-  metric_file = run_dir / "best" / "metric.json"
-  score, metric = args.score, args.metric
-  if score is None and metric_file.is_file():
-    best = json.loads(metric_file.read_text())
-    score, metric = float(best["value"]), metric or best["metric"]
-  return {"task": args.task, "seed": args.seed or 0, "score": score, "metric": metric or "accuracy",
-          "prompt": run_dir / "prompts" / "prompt_best.npy",
-          "embedding": run_dir / "prompts" / f"prompt_step_{step}.npy", "embedding_step": step,
-          "fingerprint": None}
+def _from_run_dir(args) -> dict:
+  """What a run directory's record says about its prompt (every spot_jax.train run has one)."""
+  run_dir = RunDir(args.run_dir)
+  if not run_dir.path.is_dir():
+    raise ConfigError(f"--run_dir {args.run_dir!r} is not a directory; give a training run's directory")
+  record = run_dir.read_record()
+  if record is None:
+    raise ConfigError(f"--run_dir {args.run_dir!r} has no run.json (not a spot_jax.train run, or one "
+                      f"of an older version); give --prompt, --embedding, --task and --model instead")
+  if args.task and args.task != record.task:
+    raise ConfigError(f"--task {args.task!r} differs from the run's task {record.task!r}; drop --task")
+  if args.embedding_step is not None:
+    step, embedding = args.embedding_step, run_dir.prompt_path(args.embedding_step)
+  else:
+    embedding, step = run_dir.embedding_prompt()
+  prompt, _ = run_dir.exported_prompt()
+  return {"task": record.task, "seed": record.seed, "score": record.score,
+          "metric": record.metric or "accuracy", "prompt": prompt, "embedding": embedding,
+          "embedding_step": step, "fingerprint": record.fingerprint,
+          "task_module": record.task_module}
 
 
 def add(args) -> int:
   if (args.run_dir is None) == (args.prompt is None):
     raise ConfigError("give exactly one source: --run_dir=<run directory> or --prompt=<.npy> "
                       "(with --embedding)")
-  record = runs_lib.read_record(args.run_dir) if args.run_dir else None
   if args.run_dir:
-    found = _from_run_dir(args, record)
+    found = _from_run_dir(args)
   else:
     if not args.embedding or not args.task:
       raise ConfigError("--prompt needs --embedding=<.npy> and --task=<task name>")
     found = {"task": args.task, "seed": args.seed or 0, "score": args.score,
              "metric": args.metric or "accuracy", "prompt": args.prompt, "embedding": args.embedding,
-             "embedding_step": args.embedding_step, "fingerprint": None}
-  settings_lib.check_tasks([found["task"]], args.task_module)
+             "embedding_step": args.embedding_step, "fingerprint": None, "task_module": None}
+  settings_lib.check_tasks([found["task"]], args.task_module or found["task_module"] or "tasks")
   prompt = prompt_library.load_npy(found["prompt"], "prompt")
   embedding = prompt_library.load_npy(found["embedding"], "task embedding")
   fileio.writable_dir(args.library, "--library")  # before loading the model
@@ -124,10 +110,9 @@ def add(args) -> int:
     model, _ = settings_lib.load_model(args.model, args.model_binding)
     embed_dim = int(model.config.emb_dim)
     given = settings_lib.model_fingerprint(model, args.initial_checkpoint_path, found["seed"])
-    if found["fingerprint"] is not None and not backbone_lib.same_model(given, found["fingerprint"]):
-      raise ConfigError(f"the run was made with another frozen model "
-                        f"({backbone_lib.describe(found['fingerprint'])}) than --model/"
-                        f"--initial_checkpoint_path ({backbone_lib.describe(given)})")
+    if found["fingerprint"] is not None and not args.allow_backbone_change:
+      backbone_lib.check_same(found["fingerprint"], given, f"--run_dir {args.run_dir!r}",
+                              "--allow_backbone_change")
     found["fingerprint"] = given
   if found["fingerprint"] is None:
     raise ConfigError("the frozen model is unknown: give --model (and --initial_checkpoint_path) of "

@@ -144,6 +144,24 @@ def describe_mismatch(stored: Any, wanted: Any) -> Optional[str]:
   return None
 
 
+def read_state(item_dir: pathlib.Path) -> Any:
+  """A saved state's tree as stored (no target shapes), quietly; `DamagedCheckpoint` if unreadable.
+
+  Args:
+    item_dir: the state's item directory (`<step>/default`).
+  """
+  with quiet_abandoned_reads():
+    try:
+      return ocp.StandardCheckpointer().restore(item_dir)
+    except Exception as e:  # pylint: disable=broad-except
+      raise DamagedCheckpoint(_step_of(item_dir), item_dir.parent, root_cause(e)) from None
+
+
+def _step_of(item_dir: pathlib.Path) -> int:
+  name = item_dir.parent.name
+  return int(name) if name.isdigit() else -1
+
+
 def restore_checked(manager: ocp.CheckpointManager, step: int, path: pathlib.Path, abstract_state: Any) -> Any:
   try:
     stored = manager.item_metadata(step)

@@ -87,3 +87,29 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Shards the leading (batch) axis over "data"."""
   return NamedSharding(mesh, PartitionSpec(DATA))
+
+
+def global_batch(rows: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+  """A global array of `rows` placed with `sharding`.
+
+  Every process passes the same NumPy value (each process builds the same batch); each
+  addressable device takes its slice of it.
+  """
+  return jax.make_array_from_callback(rows.shape, sharding, lambda index: rows[index])
+
+
+def fetch(x: Any) -> np.ndarray:
+  """The whole value of an array on this host, also when it spans other processes' devices.
+
+  A single-process (fully addressable) array is copied; one that spans several processes is
+  gathered from all of them (a collective: every process must call it).
+  """
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
+def place(tree: Any, sharding: jax.sharding.Sharding) -> Any:
+  """Host values (the same on every process) as global arrays with `sharding`."""
+  return jax.tree.map(lambda x: global_batch(np.asarray(x), sharding), tree)

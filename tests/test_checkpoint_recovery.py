@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spot_jax.train import loop as train_loop
+from spot_jax.train import job as job_lib
 from spot_jax import orbax_io
 from spot_jax import data, models, prompts
 from spot_jax.train import checkpointer
@@ -176,7 +176,7 @@ def test_nan_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_pat
   run = dict(model=model, train_dataset_cfg=data.DatasetConfig(task, {"inputs": 24, "targets": 4}, batch_size=8),
              model_dir=str(tmp_path / "run"), optimizer=optimizer, eval_period=1000, log_period=10,
              verbose=False, checkpoint_cfg=train_lib.CheckpointConfig(period=10, save_prompt_steps=(28,)))
-  train_lib.train(total_steps=20, **run)
+  train_lib.train(total_steps=20, **dict(run, checkpoint_cfg=train_lib.CheckpointConfig(period=10)))
   saved = {name: tree_hash(tmp_path / "run" / name) for name in ("checkpoints", "prompts", "best")}
 
   with pytest.raises(ConfigError) as info:
@@ -201,7 +201,7 @@ def _abstract_of_run(model, optimizer):
   prompt = jax.eval_shape(lambda b: models.unbox(model.init_prompt(jax.random.PRNGKey(1), models.unbox(b), dummy)),
                           backbone)
   state = jax.eval_shape(lambda p: TrainState.create(p, optimizer, jax.random.PRNGKey(2)), prompt)
-  return train_loop._state_dict(state)  # pylint: disable=protected-access
+  return job_lib._state_dict(state)  # pylint: disable=protected-access
 
 
 def _coroutine_from(filename: str, body: str = "return None"):

@@ -78,12 +78,12 @@ ROWS = [
     ("train diverges", TRAIN, [*FRESH, "--gin.LEARNING_RATE=1e400", "--gin.TRAIN_STEPS=5"],
      "at step 1; nothing from step 1 on was saved and no checkpoint had been written", ALONE),
     # --- spot_jax.eval -----------------------------------------------------------------------
-    ("eval no checkpoint or prompt", EVALUATE, EVAL, "give exactly one of CHECKPOINT_DIR", False),
-    ("eval checkpoint dir missing", EVALUATE, [*EVAL, "--gin.CHECKPOINT_DIR='{tmp}/absent'"], "is not a directory", False),
+    ("eval no checkpoint or prompt", EVALUATE, EVAL, "give exactly one of MODEL_DIR", False),
+    ("eval checkpoint dir missing", EVALUATE, [*EVAL, "--gin.MODEL_DIR='{tmp}/absent'"], "is not a directory", False),
     ("eval prompt file missing", EVALUATE, [*EVAL, "--gin.PROMPT_FILE='{tmp}/p.npy'"], "does not exist", False),
-    ("eval unused override", EVALUATE, [*EVAL, "--gin.CHECKPOINT_DIR='{run}'", "--gin.TRAIN_STEPS=5"],
+    ("eval unused override", EVALUATE, [*EVAL, "--gin.MODEL_DIR='{run}'", "--gin.TRAIN_STEPS=5"],
      "uses the macro TRAIN_STEPS", False),
-    ("eval step not saved", EVALUATE, [*EVAL, "--gin.CHECKPOINT_DIR='{run}'", "--gin.CHECKPOINT_STEP=999"],
+    ("eval step not saved", EVALUATE, [*EVAL, "--gin.MODEL_DIR='{run}'", "--gin.CHECKPOINT_STEP=999"],
      "looked for checkpoints/999", False),
     # --- spot_jax.convert ----------------------------------------------------------------------
     ("convert no flags", CONVERT, [], "give exactly one of --hf_dir (HF -> T5X) or --checkpoint (T5X/orbax -> HF)", False),

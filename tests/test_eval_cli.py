@@ -43,7 +43,7 @@ def _eval_args(out: pathlib.Path, source: str) -> list[str]:
 
 @pytest.mark.parametrize("source", ["checkpoint_dir", "prompt_file"])
 def test_eval_matches_training_evaluation(trained, tmp_path, source):
-  arg = (f"--gin.CHECKPOINT_DIR='{trained}'" if source == "checkpoint_dir"
+  arg = (f"--gin.MODEL_DIR='{trained}'" if source == "checkpoint_dir"
          else f"--gin.PROMPT_FILE='{trained / 'prompts' / 'prompt_best.npy'}'")
   proc = _run("spot_jax.eval", _eval_args(tmp_path, arg))
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -58,8 +58,8 @@ def test_eval_matches_training_evaluation(trained, tmp_path, source):
 
 
 def test_eval_needs_exactly_one_source(trained, tmp_path):
-  proc = _run("spot_jax.eval", _eval_args(tmp_path, f"--gin.CHECKPOINT_DIR='{trained}'") +
+  proc = _run("spot_jax.eval", _eval_args(tmp_path, f"--gin.MODEL_DIR='{trained}'") +
               [f"--gin.PROMPT_FILE='{trained / 'prompts' / 'prompt_best.npy'}'"])
   assert proc.returncode == 2
   assert "Traceback" not in proc.stderr
-  assert "exactly one of CHECKPOINT_DIR" in proc.stderr
+  assert "exactly one of MODEL_DIR" in proc.stderr

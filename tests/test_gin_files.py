@@ -48,8 +48,7 @@ def test_model_files_build_their_named_config(path):
 
 @pytest.mark.parametrize("path", RUN_FILES, ids=lambda p: p.name)
 def test_run_files_parse_with_their_required_macros(path):
-  required = {"MODEL_DIR": "'/tmp/x'", "MIXTURE_OR_TASK_NAME": "'spot_synthetic_sentiment_v100'",
-              "CHECKPOINT_DIR": "'/tmp/x'"}
+  required = {"MODEL_DIR": "'/tmp/x'", "MIXTURE_OR_TASK_NAME": "'spot_synthetic_sentiment_v100'"}
   bindings = [f"{k}={v}" for k, v in required.items()]
   _parse([REPO / "gin" / "models" / "t5_1_1_test.gin", path], bindings)
   gin.finalize()

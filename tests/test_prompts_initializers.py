@@ -10,6 +10,7 @@ import pytest
 
 from tests import prompt_train_util as util
 from spot_jax import prompts
+from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 
 RNG = jax.random.PRNGKey(0)
@@ -184,14 +185,14 @@ def test_from_checkpoint_picks_latest_step_numerically(tmp_path):
 
 
 def test_from_checkpoint_errors(tmp_path):
-  with pytest.raises(FileNotFoundError, match="no exported prompts folder"):
+  with pytest.raises(ConfigError, match=r"no prompts/prompt_step_<N>\.npy in"):
     prompts.from_checkpoint(tmp_path / "nowhere")
   (tmp_path / "prompts").mkdir()
-  with pytest.raises(FileNotFoundError, match=r"no prompt_step_<N>\.npy in"):
+  with pytest.raises(ConfigError, match=r"no prompts/prompt_step_<N>\.npy in"):
     prompts.from_checkpoint(tmp_path)
-  with pytest.raises(FileNotFoundError, match="prompt_step_7.npy"):
+  with pytest.raises(ConfigError, match="prompt_step_7.npy"):
     prompts.from_checkpoint(tmp_path, step=7)
-  with pytest.raises(ValueError, match="step must be a non-negative integer, 'best' or None"):
+  with pytest.raises(ConfigError, match="step must be a non-negative integer, 'best' or None"):
     prompts.from_checkpoint(tmp_path, step="last")
 
 

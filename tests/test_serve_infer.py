@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import seqio
 
-from spot_jax import cli, infer
+from spot_jax import cli, fileio, infer
 from spot_jax.train import checkpointer
 from spot_jax.prompts import PromptTuning
 from spot_jax.serve import mixed, peft_io
@@ -40,7 +40,7 @@ def files(tmp_path_factory):
   smop = {"prompts": rs.normal(0, 2, (3, 2, CONFIG.emb_dim)).astype(np.float32),
           "router": {"kernel": rs.normal(0, 3, (CONFIG.emb_dim, 3)).astype(np.float32)}}
   run.save_best(7, {"params": {"prompt": smop}, "step": np.int32(7)}, "accuracy", 0.5)
-  run.export_prompt("prompt_best", smop["prompts"])
+  fileio.save_npy(run.run_dir.prompt_path("best"), smop["prompts"])
   run.close()
   peft_io.export_adapter(np.load(root / "b.npy"), CONFIG, str(root / "b_adapter"))
   peft_io.export_adapter(np.ones((2, 32), np.float32), config_by_name("t5_1_1_test"),

@@ -16,7 +16,8 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from spot_jax import cli, convert, infer, prompts  # noqa: E402
-from spot_jax.train import checkpointer  # noqa: E402
+from spot_jax import fileio  # noqa: E402
+from spot_jax.run_dir import RunDir  # noqa: E402
 from spot_jax.errors import ConfigError  # noqa: E402
 from spot_jax.prompts import ResidualPrompt, initializers  # noqa: E402
 from spot_jax.serve import peft_io  # noqa: E402
@@ -52,9 +53,7 @@ def exported(request, tmp_path_factory):
   params = create_prompt_params(Transformer(config, prompt=module), frozen_backbone(config, 0))
   # What a run exports (trainer._export: the effective, folded prompt), then the command line.
   folded = prompts.effective_prompt(module, params)
-  run = checkpointer.Checkpointer(str(root / "run"))
-  run.export_prompt("prompt_best", folded)
-  run.close()
+  fileio.save_npy(RunDir(root / "run").prompt_path("best"), folded)
   assert cli.run(infer.main, [f"--config_name={name}", f"--prompt=r={root / 'run'}",
                               f"--export_peft={root / 'adapter'}", f"--base_model={root / 'hf'}"],
                  infer.PROG) == 0

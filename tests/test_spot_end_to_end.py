@@ -61,7 +61,7 @@ def _run(env, prog, *args, timeout=900) -> subprocess.CompletedProcess:
 
 
 def _finished(study_dir: pathlib.Path) -> set[str]:
-  return {c for c in ALL_CELLS if (study_dir / c / runs.RECORD).is_file()}
+  return {c for c in ALL_CELLS if runs.read_record(study_dir / c) is not None}
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_sigkill_mid_grid_then_restart_completes_only_the_missing_cells(tmp_path
   assert half is not None and proc.returncode == -signal.SIGKILL, "did not catch a half-finished cell"
   before = _finished(study_dir)
   assert half not in before and 3 <= len(before) < len(ALL_CELLS)
-  records = {c: (study_dir / c / runs.RECORD).read_bytes() for c in before}
+  records = {c: (study_dir / c / "run.json").read_bytes() for c in before}
 
   restart = _run(env, "study", f"--study_dir={study_dir}", *STUDY_FLAGS, "--verbose")
   ran = set(re.findall(r"^cell (\S+): running$", restart.stdout, re.M))
@@ -127,7 +127,7 @@ def test_sigkill_mid_grid_then_restart_completes_only_the_missing_cells(tmp_path
   # the half-finished cell resumed from its own checkpoint, not from scratch
   resumed = restart.stdout.split(f"cell {half}: running")[1].split("cell ")[0]
   assert "resumed from" in resumed and "checkpoints/2" in resumed, resumed[-1500:]
-  assert {c: (study_dir / c / runs.RECORD).read_bytes() for c in before} == records
+  assert {c: (study_dir / c / "run.json").read_bytes() for c in before} == records
   assert (study_dir / "results.csv").read_text() == (uninterrupted / "results.csv").read_text()
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from spot_jax import cli
 from spot_jax import library as library_cli
+from spot_jax.run_dir import RunDir, RunRecord
 from spot_jax.spot import runs
 from spot_jax import backbone as backbone_lib
 from spot_jax.spot import prompt_library
@@ -73,13 +74,11 @@ def test_add_from_a_run_directory_record(tmp_path, capsys):
   (run_dir / "prompts").mkdir(parents=True)
   _npy(run_dir / "prompts" / "prompt_best.npy", (4, E), 1)
   _npy(run_dir / "prompts" / "prompt_step_2.npy", (4, E), 2)
-  record = runs.RunOutcome(run_dir=str(run_dir), task="spot_test_bits_v1", seed=0, score=71.5,
-                           metric="char_match", prompt_file="prompts/prompt_best.npy",
-                           embedding_file="prompts/prompt_step_2.npy", fingerprint=FP0, init="x")
-  (run_dir / runs.RECORD).write_text(json.dumps({k: getattr(record, k) for k in (
-      "run_dir", "task", "seed", "score", "metric", "prompt_file", "embedding_file", "fingerprint", "init")}))
-  code, out, err = _run(["add", f"--library={tmp_path / 'lib'}", f"--run_dir={run_dir}",
-                         "--task_module=tests.spot_tasks"], capsys)
+  RunDir(run_dir).write_record(RunRecord(
+      task="spot_test_bits_v1", seed=0, method={"class": "PromptTuning", "length": 4},
+      backbone={"fingerprint": FP0}, task_module="tests.spot_tasks", train_steps=4,
+      embedding_step=2, metric="char_match", score=71.5, finished=True, init="x"))
+  code, out, err = _run(["add", f"--library={tmp_path / 'lib'}", f"--run_dir={run_dir}"], capsys)
   assert code == 0, err
   (entry,), _ = prompt_library.Library(tmp_path / "lib").load()
   assert (entry.task, entry.score, entry.metric, entry.embedding_step) == ("spot_test_bits_v1", 71.5, "char_match", 2)
@@ -87,7 +86,7 @@ def test_add_from_a_run_directory_record(tmp_path, capsys):
   # the same run against --model with another backbone (seed 1 = another random backbone)
   code, _, err = _run(["add", f"--library={tmp_path / 'lib2'}", f"--run_dir={run_dir}", "--seed=1",
                        "--model=t5_1_1_test", "--task_module=tests.spot_tasks"], capsys)
-  assert code == 2 and "another frozen model" in err
+  assert code == 2 and "was trained against frozen model" in err and "--allow_backbone_change" in err
 
 
 def _refusals(tmp_path: pathlib.Path):

@@ -15,3 +15,26 @@ TOY_DIR = os.environ.get(TOY_DIR_ENV) or os.path.join(os.path.dirname(os.path.ab
 CHECKPOINT_PATH = os.path.join(TOY_DIR, "checkpoint")
 VOCAB_PATH = os.path.join(TOY_DIR, "spm.model")
 CONFIG_NAME = "t5_1_1_toy"
+
+EMBEDDED_PREFIX = "embedded:"
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def portable(path: str) -> str:
+  """`path`, absolute; a file of this package's embedded folder as "embedded:<relative path>".
+
+  Run records store paths this way, so a run of the embedded model still finds its checkpoint
+  and vocabulary when the repository or the installed package moves.
+  """
+  absolute = os.path.abspath(path)
+  for root in {_PACKAGE_DIR, os.path.dirname(os.path.abspath(TOY_DIR))}:
+    if absolute == root or absolute.startswith(root + os.sep):
+      return EMBEDDED_PREFIX + os.path.relpath(absolute, _PACKAGE_DIR if root == _PACKAGE_DIR else root)
+  return absolute
+
+
+def resolve(path: str) -> str:
+  """The local path of a `portable` one ("embedded:..." under this package's embedded folder)."""
+  if path.startswith(EMBEDDED_PREFIX):
+    return os.path.join(_PACKAGE_DIR, path[len(EMBEDDED_PREFIX):])
+  return path

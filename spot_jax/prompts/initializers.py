@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import re
 from typing import Any, Callable, Optional, Protocol, Sequence, Union
 
 import jax
@@ -27,8 +26,6 @@ Array = jax.Array
 Shape = Sequence[int]
 Initializer = Callable[[Array, Shape, Array], Array]
 
-PROMPT_EXPORT_DIR = "prompts"
-_STEP_FILE = re.compile(r"^prompt_step_(\d+)\.npy$")
 
 
 class Vocabulary(Protocol):
@@ -247,36 +244,29 @@ def from_file(path: Union[str, os.PathLike]) -> Initializer:
 
 def exported_prompt_path(model_dir: Union[str, os.PathLike],
                          step: Union[int, str, None] = None) -> str:
-  """The exported prompt of a run: `<model_dir>/prompts/prompt_step_<N>.npy` or `prompt_best.npy`.
+  """The exported prompt of a run: `<run dir>/prompts/prompt_step_<N>.npy` or `prompt_best.npy`.
 
   Args:
-    model_dir: the source run's model directory.
+    model_dir: the source run's directory.
     step: a step number, "best", or None for the latest exported step.
   """
-  folder = os.path.join(os.fspath(model_dir), PROMPT_EXPORT_DIR)
-  if step == "best":
-    path = os.path.join(folder, "prompt_best.npy")
-  elif step is None:
-    steps = sorted(int(m.group(1)) for m in map(_STEP_FILE.match, _listdir(folder)) if m)
-    if not steps:
-      raise FileNotFoundError(f"from_checkpoint: no prompt_step_<N>.npy in {folder!r}; is "
-                              f"{os.fspath(model_dir)!r} the model_dir of a finished run?")
-    path = os.path.join(folder, f"prompt_step_{steps[-1]}.npy")
-  elif isinstance(step, numbers.Integral) and not isinstance(step, bool) and step >= 0:
-    path = os.path.join(folder, f"prompt_step_{step}.npy")
+  from spot_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
+  run_dir = RunDir(model_dir)
+  if step is None:
+    latest = run_dir.latest_prompt_step()
+    if latest is None:
+      raise ConfigError(f"from_checkpoint: no prompts/prompt_step_<N>.npy in {str(run_dir.path)!r}; "
+                        f"is it the directory of a finished run?")
+    path = run_dir.prompt_path(latest)
+  elif step == "best" or (isinstance(step, numbers.Integral) and not isinstance(step, bool) and step >= 0):
+    path = run_dir.prompt_path(step)
   else:
-    raise ValueError(f"from_checkpoint: step must be a non-negative integer, 'best' or None, "
-                     f"got {step!r}")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"from_checkpoint: no exported prompt at {path!r}")
-  return path
-
-
-def _listdir(folder: str) -> list[str]:
-  try:
-    return os.listdir(folder)
-  except FileNotFoundError:
-    raise FileNotFoundError(f"from_checkpoint: no exported prompts folder {folder!r}") from None
+    raise ConfigError(f"from_checkpoint: step must be a non-negative integer, 'best' or None, "
+                      f"got {step!r}")
+  if not path.is_file():
+    raise ConfigError(f"from_checkpoint: no exported prompt at {str(path)!r}")
+  return str(path)
 
 
 def from_checkpoint(model_dir: Union[str, os.PathLike],

@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import pathlib
+import sys
 from typing import Any, Optional
 
 import flax.linen as nn
 import numpy as np
 
-from spot_jax import run_dir as run_dir_lib
 from spot_jax.errors import ConfigError
+from spot_jax.run_dir import RunDir
 from spot_jax.prompts import PromptTuning, ResidualPrompt, SMoP
 from spot_jax.serve.table import SMOP_EVAL_ROUTING, ServedPrompt
 from spot_jax.t5.config import T5Config
@@ -66,57 +67,39 @@ def from_npy(name: str, path: str) -> ServedPrompt:
   return ServedPrompt(name, array, source=path)
 
 
-def exported_prompt(run_dir: pathlib.Path) -> tuple[pathlib.Path, Optional[int]]:
-  """(prompt file, its step or None for best) a run directory serves."""
-  best = run_dir / "prompts" / "prompt_best.npy"
-  if best.is_file():
-    return best, None
-  step = run_dir_lib.latest_prompt_step(run_dir)
-  if step is None:
-    raise ConfigError(f"{run_dir} holds no exported prompt (prompts/prompt_best.npy or "
-                      f"prompts/prompt_step_N.npy); give the MODEL_DIR of a spot_jax.train run")
-  return run_dir / "prompts" / f"prompt_step_{step}.npy", step
-
-
 def from_run_dir(name: str, path: str, smop_routing: str = "linear") -> ServedPrompt:
   """The prompt a training run exported (folded for Residual runs).
 
   Args:
     name: the served name.
-    path: the run's MODEL_DIR.
+    path: the run directory (relative or absolute).
     smop_routing: the SMoP run's routing (a key of SMOP_EVAL_ROUTING), when it is one.
   """
-  run_dir = pathlib.Path(path)
-  file, step = exported_prompt(run_dir)
+  run_dir = RunDir(path)
+  file, step = run_dir.exported_prompt()
   array = read_npy(str(file))
   if array.ndim == 2:
     return ServedPrompt(name, array, source=str(file))
   if smop_routing not in SMOP_EVAL_ROUTING:
     raise ConfigError(f"SMoP routing {smop_routing!r} is unknown; valid: "
                       f"{', '.join(SMOP_EVAL_ROUTING)}")
-  params = _restore_prompt_params(run_dir, step)
+  params = _prompt_params(run_dir, step)
   routing = SMOP_EVAL_ROUTING[smop_routing]
   router = params.get("router", {}).get("kernel") if routing != "mean" else None
   if routing != "mean" and router is None:
-    raise ConfigError(f"{run_dir}'s SMoP state has no router; pass --smop_routing=stochastic "
+    raise ConfigError(f"{run_dir.path}'s SMoP state has no router; pass --smop_routing=stochastic "
                       f"or single for router-less SMoP runs")
   prompts = np.asarray(params.get("prompts", array), np.float32)
   return ServedPrompt(name, prompts, None if router is None else np.asarray(router), routing,
                       f"{file} + router")
 
 
-def _restore_prompt_params(run_dir: pathlib.Path, step: Optional[int]) -> dict:
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  folder = run_dir / ("best" if step is None else "checkpoints")
-  steps = sorted((p for p in folder.glob("[0-9]*") if p.is_dir()), key=lambda p: int(p.name))
-  chosen = [p for p in steps if step is None or int(p.name) == step]
-  if not chosen or not (chosen[-1] / "default").is_dir():
-    raise ConfigError(f"{run_dir}: no training state in {folder.name}/ to read the SMoP router "
-                      f"from; give the MODEL_DIR of a complete spot_jax.train run")
-  restored = ocp.StandardCheckpointer().restore(chosen[-1] / "default")
-  params = restored.get("params", {})
+def _prompt_params(run_dir: RunDir, step: Optional[int]) -> dict:
+  """The prompt subtree of the state the exported prompt came from (best/, or checkpoints/<step>)."""
+  params, source = run_dir.restore_params("best" if step is None else step,
+                                          warn=lambda line: print(line, file=sys.stderr))
   if "prompt" not in params:
-    raise ConfigError(f"{chosen[-1]} holds no prompt parameters; give a prompt-tuning run")
+    raise ConfigError(f"{source} holds no prompt parameters; give a prompt-tuning run")
   return params["prompt"]
 
 

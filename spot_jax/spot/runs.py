@@ -1,44 +1,40 @@
-"""One prompt-tuning run of the SPoT layer: an ordinary `trainer.train(...)` call plus a record.
+"""One prompt-tuning run of the SPoT layer: an ordinary `train.train(...)` call, read back.
 
-A run directory holds what the trainer writes (checkpoints/, best/, prompts/, eval/) and, once
-the run has finished, `spot_run.json`: task, seed, the frozen model's fingerprint, the best
-validation score and the paths of the best prompt and of the task embedding (the prompt at
-`embedding_step`). A directory with that record is finished and is never trained again; one
-without it is (re)started with the same call, and the trainer resumes from its own checkpoint.
+Every run the trainer makes is a SPoT run: its run directory records (`run.json`, see
+`spot_jax.run_dir`) the task, the seed, the frozen model's fingerprint, the best validation
+score and the task-embedding step, and holds the best prompt and the prompt at that step. A run
+whose record says it finished is never trained again; any other is (re)started with the same
+call, and the trainer resumes it from its own checkpoint.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Any, Optional
 
 import numpy as np
 
 from spot_jax import data as data_lib
-from spot_jax.train import evaluator as evaluator_lib
-from spot_jax import fileio
-from spot_jax.train import optimizers
 from spot_jax import prompts
 from spot_jax import train as train_lib
+from spot_jax.run_dir import RunDir
 from spot_jax.spot.settings import RunSettings
-
-RECORD = "spot_run.json"
+from spot_jax.train import evaluator as evaluator_lib
+from spot_jax.train import optimizers
 
 
 @dataclasses.dataclass(frozen=True)
 class RunOutcome:
-  """A finished run.
+  """A finished run, as its directory records it.
 
   Attributes:
     run_dir: its directory.
     task: the task (or mixture) it trained on.
     seed: its seed.
     score: best validation value of its metric (None when it was not evaluated).
-    metric: the metric's name.
-    prompt_file: the best prompt, relative to run_dir (prompts/prompt_best.npy; the last
-      step's export when not evaluated).
-    embedding_file: the prompt at the embedding step (the task embedding), relative to run_dir.
+    metric: the metric's name (None when it was not evaluated).
+    prompt_file: the prompt it serves (prompts/prompt_best.npy, else its last export).
+    embedding_file: the prompt at its embedding step (the task embedding).
     fingerprint: the frozen model's fingerprint.
     init: how the prompt was initialised (free text for reports).
   """
@@ -46,7 +42,7 @@ class RunOutcome:
   task: str
   seed: int
   score: Optional[float]
-  metric: str
+  metric: Optional[str]
   prompt_file: str
   embedding_file: str
   fingerprint: dict
@@ -68,16 +64,17 @@ class RunOutcome:
 
 
 def read_record(run_dir: str | pathlib.Path) -> Optional[RunOutcome]:
-  """The finished run's outcome, or None when `run_dir` has no (valid) record."""
-  path = pathlib.Path(run_dir) / RECORD
-  if not path.is_file():
+  """The finished run's outcome, or None when `run_dir` holds no finished run."""
+  rd = RunDir(run_dir)
+  record = rd.read_record()
+  if record is None or not record.finished:
     return None
-  try:
-    record = json.loads(path.read_text())
-    record["run_dir"] = str(pathlib.Path(run_dir))  # the directory may have moved
-    return RunOutcome(**record)
-  except (ValueError, TypeError):
-    return None
+  prompt_file, _ = rd.exported_prompt()
+  embedding_file, _ = rd.embedding_prompt()
+  return RunOutcome(run_dir=str(rd.path), task=record.task, seed=record.seed, score=record.score,
+                    metric=record.metric, prompt_file=str(prompt_file.relative_to(rd.path)),
+                    embedding_file=str(embedding_file.relative_to(rd.path)),
+                    fingerprint=record.fingerprint, init=record.init)
 
 
 def prompt_module(settings: RunSettings, init: Optional[np.ndarray] = None,
@@ -113,7 +110,6 @@ def train_prompt(settings: RunSettings, task: str, run_dir: str | pathlib.Path, 
     evaluate: evaluate on the validation split and keep the best prompt (mixtures: False).
     verbose: the trainer's progress lines.
   """
-  run_dir = pathlib.Path(run_dir)
   done = read_record(run_dir)
   if done is not None:
     return done
@@ -123,24 +119,18 @@ def train_prompt(settings: RunSettings, task: str, run_dir: str | pathlib.Path, 
   train_cfg = data_lib.DatasetConfig(task, dict(settings.lengths), batch_size=settings.batch_size,
                                      seed=seed, module=settings.task_module)
   eval_cfg = (evaluator_lib.EvalConfig(task, dict(settings.lengths), batch_size=settings.eval_batch_size,
-                                    num_examples=settings.eval_num_examples,
-                                    module=settings.task_module) if evaluate else None)
+                                       num_examples=settings.eval_num_examples,
+                                       module=settings.task_module) if evaluate else None)
   checkpoint_cfg = train_lib.CheckpointConfig(period=settings.checkpoint_period,
-                                            save_prompt_steps=(settings.embedding_step,),
-                                            best_metric=metric if evaluate else None)
+                                              embedding_step=settings.embedding_step,
+                                              best_metric=metric if evaluate else None)
   train_lib.train(model=model, train_dataset_cfg=train_cfg, total_steps=settings.train_steps,
-                model_dir=str(run_dir), optimizer=optimizers.adafactor(learning_rate=settings.learning_rate),
-                eval_cfg=eval_cfg, eval_period=settings.eval_period, checkpoint_cfg=checkpoint_cfg,
-                initial_checkpoint_path=settings.initial_checkpoint_path, seed=seed,
-                verbose=verbose)
-  if evaluate:
-    best = json.loads((run_dir / "best" / "metric.json").read_text())
-    score, prompt_file = float(best["value"]), "prompts/prompt_best.npy"
-  else:
-    score, prompt_file = None, f"prompts/prompt_step_{settings.train_steps}.npy"
-  outcome = RunOutcome(run_dir=str(run_dir), task=task, seed=int(seed), score=score, metric=metric,
-                       prompt_file=prompt_file,
-                       embedding_file=f"prompts/prompt_step_{settings.embedding_step}.npy",
-                       fingerprint=settings.fingerprint_for(seed), init=init_note)
-  fileio.atomic_write_bytes(run_dir / RECORD, json.dumps(dataclasses.asdict(outcome), indent=1).encode())
+                  model_dir=str(run_dir),
+                  optimizer=optimizers.adafactor(learning_rate=settings.learning_rate),
+                  eval_cfg=eval_cfg, eval_period=settings.eval_period, checkpoint_cfg=checkpoint_cfg,
+                  initial_checkpoint_path=settings.initial_checkpoint_path, seed=seed,
+                  verbose=verbose, init_note=init_note)
+  outcome = read_record(run_dir)
+  if outcome is None:
+    raise RuntimeError(f"{run_dir}: the trainer returned without recording the run as finished")
   return outcome

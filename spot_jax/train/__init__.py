@@ -1,17 +1,26 @@
-"""The trainer (`python -m spot_jax.train`): prompt-only training of a frozen T5.
+"""The trainer (`python -m spot_jax.train`): prompt-only training of a frozen T5, one run or K.
 
-  loop         train(): check config -> mesh -> backbone -> split -> state -> restore -> step -> loop
-  step         the pure jitted train step (gradients of the trainable tree only)
+  loop         train(): check config -> mesh -> backbone -> split -> runs -> state -> step -> loop
+  checks       section 0: every setting checked before anything is written; the job's plan
+  runs         K runs in one jitted step: RunSpec, SEEDS / TASKS, the stacked runs axis
+  job          per-run bookkeeping: records, checkpoints, exports, evaluation, best states
+  streams      each run's data stream as the step's global batches
+  step         the pure jitted train step (gradients of the trainable tree only), and its vmap
   state        TrainState: step, trainable params, optimizer state, rng, data position
   checkpointer orbax training states of a run directory (latest, best, damaged ones moved aside)
-  evaluator    seqio evaluation (greedy decoding, postprocessors, metrics)
+  evaluator    seqio evaluation on global batches (greedy decoding, postprocessors, metrics)
+  evaluate     evaluating a finished run directory (`python -m spot_jax.eval`)
   optimizers   optax factories with Prompt Tuning's defaults, learning-rate schedules
   progress     console progress lines and TensorBoard
 """
-from spot_jax.train.loop import (TRAINABLE_ALL, TRAINABLE_PROMPT, CheckpointConfig, TrainResult,
-                                 check_finite, train)
+from spot_jax.train.checks import (TRAINABLE_ALL, TRAINABLE_PROMPT, CheckpointConfig,
+                                   check_finite)
+from spot_jax.train.job import RunResult, TrainResult
+from spot_jax.train.loop import train
+from spot_jax.train.runs import RunSpec
 from spot_jax.train.state import TrainState
-from spot_jax.train.step import DROPOUT_RNGS, dropout_key, make_train_step
+from spot_jax.train.step import DROPOUT_RNGS, dropout_key, make_runs_step, make_train_step
 
-__all__ = ["TRAINABLE_ALL", "TRAINABLE_PROMPT", "CheckpointConfig", "TrainResult", "TrainState",
-           "check_finite", "train", "DROPOUT_RNGS", "dropout_key", "make_train_step"]
+__all__ = ["TRAINABLE_ALL", "TRAINABLE_PROMPT", "CheckpointConfig", "RunResult", "RunSpec",
+           "TrainResult", "TrainState", "check_finite", "train", "DROPOUT_RNGS", "dropout_key",
+           "make_runs_step", "make_train_step"]

@@ -1,14 +1,10 @@
-"""Checkpoints of the training state (orbax) and prompt exports (.npy).
+"""Training states of one run directory (orbax): save, restore with fallback, the best state.
 
-Layout under MODEL_DIR:
-  checkpoints/<step>/   latest training states (prompt params, optimizer state, step, rng,
-                        data position); never the frozen backbone
-  best/<step>/          the state with the best validation metric so far (+ best/metric.json)
-  prompts/prompt_step_<step>.npy, prompts/prompt_best.npy   the effective prompt, for
-                        serving, transfer (SPoT) and task embeddings
-
-Every write goes to a temporary name first and is renamed into place, so a run killed at any
-moment leaves either the previous or the new file, never a torn one.
+The paths are the run directory's (`spot_jax.run_dir.RunDir`): checkpoints/<step>/ (the latest
+states: prompt params, optimizer state, step, rng, data position; never the frozen backbone) and
+best/<step>/ + best/metric.json (the state of the best evaluation). Every write goes to a
+temporary name first and is renamed into place, so a run killed at any moment leaves either the
+previous or the new state, never a torn one.
 
 A state that cannot be read (a truncated or lost file: disk full, a copy cut short) is told
 apart from one that does not fit the run's configuration: its metadata is compared with the
@@ -18,19 +14,16 @@ damaged directory aside to `<step>.corrupt` (orbax ignores such names and never 
 """
 from __future__ import annotations
 
-import json
 import os
 import pathlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
-from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.orbax_io import DamagedCheckpoint, restore_checked
-from spot_jax.run_dir import CORRUPT_SUFFIX
+from spot_jax.run_dir import CORRUPT_SUFFIX, BestMetric, RunDir
 
 
 def _manager(directory: pathlib.Path, max_to_keep: Optional[int]) -> ocp.CheckpointManager:
@@ -44,16 +37,16 @@ class Checkpointer:
   """Saves and restores training states of one run directory.
 
   Attributes:
-    model_dir: the run directory.
+    run_dir: the `RunDir`.
   """
 
-  def __init__(self, model_dir: str | os.PathLike, *, keep: int = 2):
+  def __init__(self, run_dir: Union[RunDir, str, os.PathLike], *, keep: int = 2):
     if keep < 1:
       raise ConfigError(f"CheckpointConfig.keep={keep}; keep at least 1 training state (2 or more "
                         f"lets a restart fall back when the latest one is damaged)")
-    self.model_dir = pathlib.Path(model_dir)
-    self._latest = _manager(self.model_dir / "checkpoints", keep)
-    self._best = _manager(self.model_dir / "best", 1)
+    self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    self._latest = _manager(self.run_dir.checkpoints, keep)
+    self._best = _manager(self.run_dir.best, 1)
 
   def latest_step(self) -> Optional[int]:
     return self._latest.latest_step()
@@ -72,7 +65,7 @@ class Checkpointer:
       ConfigError: the checkpoint is readable but holds another configuration's state.
       DamagedCheckpoint: its files cannot be read.
     """
-    return restore_checked(self._latest, step, self.model_dir / "checkpoints" / str(step), abstract_state)
+    return restore_checked(self._latest, step, self.run_dir.state_path(step), abstract_state)
 
   def restore_latest(self, abstract_state: Any, warn: Callable[[str], None] = print
                      ) -> tuple[Optional[Any], Optional[int]]:
@@ -82,20 +75,18 @@ class Checkpointer:
     each, once an older readable state has been found. When no state is readable nothing is
     moved and a `ConfigError` names the directory (starting over silently would lose the run).
     """
-    directory = self.model_dir / "checkpoints"
+    directory = self.run_dir.checkpoints
     damaged: list[DamagedCheckpoint] = []
-    for step in sorted(self._latest.all_steps(), reverse=True):
+    for step in reversed(self.run_dir.state_steps()):
       try:
         state = self.restore(step, abstract_state)
       except DamagedCheckpoint as e:
         damaged.append(e)
         continue
       for bad in damaged:
-        aside = _move_aside(bad.path)
+        aside = self.move_aside(bad.step)
         warn(f"warning: the training state of step {bad.step} cannot be read ({bad.reason}); "
              f"moved it to {aside} and resumed from step {step}")
-      if damaged:
-        self._latest.reload()
       return state, step
     if damaged:
       steps = ", ".join(str(d.step) for d in damaged)
@@ -104,15 +95,21 @@ class Checkpointer:
                         f"{directory} aside (or use a new MODEL_DIR) to start over")
     return None, None
 
+  def move_aside(self, step: int) -> pathlib.Path:
+    """Moves the damaged checkpoints/<step> aside (see `_move_aside`); returns its new path."""
+    aside = _move_aside(self.run_dir.state_path(step))
+    self._latest.reload()
+    return aside
+
   def check_best(self, abstract_state: Any, warn: Callable[[str], None] = print) -> None:
     """Moves a damaged best/ state (and its metric.json) aside, so the next evaluation replaces it."""
-    for step in self._best.all_steps():
-      path = self.model_dir / "best" / str(step)
+    for step in self.run_dir.best_steps():
+      path = self.run_dir.best_state_path(step)
       try:
         restore_checked(self._best, step, path, abstract_state)
       except DamagedCheckpoint as e:
         aside = _move_aside(path)
-        metric = self.model_dir / "best" / "metric.json"
+        metric = self.run_dir.metric_path
         if metric.exists() and jax.process_index() == 0:
           os.replace(metric, aside / "metric.json")
         self._best.reload()
@@ -120,24 +117,16 @@ class Checkpointer:
              f"{aside}; the next evaluation starts a new best")
 
   def best_metric(self) -> Optional[float]:
-    path = self.model_dir / "best" / "metric.json"
-    if not path.exists():
-      return None
-    return float(json.loads(path.read_text())["value"])
+    best = self.run_dir.best_metric()
+    return None if best is None else best.value
 
   def save_best(self, step: int, state: Any, metric_name: str, value: float) -> None:
     """Keeps `state` as the best one (the caller decides that it is better)."""
     if step not in self._best.all_steps():
       self._best.save(step, args=ocp.args.StandardSave(state))
       self._best.wait_until_finished()
-    record = {"step": int(step), "metric": metric_name, "value": float(value)}
-    fileio.atomic_write_bytes(self.model_dir / "best" / "metric.json", json.dumps(record).encode())
-
-  def export_prompt(self, name: str, array: np.ndarray) -> pathlib.Path:
-    """Writes prompts/<name>.npy atomically and returns its path."""
-    path = self.model_dir / "prompts" / f"{name}.npy"
-    fileio.save_npy(path, np.asarray(jax.device_get(array), np.float32))
-    return path
+    if jax.process_index() == 0:
+      self.run_dir.write_best_metric(BestMetric(int(step), metric_name, float(value)))
 
   def close(self) -> None:
     self._latest.close()

@@ -1,15 +1,23 @@
-"""seqio evaluation of a (prompted) model: greedy decoding, the task's postprocessors and metrics."""
+"""seqio evaluation of a (prompted) model: greedy decoding, the task's postprocessors and metrics.
+
+Batches are global arrays on the run's mesh: every process builds the same padded batch of the
+evaluation split, the jitted prediction runs over the whole mesh (each process's devices decode
+their rows), and the predictions are gathered back to every process, which computes the same
+metrics. One process or several give the same results. K stacked runs (`evaluate_stacked`) are
+decoded in one vmapped pass per batch; each run's metrics and logs are its own.
+"""
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
 
 from spot_jax import data as data_lib
 from spot_jax import models
+from spot_jax import partitioning
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +28,8 @@ class EvalConfig:
     mixture_or_task_name: task or mixture to evaluate (default: the training one).
     task_feature_lengths: {"inputs": T, "targets": S}; S is also the decode length.
     split: evaluation split.
-    batch_size: examples per inference batch (the last batch is padded, not recompiled).
+    batch_size: examples per inference batch (the last batch is padded, not recompiled;
+      rounded up to a multiple of the mesh's data-parallel size).
     num_examples: evaluate on at most this many examples per task (None: all).
     module: python module(s) registering the task.
     use_cached: read seqio's offline cache.
@@ -39,91 +48,176 @@ def _scalar(value: Any) -> float:
   return float(np.asarray(value))
 
 
-def _batches(ds, batch_size: int, feature: str):
-  """(indices, padded [batch_size, L] array, real count) from an enumerated seqio dataset."""
-  indices, rows = [], []
-  for index, ex in ds.as_numpy_iterator():
-    indices.append(int(index))
-    rows.append(ex[feature])
-    if len(rows) == batch_size:
-      yield indices, np.stack(rows), len(rows)
-      indices, rows = [], []
-  if rows:
-    pad = [np.zeros_like(rows[0])] * (batch_size - len(rows))
-    yield indices, np.stack(rows + pad), len(rows)
+class _RoutedLogs:
+  """A seqio logger forwarding to the loggers of the run being evaluated (see `Evaluator`)."""
+
+  def __init__(self):
+    self.targets: Sequence[Callable[..., None]] = ()
+
+  def __call__(self, **kwargs) -> None:
+    for logger in self.targets:
+      logger(**kwargs)
 
 
 class Evaluator:
-  """Evaluates parameter trees of one model on one task or mixture.
+  """Evaluates the parameters of one model, or of K stacked runs, on one task or mixture.
 
   Attributes:
     model: the `EncoderDecoderModel`.
     config: the `EvalConfig`.
+    mesh: the device mesh the parameters live on.
   """
 
   def __init__(self, model: models.EncoderDecoderModel, config: EvalConfig,
-               log_dir: Optional[str] = None):
+               log_dir: Optional[str] = None, mesh: Optional[jax.sharding.Mesh] = None):
     import seqio  # pylint: disable=g-import-not-at-top
     self.model, self.config = model, config
+    self.mesh = mesh if mesh is not None else partitioning.create_mesh(1)
     data_lib.import_modules(config.module)
     data_lib.get_mixture_or_task(config.mixture_or_task_name)  # clear error for unknown names
-    if log_dir:
-      os.makedirs(log_dir, exist_ok=True)
-    loggers = (seqio.JSONLogger,) if log_dir else ()
+    self._log_dir = log_dir
+    self._routes = _RoutedLogs()
     self._evaluator = seqio.Evaluator(
         mixture_or_task_name=config.mixture_or_task_name,
         feature_converter=seqio.EncDecFeatureConverter(pack=False),
         eval_split=config.split, use_cached=config.use_cached, seed=42,
         sequence_length=dict(config.task_feature_lengths), num_examples=config.num_examples,
-        logger_cls=loggers, log_dir=log_dir, async_compute_metrics=False)
+        # seqio wants a folder with its loggers; the routed logger writes to each run's own.
+        logger_cls=(lambda output_dir: self._routes,), log_dir=log_dir or "routed",
+        async_compute_metrics=False)
+    data_size = self.mesh.shape[partitioning.DATA]
+    self._batch_size = -(-int(config.batch_size) // data_size) * data_size
     decode_length = int(config.task_feature_lengths["targets"])
-    self._predict = jax.jit(lambda params, tokens: model.predict_batch(params, tokens, decode_length))
+    predict = lambda params, tokens: model.predict_batch(params, tokens, decode_length)
+    self._predict = jax.jit(predict)
     self._score = jax.jit(model.score_batch)
+
+    def merged(fn):
+      return lambda frozen, prompt, *args: fn(models.merge_params(frozen, prompt), *args)
+    self._predict_stacked = jax.jit(jax.vmap(merged(predict), in_axes=(None, 0, None)))
+    self._score_stacked = jax.jit(jax.vmap(merged(model.score_batch), in_axes=(None, 0, None)))
 
   @property
   def num_examples(self) -> int:
     return sum(int(ds.cardinality()) for ds in self._evaluator.cached_model_datasets.values())
 
-  def _predict_fn(self, params) -> Callable:
-    def predict(ds):
-      out = []
-      for indices, tokens, n in _batches(ds, self.config.batch_size, "encoder_input_tokens"):
-        decoded = np.asarray(jax.device_get(self._predict(params, tokens)))[:n]
-        # Fixed-length rows (0 after EOS): seqio stacks them and its vocabularies stop at EOS.
-        out.extend(zip(indices, decoded))
-      return out
-    return predict
+  # --- batches --------------------------------------------------------------------------------
 
-  def _score_fn(self, params) -> Callable:
-    def score(ds):
-      out = []
-      rows: list = []
-      for index, ex in ds.as_numpy_iterator():
-        rows.append((int(index), ex))
-      for start in range(0, len(rows), self.config.batch_size):
-        chunk = rows[start:start + self.config.batch_size]
-        batch = {k: np.stack([ex[k] for _, ex in chunk]) for k in
-                 ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
-        pad = self.config.batch_size - len(chunk)
-        if pad:
-          batch = {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
-        scores = np.asarray(jax.device_get(self._score(params, batch)))[:len(chunk)]
-        out.extend((i, float(s)) for (i, _), s in zip(chunk, scores))
-      return out
-    return score
+  def _rows(self, ds) -> tuple[list[int], dict[str, np.ndarray]]:
+    """(example indices, {feature: [N, L]}) of an enumerated seqio dataset, in order."""
+    indices, rows = [], []
+    for index, ex in ds.as_numpy_iterator():
+      indices.append(int(index))
+      rows.append(ex)
+    keys = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
+    return indices, {k: np.stack([ex[k] for ex in rows]) for k in keys} if rows else {}
 
-  def evaluate(self, params, step: Optional[int] = None) -> dict[str, dict[str, float]]:
-    """Metrics {task name: {metric: value}} of the full parameter tree `params`."""
-    metrics, _ = self._evaluator.evaluate(compute_metrics=True, step=step,
-                                          predict_fn=self._predict_fn(params),
-                                          score_fn=self._score_fn(params))
-    result = metrics.result() if hasattr(metrics, "result") else metrics
+  def _batches(self, features: Mapping[str, np.ndarray], keys: Sequence[str]):
+    """Global batches of `batch_size` rows (the last padded with zeros) and their real count."""
+    n, b = len(features[keys[0]]), self._batch_size
+    sharding = partitioning.batch_sharding(self.mesh)
+    for lo in range(0, n, b):
+      count = min(b, n - lo)
+      batch = {}
+      for k in keys:
+        rows = features[k][lo:lo + count]
+        if count < b:
+          rows = np.concatenate([rows, np.zeros((b - count,) + rows.shape[1:], rows.dtype)])
+        batch[k] = partitioning.global_batch(rows, sharding)
+      yield batch, count
+
+  # --- model outputs ---------------------------------------------------------------------------
+
+  def _predictions(self, ds, run_params: Callable[[dict], Any], stacked: bool) -> list:
+    indices, features = self._rows(ds)
+    if not indices:
+      return []
+    outs = []
+    for batch, count in self._batches(features, ("encoder_input_tokens",)):
+      out = partitioning.fetch(run_params(batch))
+      outs.append(out[..., :count, :])
+    decoded = np.concatenate(outs, axis=-2)  # [(K,) N, S]; 0 after EOS
+    if stacked:
+      return [list(zip(indices, run)) for run in decoded]
+    return list(zip(indices, decoded))
+
+  def _scores(self, ds, run_params: Callable[[dict], Any], stacked: bool) -> list:
+    indices, features = self._rows(ds)
+    if not indices:
+      return []
+    keys = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
+    outs = []
+    for batch, count in self._batches(features, keys):
+      outs.append(partitioning.fetch(run_params(batch))[..., :count])
+    scores = np.concatenate(outs, axis=-1)
+    if stacked:
+      return [[(i, float(s)) for i, s in zip(indices, run)] for run in scores]
+    return [(i, float(s)) for i, s in zip(indices, scores)]
+
+  # --- evaluation --------------------------------------------------------------------------------
+
+  def _loggers(self, log_dir: Optional[str]) -> tuple:
+    import seqio  # pylint: disable=g-import-not-at-top
+    if not log_dir or jax.process_index() != 0:
+      return ()
+    os.makedirs(log_dir, exist_ok=True)
+    return (seqio.JSONLogger(output_dir=log_dir),)
+
+  def _metrics(self, predict_fn, score_fn, step: Optional[int], log_dir: Optional[str]) -> dict:
+    self._routes.targets = self._loggers(log_dir)
+    try:
+      metrics, _ = self._evaluator.evaluate(compute_metrics=True, step=step,
+                                            predict_fn=predict_fn, score_fn=score_fn)
+      result = metrics.result() if hasattr(metrics, "result") else metrics
+    finally:
+      self._routes.targets = ()
     return {task: {name: _scalar(v) for name, v in task_metrics.items()}
             for task, task_metrics in (result or {}).items()}
+
+  def evaluate(self, params, step: Optional[int] = None,
+               log_dir: Optional[str] = None) -> dict[str, dict[str, float]]:
+    """Metrics {task name: {metric: value}} of the full parameter tree `params`.
+
+    `log_dir` (default: the constructor's) receives seqio's per-example outputs (process 0).
+    """
+    predict = lambda ds: self._predictions(ds, lambda b: self._predict(
+        params, b["encoder_input_tokens"]), stacked=False)
+    score = lambda ds: self._scores(ds, lambda b: self._score(params, b), stacked=False)
+    return self._metrics(predict, score, step, log_dir or self._log_dir)
+
+  def evaluate_stacked(self, frozen, prompt, step: Optional[int] = None,
+                       log_dirs: Optional[Sequence[Optional[str]]] = None
+                       ) -> list[dict[str, dict[str, float]]]:
+    """Metrics of K stacked runs: `prompt` is {"prompt": ...} with a leading runs axis.
+
+    Each batch is decoded once for all K runs (vmapped); each run's metrics and seqio logs
+    (`log_dirs[k]`) are its own.
+    """
+    k = int(jax.tree.leaves(prompt)[0].shape[0])
+    log_dirs = list(log_dirs) if log_dirs is not None else [None] * k
+    cache: dict[tuple[str, int], list] = {}
+
+    def outputs(kind: str, ds) -> list:
+      key = (kind, id(ds))
+      if key not in cache:
+        if kind == "predict":
+          cache[key] = self._predictions(ds, lambda b: self._predict_stacked(
+              frozen, prompt, b["encoder_input_tokens"]), stacked=True)
+        else:
+          cache[key] = self._scores(ds, lambda b: self._score_stacked(frozen, prompt, b),
+                                    stacked=True)
+      return cache[key]
+
+    results = []
+    for run in range(k):
+      results.append(self._metrics(lambda ds, r=run: outputs("predict", ds)[r],
+                                   lambda ds, r=run: outputs("score", ds)[r], step, log_dirs[run]))
+    return results
 
 
 def lookup_metric(metrics: Mapping[str, Mapping[str, float]], name: str) -> float:
   """`name` is "task/metric" or, when one task was evaluated, just "metric"."""
+  from spot_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   if "/" in name:
     task, metric = name.rsplit("/", 1)
     if task in metrics and metric in metrics[task]:
@@ -133,5 +227,5 @@ def lookup_metric(metrics: Mapping[str, Mapping[str, float]], name: str) -> floa
     if len(found) == 1:
       return found[0]
   available = sorted(f"{t}/{m}" for t, ms in metrics.items() for m in ms)
-  raise KeyError(f"metric {name!r} not among the evaluation results; valid: {', '.join(available)}")
-
+  raise ConfigError(f"BEST_METRIC {name!r} is not among the evaluation results; valid: "
+                    f"{', '.join(available)}")

@@ -20,7 +20,8 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressLogger:
-  """Writes one readable line per logging period and scalars to TensorBoard.
+  """Writes one readable line per logging period (when enabled) and scalars to TensorBoard
+  (when given a folder).
 
   Attributes:
     total_steps: the run's last step.
@@ -34,7 +35,7 @@ class ProgressLogger:
     self._last_time: Optional[float] = None
     self._last_step: Optional[int] = None
     self._writers: dict[str, object] = {}
-    self._tb_dir = tb_dir if enabled else None
+    self._tb_dir = tb_dir
 
   def _writer(self, name: str):
     if self._tb_dir is None:
@@ -58,8 +59,11 @@ class ProgressLogger:
         tf.summary.scalar(name, float(value))
     writer.flush()
 
-  def train_line(self, step: int, values: Mapping[str, float]) -> str:
-    """Logs the progress line for `step` (values: loss, learning_rate, ...) and returns it."""
+  def train_line(self, step: int, values: Mapping[str, float], note: str = "") -> str:
+    """Logs the progress line for `step` (values: loss, learning_rate, ...) and returns it.
+
+    `note` follows the loss (e.g. the spread of K runs' losses).
+    """
     now = time.perf_counter()
     steps_per_s = float("nan")
     if self._last_time is not None and step > self._last_step:
@@ -69,7 +73,7 @@ class ProgressLogger:
     rate["steps_per_sec"] = steps_per_s
     rate["examples_per_sec"] = steps_per_s * self.batch_size
     eta = (self.total_steps - step) / steps_per_s if steps_per_s == steps_per_s and steps_per_s > 0 else float("nan")
-    parts = [f"step {step}/{self.total_steps}", f"loss {values['loss']:.4f}"]
+    parts = [f"step {step}/{self.total_steps}", f"loss {values['loss']:.4f}{note}"]
     if "learning_rate" in values:
       parts.append(f"lr {values['learning_rate']:.3g}")
     parts.append(f"{steps_per_s:.2f} steps/s")

@@ -6,7 +6,7 @@ parameters, or every parameter for model tuning) and never the frozen backbone. 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -68,3 +68,17 @@ def make_train_step(model: models.EncoderDecoderModel, tx: optax.GradientTransfo
     return new_state, metrics
 
   return train_step
+
+
+def make_runs_step(model: models.EncoderDecoderModel, tx: optax.GradientTransformation,
+                   dropout_rng: str = "threefry", spmd_axis_name: Optional[str] = None
+                   ) -> Callable[[TrainState, Any, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
+  """The same step for K runs stacked along a leading runs axis of the state and the batch.
+
+  `make_train_step` vmapped over (state, batch), the frozen parameters unbatched: each run gets
+  its own gradients, optimizer update and dropout keys (`fold_in(rng_k, step_k)`), and every
+  matmul against a frozen weight reads it once for the K runs. `spmd_axis_name` names the mesh
+  axis the runs axis is sharded over (None: the runs axis is not sharded).
+  """
+  return jax.vmap(make_train_step(model, tx, dropout_rng), in_axes=(0, None, 0),
+                  spmd_axis_name=spmd_axis_name)

@@ -24,6 +24,7 @@ from flax import traverse_util
 from t5x import state_utils
 
 from spot_jax import fileio
+from spot_jax.run_dir import RunDir
 from spot_jax import prompts as prompts_lib
 from spot_jax.contrib.t5x.optim import is_prompt_path
 
@@ -101,7 +102,7 @@ class PromptExporter:
       raise TypeError(f"PromptExporter.prompt is {type(prompt).__name__}; valid: "
                       f"{', '.join(m.__name__ for m in prompts_lib.PROMPT_METHODS)}")
     self.prompt = prompt
-    self.model_dir = pathlib.Path(os.fspath(model_dir))
+    self.run_dir = RunDir(os.fspath(model_dir))
 
   def __call__(self, state_dict: Mapping[str, Any], parameter_infos: Any) -> tuple[Any, Any]:
     step = int(host_array(state_dict["state"]["step"]))
@@ -114,13 +115,11 @@ class PromptExporter:
     if jax.process_index() != 0:
       return None
     flat = traverse_util.flatten_dict(params, sep="/")
-    folder = self.model_dir / "prompts"
-    folder.mkdir(parents=True, exist_ok=True)
     import io  # pylint: disable=g-import-not-at-top
     buf = io.BytesIO()
     np.savez(buf, **{k: np.asarray(v, np.float32) for k, v in flat.items()})
-    fileio.atomic_write_bytes(folder / f"prompt_params_step_{step}.npz", buf.getvalue())
-    path = folder / f"prompt_step_{step}.npy"
+    fileio.atomic_write_bytes(self.run_dir.prompt_params_path(step), buf.getvalue())
+    path = self.run_dir.prompt_path(step)
     fileio.save_npy(path, prompts_lib.effective_prompt(self.prompt, params))
     return path
 

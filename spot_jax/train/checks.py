@@ -1,0 +1,232 @@
+"""Section 0 of the trainer: check every setting before anything heavy is read or anything written.
+
+`plan(...)` validates the settings (one-line `ConfigError`s naming the gin macro), resolves the
+job's runs (`spot_jax.train.runs`), checks the run directories that already exist (MODEL_DIR, the
+job's run list, each run's record: same task and seed) and returns the `Plan` the loop follows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from spot_jax import backbone as backbone_lib
+from spot_jax import data as data_lib
+from spot_jax import models
+from spot_jax.errors import ConfigError
+from spot_jax.train import runs as runs_lib
+from spot_jax.train.evaluator import EvalConfig
+from spot_jax.train.step import DROPOUT_RNGS
+
+TRAINABLE_PROMPT = "prompt"
+TRAINABLE_ALL = "all"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """When and what to save.
+
+  Attributes:
+    period: save the training state every this many steps (and at the end); None: EVAL_PERIOD.
+    keep: how many latest training states to keep (at least 2 lets a restart fall back when
+      the latest one is damaged, and lets K runs always find a step they all saved).
+    save_prompt_steps: extra steps at which the prompt is exported.
+    best_metric: "task/metric" (or "metric") whose best value selects best/ and
+      prompts/prompt_best.npy; None disables.
+    best_mode: "max" or "min".
+    embedding_step: the step whose exported prompt is the run's task embedding (SPoT); None:
+      a third of the training steps (the SPoT layer's 10,000 of 30,000).
+  """
+  period: Optional[int] = None
+  keep: int = 2
+  save_prompt_steps: Sequence[int] = ()
+  best_metric: Optional[str] = None
+  best_mode: str = "max"
+  embedding_step: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What the loop follows, from checked settings.
+
+  Attributes:
+    runs: the resolved runs (one, or K stacked).
+    default_task: the job's training task (MIXTURE_OR_TASK_NAME; runs without a task train it).
+    stacked: K runs stacked along a runs axis (False: one plain run).
+    model_dir: the job's directory (the run directory of a single run).
+    train_cfgs: each run's dataset configuration (its seed and task).
+    trainable, total_steps, log_period, checkpoint_period: as given (period resolved).
+    save_prompt_steps: steps whose prompt is exported (the embedding step included).
+    embedding_step: the task-embedding step.
+    checkpoint_cfg: as given.
+    vocabulary: the training task's input vocabulary (recorded in each run's record).
+    task_module: MIXTURE_OR_TASK_MODULE.
+    method: the prompt module's description (recorded).
+  """
+  runs: list
+  default_task: str
+  stacked: bool
+  model_dir: pathlib.Path
+  train_cfgs: list
+  trainable: str
+  total_steps: int
+  log_period: int
+  checkpoint_period: int
+  save_prompt_steps: frozenset
+  embedding_step: int
+  checkpoint_cfg: CheckpointConfig
+  vocabulary: Any
+  task_module: Optional[str]
+  method: dict
+
+
+def _positive_int(name: str, value: Any) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+    raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+  return int(value)
+
+
+def _steps(name: str, values: Any, total_steps: int) -> list[int]:
+  if values is None:
+    return []
+  if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+    raise ConfigError(f"{name}={values!r} is not a list of steps; give e.g. {name}=[10, 100]")
+  out = []
+  for i, v in enumerate(values):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= total_steps:
+      raise ConfigError(f"{name}[{i}]={v!r} is not a step in 1..TRAIN_STEPS={total_steps}; "
+                        f"{name}={list(values)!r}")
+    out.append(int(v))
+  return out
+
+
+def describe_method(module: Any) -> dict:
+  """The prompt module as a run records it: its class and scalar attributes."""
+  if module is None:
+    return {}
+  out = {"class": type(module).__name__}
+  for field in dataclasses.fields(module):
+    if field.name in ("parent", "name"):
+      continue
+    value = getattr(module, field.name, None)
+    if isinstance(value, (bool, int, float, str)) or value is None:
+      out[field.name] = value
+    elif isinstance(value, tuple) and all(isinstance(v, (bool, int, float, str)) for v in value):
+      out[field.name] = list(value)
+  return out
+
+
+def check_model_dir(model_dir: Any) -> pathlib.Path:
+  """MODEL_DIR as an absolute local path that can be created and written (nothing is created)."""
+  if not model_dir or model_dir == "None":
+    raise ConfigError("MODEL_DIR is required: pass --gin.MODEL_DIR=\"'/path/to/run'\"")
+  if "://" in str(model_dir):
+    raise ConfigError(f"MODEL_DIR {model_dir!r}: only local directories are supported by this "
+                      f"version (mount the bucket, e.g. with gcsfuse)")
+  folder = pathlib.Path(str(model_dir)).expanduser().absolute()
+  probe = folder
+  while not probe.exists():
+    probe = probe.parent
+  if not probe.is_dir():
+    raise ConfigError(f"MODEL_DIR {str(folder)!r}: {str(probe)!r} is a file, not a directory; "
+                      f"give a directory you can create and write to")
+  if not os.access(probe, os.W_OK | os.X_OK):
+    raise ConfigError(f"MODEL_DIR {str(folder)!r} is not writable ({str(probe)!r} is read-only); "
+                      f"give a directory you can create and write to")
+  return folder
+
+
+def plan(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.DatasetConfig,
+         total_steps: int, model_dir: Any, eval_cfg: Optional[EvalConfig], eval_period: int,
+         checkpoint_cfg: CheckpointConfig, initial_checkpoint_path: Optional[str], trainable: str,
+         seed: int, log_period: int, dropout_rng: str, seeds: Optional[Sequence[int]],
+         tasks: Optional[Sequence[str]], runs: Optional[Sequence[runs_lib.RunSpec]],
+         init_note: str = "") -> Plan:
+  """Checks the trainer's settings and the directories it would write; returns the `Plan`."""
+  if trainable not in (TRAINABLE_PROMPT, TRAINABLE_ALL):
+    raise ConfigError(f"TRAINABLE={trainable!r}; valid: 'prompt' (prompt methods) or 'all' (model tuning)")
+  if trainable == TRAINABLE_PROMPT and not model.has_prompt:
+    raise ConfigError("prompt tuning needs a prompt method: add a --gin_file from gin/prompts/ "
+                      "(e.g. gin/prompts/prompt_tuning_sampled_vocab.gin), or use gin/runs/model_tune.gin")
+  total_steps = _positive_int("TRAIN_STEPS", total_steps)
+  _positive_int("EVAL_PERIOD", eval_period)
+  _positive_int("log_period", log_period)
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    raise ConfigError(f"RANDOM_SEED must be a non-negative integer, got {seed!r}")
+  if dropout_rng not in DROPOUT_RNGS:
+    raise ConfigError(f"DROPOUT_RNG={dropout_rng!r}; valid: {', '.join(map(repr, DROPOUT_RNGS))}")
+  cc = checkpoint_cfg
+  keep = _positive_int("CHECKPOINTS_TO_KEEP", cc.keep)
+  if cc.best_mode not in ("max", "min"):
+    raise ConfigError(f"best_mode={cc.best_mode!r}; valid: 'max' or 'min'")
+  period = _positive_int("CHECKPOINT_PERIOD", cc.period) if cc.period is not None else eval_period
+  save_steps = _steps("SAVE_PROMPT_STEPS", cc.save_prompt_steps, total_steps)
+  embedding_step = (max(1, total_steps // 3) if cc.embedding_step is None
+                    else _steps("EMBEDDING_STEP", [cc.embedding_step], total_steps)[0])
+  folder = check_model_dir(model_dir)
+  run_list, stacked = runs_lib.resolve(str(folder), train_dataset_cfg.mixture_or_task_name,
+                                       int(seed), seeds, tasks, runs, init_note)
+  if stacked and trainable == TRAINABLE_ALL:
+    raise ConfigError("K runs in one step (SEEDS/TASKS) train prompts: use TRAINABLE='prompt'")
+  if stacked and keep < 2:
+    raise ConfigError(f"CHECKPOINTS_TO_KEEP={keep} with {len(run_list)} runs: keep at least 2, so "
+                      f"an interrupted save of the runs' states leaves a step they all saved")
+  train_cfgs = [dataclasses.replace(train_dataset_cfg, mixture_or_task_name=r.task, seed=r.seed)
+                if stacked else train_dataset_cfg for r in run_list]
+  data_lib.import_modules(train_dataset_cfg.module)
+  for cfg in train_cfgs:
+    data_lib.validate(cfg, model.prompt_length)
+    data_lib.get_mixture_or_task(cfg.mixture_or_task_name)
+  if eval_cfg is not None:
+    data_lib.import_modules(eval_cfg.module)
+    data_lib.get_mixture_or_task(eval_cfg.mixture_or_task_name)
+  if initial_checkpoint_path:
+    backbone_lib.check_initial_checkpoint(initial_checkpoint_path)
+  if stacked:
+    runs_lib.check_job(folder, run_list)
+  method = describe_method(model.module.prompt)
+  records = [_check_existing_record(run, method) for run in run_list]
+  if cc.embedding_step is None and records[0] is not None and records[0].embedding_step:
+    embedding_step = min(int(records[0].embedding_step), total_steps)  # a resumed run keeps its own
+  vocab = data_lib.get_mixture_or_task(train_dataset_cfg.mixture_or_task_name).output_features
+  vocabulary = getattr(vocab.get("inputs") or vocab.get("targets"), "vocabulary", None)
+  return Plan(runs=run_list, default_task=train_dataset_cfg.mixture_or_task_name, stacked=stacked, model_dir=folder, train_cfgs=train_cfgs,
+              trainable=trainable, total_steps=total_steps, log_period=int(log_period),
+              checkpoint_period=period, save_prompt_steps=frozenset(save_steps + [embedding_step]),
+              embedding_step=embedding_step, checkpoint_cfg=dataclasses.replace(cc, keep=keep),
+              vocabulary=vocabulary, task_module=train_dataset_cfg.module, method=method)
+
+
+def _check_existing_record(run: runs_lib.Run, method: Mapping[str, Any]):
+  """A run directory that records another task, seed or prompt method is not resumed."""
+  record = run.run_dir.read_record()
+  if record is None:
+    return None
+  for what, old, new in (("task", record.task, run.task), ("seed", record.seed, run.seed),
+                         ("prompt method", record.method.get("class"), method.get("class"))):
+    if old != new:
+      raise ConfigError(f"{run.run_dir.path} holds a run of {what} {old!r}, not {new!r}; use a new "
+                        f"MODEL_DIR, or the settings that wrote it")
+  return record
+
+
+def check_finite(metrics: Mapping[str, Any], step: int, last_saved: Optional[int],
+                 run: Optional[str] = None) -> None:
+  """Raises a one-line `ConfigError` when a step's loss, gradient or new parameters are not finite.
+
+  A non-finite gradient or parameter norm means the parameters after `step` are corrupted even
+  when the loss was finite, so all three are checked before anything of that step is written.
+  `run` names the run of a K-run job.
+  """
+  for name, what in (("loss", "loss"), ("grad_norm", "gradient norm"), ("param_norm", "parameter norm")):
+    value = metrics.get(name)
+    if value is not None and not np.isfinite(value):
+      kept = (f"the last checkpoint (step {last_saved}) is intact" if last_saved is not None
+              else "no checkpoint had been written")
+      who = f" of run {run}" if run else ""
+      raise ConfigError(f"training diverged: the {what}{who} is {value} at step {step}; nothing "
+                        f"from step {step} on was saved and {kept}; lower LEARNING_RATE (or check "
+                        f"the data) and restart")
