@@ -20,6 +20,7 @@ See docs/serving.md.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import pathlib
@@ -29,6 +30,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from spot_jax import cli, fileio
+from spot_jax.cli import distributed
 from spot_jax.errors import ConfigError
 
 PROG = "spot_jax.infer"
@@ -74,6 +76,7 @@ def _parser() -> cli.ArgumentParser:
   a("--base_model", default=None, help="base_model_name_or_path recorded in the PEFT adapter")
   a("--overwrite", action="store_true", help="replace existing export outputs")
   a("--debug", action="store_true", help="show tracebacks")
+  distributed.add_arguments(p)
   return p
 
 
@@ -91,6 +94,7 @@ def _prompt_specs(values: Sequence[str]) -> list[tuple[str, str]]:
 
 def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
+  distributed.setup(args)  # several processes serve one mesh; each writes nothing but process 0
   from spot_jax.serve import table as table_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.serve import prompt_sources  # pylint: disable=g-import-not-at-top
   from spot_jax.t5.config import config_by_name  # pylint: disable=g-import-not-at-top
@@ -141,7 +145,7 @@ def _export(args, table, config) -> int:
   return 0
 
 
-def _backbone(args, config) -> Any:
+def _backbone(args, config) -> tuple[Any, Any]:
   from spot_jax import models, partitioning  # pylint: disable=g-import-not-at-top
   from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
@@ -150,7 +154,7 @@ def _backbone(args, config) -> Any:
   note = lambda line: print(line, file=sys.stderr)
   params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), args.checkpoint, args.seed,
                                          mesh, partitioning.logical_rules(), info=note)
-  return params
+  return params, mesh
 
 
 def _interpret(args, table, config) -> int:
@@ -161,7 +165,8 @@ def _interpret(args, table, config) -> int:
     from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
     embedding = checkpoints.load_embedding(args.checkpoint, config)
   else:
-    embedding = np.asarray(_backbone(args, config)["token_embedder"]["embedding"])
+    from spot_jax import partitioning  # pylint: disable=g-import-not-at-top
+    embedding = partitioning.fetch(_backbone(args, config)[0]["token_embedder"]["embedding"])
   vocab = _vocab_or_none(args.vocab)
   records = [r for e in table.entries
              for r in interpret.interpret(e, embedding, args.top_tokens, vocab)]
@@ -184,6 +189,7 @@ def _vocab_or_none(name: Optional[str]):
 
 
 def _predict(args, table, config) -> int:
+  import jax  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from spot_jax.serve import inputs, predict, server as server_lib
   if not args.output:
@@ -215,19 +221,24 @@ def _predict(args, table, config) -> int:
   settings = server_lib.DecodeSettings(args.max_decode_length, args.method, args.num_beams,
                                        args.alpha, args.temperature, args.top_k, args.seed)
   from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  srv = server_lib.Server(Transformer(config), _backbone(args, config), table,
-                          placement=args.placement, settings=settings)
+  params, mesh = _backbone(args, config)
+  srv = server_lib.Server(Transformer(config), params, table, placement=args.placement,
+                          settings=settings, mesh=mesh if jax.process_count() > 1 else None)
   runner = predict.Predictor(srv, vocab, batch_size=args.batch_size, labels=args.label or None,
                              label_tokens=labels, ensemble=args.ensemble, combine=args.combine,
                              progress=predict.tty_progress(PROG))
-  with inputs.atomic_jsonl(args.output) as f:
-    summary = runner.run(examples, names, tokens, f)
+  if jax.process_index() == 0:
+    with inputs.atomic_jsonl(args.output) as f:
+      summary = runner.run(examples, names, tokens, f)
+  else:  # the same calls (collectives), nothing written
+    summary = runner.run(examples, names, tokens, io.StringIO())
   if summary is not None:
-    summary_path = args.output + ".summary.json"
-    with inputs.atomic_jsonl(summary_path) as f:
-      json.dump(summary, f, indent=2)
+    if jax.process_index() == 0:
+      with inputs.atomic_jsonl(args.output + ".summary.json") as f:
+        json.dump(summary, f, indent=2)
     print(json.dumps(summary))
-  print(f"wrote {len(examples)} predictions to {args.output}")
+  if jax.process_index() == 0:
+    print(f"wrote {len(examples)} predictions to {args.output}")
   return 0
 
 

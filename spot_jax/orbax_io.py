@@ -144,15 +144,34 @@ def describe_mismatch(stored: Any, wanted: Any) -> Optional[str]:
   return None
 
 
-def read_state(item_dir: pathlib.Path) -> Any:
-  """A saved state's tree as stored (no target shapes), quietly; `DamagedCheckpoint` if unreadable.
+def read_state(item_dir: pathlib.Path, sharding: Optional[Any] = None) -> Any:
+  """A saved state's tree, every array placed with `sharding`; `DamagedCheckpoint` if unreadable.
+
+  The shapes and dtypes come from the state's own metadata, so no target tree is needed.
 
   Args:
     item_dir: the state's item directory (`<step>/default`).
+    sharding: where each array goes (default: this process's first device). Every process of a
+      multi-process job calls this with the same arguments.
   """
+  import jax  # pylint: disable=g-import-not-at-top
+  if sharding is None:
+    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  checkpointer = ocp.StandardCheckpointer()
   with quiet_abandoned_reads():
     try:
-      return ocp.StandardCheckpointer().restore(item_dir)
+      absl_log = logging.getLogger("absl")
+      level = absl_log.level
+      absl_log.setLevel(logging.ERROR)  # "Metadata file does not exist" of the step directory
+      try:
+        metadata = checkpointer.metadata(item_dir)
+      finally:
+        absl_log.setLevel(level)
+      tree = getattr(getattr(metadata, "item_metadata", metadata), "tree",
+                     getattr(metadata, "item_metadata", metadata))
+      target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
+                            tree, is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
+      return checkpointer.restore(item_dir, target)
     except Exception as e:  # pylint: disable=broad-except
       raise DamagedCheckpoint(_step_of(item_dir), item_dir.parent, root_cause(e)) from None
 

@@ -299,11 +299,14 @@ class RunDir:
     return out
 
   def restore_params(self, which: Step | None = None, *, prefer_best: bool = True,
-                     warn: Callable[[str], None] = print) -> tuple[Any, pathlib.Path]:
+                     warn: Callable[[str], None] = print, sharding: Any = None
+                     ) -> tuple[Any, pathlib.Path]:
     """The trained parameters ({"prompt": ...}, or the whole tree for model tuning) of a state.
 
     Falls back past damaged states (one warning line each, naming the state and the file) to
-    the next candidate, as the trainer does on restart; nothing is moved or written.
+    the next candidate, as the trainer does on restart; nothing is moved or written. Arrays are
+    placed with `sharding` (default: this process's first device); in a multi-process job every
+    process calls this alike.
 
     Raises:
       ConfigError: no such state, or none readable (one line naming the states and the cause).
@@ -315,7 +318,7 @@ class RunDir:
       if not (path / _STATE_ITEM).is_dir():
         continue
       try:
-        state = orbax_io.read_state(path / _STATE_ITEM)
+        state = orbax_io.read_state(path / _STATE_ITEM, sharding)
       except orbax_io.DamagedCheckpoint as e:
         damaged.append(e)
         continue

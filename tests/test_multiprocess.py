@@ -1,12 +1,15 @@
-"""A real two-process run of spot_jax.train on one machine (jax.distributed, gloo on CPU).
+"""Real two-process runs of spot_jax.train, eval and infer on one machine (jax.distributed, gloo).
 
 Each process runs the same command with its --process_id; process 0 hosts the coordinator on a
-free localhost port. Checked: the same losses and final prompt as one process on the same
-global batch; a killed process makes the other one exit with an error instead of hanging; the
-same command restarted resumes and ends where an uninterrupted run does.
+free localhost port. Evaluation is on, as in the documented commands. Checked: the same losses,
+evaluation metrics and predictions, best state and exported prompts as one process on the same
+global batch; `spot_jax.eval` and `spot_jax.infer` under two processes give the one-process
+results; a killed process makes the other one exit with an error instead of hanging; the same
+command restarted resumes and ends where an uninterrupted run does.
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
@@ -17,6 +20,8 @@ import time
 
 import numpy as np
 import pytest
+
+from spot_jax.run_dir import RunDir
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 HEARTBEAT = 10  # seconds; short so a dead peer is noticed quickly, long enough for a busy CI machine
@@ -32,25 +37,45 @@ def _free_port() -> int:
 def _command(model_dir: pathlib.Path, steps: int, *dist: str) -> list[str]:
   return [sys.executable, "-m", "spot_jax.train", "--gin_file=gin/test/smoke.gin",
           f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=4",
-          "--gin.train.train.eval_cfg=None", "--gin.train.train.log_period=1",
-          "--gin.CHECKPOINT_PERIOD=2", *dist]
+          f"--gin.EVAL_PERIOD={min(steps, 20)}", "--gin.EVAL_NUM_EXAMPLES=24", "--gin.EVAL_BATCH_SIZE=8",
+          "--gin.train.train.log_period=1", "--gin.CHECKPOINT_PERIOD=2", *dist]
+
+
+def _dists(num_processes: int) -> list[tuple[str, ...]]:
+  if num_processes == 1:
+    return [()]
+  port = _free_port()
+  return [(f"--coordinator_address=localhost:{port}", f"--num_processes={num_processes}",
+           f"--process_id={i}", f"--heartbeat_timeout={HEARTBEAT}") for i in range(num_processes)]
+
+
+def _spawn(commands: list[list[str]], log: pathlib.Path) -> list[subprocess.Popen]:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
+  env.pop("XLA_FLAGS", None)  # one CPU device per process
+  procs = []
+  for i, command in enumerate(commands):
+    out = open(f"{log}.p{i}.log", "w")
+    procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
+  return procs
 
 
 def _start(model_dir: pathlib.Path, steps: int, num_processes: int, log_tag: str) -> list[subprocess.Popen]:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
-  env.pop("XLA_FLAGS", None)  # one CPU device per process
-  if num_processes == 1:
-    dists = [()]
-  else:
-    port = _free_port()
-    dists = [(f"--coordinator_address=localhost:{port}", f"--num_processes={num_processes}",
-              f"--process_id={i}", f"--heartbeat_timeout={HEARTBEAT}") for i in range(num_processes)]
-  procs = []
-  for i, dist in enumerate(dists):
-    out = open(model_dir.parent / f"{model_dir.name}.{log_tag}.p{i}.log", "w")
-    procs.append(subprocess.Popen(_command(model_dir, steps, *dist), cwd=REPO, env=env,
-                                  stdout=out, stderr=subprocess.STDOUT))
-  return procs
+  return _spawn([_command(model_dir, steps, *dist) for dist in _dists(num_processes)],
+                model_dir.parent / f"{model_dir.name}.{log_tag}")
+
+
+EVAL_ARGS = ["--gin_file=gin/models/t5_1_1_byte_tiny.gin", "--gin_file=gin/test/smoke_prompt.gin",
+             "--gin_file=gin/runs/eval.gin", "--gin.MIXTURE_OR_TASK_NAME='spot_synthetic_sentiment_v100'",
+             "--gin.MIXTURE_OR_TASK_MODULE='tasks.synthetic'", "--gin.DROPOUT_RATE=0.0",
+             "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 12}", "--gin.EVAL_NUM_EXAMPLES=24",
+             "--gin.EVAL_BATCH_SIZE=8"]
+INFER_ARGS = ["--config_name=t5_1_1_byte_tiny", "--task=spot_synthetic_sentiment_v100",
+              "--task_module=tasks.synthetic", "--num_examples=20", "--input_length=48",
+              "--max_decode_length=12", "--batch_size=8"]
+
+
+def _predictions(path: pathlib.Path) -> list[str]:
+  return [json.loads(line)["prediction"] for line in path.read_text().splitlines()]
 
 
 def _wait(procs, timeout=600) -> list[int]:
@@ -85,11 +110,29 @@ def test_two_processes_match_one_process(tmp_path):
   assert sorted(losses_one) == [1, 2, 3, 4] == sorted(losses_two)
   for step in losses_one:
     assert abs(losses_one[step] - losses_two[step]) <= 1e-5, (step, losses_one[step], losses_two[step])
-  for step in (2, 4):
-    np.testing.assert_allclose(np.load(two / "prompts" / f"prompt_step_{step}.npy"),
-                               np.load(one / "prompts" / f"prompt_step_{step}.npy"), rtol=0, atol=1e-5)
-  assert sorted(p.name for p in (two / "checkpoints").iterdir() if p.name.isdigit()) == ["4"] or \
-      (two / "checkpoints" / "4").is_dir()
+  for name in ("prompt_step_2.npy", "prompt_step_4.npy", "prompt_best.npy"):
+    np.testing.assert_allclose(np.load(two / "prompts" / name), np.load(one / "prompts" / name),
+                               rtol=0, atol=1e-5)
+  # evaluation on: the same metrics, predictions and best state as one process
+  task = "spot_synthetic_sentiment_v100"
+  assert (two / "eval" / f"{task}-metrics.jsonl").read_text() == (one / "eval" / f"{task}-metrics.jsonl").read_text()
+  assert _predictions(two / "eval" / f"{task}-000004.jsonl") == _predictions(one / "eval" / f"{task}-000004.jsonl")
+  assert json.loads((two / "best" / "metric.json").read_text()) == json.loads((one / "best" / "metric.json").read_text())
+  assert RunDir(two).state_steps() == RunDir(one).state_steps() == [2, 4]
+
+  # spot_jax.eval and spot_jax.infer under two processes give the one-process results
+  for n in (1, 2):
+    eval_cmds = [[sys.executable, "-m", "spot_jax.eval", *EVAL_ARGS, f"--gin.MODEL_DIR='{one}'",
+                  f"--gin.OUTPUT_DIR='{tmp_path / f'eval{n}'}'", *d] for d in _dists(n)]
+    infer_cmds = [[sys.executable, "-m", "spot_jax.infer", *INFER_ARGS, f"--prompt={one}",
+                   f"--output={tmp_path / f'infer{n}.jsonl'}", *d] for d in _dists(n)]
+    for cmds, tag in ((eval_cmds, "eval"), (infer_cmds, "infer")):
+      procs = _spawn(cmds, tmp_path / f"{tag}{n}")
+      assert _wait(procs) == [0] * n, pathlib.Path(f"{tmp_path / f'{tag}{n}'}.p0.log").read_text()[-3000:]
+  assert (json.loads((tmp_path / "eval2" / "metrics.json").read_text())["metrics"]
+          == json.loads((tmp_path / "eval1" / "metrics.json").read_text())["metrics"])
+  assert (tmp_path / "infer2.jsonl").read_text() == (tmp_path / "infer1.jsonl").read_text()
+  assert len((tmp_path / "infer1.jsonl").read_text().splitlines()) == 20
 
 
 # The survivor's message when its peer dies: jax's coordination service reports the missed

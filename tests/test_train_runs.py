@@ -8,6 +8,14 @@ line naming the setting, with nothing written.
 """
 from __future__ import annotations
 
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
 import jax
 import numpy as np
 import pytest
@@ -115,3 +123,82 @@ def test_bad_run_lists_are_one_line_and_nothing_is_written(tmp_path, task, check
     _train(_model("pt"), task, tmp_path / "job", checkpoint, **kwargs)
   assert message in str(info.value) and "\n" not in str(info.value)
   assert not (tmp_path / "job").exists()
+
+
+# --- through the command line: SEEDS=[...], a SIGKILL mid-job, the mesh, length buckets ----------
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SMOKE = ["--gin_file=gin/test/smoke.gin", "--gin.BATCH_SIZE=4", "--gin.EVAL_NUM_EXAMPLES=16",
+         "--gin.EVAL_BATCH_SIZE=8"]
+
+
+def _cli(args, **popen) -> subprocess.Popen:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
+  env.pop("XLA_FLAGS", None)
+  return subprocess.Popen([sys.executable, "-m", "spot_jax.train", *SMOKE, *args], cwd=REPO,
+                          env=env, text=True, **popen)
+
+
+def _finish(args) -> str:
+  proc = _cli(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  out, err = proc.communicate(timeout=900)
+  assert proc.returncode == 0, err[-3000:]
+  return out
+
+
+def _job_prompts(job: pathlib.Path, seeds, step) -> list[np.ndarray]:
+  return [np.load(RunDir(job / f"seed_{s}").prompt_path(step)) for s in seeds]
+
+
+def test_sigkill_of_a_k_run_job_resumes_exactly(tmp_path):
+  seeds, steps = (0, 1, 2), 60
+  common = [f"--gin.SEEDS={list(seeds)}", f"--gin.TRAIN_STEPS={steps}", "--gin.CHECKPOINT_PERIOD=10",
+            "--gin.EVAL_PERIOD=30", "--gin.DROPOUT_RATE=0.1"]
+  _finish([*common, f"--gin.MODEL_DIR='{tmp_path / 'ref'}'"])
+  job = tmp_path / "killed"
+  proc = _cli([*common, f"--gin.MODEL_DIR='{job}'"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 600
+  while not list(job.glob("seed_*/checkpoints/20")):  # killed while the K states of step 20 are saved
+    assert proc.poll() is None, "the job ended before it could be killed"
+    assert time.time() < deadline, "no checkpoint appeared"
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=60)
+  assert not (job / "seed_0" / "prompts" / f"prompt_step_{steps}.npy").exists(), "killed too late"
+  out = _finish([*common, f"--gin.MODEL_DIR='{job}'"])
+  assert "resumed 3 runs" in out and not re.search(r"^step 1/", out, re.M)
+  for got, want in zip(_job_prompts(job, seeds, steps), _job_prompts(tmp_path / "ref", seeds, steps)):
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+  for s in seeds:  # the same best state and evaluation, run by run
+    assert (RunDir(job / f"seed_{s}").read_record().score
+            == RunDir(tmp_path / "ref" / f"seed_{s}").read_record().score)
+
+
+@pytest.mark.parametrize("seeds", [(0, 1), (0, 1, 2)], ids=["runs_sharded", "batch_sharded"])
+def test_k_runs_on_a_two_device_mesh_equal_one_device(tmp_path, seeds):
+  """K divisible by the data axis: the runs axis is sharded over it; else the batch is."""
+  common = [f"--gin.SEEDS={list(seeds)}", "--gin.TRAIN_STEPS=4", "--gin.EVAL_PERIOD=4",
+            "--gin.train.train.log_period=1", "--gin.DROPOUT_RATE=0.1"]
+  outs = {d: _finish([*common, f"--cpu_devices={d}", f"--gin.MODEL_DIR='{tmp_path / f'd{d}'}'"])
+          for d in (1, 2)}
+  sharded = len(seeds) % 2 == 0
+  assert ("runs axis sharded over data" in outs[2]) == sharded, outs[2][-2000:]
+  for got, want in zip(_job_prompts(tmp_path / "d2", seeds, 4), _job_prompts(tmp_path / "d1", seeds, 4)):
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_k_runs_with_length_buckets_equal_the_runs_alone(tmp_path):
+  """Each step pads the K runs' batches to the widest bucket among them: prompts do not change.
+
+  Each run alone is a job of that one seed (the smoke model's random backbone follows
+  RANDOM_SEED, so a plain run of another seed would train against another backbone).
+  """
+  common = ["--gin.TRAIN_STEPS=5", "--gin.LENGTH_BUCKETS=(16, 32)", "--gin.train.train.log_period=1",
+            "--gin.EVAL_PERIOD=5"]
+  together = _finish([*common, "--gin.SEEDS=[0, 1]", f"--gin.MODEL_DIR='{tmp_path / 'job'}'"])
+  assert "2 runs in one step" in together
+  for seed in (0, 1):
+    _finish([*common, f"--gin.SEEDS=[{seed}]", f"--gin.MODEL_DIR='{tmp_path / f'alone{seed}'}'"])
+    np.testing.assert_allclose(np.load(RunDir(tmp_path / "job" / f"seed_{seed}").prompt_path(5)),
+                               np.load(RunDir(tmp_path / f"alone{seed}" / f"seed_{seed}").prompt_path(5)),
+                               rtol=0, atol=1e-5)

@@ -141,3 +141,25 @@ def set_cpu_devices(count) -> None:
     if have != count:
       raise ConfigError(f"--cpu_devices={count} comes too late: JAX already runs {have} CPU "
                         f"device(s); set it before anything touches JAX ({e})") from None
+
+
+def add_arguments(parser) -> None:
+  """The multi-process flags every program that can run on several processes takes."""
+  parser.add_argument("--multiprocess", action="store_true",
+                      help="call jax.distributed.initialize() first (multi-host pods/clusters); "
+                           "also enabled by SPOT_JAX_MULTIPROCESS=1 or by any of the flags below")
+  parser.add_argument("--coordinator_address", default=None,
+                      help="HOST:PORT of process 0 (GPU hosts, local CPU processes; TPU VMs detect it)")
+  parser.add_argument("--num_processes", default=None, help="processes in the job")
+  parser.add_argument("--process_id", default=None, help="this process's index, 0..num_processes-1")
+  parser.add_argument("--heartbeat_timeout", default=None,
+                      help="seconds after which a silent process counts as dead (jax's default 100)")
+
+
+def setup(args, environ: Mapping[str, str] = os.environ) -> DistributedConfig:
+  """Joins the multi-process job the parsed `add_arguments` flags (or the environment) describe."""
+  cfg = resolve(args.coordinator_address, args.num_processes, args.process_id,
+                args.heartbeat_timeout, environ)
+  if args.multiprocess or environ.get("SPOT_JAX_MULTIPROCESS") == "1" or cfg.explicit:
+    initialize(cfg)
+  return cfg

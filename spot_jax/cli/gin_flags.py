@@ -28,18 +28,10 @@ def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Nam
                       help="comma-separated directories searched for gin files and their includes")
   parser.add_argument("--gin_bindings", action="append", default=[],
                       help="a gin binding such as \"TRAIN_STEPS=100\" (repeatable)")
-  parser.add_argument("--multiprocess", action="store_true",
-                      help="call jax.distributed.initialize() first (multi-host pods/clusters); "
-                           "also enabled by SPOT_JAX_MULTIPROCESS=1 or by any of the flags below")
   parser.add_argument("--allow_unused_gin_overrides", action="store_true",
                       help="accept --gin.X overrides that the configuration never uses (by "
                            "default they are an error: they would change nothing)")
-  parser.add_argument("--coordinator_address", default=None,
-                      help="HOST:PORT of process 0 (GPU hosts, local CPU processes; TPU VMs detect it)")
-  parser.add_argument("--num_processes", default=None, help="processes in the job")
-  parser.add_argument("--process_id", default=None, help="this process's index, 0..num_processes-1")
-  parser.add_argument("--heartbeat_timeout", default=None,
-                      help="seconds after which a silent process counts as dead (jax's default 100)")
+  distributed.add_arguments(parser)
   parser.add_argument("--cpu_devices", default=None,
                       help="split a CPU host into this many JAX devices (one data-parallel batch "
                            "shard each; e.g. the number of cores); BATCH_SIZE must divide by it")
@@ -104,10 +96,7 @@ def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str]
   def program(argv: Sequence[str]) -> Optional[int]:
     args = parse_args(argv, prog, description)
     distributed.set_cpu_devices(args.cpu_devices)
-    dist = distributed.resolve(args.coordinator_address, args.num_processes, args.process_id,
-                               args.heartbeat_timeout)
-    if args.multiprocess or os.environ.get("SPOT_JAX_MULTIPROCESS") == "1" or dist.explicit:
-      distributed.initialize(dist)
+    distributed.setup(args)
     parse_gin(args, roots)
     try:
       return main(args)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax import partitioning
 from spot_jax.errors import ConfigError
 from spot_jax.serve import mixed
 from spot_jax.serve.table import PromptTable
@@ -42,11 +43,14 @@ class Server:
     table: the `PromptTable`.
     placement: where prompts go ("prefix", "after_bos", "suffix").
     settings: the `DecodeSettings`.
+    mesh: the mesh `params` live on when they span several processes (None: one process);
+      every process then makes the same calls, and each gets the whole result.
     forward_passes: jitted calls made so far.
   """
 
   def __init__(self, model: Transformer, params: Any, table: PromptTable, *,
-               placement: str = "prefix", settings: Optional[DecodeSettings] = None):
+               placement: str = "prefix", settings: Optional[DecodeSettings] = None,
+               mesh: Optional[jax.sharding.Mesh] = None):
     if model.prompt is not None:
       raise ConfigError("Server needs the prompt-less backbone Transformer(config)")
     self.model, self.params, self.table, self.placement = model, params, table, placement
@@ -56,14 +60,24 @@ class Server:
     self._dynamic, self._static = generation.search_settings(
         model, max_decode_length=s.max_decode_length, method=s.method, num_beams=s.num_beams,
         alpha=s.alpha, temperature=s.temperature, top_k=s.top_k, rng=rng, eos_id=s.eos_id)
-    self._arrays = jax.tree_util.tree_map(jnp.asarray, table.arrays)
+    self.mesh = mesh
+    self._arrays = jax.tree_util.tree_map(self._place, table.arrays)
     self.forward_passes = 0
+
+  def _place(self, value: Any) -> jax.Array:
+    """A host value as an array every device of the job can use (replicated over the mesh)."""
+    if self.mesh is None:
+      return jnp.asarray(value)
+    return partitioning.global_batch(np.asarray(value), partitioning.replicated(self.mesh))
+
+  def _fetch(self, value: Any) -> np.ndarray:
+    return np.asarray(value) if self.mesh is None else partitioning.fetch(value)
 
   def _rows(self, names: Sequence[str], tokens: np.ndarray) -> tuple[jax.Array, jax.Array]:
     tokens = np.asarray(tokens, np.int32)
     if tokens.ndim != 2 or len(names) != tokens.shape[0]:
       raise ConfigError(f"{len(names)} prompt names for token rows of shape {tokens.shape}")
-    return jnp.asarray(self.table.indices(names)), jnp.asarray(tokens)
+    return self._place(self.table.indices(names)), self._place(tokens)
 
   def generate(self, names: Sequence[str], tokens: np.ndarray, batch_index: int = 0
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -76,15 +90,15 @@ class Server:
     out, scores = mixed.generate_mixed(self.model, self.params, self._arrays, index, tokens, rng,
                                        alpha, temperature, placement=self.placement,
                                        **self._static)
-    return np.asarray(out), np.asarray(scores)
+    return self._fetch(out), self._fetch(scores)
 
   def score(self, names: Sequence[str], tokens: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """Log-likelihood [B] of targets [B, S] (EOS included, 0 = padding) under row prompts."""
     index, tokens = self._rows(names, tokens)
     self.forward_passes += 1
-    return np.asarray(mixed.score_mixed(self.model, self.params, self._arrays, index, tokens,
-                                        jnp.asarray(targets, jnp.int32),
-                                        placement=self.placement))
+    return self._fetch(mixed.score_mixed(self.model, self.params, self._arrays, index, tokens,
+                                         self._place(np.asarray(targets, np.int32)),
+                                         placement=self.placement))
 
   def classify(self, names: Sequence[str], tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Log-likelihoods [B, C] of C label token rows labels [C, S], in one pass of B * C rows."""

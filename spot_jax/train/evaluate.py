@@ -89,13 +89,14 @@ def evaluate_run(*, model: models.EncoderDecoderModel, eval_cfg: EvalConfig,
   lengths = eval_cfg.task_feature_lengths
   dummy = model.dummy_batch(lengths["inputs"], lengths["targets"])
   if run_dir is not None:  # read before the backbone: a bad state fails fast
-    trained, source = run_dir.restore_params(step, prefer_best=use_best, warn=print)
-    trained = jax.tree.map(np.asarray, trained)
+    trained, source = run_dir.restore_params(step, prefer_best=use_best, warn=print,
+                                             sharding=partitioning.replicated(mesh))
   backbone, _ = backbone_lib.load_backbone(model, dummy, initial_checkpoint_path, seed, mesh, rules)
   with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
     if prompt_file is not None:
-      trained, source = _prompt_file_params(model, prompt_file, backbone, dummy, seed), prompt_file
-    trained = partitioning.place(trained, partitioning.replicated(mesh))
+      trained = partitioning.place(_prompt_file_params(model, prompt_file, backbone, dummy, seed),
+                                   partitioning.replicated(mesh))
+      source = prompt_file
     params = dict(trained) if models.PROMPT_KEY not in trained else models.merge_params(backbone, trained)
     evaluator = Evaluator(model, eval_cfg, log_dir=str(out), mesh=mesh)
     metrics = evaluator.evaluate(params)
