@@ -184,7 +184,7 @@ def test_k_runs_on_a_two_device_mesh_equal_one_device(tmp_path, seeds):
   sharded = len(seeds) % 2 == 0
   assert ("runs axis sharded over data" in outs[2]) == sharded, outs[2][-2000:]
   for got, want in zip(_job_prompts(tmp_path / "d2", seeds, 4), _job_prompts(tmp_path / "d1", seeds, 4)):
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)  # the acceptance's prompt tolerance
 
 
 def test_k_runs_with_length_buckets_equal_the_runs_alone(tmp_path):
