@@ -13,18 +13,21 @@ shorter than an epoch is dropped. None of them is about the user's run, and they
 program's one-line error.
 
 `quiet()` stops them at their source, in two ways, because one is not enough:
-  - TF_CPP_MIN_LOG_LEVEL=3 in the environment before TensorFlow or JAX load their C++ code:
-    it silences everything logged after their logging is initialised (the cuInit error, the
-    cache warnings, the CPU-feature note), in this process and in the processes it starts;
+  - TF_CPP_MIN_LOG_LEVEL=3 in the environment (unless the user set a level) before TensorFlow or
+    JAX load their C++ code: it silences everything logged after their logging is initialised
+    (the cuInit error, the cache warnings, the CPU-feature note), in this process and in the
+    processes it starts;
   - the lines above are logged while TensorFlow's libraries load, before that setting is read
     (TensorFlow 2.21 prints them at every level). They cannot be turned off, so stderr's file
-    descriptor is captured while `tensorflow` is imported and everything but those lines is
-    written back afterwards.
+    descriptor is captured while `tensorflow` is imported, and every line is written back except
+    absl log lines below the level in effect (INFO at 1 and above, WARNING at 2, ERROR at 3)
+    and absl's note that precedes them: the level TensorFlow itself would have applied.
 Python's own warnings and errors are untouched, and failures still raise.
 
 It applies to programs only: `python -m spot_jax.<prog>` (the package's `__init__` calls it
 while Python locates the module) and every `spot_jax.cli.runner.run`. Asking for the lines
-back: SPOT_JAX_VERBOSE=1, or any TF_CPP_MIN_LOG_LEVEL of one's own (0 shows everything).
+back: SPOT_JAX_VERBOSE=1 (everything, as the libraries print it), or a TF_CPP_MIN_LOG_LEVEL of
+one's own (0 shows everything; 1 and above hide what they hide in TensorFlow, also while it loads).
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ import os
 import re
 import sys
 import tempfile
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 VERBOSE_ENV = "SPOT_JAX_VERBOSE"
 TF_LOG_ENV = "TF_CPP_MIN_LOG_LEVEL"
@@ -42,22 +45,29 @@ TF_LOG_ENV = "TF_CPP_MIN_LOG_LEVEL"
 # launched worker) knows the value is not the user's and quiets its own start-up too.
 _DEFAULTED_ENV = "SPOT_JAX_TF_LOG_DEFAULTED"
 
-# The C++ log lines TensorFlow's libraries print while they load (absl's format:
-# <severity><mmdd> <time> <thread> <file>:<line>] <message>), the note absl adds before them, and
-# the continuation line of the CPU-feature note.
-NOISE = re.compile(rb"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-                   rb"|[IWE]\d{4} [\d:. ]+\d+ [\w.]+:\d+\] .*"
-                   rb"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.)"
-                   rb"\r?\n?$")
+# absl's C++ log lines (<severity><mmdd> <time> <thread> <file>:<line>] <message>), the note absl
+# prints before the first of them, and the continuation line of TensorFlow's CPU-feature note.
+_ABSL_LINE = re.compile(rb"^(?P<severity>[IWEF])\d{4} [\d:. ]+\d+ [\w.]+:\d+\] ")
+_ABSL_NOTE = re.compile(rb"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR")
+_CPU_NOTE_TAIL = re.compile(rb"^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.")
+_SEVERITY = {b"I": 0, b"W": 1, b"E": 2, b"F": 3}
 
 _installed = False
 
 
 def user_wants_logs(environ=os.environ) -> bool:
-  """True when the user asked for the libraries' log lines (SPOT_JAX_VERBOSE, their own level)."""
-  if environ.get(VERBOSE_ENV, "").strip() not in ("", "0"):
-    return True
-  return TF_LOG_ENV in environ and environ.get(_DEFAULTED_ENV) != "1"
+  """True when the user asked for every library line as printed (SPOT_JAX_VERBOSE)."""
+  return environ.get(VERBOSE_ENV, "").strip() not in ("", "0")
+
+
+def _user_level(environ=os.environ) -> Optional[int]:
+  """The TF_CPP_MIN_LOG_LEVEL the user set (None: unset, or set by spot-jax for a parent)."""
+  if TF_LOG_ENV not in environ or environ.get(_DEFAULTED_ENV) == "1":
+    return None
+  try:
+    return int(environ[TF_LOG_ENV])
+  except ValueError:
+    return 0  # TensorFlow reads an unparsable level as 0
 
 
 def quiet() -> None:
@@ -66,10 +76,13 @@ def quiet() -> None:
   if _installed or user_wants_logs():
     return
   _installed = True
-  os.environ[TF_LOG_ENV] = "3"
-  os.environ[_DEFAULTED_ENV] = "1"
-  if "tensorflow" not in sys.modules:
-    sys.meta_path.insert(0, _QuietTensorFlowImport())
+  level = _user_level()
+  if level is None:
+    level = 3
+    os.environ[TF_LOG_ENV] = "3"
+    os.environ[_DEFAULTED_ENV] = "1"
+  if level > 0 and "tensorflow" not in sys.modules:
+    sys.meta_path.insert(0, _QuietTensorFlowImport(level))
 
 
 def quiet_if_module_run() -> None:
@@ -78,10 +91,22 @@ def quiet_if_module_run() -> None:
     quiet()
 
 
+def below(level: int) -> Callable[[bytes], bool]:
+  """A predicate: is a stderr line absl's log line of a severity below `level` (or its note)?"""
+
+  def noise(line: bytes) -> bool:
+    found = _ABSL_LINE.match(line)
+    if found:
+      return _SEVERITY[found["severity"]] < level
+    return bool(_ABSL_NOTE.match(line) or _CPU_NOTE_TAIL.match(line))
+
+  return noise
+
+
 @contextlib.contextmanager
-def stderr_filtered(noise: re.Pattern = NOISE) -> Iterator[None]:
+def stderr_filtered(noise: Callable[[bytes], bool]) -> Iterator[None]:
   """Captures file descriptor 2 (C++ and Python writes alike); afterwards writes back every
-  line that `noise` does not match, in order."""
+  line for which `noise` is false, in order."""
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile() as captured:
@@ -93,13 +118,16 @@ def stderr_filtered(noise: re.Pattern = NOISE) -> Iterator[None]:
       os.dup2(saved, 2)
       os.close(saved)
       captured.seek(0)
-      kept = [line for line in captured.read().splitlines(keepends=True) if not noise.match(line)]
+      kept = [line for line in captured.read().splitlines(keepends=True) if not noise(line)]
       if kept:
         os.write(2, b"".join(kept))
 
 
 class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
   """Finds `tensorflow` as usual, and runs its import under `stderr_filtered`."""
+
+  def __init__(self, level: int):
+    self._level = level
 
   def find_spec(self, name, path, target=None):
     if name != "tensorflow":
@@ -112,15 +140,16 @@ class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
     else:
       return None
     if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-      spec.loader = _FilteredLoader(spec.loader)
+      spec.loader = _FilteredLoader(spec.loader, below(self._level))
     return spec
 
 
 class _FilteredLoader(importlib.abc.Loader):
   """A loader that runs another's `exec_module` with stderr filtered."""
 
-  def __init__(self, loader):
+  def __init__(self, loader, noise: Callable[[bytes], bool]):
     self._loader = loader
+    self._noise = noise
 
   def create_module(self, spec):
     return self._loader.create_module(spec)
@@ -128,7 +157,7 @@ class _FilteredLoader(importlib.abc.Loader):
   def exec_module(self, module):
     # The module's spec must name the real loader (importlib.resources and pkgutil read it).
     module.__spec__.loader = module.__loader__ = self._loader
-    with stderr_filtered():
+    with stderr_filtered(self._noise):
       self._loader.exec_module(module)
 
   def __getattr__(self, name):
