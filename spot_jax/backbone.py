@@ -44,8 +44,8 @@ def checkpoint_identity(path: Optional[str], seed: int) -> str:
     return f"random:{int(seed)}"
   root = pathlib.Path(path)
   if not root.exists():
-    raise FileNotFoundError(f"checkpoint {path!r} does not exist; give the frozen model's "
-                            f"checkpoint directory")
+    raise ConfigError(f"checkpoint {path!r} does not exist; give the frozen model's "
+                      f"checkpoint directory")
   files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
   digest = hashlib.sha256()
   for file in files:

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from spot_jax.train import loop as train_loop
+from spot_jax import fileio
 from spot_jax import orbax_io
 from spot_jax import backbone as backbone_lib
 from spot_jax.train import evaluator as evaluator_lib
@@ -105,7 +106,7 @@ def evaluate(*, model: models.EncoderDecoderModel, eval_cfg: evaluator_lib.EvalC
       if names != ["prompt"]:
         raise ConfigError(f"PROMPT_FILE fits Prompt Tuning modules (one 'prompt' parameter); this model's "
                           f"prompt has {names}: evaluate its run directory with CHECKPOINT_DIR instead")
-      array = np.load(path)
+      array = fileio.read_npy(path, "PROMPT_FILE")
       expected = models.unbox(abstract)[models.PROMPT_KEY]["prompt"].shape
       if array.shape != expected:
         raise ConfigError(f"PROMPT_FILE {prompt_file!r} has shape {array.shape}; this model's prompt is {expected}")

@@ -10,6 +10,7 @@ import pytest
 
 from tests import prompt_train_util as util
 from spot_jax import prompts
+from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 
 RNG = jax.random.PRNGKey(0)
@@ -106,8 +107,10 @@ def test_class_labels_exactly_as_many_rows_as_labels(tiny_table):
 
 
 def test_class_labels_errors(vocab):
-  with pytest.raises(ValueError, match=r"label ' ' tokenizes to no tokens"):
+  with pytest.raises(ConfigError, match=r"labels entry 1 \(' '\) tokenizes to no tokens"):
     prompts.class_labels_from_strings(["yes", " "], vocab)
+  with pytest.raises(ConfigError, match=r"labels entry 2 \('yes'\) repeats an earlier label"):
+    prompts.class_labels_from_strings(["yes", "no", "yes"], vocab)
   with pytest.raises(ValueError, match="label 1 has no token ids"):
     prompts.class_labels([[4], []])
   table = np.zeros((100, 4), np.float32)
@@ -115,7 +118,7 @@ def test_class_labels_errors(vocab):
     prompts.class_labels([[1], [2], [3]])(RNG, (2, 4), table)
   with pytest.raises(ValueError, match="token id 100 outside the embedding table of 100 rows"):
     prompts.class_labels([[100]])(RNG, (2, 4), table)
-  with pytest.raises(TypeError, match="encode"):
+  with pytest.raises(ConfigError, match="encode"):
     prompts.class_labels_from_strings(["yes"], object())
 
 
@@ -147,7 +150,7 @@ def test_from_file_equals_source(tmp_path):
   with pytest.raises(ValueError,
                      match=r"p\.npy.*expected a prompt of shape \(10, 32\), found \(12, 32\)"):
     prompts.from_file(path)(RNG, (10, 32), None)
-  with pytest.raises(FileNotFoundError, match="no prompt file at"):
+  with pytest.raises(ConfigError, match="no prompt file at"):
     prompts.from_file(tmp_path / "missing.npy")
 
 
@@ -184,12 +187,12 @@ def test_from_checkpoint_picks_latest_step_numerically(tmp_path):
 
 
 def test_from_checkpoint_errors(tmp_path):
-  with pytest.raises(FileNotFoundError, match="no exported prompts folder"):
+  with pytest.raises(ConfigError, match="no exported prompts folder"):
     prompts.from_checkpoint(tmp_path / "nowhere")
   (tmp_path / "prompts").mkdir()
-  with pytest.raises(FileNotFoundError, match=r"no prompt_step_<N>\.npy in"):
+  with pytest.raises(ConfigError, match=r"no prompt_step_<N>\.npy in"):
     prompts.from_checkpoint(tmp_path)
-  with pytest.raises(FileNotFoundError, match="prompt_step_7.npy"):
+  with pytest.raises(ConfigError, match="prompt_step_7.npy"):
     prompts.from_checkpoint(tmp_path, step=7)
   with pytest.raises(ValueError, match="step must be a non-negative integer, 'best' or None"):
     prompts.from_checkpoint(tmp_path, step="last")

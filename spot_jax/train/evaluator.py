@@ -10,6 +10,7 @@ import numpy as np
 
 from spot_jax import data as data_lib
 from spot_jax import models
+from spot_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Evaluator:
     import seqio  # pylint: disable=g-import-not-at-top
     self.model, self.config = model, config
     data_lib.import_modules(config.module)
-    data_lib.get_mixture_or_task(config.mixture_or_task_name)  # clear error for unknown names
+    data_lib.get_mixture_or_task(config.mixture_or_task_name, config.split, "EVAL_SPLIT")
     if log_dir:
       os.makedirs(log_dir, exist_ok=True)
     loggers = (seqio.JSONLogger,) if log_dir else ()
@@ -133,5 +134,5 @@ def lookup_metric(metrics: Mapping[str, Mapping[str, float]], name: str) -> floa
     if len(found) == 1:
       return found[0]
   available = sorted(f"{t}/{m}" for t, ms in metrics.items() for m in ms)
-  raise KeyError(f"metric {name!r} not among the evaluation results; valid: {', '.join(available)}")
+  raise ConfigError(f"metric {name!r} not among the evaluation results; valid: {', '.join(available)}")
 
