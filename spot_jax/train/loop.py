@@ -187,9 +187,17 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
                       f"(2 or more lets a restart fall back when the latest one is damaged)")
   if checkpoint_cfg.best_mode not in ("max", "min"):
     raise ConfigError(f"best_mode={checkpoint_cfg.best_mode!r}; valid: 'max' or 'min'")
+  for i, step in enumerate(checkpoint_cfg.save_prompt_steps):
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 < step <= total_steps:
+      raise ConfigError(f"SAVE_PROMPT_STEPS={list(checkpoint_cfg.save_prompt_steps)}: entry {i} "
+                        f"({step!r}) must be a positive step <= TRAIN_STEPS={total_steps}")
   data_lib.validate(train_dataset_cfg, model.prompt_length)
   data_lib.import_modules(train_dataset_cfg.module)
-  data_lib.get_mixture_or_task(train_dataset_cfg.mixture_or_task_name)
+  data_lib.get_mixture_or_task(train_dataset_cfg.mixture_or_task_name, train_dataset_cfg.split,
+                               "DatasetConfig.split")
+  if eval_cfg is not None:
+    data_lib.import_modules(eval_cfg.module)
+    data_lib.get_mixture_or_task(eval_cfg.mixture_or_task_name, eval_cfg.split, "EVAL_SPLIT")
   if initial_checkpoint_path:
     backbone_lib.check_initial_checkpoint(initial_checkpoint_path)
   run_dir = prepare_model_dir(model_dir)
