@@ -4,10 +4,10 @@
   python -m spot_jax.library add --library=/lib --run_dir=/runs/mnli
   # from any spot_jax.train run directory, naming what it does not record:
   python -m spot_jax.library add --library=/lib --run_dir=/runs/mnli --task=spot_glue_mnli_v200 \
-    --model=gin/models/t5_1_1_lm100k_base.gin --initial_checkpoint_path=/ckpts/... --embedding_step=10000
+    --model=gin/models/t5_1_1_lm100k_base.gin --checkpoint=/ckpts/... --embedding_step=10000
   # from .npy files:
   python -m spot_jax.library add --library=/lib --prompt=p.npy --embedding=e.npy \
-    --task=spot_glue_mnli_v200 --score=86.1 --model=... --initial_checkpoint_path=...
+    --task=spot_glue_mnli_v200 --score=86.1 --model=... --checkpoint=...
   python -m spot_jax.library list --library=/lib
   python -m spot_jax.library show --library=/lib --id=spot_glue_mnli_v200.mnli
   python -m spot_jax.library remove --library=/lib --id=spot_glue_mnli_v200.mnli
@@ -28,6 +28,7 @@ import numpy as np
 
 from spot_jax import run_dir as run_dir_lib
 from spot_jax import cli, fileio
+from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 from spot_jax import backbone as backbone_lib
 from spot_jax.spot import prompt_library
@@ -39,7 +40,6 @@ PROG = "spot_jax.library"
 
 def _parser() -> cli.ArgumentParser:
   parser = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-  parser.add_argument("--debug", action="store_true", help="show tracebacks")
   sub = parser.add_subparsers(dest="command", required=True)
   add = sub.add_parser("add", help="add an entry from a run directory or .npy files")
   add.add_argument("--library", required=True)
@@ -49,20 +49,19 @@ def _parser() -> cli.ArgumentParser:
   add.add_argument("--task", help="the source task (a registered seqio task)")
   add.add_argument("--score", type=float, help="the prompt's best validation score")
   add.add_argument("--metric", default=None, help="the score's metric (default: accuracy)")
-  add.add_argument("--seed", type=int, default=None)
+  add.add_argument("--seed", type=int, default=None,
+                   help="the run's seed (also of its random backbone, without --checkpoint)")
   add.add_argument("--run_id", default=None, help="default: the run directory's name")
   add.add_argument("--id", default=None, help="entry id (default: <task>.<run_id>)")
   add.add_argument("--embedding_step", type=int, default=None,
                    help="with --run_dir: the step whose exported prompt is the task embedding")
   add.add_argument("--task_module", default="tasks", help="module(s) registering the task")
-  settings_lib.add_model_arguments(add, required=False)
-  add.add_argument("--debug", action="store_true")
+  flags.add_backbone(add, required=False, seed=False)
   for name in ("list", "show", "remove"):
     p = sub.add_parser(name)
     p.add_argument("--library", required=True)
     if name != "list":
       p.add_argument("--id", required=True)
-    p.add_argument("--debug", action="store_true")
   return parser
 
 
@@ -82,7 +81,7 @@ def _from_run_dir(args, record: Optional[runs_lib.RunOutcome]) -> dict:
             "fingerprint": record.fingerprint}
   if not args.task:
     raise ConfigError(f"{args.run_dir!r} has no {runs_lib.RECORD} (not a spot_jax.study/retrieve run); "
-                      f"give --task, --model and --initial_checkpoint_path")
+                      f"give --task, --model and --checkpoint")
   step = args.embedding_step
   if step is None:
     exported = sorted(int(m.group(1)) for p in (run_dir / "prompts").glob("prompt_step_*.npy")
@@ -94,7 +93,7 @@ def _from_run_dir(args, record: Optional[runs_lib.RunOutcome]) -> dict:
   metric_file = run_dir / "best" / "metric.json"
   score, metric = args.score, args.metric
   if score is None and metric_file.is_file():
-    best = json.loads(metric_file.read_text())
+    best = fileio.read_json(metric_file, "the run's best metric")
     score, metric = float(best["value"]), metric or best["metric"]
   return {"task": args.task, "seed": args.seed or 0, "score": score, "metric": metric or "accuracy",
           "prompt": run_dir / "prompts" / "prompt_best.npy",
@@ -103,6 +102,8 @@ def _from_run_dir(args, record: Optional[runs_lib.RunOutcome]) -> dict:
 
 
 def add(args) -> int:
+  flags.positive("--seed", args.seed, minimum=0)
+  flags.positive("--embedding_step", args.embedding_step)
   if (args.run_dir is None) == (args.prompt is None):
     raise ConfigError("give exactly one source: --run_dir=<run directory> or --prompt=<.npy> "
                       "(with --embedding)")
@@ -123,14 +124,14 @@ def add(args) -> int:
   if args.model:
     model, _ = settings_lib.load_model(args.model, args.model_binding)
     embed_dim = int(model.config.emb_dim)
-    given = settings_lib.model_fingerprint(model, args.initial_checkpoint_path, found["seed"])
+    given = settings_lib.model_fingerprint(model, args.checkpoint, found["seed"])
     if found["fingerprint"] is not None and not backbone_lib.same_model(given, found["fingerprint"]):
       raise ConfigError(f"the run was made with another frozen model "
                         f"({backbone_lib.describe(found['fingerprint'])}) than --model/"
-                        f"--initial_checkpoint_path ({backbone_lib.describe(given)})")
+                        f"--checkpoint ({backbone_lib.describe(given)})")
     found["fingerprint"] = given
   if found["fingerprint"] is None:
-    raise ConfigError("the frozen model is unknown: give --model (and --initial_checkpoint_path) of "
+    raise ConfigError("the frozen model is unknown: give --model (and --checkpoint) of "
                       "the model the prompt was trained with")
   run_id = args.run_id or (pathlib.Path(args.run_dir).resolve().name if args.run_dir
                            else pathlib.Path(args.prompt).stem)
