@@ -112,7 +112,7 @@ def describe_error(error: BaseException, source: str) -> str:
     if error.filename:
       places.insert(0, (error.filename, error.lineno, error.text or ""))
   elif token is not None:
-    what = f"{token[0]} (an unclosed bracket or string)"
+    what = f"the file ends inside an unclosed bracket or string ({token[0]})"
     included = _INCLUDE.match(places[0][2]) if places else None
     places.insert(0, (included["file"] if included else source, token[1], ""))
   else:
