@@ -33,7 +33,7 @@ def _command(model_dir: pathlib.Path, steps: int, *dist: str) -> list[str]:
   return [sys.executable, "-m", "spot_jax.train", "--gin_file=gin/test/smoke.gin",
           f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=4",
           "--gin.train.train.eval_cfg=None", "--gin.train.train.log_period=1",
-          "--gin.CHECKPOINT_PERIOD=2", *dist]
+          "--gin.CHECKPOINT_PERIOD=2", "--gin.SAVE_PROMPT_STEPS=[]", *dist]
 
 
 def _start(model_dir: pathlib.Path, steps: int, num_processes: int, log_tag: str) -> list[subprocess.Popen]:
