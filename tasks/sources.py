@@ -157,7 +157,7 @@ def _convert(value: Any, kind: str, key: str, where: str):
     if kind == "str_list_list":
       return [[str(v) for v in row] for row in value]
   except (TypeError, ValueError) as e:
-    raise ValueError(f"{where}: column {key!r} value {value!r} is not a valid {kind} ({e})") from e
+    raise ConfigError(f"{where}: column {key!r} value {value!r} is not a valid {kind} ({e})") from e
   raise ValueError(f"unknown field type {kind!r} for {key!r}; valid: {sorted(FIELD_TYPES)}")
 
 
@@ -193,7 +193,7 @@ def rows_to_examples(rows: Sequence[Mapping[str, Any]], schema: Schema, where: s
       found, value = _lookup(row, key)
       if not found:
         if key not in _DEFAULTS:
-          raise ValueError(f"{where}: row {i} has no column {key!r}; required columns: {sorted(schema)}")
+          raise ConfigError(f"{where}: row {i} has no column {key!r}; required columns: {sorted(schema)}")
         value = i if _DEFAULTS[key] == "row" else _DEFAULTS[key]
       flat[key] = _convert(value, kind, key, f"{where} row {i}")
     examples.append(_nest(flat))

@@ -208,6 +208,11 @@ def run_settings(args: argparse.Namespace):
   for flag in ("learning_rate", "metric_max"):
     if not getattr(args, flag) > 0:  # NaN fails too
       raise ConfigError(f"--{flag}={getattr(args, flag)} must be a positive number")
+  positive("--prompt_length", args.prompt_length)
+  if args.input_length < args.prompt_length:
+    raise ConfigError(f"--input_length={args.input_length} is shorter than --prompt_length="
+                      f"{args.prompt_length}; the input length counts real tokens only and must be "
+                      f"at least the prompt length")
   task_metrics = pairs("--task_metric", args.task_metric, "spot_glue_stsb_v200=pearson_corrcoef")
   model, name = settings.load_model(args.model, args.model_binding)
   return settings.RunSettings(

@@ -94,10 +94,7 @@ def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -
   for binding in args.gin_bindings:
     gin_overrides.parse_override(binding)
     keys.append(gin_overrides.override_key(binding))
-  try:
-    gin.finalize()
-  except Exception as e:  # pylint: disable=broad-except  (gin's finalize hooks check the bindings)
-    raise ConfigError(f"the gin configuration is inconsistent: {cli.one_line(e)}") from None
+  gin_overrides.finalize()
   selectors = (gin_overrides.resolve_roots(roots) if roots is not None
                else gin_overrides.default_roots(from_files))
   if selectors is None:

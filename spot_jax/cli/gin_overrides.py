@@ -146,6 +146,24 @@ def parse_file(path: str, flag: str = "--gin_file") -> None:
     logging.root.removeFilter(_not_a_path_probe)
 
 
+def finalize() -> None:
+  """gin.finalize(); a macro that is used but never set (or left %gin.REQUIRED) is one line."""
+  try:
+    gin.finalize()
+  except Exception as e:  # pylint: disable=broad-except  (gin's finalize hooks check the bindings)
+    text = one_line(e)
+    unset = re.search(r"No bindings specified for '([^']+)/gin\.macro'", text)
+    required = re.search(r"(\S+)/macro\.value set to `%gin\.REQUIRED`", text)
+    if unset:
+      raise ConfigError(f"the macro {unset[1]} is used but never set; give --gin.{unset[1]}=... or a "
+                        f"gin file that sets it (gin/models/ files set MODEL, gin/prompts/ files "
+                        f"PROMPT)") from None
+    if required:
+      raise ConfigError(f"{required[1]} is required: give --gin.{required[1]}=... (strings keep "
+                        f"their quotes: --gin.MODEL_DIR=\"'/tmp/run'\")") from None
+    raise ConfigError(f"the gin configuration is inconsistent: {text}") from None
+
+
 def parse_override(binding: str, flag: str = "--gin.") -> None:
   """Parses one `KEY=VALUE` binding; a malformed one is a ConfigError naming its flag."""
   try:

@@ -234,7 +234,7 @@ def _open_torch(path: str) -> list[HFTensor]:
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise ImportError(f"reading {path} needs PyTorch (pip install torch), or convert the "
+    raise ConfigError(f"reading {path} needs PyTorch (pip install torch), or convert the "
                       "checkpoint to model.safetensors") from None
   try:
     state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
