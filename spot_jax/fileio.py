@@ -5,11 +5,13 @@ the block completes. `staged_directory(path)` does the same for a directory: it 
 path beside `path` to fill, which takes `path`'s place at the end (the old directory, if any, is
 moved aside first and removed after). A failure leaves `path` as it was and nothing behind.
 `output_file(path, flag)` and `writable_dir(path, flag)` check a command's output file or folder
-before the command does its work.
+before the command does its work; `read_text`, `read_json` and `read_npy` read a file a user
+named, any failure one ConfigError line naming it.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import shutil
@@ -67,6 +69,53 @@ def writable_dir(path: str | os.PathLike, what: str) -> pathlib.Path:
     raise ConfigError(f"{what} {str(folder)!r} is not writable ({e.strerror or e}); give a "
                       f"directory you can create and write to") from None
   return folder
+
+
+def read_text(path: str | os.PathLike, what: str) -> str:
+  """The UTF-8 text of a file the user named.
+
+  Raises:
+    ConfigError: one line naming `what` (e.g. "--input") when it is missing, a directory,
+      unreadable or not UTF-8 text.
+  """
+  try:
+    return pathlib.Path(path).read_text(encoding="utf-8")
+  except OSError as e:
+    raise ConfigError(f"{what} {str(path)!r} cannot be read ({e.strerror or e}); give a readable "
+                      f"file") from None
+  except UnicodeDecodeError as e:
+    raise ConfigError(f"{what} {str(path)!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                      f"give a text file") from None
+
+
+def read_json(path: str | os.PathLike, what: str):
+  """The decoded JSON of a file the user named (errors as `read_text`, or malformed JSON)."""
+  text = read_text(path, what)
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"{what} {str(path)!r} is not valid JSON ({e.msg} at line {e.lineno}); "
+                      f"give the file unchanged or rewrite it") from None
+
+
+def read_npy(path: str | os.PathLike, what: str) -> np.ndarray:
+  """The array of a .npy file the user named (no pickles).
+
+  Raises:
+    ConfigError: one line naming `what` when it is missing, unreadable, truncated or not .npy.
+  """
+  try:
+    return np.load(path, allow_pickle=False)
+  except (OSError, ValueError, EOFError) as e:
+    why = getattr(e, "strerror", None) or one_line_of(e)
+    raise ConfigError(f"{what} {str(path)!r} is not a readable .npy file ({why}); give an array "
+                      f"saved with numpy.save") from None
+
+
+def one_line_of(error: BaseException) -> str:
+  """The first line of an exception's message (its type name if it has none)."""
+  text = str(error).strip()
+  return text.splitlines()[0] if text else type(error).__name__
 
 
 def output_file(path: str | os.PathLike, flag: str) -> pathlib.Path:

@@ -2,7 +2,7 @@
 
   # Predictions (JSONL: input, prompt, prediction, score) for a file of inputs; rows name
   # their prompt ("prompt" field) or use --default_prompt / the only prompt given.
-  python -m spot_jax.infer --config_name=t5_1_1_lm100k_base --checkpoint=/ckpts/checkpoint_1100000 \
+  python -m spot_jax.infer --model=t5_1_1_lm100k_base --checkpoint=/ckpts/checkpoint_1100000 \
     --prompt=rte=/runs/rte_pt --prompt=boolq=/prompts/boolq.npy --input=in.jsonl --output=out.jsonl
   # Class-label scoring instead of decoding:  --label=entailment --label=not_entailment
   # Ensemble of all --prompt (one batched pass per batch):  --ensemble [--combine=logprob]
@@ -31,6 +31,7 @@ import numpy as np
 
 from spot_jax import cli, fileio
 from spot_jax.cli import distributed
+from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 
 PROG = "spot_jax.infer"
@@ -39,11 +40,7 @@ PROG = "spot_jax.infer"
 def _parser() -> cli.ArgumentParser:
   p = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
   a = p.add_argument
-  a("--config_name", required=True, help="the backbone's config, e.g. t5_1_1_lm100k_base")
-  a("--checkpoint", default=None, help="frozen backbone: T5X, orbax or Hugging Face directory "
-    "(default: the random backbone of --seed)")
-  a("--seed", type=int, default=0,
-    help="seed of the random backbone (no --checkpoint) and of sampling")
+  flags.add_backbone(p, seed_help="seed of the random backbone (no --checkpoint) and of sampling")
   a("--prompt", action="append", default=[], metavar="NAME=PATH", help="a prompt (repeatable)")
   a("--smop_routing", default="linear", help="routing of SMoP runs: linear, top2, gumbel, "
     "stochastic or single")
@@ -55,10 +52,10 @@ def _parser() -> cli.ArgumentParser:
   a("--num_examples", type=int, default=None, help="serve at most this many task examples")
   a("--vocab", default=None,
     help="'byte', a SentencePiece model, or T5's (default; SPOT_JAX_VOCAB)")
-  a("--output", default=None, help="predictions JSONL (interpretation: JSON) to write")
+  flags.add_output(p, "predictions JSONL (interpretation: JSON) to write")
   a("--default_prompt", default=None, help="prompt of inputs that name none")
-  a("--input_length", type=int, default=128, help="encoder tokens per input (EOS included)")
-  a("--max_decode_length", type=int, default=32)
+  flags.add_lengths(p, 128, 32, target_help="decoded tokens per prediction (EOS included); "
+                    "with --label, the longest label")
   a("--batch_size", type=int, default=16, help="inputs per batch")
   a("--method", default="greedy", choices=("greedy", "beam", "sample"))
   a("--num_beams", type=int, default=4)
@@ -75,30 +72,62 @@ def _parser() -> cli.ArgumentParser:
   a("--export_npy", default=None, help="write the (single) prompt as a bare [L, E] .npy")
   a("--base_model", default=None, help="base_model_name_or_path recorded in the PEFT adapter")
   a("--overwrite", action="store_true", help="replace existing export outputs")
-  a("--debug", action="store_true", help="show tracebacks")
   distributed.add_arguments(p)
   return p
 
 
 def _prompt_specs(values: Sequence[str]) -> list[tuple[str, str]]:
   specs = []
-  for v in values:
+  for i, v in enumerate(values):
     name, sep, path = v.partition("=")
     if not sep:  # a library entry is named by its id, anything else by its file or folder
       name, path = (v.rsplit("#", 1)[1] if "#" in v else pathlib.Path(v.rstrip("/")).stem), v
     if not name or not path:
-      raise ConfigError(f"--prompt {v!r} is malformed; use --prompt NAME=PATH or --prompt PATH")
+      raise ConfigError(f"--prompt entry {i} ({v!r}) is malformed; use --prompt NAME=PATH or "
+                        f"--prompt PATH")
+    if name in (n for n, _ in specs):
+      raise ConfigError(f"--prompt entry {i} ({v!r}) repeats the name {name!r}; give each prompt "
+                        f"its own NAME=PATH")
     specs.append((name, path))
   return specs
+
+
+def _label_tokens(vocab, labels: Sequence[str], length: int) -> np.ndarray:
+  """[N, length] tokens of the --label strings, each checked (empty, repeated, too long)."""
+  from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
+  rows = []
+  for i, label in enumerate(labels):
+    if not label.strip() or label in labels[:i]:
+      what = "is empty" if not label.strip() else "repeats an earlier label"
+      raise ConfigError(f"--label entry {i} ({label!r}) {what}; give distinct class labels")
+    tokens, cut = inputs.tokenize(vocab, [label], length)
+    if cut:
+      raise ConfigError(f"--label entry {i} ({label!r}) is longer than --target_length={length} "
+                        f"tokens (EOS included); raise --target_length")
+    rows.append(tokens[0])
+  return np.stack(rows)
+
+
+def _check_numbers(args) -> None:
+  """Every numeric flag in its range, by name."""
+  for flag in ("batch_size", "input_length", "target_length", "num_beams", "top_tokens",
+               "num_examples"):
+    flags.positive(f"--{flag}", getattr(args, flag))
+  flags.positive("--top_k", args.top_k, minimum=0)
+  flags.positive("--seed", args.seed, minimum=0)
+  if not args.temperature >= 0:  # NaN fails too
+    raise ConfigError(f"--temperature={args.temperature} must be >= 0 (0: greedy)")
+  if not abs(args.alpha) < float("inf"):
+    raise ConfigError(f"--alpha={args.alpha} must be a finite number")
 
 
 def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
   distributed.setup(args)  # several processes serve one mesh; each writes nothing but process 0
+  _check_numbers(args)
   from spot_jax.serve import table as table_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.serve import prompt_sources  # pylint: disable=g-import-not-at-top
-  from spot_jax.t5.config import config_by_name  # pylint: disable=g-import-not-at-top
-  config = config_by_name(args.config_name, dropout_rate=0.0)
+  config = flags.model_config(args.model, args.model_binding, dropout_rate=0.0)
   modes = [m for m in ("interpret", "export_peft", "export_npy") if getattr(args, m)]
   if len(modes) > 1:
     raise ConfigError(f"give one of --interpret, --export_peft, --export_npy, not {len(modes)}")
@@ -196,9 +225,6 @@ def _predict(args, table, config) -> int:
     raise ConfigError("--output is required: the predictions JSONL to write")
   if (args.input is None) == (args.task is None):
     raise ConfigError("give exactly one of --input (file or -) or --task (a seqio task)")
-  for flag in ("batch_size", "input_length", "max_decode_length"):
-    if getattr(args, flag) < 1:
-      raise ConfigError(f"--{flag} must be a positive integer, got {getattr(args, flag)}")
   fileio.output_file(args.output, "--output")
   if args.task:
     examples, vocab = inputs.task_examples(args.task, args.split, args.input_length,
@@ -212,13 +238,8 @@ def _predict(args, table, config) -> int:
     raise ConfigError(f"the vocabulary has {vocab.vocab_size} ids but the model's table has "
                       f"{config.vocab_size}; give the model's vocabulary (--vocab)")
   tokens = _tokens(args, vocab, examples)
-  labels = None
-  if args.label:
-    labels, cut = inputs.tokenize(vocab, args.label, args.max_decode_length)
-    if cut:
-      raise ConfigError(f"{cut} --label strings are longer than --max_decode_length="
-                        f"{args.max_decode_length} tokens; raise it")
-  settings = server_lib.DecodeSettings(args.max_decode_length, args.method, args.num_beams,
+  labels = _label_tokens(vocab, args.label, args.target_length) if args.label else None
+  settings = server_lib.DecodeSettings(args.target_length, args.method, args.num_beams,
                                        args.alpha, args.temperature, args.top_k, args.seed)
   from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
   params, mesh = _backbone(args, config)

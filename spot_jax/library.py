@@ -5,7 +5,7 @@
   python -m spot_jax.library add --library=/lib --run_dir=/runs/mnli
   # from .npy files:
   python -m spot_jax.library add --library=/lib --prompt=p.npy --embedding=e.npy \
-    --task=spot_glue_mnli_v200 --score=86.1 --model=... --initial_checkpoint_path=...
+    --task=spot_glue_mnli_v200 --score=86.1 --model=... --checkpoint=...
   python -m spot_jax.library list --library=/lib
   python -m spot_jax.library show --library=/lib --id=spot_glue_mnli_v200.mnli
   python -m spot_jax.library remove --library=/lib --id=spot_glue_mnli_v200.mnli
@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from spot_jax import cli, fileio
+from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import RunDir
 from spot_jax import backbone as backbone_lib
@@ -36,7 +37,6 @@ PROG = "spot_jax.library"
 
 def _parser() -> cli.ArgumentParser:
   parser = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-  parser.add_argument("--debug", action="store_true", help="show tracebacks")
   sub = parser.add_subparsers(dest="command", required=True)
   add = sub.add_parser("add", help="add an entry from a run directory or .npy files")
   add.add_argument("--library", required=True)
@@ -54,16 +54,14 @@ def _parser() -> cli.ArgumentParser:
   add.add_argument("--task_module", default=None,
                    help="module(s) registering the task (default: the run's, else tasks)")
   add.add_argument("--allow_backbone_change", action="store_true",
-                   help="enter the prompt as trained with the --model/--initial_checkpoint_path "
+                   help="enter the prompt as trained with the --model/--checkpoint "
                         "given, although the run recorded another frozen backbone")
-  settings_lib.add_model_arguments(add, required=False)
-  add.add_argument("--debug", action="store_true")
+  flags.add_backbone(add, required=False, seed=False)
   for name in ("list", "show", "remove"):
     p = sub.add_parser(name)
     p.add_argument("--library", required=True)
     if name != "list":
       p.add_argument("--id", required=True)
-    p.add_argument("--debug", action="store_true")
   return parser
 
 
@@ -90,6 +88,8 @@ def _from_run_dir(args) -> dict:
 
 
 def add(args) -> int:
+  flags.positive("--seed", args.seed, minimum=0)
+  flags.positive("--embedding_step", args.embedding_step)
   if (args.run_dir is None) == (args.prompt is None):
     raise ConfigError("give exactly one source: --run_dir=<run directory> or --prompt=<.npy> "
                       "(with --embedding)")
@@ -109,13 +109,13 @@ def add(args) -> int:
   if args.model:
     model, _ = settings_lib.load_model(args.model, args.model_binding)
     embed_dim = int(model.config.emb_dim)
-    given = settings_lib.model_fingerprint(model, args.initial_checkpoint_path, found["seed"])
+    given = settings_lib.model_fingerprint(model, args.checkpoint, found["seed"])
     if found["fingerprint"] is not None and not args.allow_backbone_change:
       backbone_lib.check_same(found["fingerprint"], given, f"--run_dir {args.run_dir!r}",
                               "--allow_backbone_change")
     found["fingerprint"] = given
   if found["fingerprint"] is None:
-    raise ConfigError("the frozen model is unknown: give --model (and --initial_checkpoint_path) of "
+    raise ConfigError("the frozen model is unknown: give --model (and --checkpoint) of "
                       "the model the prompt was trained with")
   run_id = args.run_id or (pathlib.Path(args.run_dir).resolve().name if args.run_dir
                            else pathlib.Path(args.prompt).stem)

@@ -6,6 +6,8 @@ from typing import Union
 import jax
 import jax.numpy as jnp
 
+from spot_jax.errors import ConfigError
+
 Array = jax.Array
 
 NUM_REAL_TARGET_TOKENS = "NUM_REAL_TARGET_TOKENS"
@@ -64,8 +66,8 @@ def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array, *, 
   elif isinstance(loss_normalizing_factor, (int, float)):
     norm = jnp.asarray(float(loss_normalizing_factor))
   else:
-    raise ValueError(f"loss_normalizing_factor={loss_normalizing_factor!r}; valid: None, a number, "
-                     f"{NUM_REAL_TARGET_TOKENS!r} or {NUM_EXAMPLES!r}")
+    raise ConfigError(f"loss_normalizing_factor={loss_normalizing_factor!r}; valid: None, a number, "
+                      f"{NUM_REAL_TARGET_TOKENS!r} or {NUM_EXAMPLES!r}")
   loss = (ce_sum + z_sum) / norm
   correct = jnp.sum((first_argmax(logits) == targets) * weights)
   return loss, {"cross_entropy_sum": ce_sum, "z_loss_sum": z_sum, "num_tokens": num_tokens,

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from spot_jax.errors import ConfigError
+
 LogicalRules = Sequence[tuple[str, Optional[str]]]
 
 DATA, MODEL = "data", "model"
@@ -49,7 +51,7 @@ def logical_rules(shard_prompt_embed: bool = False,
     table["prompt_embed"] = MODEL
   for name, axis in overrides:
     if axis not in (None, DATA, MODEL):
-      raise ValueError(f"rule for {name!r} maps to unknown mesh axis {axis!r}; valid: None, 'data', 'model'")
+      raise ConfigError(f"rule for {name!r} maps to unknown mesh axis {axis!r}; valid: None, 'data', 'model'")
     table[name] = axis
   return tuple(table.items())
 
@@ -63,8 +65,8 @@ def create_mesh(num_partitions: int = 1, devices: Optional[Sequence[jax.Device]]
   """
   devices = list(jax.devices() if devices is None else devices)
   if num_partitions < 1 or len(devices) % num_partitions:
-    raise ValueError(f"num_partitions={num_partitions} must be a positive divisor of the "
-                     f"device count {len(devices)}")
+    raise ConfigError(f"num_partitions={num_partitions} must be a positive divisor of the "
+                      f"device count {len(devices)}")
   grid = np.asarray(devices, dtype=object).reshape(len(devices) // num_partitions, num_partitions)
   return Mesh(grid, (DATA, MODEL))
 

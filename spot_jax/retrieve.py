@@ -1,13 +1,13 @@
 """`python -m spot_jax.retrieve`: pick source prompts for a new target task and train it.
 
   python -m spot_jax.retrieve --library=/lib --target_task=spot_glue_rte_v200 \
-    --strategy=best_of_top_k --k=3 --work_dir=/runs/retrieve_rte \
-    --model=gin/models/t5_1_1_lm100k_base.gin --initial_checkpoint_path=/ckpts/... \
+    --strategy=best_of_top_k --k=3 --output_dir=/runs/retrieve_rte \
+    --model=gin/models/t5_1_1_lm100k_base.gin --checkpoint=/ckpts/... \
     --train_steps=30000 --embedding_step=10000 --prompt_length=100
 
 Several strategies may be given, comma-separated (best_of_top_k, weighted_average, mixture,
 smop_experts, smop, generic, baseline). It prints the ranking (the similarities), what each
-strategy chose and its validation score, and writes the same as JSON to <work_dir>/retrieval.json.
+strategy chose and its validation score, and writes the same as JSON to <output_dir>/retrieval.json.
 """
 from __future__ import annotations
 
@@ -16,12 +16,15 @@ import sys
 from typing import Sequence
 
 from spot_jax import cli
+from spot_jax.cli import flags
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax import backbone as backbone_lib
 from spot_jax.spot import prompt_library
+from spot_jax.spot import experts
 from spot_jax.spot import retrieval
 from spot_jax.spot import settings as settings_lib
+from spot_jax.spot import similarity
 
 PROG = "spot_jax.retrieve"
 
@@ -33,28 +36,24 @@ def _parser() -> cli.ArgumentParser:
   parser.add_argument("--strategy", default="best_of_top_k",
                       help=f"comma-separated, of: {', '.join(retrieval.STRATEGIES)}")
   parser.add_argument("--k", type=int, default=3)
-  parser.add_argument("--similarity", default="average", help="average or per_token")
-  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--similarity", default="average", choices=similarity.METRICS)
   parser.add_argument("--expert_length", type=int, default=5, help="tokens per SMoP expert")
-  parser.add_argument("--compression", default="mean_pool", help="first or mean_pool")
-  parser.add_argument("--work_dir", required=True, help="where the runs go (resumable)")
+  parser.add_argument("--compression", default="mean_pool", choices=experts.COMPRESSIONS,
+                      help="how a source prompt becomes an SMoP expert")
+  flags.add_output_dir(parser, "where the runs and retrieval.json go (resumable)", required=True)
   parser.add_argument("--verbose", action="store_true", help="the trainer's progress lines")
-  parser.add_argument("--debug", action="store_true")
-  settings_lib.add_run_arguments(parser)
+  flags.add_run_settings(parser, seed=True)
   return parser
 
 
 def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
-  strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
+  strategies = list(flags.name_list("--strategy", args.strategy, retrieval.STRATEGIES))
+  flags.positive("--k", args.k)
+  flags.positive("--expert_length", args.expert_length)
   options = retrieval.Options(k=args.k, metric=args.similarity, seed=args.seed,
                               expert_length=args.expert_length, compression=args.compression)
-  for s in strategies:
-    if s not in retrieval.STRATEGIES:
-      raise ConfigError(f"--strategy {s!r} is unknown; valid: {', '.join(retrieval.STRATEGIES)}")
-  if not strategies:
-    raise ConfigError(f"--strategy {args.strategy!r} names no strategy; valid: {', '.join(retrieval.STRATEGIES)}")
-  settings = settings_lib.from_args(args)
+  settings = flags.run_settings(args)
   settings_lib.check_tasks([args.target_task], args.task_module)
   lib = prompt_library.Library(args.library)
   header = lib.header()
@@ -65,11 +64,11 @@ def main(argv: Sequence[str]) -> int:
   if not backbone_lib.same_model(header["fingerprint"], expected):
     raise ConfigError(f"the library belongs to another frozen model "
                       f"({backbone_lib.describe(header['fingerprint'])}) than --model/"
-                      f"--initial_checkpoint_path/--seed ({backbone_lib.describe(expected)})")
+                      f"--checkpoint/--seed ({backbone_lib.describe(expected)})")
   entries, problems = lib.load()
   for line in problems:
     print(f"{PROG}: warning: {line}", file=sys.stderr)
-  work_dir = fileio.writable_dir(args.work_dir, "--work_dir")
+  work_dir = fileio.writable_dir(args.output_dir, "--output_dir")
   report = retrieval.retrieve(settings, args.target_task, entries, strategies, work_dir, options)
   report["library"] = str(lib.root)
   fileio.atomic_write_bytes(work_dir / "retrieval.json", json.dumps(report, indent=1).encode())

@@ -29,6 +29,8 @@ import os
 import sys
 from typing import Optional
 
+from spot_jax.errors import ConfigError
+
 ENV = "SPOT_JAX_MALLOC"
 MODES = ("keep", "system")
 
@@ -44,7 +46,7 @@ def mode() -> str:
   """The mode asked for by SPOT_JAX_MALLOC ("keep" by default)."""
   value = os.environ.get(ENV, "keep").strip().lower() or "keep"
   if value not in MODES:
-    raise ValueError(f"{ENV}={os.environ.get(ENV)!r}; valid: {', '.join(map(repr, MODES))}")
+    raise ConfigError(f"{ENV}={os.environ.get(ENV)!r}; valid: {', '.join(map(repr, MODES))}")
   return value
 
 

@@ -1,7 +1,7 @@
 """`python -m spot_jax.study`: the SPoT transferability grid (sources x targets x seeds + baselines).
 
   python -m spot_jax.study --study_dir=/runs/study \
-    --model=gin/models/t5_1_1_lm100k_base.gin --initial_checkpoint_path=/ckpts/... \
+    --model=gin/models/t5_1_1_lm100k_base.gin --checkpoint=/ckpts/... \
     [--sources=a,b,...] [--targets=x,y,...] [--seeds=0,1,2] [--generic] \
     [--shard_index=0 --num_shards=1]
 
@@ -17,6 +17,7 @@ import sys
 from typing import Sequence
 
 from spot_jax import cli
+from spot_jax.cli import flags
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.spot import settings as settings_lib
@@ -38,22 +39,22 @@ def _parser() -> cli.ArgumentParser:
   parser.add_argument("--shard_index", type=int, default=0)
   parser.add_argument("--num_shards", type=int, default=1)
   parser.add_argument("--verbose", action="store_true", help="the trainer's progress lines")
-  parser.add_argument("--debug", action="store_true")
-  settings_lib.add_run_arguments(parser)
+  flags.add_run_settings(parser)
   return parser
 
 
-def _names(value, default: Sequence[str]) -> tuple[str, ...]:
+def _tasks(flag: str, value, default: Sequence[str], module: str) -> tuple[str, ...]:
+  """The tasks of --sources/--targets, each registered (an unknown one is named with its index)."""
   if value is None:
-    return tuple(default)
-  return tuple(v.strip() for v in value.split(",") if v.strip())
-
-
-def _seeds(value: str) -> tuple[int, ...]:
-  try:
-    return tuple(int(v) for v in value.split(",") if v.strip())
-  except ValueError:
-    raise ConfigError(f"--seeds {value!r} is malformed; give integers separated by commas, e.g. 0,1,2") from None
+    names = tuple(default)
+  else:
+    names = flags.name_list(flag, value)
+  for i, name in enumerate(names):
+    try:
+      settings_lib.check_tasks([name], module)
+    except ConfigError as e:
+      raise ConfigError(f"{flag}: entry {i} ({name!r}): {e}") from None
+  return names
 
 
 def main(argv: Sequence[str]) -> int:
@@ -66,21 +67,22 @@ def main(argv: Sequence[str]) -> int:
   if args.sources is None or args.targets is None:
     from tasks import names  # pylint: disable=g-import-not-at-top
     default_sources, default_targets = names.SOURCE_TASKS.values(), names.TARGET_TASKS.values()
-  grid = grid_lib.Grid(sources=_names(args.sources, default_sources),
-                    targets=_names(args.targets, default_targets), seeds=_seeds(args.seeds),
-                    source_seed=args.source_seed, generic=args.generic,
-                    source_train_steps=args.source_train_steps)
-  settings = settings_lib.from_args(args)
+  seeds = flags.int_list("--seeds", args.seeds, minimum=0)
+  flags.positive("--source_seed", args.source_seed, minimum=0)
+  settings = flags.run_settings(args)
   if args.source_train_steps is not None and not settings.embedding_step <= args.source_train_steps:
     raise ConfigError(f"--source_train_steps={args.source_train_steps} must be a positive integer >= "
                       f"--embedding_step={settings.embedding_step} (the source embedding is exported then)")
-  settings_lib.check_tasks(grid.sources + grid.targets, args.task_module)
-  if not args.initial_checkpoint_path and set(grid.seeds) != {grid.source_seed}:
-    print(f"{PROG}: warning: no --initial_checkpoint_path: each seed draws its own random backbone, "
+  grid = grid_lib.Grid(sources=_tasks("--sources", args.sources, default_sources, args.task_module),
+                       targets=_tasks("--targets", args.targets, default_targets, args.task_module),
+                       seeds=seeds, source_seed=args.source_seed, generic=args.generic,
+                       source_train_steps=args.source_train_steps)
+  if not args.checkpoint and set(grid.seeds) != {grid.source_seed}:
+    print(f"{PROG}: warning: no --checkpoint: each seed draws its own random backbone, "
           f"so transfers across seeds compare different models (fine for tests only)", file=sys.stderr)
   fileio.writable_dir(args.study_dir, "--study_dir")
-  grid_lib.run(settings, args.study_dir, grid, shard_index=args.shard_index, num_shards=args.num_shards,
-            verbose=args.verbose)
+  grid_lib.run(settings, args.study_dir, grid, shard_index=args.shard_index,
+               num_shards=args.num_shards, verbose=args.verbose)
   return 0
 
 

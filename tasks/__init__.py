@@ -5,6 +5,8 @@ and never touches the network: data locations and the vocabulary file are
 looked up when a dataset is built. Every name is listed in `tasks.names`;
 `python -m tasks list` shows each task's source and whether its data is present.
 """
+# First, so that `python -m tasks` starts without TensorFlow's log lines (spot_jax/startup.py).
+import spot_jax  # pylint: disable=unused-import
 from tasks import c4
 from tasks import classification
 from tasks import glue

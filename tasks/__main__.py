@@ -70,7 +70,6 @@ def main(argv: List[str]) -> int:
   """Command-line entry point (run it through `cli.run`, which reports errors in one line)."""
   parser = cli.ArgumentParser(prog="tasks", description=__doc__.splitlines()[0])
   parser.add_argument("command", nargs="?", default="list", choices=["list", "table"])
-  parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
   args = parser.parse_args(argv)
   print("\n".join(list_lines() if args.command == "list" else table_lines()))
   return 0

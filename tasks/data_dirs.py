@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from spot_jax.errors import ConfigError
+
 TFDS_ENV = "TFDS_DATA_DIR"
 FILES_ENV = "SPOT_JAX_DATA_DIR"
 
@@ -19,8 +21,10 @@ _tfds_data_dir: Optional[str] = None
 _files_dir: Optional[str] = None
 
 
-class DataNotFoundError(FileNotFoundError):
-  """A task's data is not prepared locally (raised before any network access)."""
+class DataNotFoundError(ConfigError):
+  """A task's data is not prepared locally (raised before any network access); a user error:
+  the command lines report it in one line (it was a FileNotFoundError, which they count as a
+  bug)."""
 
 
 def set_tfds_data_dir(path: Optional[str]) -> None:

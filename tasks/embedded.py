@@ -28,6 +28,8 @@ import tensorflow as tf
 from tasks import metrics as metrics_lib
 from tasks import postprocessors
 
+from spot_jax.errors import ConfigError
+
 VERSION = "v100"
 EXTRA_IDS = 100
 SPLIT_SIZES = {"train": 4000, "validation": 200, "test": 200}
@@ -265,7 +267,7 @@ def task_name(key: str, taskless: bool = False) -> str:
 def examples(key: str, split: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
   """(inputs with the task name, targets) of one split, the same on every machine."""
   if split not in SPLIT_SIZES:
-    raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLIT_SIZES)}")
+    raise ConfigError(f"unknown split {split!r}; valid: {', '.join(SPLIT_SIZES)}")
   task = TASKS[key]
   rng = _rng(key, split)
   inputs, targets = [], []

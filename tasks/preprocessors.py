@@ -12,6 +12,8 @@ from typing import Dict, Mapping, Optional, Sequence
 import seqio
 import tensorflow as tf
 
+from spot_jax.errors import ConfigError
+
 Example = Mapping[str, tf.Tensor]
 
 
@@ -250,7 +252,7 @@ def prefix_lm(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
     raise ValueError(f"C4 prefix-LM needs sequence_length with an 'inputs' length; got {sequence_length!r}")
   segment = sequence_length["inputs"] - int(output_features["inputs"].add_eos)
   if segment < 2:
-    raise ValueError(f"sequence_length['inputs'] must be at least {2 + int(output_features['inputs'].add_eos)}; got {sequence_length['inputs']}")
+    raise ConfigError(f"sequence_length['inputs'] must be at least {2 + int(output_features['inputs'].add_eos)}; got {sequence_length['inputs']}")
 
   def segments(x):
     tokens = x["targets"]

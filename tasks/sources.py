@@ -30,6 +30,8 @@ import tensorflow as tf
 from tasks import data_dirs
 from tasks.data_dirs import DataNotFoundError
 
+from spot_jax.errors import ConfigError
+
 Schema = Mapping[str, str]
 FIELD_TYPES = {
     "str": tf.TensorSpec([], tf.string),
@@ -129,7 +131,7 @@ class TfdsSource(seqio.TfdsDataSource):
                   seed: Optional[int] = None, shard_info=None, **kwargs) -> tf.data.Dataset:
     split = split or "train"
     if split not in self.split_map:
-      raise ValueError(f"split {split!r} is not one of {sorted(self.split_map)} for {self.tfds_name}")
+      raise ConfigError(f"split {split!r} is not one of {sorted(self.split_map)} for {self.tfds_name}")
     ds = super().get_dataset(split, shuffle=shuffle, seed=seed, shard_info=shard_info, **kwargs)
     if split == "train" and self.train_filter is not None:
       ds = ds.filter(self.train_filter)
@@ -155,7 +157,7 @@ def _convert(value: Any, kind: str, key: str, where: str):
     if kind == "str_list_list":
       return [[str(v) for v in row] for row in value]
   except (TypeError, ValueError) as e:
-    raise ValueError(f"{where}: column {key!r} value {value!r} is not a valid {kind} ({e})") from e
+    raise ConfigError(f"{where}: column {key!r} value {value!r} is not a valid {kind} ({e})") from e
   raise ValueError(f"unknown field type {kind!r} for {key!r}; valid: {sorted(FIELD_TYPES)}")
 
 
@@ -191,7 +193,7 @@ def rows_to_examples(rows: Sequence[Mapping[str, Any]], schema: Schema, where: s
       found, value = _lookup(row, key)
       if not found:
         if key not in _DEFAULTS:
-          raise ValueError(f"{where}: row {i} has no column {key!r}; required columns: {sorted(schema)}")
+          raise ConfigError(f"{where}: row {i} has no column {key!r}; required columns: {sorted(schema)}")
         value = i if _DEFAULTS[key] == "row" else _DEFAULTS[key]
       flat[key] = _convert(value, kind, key, f"{where} row {i}")
     examples.append(_nest(flat))
@@ -251,7 +253,7 @@ class _ExamplesSource(seqio.DataSource):
   def get_dataset(self, split: str = "train", shuffle: bool = True, seed: Optional[int] = None,
                   shard_info=None, **unused_kwargs) -> tf.data.Dataset:
     if split not in self.splits:
-      raise ValueError(f"split {split!r} is not one of {list(self.splits)} for {self.describe()}")
+      raise ConfigError(f"split {split!r} is not one of {list(self.splits)} for {self.describe()}")
     examples = self._examples(split)
     ds = examples_dataset(examples, self.schema)
     if shard_info is not None:

@@ -68,6 +68,8 @@ def run_case(module: str, args: list[str]) -> tuple[int, str, str]:
 
 
 def main(cases_file: str, results_file: str) -> None:
+  from spot_jax import startup  # pylint: disable=g-import-not-at-top
+  startup.quiet()  # as `python -m spot_jax.<prog>` does before anything loads TensorFlow
   cases = json.loads(pathlib.Path(cases_file).read_text())
   results = []
   for case in cases:

@@ -14,7 +14,7 @@ from spot_jax import runtime
 
 def test_bench_rows(tmp_path):
   out, md = tmp_path / "bench.json", tmp_path / "bench.md"
-  assert bench.main(["--config=t5_1_1_test", "--steps=2", "--input_length=16", "--target_length=4",
+  assert bench.main(["--model=t5_1_1_test", "--steps=2", "--input_length=16", "--target_length=4",
                      "--batch_size=2", "--prompt_length=8", "--methods=prompt_tuning,smop4x5,model_tuning",
                      "--warmup=0", "--inference_steps=1", f"--json={out}", f"--markdown={md}"]) == 0
   meta = json.loads(out.read_text())
@@ -41,7 +41,7 @@ def test_bench_rows(tmp_path):
 
 def test_interleaved_rows_pair_each_round(tmp_path):
   out, md = tmp_path / "bench.json", tmp_path / "bench.md"
-  assert bench.main(["--config=t5_1_1_test", "--steps=3", "--input_length=16", "--target_length=4",
+  assert bench.main(["--model=t5_1_1_test", "--steps=3", "--input_length=16", "--target_length=4",
                      "--batch_size=2", "--prompt_length=8", "--methods=prompt_tuning,smop4x5,prompt_tuning",
                      "--warmup=0", "--inference_steps=1", "--interleave", f"--json={out}",
                      f"--markdown={md}"]) == 0
@@ -75,12 +75,12 @@ def test_xla_flops_counts_a_matmul():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--methods=lora"], "unknown method 'lora'"),
+    (["--methods=lora"], "--methods='lora': entry 0 ('lora') is unknown; valid: pt100"),
     (["--steps=0"], "must be positive"),
     (["--dropout_rate=1.5"], "dropout_rate must be in [0, 1)"),
-    (["--config=t5_nope"], "t5_nope"),
+    (["--model=t5_nope"], "t5_nope"),
     (["--steps=x"], "invalid int value"),
-    (["--methods=,"], "--methods=',' names no method; valid: pt100"),
+    (["--methods=,"], "--methods=',': entry 0 is empty"),
 ])
 def test_bench_rejects_bad_input(capsys, args, message):
   assert cli.run(bench.main, args, "spot_jax.bench") == 2
@@ -110,7 +110,7 @@ def test_bench_command_line_error_is_one_line():
 def test_vs_peft_reports_the_counterparts(tmp_path):
   pytest.importorskip("peft")
   out, md = tmp_path / "bench.json", tmp_path / "bench.md"
-  assert bench.main(["--config=t5_1_1_test", "--steps=1", "--input_length=8", "--target_length=4",
+  assert bench.main(["--model=t5_1_1_test", "--steps=1", "--input_length=8", "--target_length=4",
                      "--batch_size=2", "--prompt_length=4", "--methods=prompt_tuning,residual10,smop4x5",
                      "--warmup=0", "--inference_steps=1", "--vs=peft", f"--json={out}",
                      f"--markdown={md}", "--peer_malloc=keep"]) == 0
@@ -142,7 +142,7 @@ def test_cpu_devices_runs_the_data_parallel_mesh(tmp_path):
   rows = {}
   for devices in (1, 2):
     out = tmp_path / f"d{devices}.json"
-    proc = subprocess.run([sys.executable, "-m", "spot_jax.bench", "--config=t5_1_1_test",
+    proc = subprocess.run([sys.executable, "-m", "spot_jax.bench", "--model=t5_1_1_test",
                            "--methods=pt20", "--steps=2", "--warmup=0", "--inference_steps=1",
                            "--input_length=16", "--batch_size=4", f"--cpu_devices={devices}",
                            f"--json={out}"], capture_output=True, text=True, timeout=300,

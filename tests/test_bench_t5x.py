@@ -13,7 +13,7 @@ from spot_jax.contrib.t5x import bench as bench_t5x
 from spot_jax.t5 import CONFIGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--config=t5_1_1_test", "--steps=1", "--input_length=8", "--target_length=4", "--batch_size=2",
+TINY = ["--model=t5_1_1_test", "--steps=1", "--input_length=8", "--target_length=4", "--batch_size=2",
         "--prompt_length=4", "--warmup=0", "--inference_steps=1"]
 needs_t5x = pytest.mark.skipif(not common.t5x_importable(),
                                reason="t5x, flaxformer and prompt_tuning are not importable "
@@ -90,7 +90,7 @@ def test_without_t5x_one_line_error_naming_pythonpath(module, args):
 @pytest.mark.parametrize("args,message", [
     (["--num_heads=0"], "--num_heads=0: shape overrides must be positive"),
     (["--vs=t5x", "--methods=smop4x5"], "--vs=t5x compares Prompt Tuning"),
-    (["--vs=t5x", "--config=t5_small"], "--vs=t5x needs a T5.1.1 config"),
+    (["--vs=t5x", "--model=t5_small"], "--vs=t5x needs a T5.1.1 config"),
     (["--vs=t5y"], "invalid choice"),
     (["--vs=t5x", "--dropout_rng=rbg"],
      "--vs=t5x with --dropout_rng=rbg: t5x has no such setting; valid: threefry (t5x's default) or "

@@ -133,7 +133,8 @@ def test_bucket_batches_keeps_every_row_and_orders_batches_by_seed():
 @pytest.mark.parametrize("buckets, message", [
     ((32, 16), "not strictly increasing"),
     ((16, 128), "goes beyond TASK_FEATURE_LENGTHS['inputs']=64"),
-    ((0, 16), "has a bucket of 0 tokens"),
+    ((0, 16), "entry 0 (0) is a bucket of 0 tokens"),
+    ((16, 16), "entry 1 (16) is not above entry 0 (16)"),
     ((), "LENGTH_BUCKETS=()"),
     ("big", "LENGTH_BUCKETS='big'"),
     ((16.5,), "LENGTH_BUCKETS=(16.5,)"),
@@ -224,7 +225,7 @@ def test_command_lines(tmp_path):
   lengths = tmp_path / "lengths.txt"
   lengths.write_text("# a comment\n" + "\n".join(map(str, [3, 5, 12, 7, 4, 16, 2, 9, 6, 3, 4, 5])) + "\n")
   (tmp_path / "bad_lengths.txt").write_text("12\nseven\n")
-  bench_args = [f"--lengths=file:{lengths}", "--config=t5_1_1_byte_tiny", "--method=prompt_tuning",
+  bench_args = [f"--lengths=file:{lengths}", "--model=t5_1_1_byte_tiny", "--method=prompt_tuning",
                 "--prompt_length=3", "--batch_size=2", "--buckets=8", "--bucket_window=3", "--target_length=4",
                 "--steps=1", "--warmup=0"]
   bench = "spot_jax.bench.lengths"

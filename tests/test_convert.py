@@ -95,7 +95,7 @@ def test_orbax_output_holds_the_same_parameters(hf_model, tmp_path, capsys):
 def test_config_name_must_match(hf_model, tmp_path, capsys):
   _, hf_dir = hf_model
   out = str(tmp_path / "named")
-  assert cli.run(convert.main, [f"--hf_dir={hf_dir}", f"--output_dir={out}", "--config_name=t5_1_1_tiny"],
+  assert cli.run(convert.main, [f"--hf_dir={hf_dir}", f"--output_dir={out}", "--model=t5_1_1_tiny"],
                  "spot_jax.convert") == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and err.startswith("spot_jax.convert: error: ")

@@ -196,7 +196,7 @@ def _one_line_error(capsys, main, argv, prog):
 
 @needs_model
 @pytest.mark.parametrize("argv, expected", [
-    (["--methods=pt,sopt"], "unknown method 'sopt' in --methods (did you mean 'spot'?)"),
+    (["--methods=pt,sopt"], "unknown method 'sopt' in --methods (entry 1; did you mean 'spot'?)"),
     (["--targets=sentiment_hotel"], "unknown target task 'sentiment_hotel'"),
     (["--target_steps=0"], "--target_steps must be a positive integer"),
     (["--bogus"], "unrecognized arguments: --bogus"),
@@ -237,7 +237,7 @@ def _demo_in_a_fresh_process(argv, tf_log_level, timeout):
 def test_demo_command_line_error_from_a_fresh_process(tmp_path):
   proc = _demo_in_a_fresh_process(["--methods=lora", f"--output_dir={tmp_path}"], "3", timeout=300)
   lines = [l for l in proc.stderr.splitlines() if l.startswith("spot_jax.demo")]
-  assert proc.returncode == 2 and lines == ["spot_jax.demo: error: unknown method 'lora' in --methods; "
+  assert proc.returncode == 2 and lines == ["spot_jax.demo: error: unknown method 'lora' in --methods (entry 0); "
                                             "valid: pt, spot, smop, residual, spot_unrelated"], proc.stderr
   assert "Traceback" not in proc.stderr
 

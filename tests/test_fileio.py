@@ -51,11 +51,11 @@ def test_atomic_open_keeps_the_previous_file_when_the_block_fails(tmp_path):
 
 
 def test_writable_dir_creates_the_folder_or_says_why_not_in_one_line(tmp_path):
-  assert fileio.writable_dir(tmp_path / "a" / "b", "--out_dir") == tmp_path / "a" / "b"
+  assert fileio.writable_dir(tmp_path / "a" / "b", "--output_dir") == tmp_path / "a" / "b"
   assert (tmp_path / "a" / "b").is_dir() and os.listdir(tmp_path / "a" / "b") == []
   (tmp_path / "plain.txt").write_text("x")
-  with pytest.raises(ConfigError, match=r"^--out_dir '.*plain.txt' is a file, not a directory; give a directory"):
-    fileio.writable_dir(tmp_path / "plain.txt", "--out_dir")
-  with pytest.raises(ConfigError, match=r"^--out_dir '.*plain.txt/r' is not writable \(Not a directory\)"):
-    fileio.writable_dir(tmp_path / "plain.txt" / "r", "--out_dir")
+  with pytest.raises(ConfigError, match=r"^--output_dir '.*plain.txt' is a file, not a directory; give a directory"):
+    fileio.writable_dir(tmp_path / "plain.txt", "--output_dir")
+  with pytest.raises(ConfigError, match=r"^--output_dir '.*plain.txt/r' is not writable \(Not a directory\)"):
+    fileio.writable_dir(tmp_path / "plain.txt" / "r", "--output_dir")
   assert (tmp_path / "plain.txt").read_text() == "x"

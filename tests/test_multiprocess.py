@@ -69,9 +69,9 @@ EVAL_ARGS = ["--gin_file=gin/models/t5_1_1_byte_tiny.gin", "--gin_file=gin/test/
              "--gin.MIXTURE_OR_TASK_MODULE='tasks.synthetic'", "--gin.DROPOUT_RATE=0.0",
              "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 12}", "--gin.EVAL_NUM_EXAMPLES=24",
              "--gin.EVAL_BATCH_SIZE=8"]
-INFER_ARGS = ["--config_name=t5_1_1_byte_tiny", "--task=spot_synthetic_sentiment_v100",
+INFER_ARGS = ["--model=t5_1_1_byte_tiny", "--task=spot_synthetic_sentiment_v100",
               "--task_module=tasks.synthetic", "--num_examples=20", "--input_length=48",
-              "--max_decode_length=12", "--batch_size=8"]
+              "--target_length=12", "--batch_size=8"]
 
 
 def _predictions(path: pathlib.Path) -> list[str]:

@@ -107,8 +107,10 @@ def test_class_labels_exactly_as_many_rows_as_labels(tiny_table):
 
 
 def test_class_labels_errors(vocab):
-  with pytest.raises(ValueError, match=r"label ' ' tokenizes to no tokens"):
+  with pytest.raises(ConfigError, match=r"labels entry 1 \(' '\) tokenizes to no tokens"):
     prompts.class_labels_from_strings(["yes", " "], vocab)
+  with pytest.raises(ConfigError, match=r"labels entry 2 \('yes'\) repeats an earlier label"):
+    prompts.class_labels_from_strings(["yes", "no", "yes"], vocab)
   with pytest.raises(ValueError, match="label 1 has no token ids"):
     prompts.class_labels([[4], []])
   table = np.zeros((100, 4), np.float32)
@@ -116,7 +118,7 @@ def test_class_labels_errors(vocab):
     prompts.class_labels([[1], [2], [3]])(RNG, (2, 4), table)
   with pytest.raises(ValueError, match="token id 100 outside the embedding table of 100 rows"):
     prompts.class_labels([[100]])(RNG, (2, 4), table)
-  with pytest.raises(TypeError, match="encode"):
+  with pytest.raises(ConfigError, match="encode"):
     prompts.class_labels_from_strings(["yes"], object())
 
 
@@ -148,7 +150,7 @@ def test_from_file_equals_source(tmp_path):
   with pytest.raises(ValueError,
                      match=r"p\.npy.*expected a prompt of shape \(10, 32\), found \(12, 32\)"):
     prompts.from_file(path)(RNG, (10, 32), None)
-  with pytest.raises(FileNotFoundError, match="no prompt file at"):
+  with pytest.raises(ConfigError, match="no prompt file at"):
     prompts.from_file(tmp_path / "missing.npy")
 
 

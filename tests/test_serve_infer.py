@@ -23,8 +23,8 @@ from tests.prompt_train_util import frozen_backbone
 
 CONFIG = config_by_name("t5_1_1_byte_tiny", dropout_rate=0.0)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMON = ["--config_name=t5_1_1_byte_tiny", "--vocab=byte", "--input_length=16",
-          "--max_decode_length=6", "--batch_size=4"]
+COMMON = ["--model=t5_1_1_byte_tiny", "--vocab=byte", "--input_length=16",
+          "--target_length=6", "--batch_size=4"]
 
 
 @pytest.fixture(scope="module")

@@ -47,14 +47,14 @@ def exported(request, tmp_path_factory):
   root = tmp_path_factory.mktemp(name)
   backbone = jax.tree_util.tree_map(np.asarray, frozen_backbone(config, 0))
   checkpoints.save_checkpoint(backbone, str(root / "checkpoint_0"), format="t5x")
-  assert convert.main(["--checkpoint", str(root / "checkpoint_0"), "--config_name", name,
+  assert convert.main(["--checkpoint", str(root / "checkpoint_0"), "--model", name,
                        "--output_dir", str(root / "hf")]) == 0
   module = ResidualPrompt(LENGTH, bottleneck=8, prompt_init=initializers.uniform(1.0))
   params = create_prompt_params(Transformer(config, prompt=module), frozen_backbone(config, 0))
   # What a run exports (trainer._export: the effective, folded prompt), then the command line.
   folded = prompts.effective_prompt(module, params)
   fileio.save_npy(RunDir(root / "run").prompt_path("best"), folded)
-  assert cli.run(infer.main, [f"--config_name={name}", f"--prompt=r={root / 'run'}",
+  assert cli.run(infer.main, [f"--model={name}", f"--prompt=r={root / 'run'}",
                               f"--export_peft={root / 'adapter'}", f"--base_model={root / 'hf'}"],
                  infer.PROG) == 0
   return name, config, backbone, module, params, folded, root / "hf", root / "adapter"
@@ -143,10 +143,10 @@ def test_adapter_for_other_model_or_type_is_refused(exported, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--checkpoint", "{ckpt}", "--output_dir", "{out}"], "--checkpoint needs --config_name"),
-    (["--checkpoint", "{ckpt}", "--config_name", "t5_nope", "--output_dir", "{out}"],
+    (["--checkpoint", "{ckpt}", "--output_dir", "{out}"], "--checkpoint needs --model"),
+    (["--checkpoint", "{ckpt}", "--model", "t5_nope", "--output_dir", "{out}"],
      "unknown T5 config 't5_nope'"),
-    (["--checkpoint", "{ckpt}", "--config_name", "t5_test", "--output_dir", "{out}"],
+    (["--checkpoint", "{ckpt}", "--model", "t5_test", "--output_dir", "{out}"],
      "does not fit the model config"),  # a T5.1.1 checkpoint for a T5 config: strict load
     (["--checkpoint", "{ckpt}", "--hf_dir", "{ckpt}", "--output_dir", "{out}"], "exactly one of"),
 ])
@@ -167,7 +167,7 @@ def test_convert_to_hf_bad_input(tmp_path, capsys, argv, message):
 def test_orbax_checkpoint_converts_to_the_same_hf_tensors(exported, tmp_path):
   name, config, backbone, _, _, _, hf_dir, _ = exported
   checkpoints.save_checkpoint(backbone, str(tmp_path / "orbax"), format="orbax")
-  assert convert.main(["--checkpoint", str(tmp_path / "orbax"), "--config_name", name,
+  assert convert.main(["--checkpoint", str(tmp_path / "orbax"), "--model", name,
                        "--output_dir", str(tmp_path / "hf")]) == 0
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   a = load_file(str(hf_dir / "model.safetensors"))
@@ -176,7 +176,7 @@ def test_orbax_checkpoint_converts_to_the_same_hf_tensors(exported, tmp_path):
   assert ("lm_head.weight" in a) is (not config.logits_via_embedding)
   # Converting back (HF -> T5X) returns the original parameters exactly.
   assert convert.main(["--hf_dir", str(tmp_path / "hf"), "--output_dir", str(tmp_path / "t5x"),
-                       "--config_name", name]) == 0
+                       "--model", name]) == 0
   again = checkpoints.load_checkpoint(str(tmp_path / "t5x"), config)
   flat = lambda t: {"/".join(str(k.key) for k in p): np.asarray(v)
                     for p, v in jax.tree_util.tree_flatten_with_path(t)[0]}

@@ -31,8 +31,8 @@ from spot_jax.spot import grid as grid_lib
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = ["spot_test_sentiment_v1", "spot_test_parity_v1", "spot_test_length_v1"]
 TARGETS = ["spot_test_review_v1", "spot_test_bits_v1"]
-RUN_FLAGS = ["--model=t5_1_1_byte_tiny", "--task_module=tests.spot_tasks", "--inputs_length=24",
-             "--targets_length=6", "--batch_size=8", "--train_steps=4", "--embedding_step=2",
+RUN_FLAGS = ["--model=t5_1_1_byte_tiny", "--task_module=tests.spot_tasks", "--input_length=24",
+             "--target_length=6", "--batch_size=8", "--train_steps=4", "--embedding_step=2",
              "--eval_period=4", "--checkpoint_period=2", "--eval_batch_size=16", "--eval_num_examples=16", "--prompt_length=4",
              "--metric=char_match"]
 STUDY_FLAGS = [f"--sources={','.join(SOURCES)}", f"--targets={','.join(TARGETS)}", "--seeds=0", "--generic",
@@ -173,7 +173,7 @@ def test_retrieval_runs_every_strategy_and_reports(library_dir, uninterrupted, t
   # in-process (faster: one Python, warm caches); the command line's own checks are below
   code = cli.run(retrieve_cli.main, [f"--library={library_dir}", "--target_task=spot_test_review_v1",
                                      f"--strategy={','.join(strategies)}", "--k=2", "--expert_length=2",
-                                     f"--work_dir={work}", *RUN_FLAGS], retrieve_cli.PROG)
+                                     f"--output_dir={work}", *RUN_FLAGS], retrieve_cli.PROG)
   proc = capsys.readouterr()
   assert code == 0, proc.err[-3000:]
   report = json.loads((work / "retrieval.json").read_text())
@@ -207,24 +207,24 @@ def test_study_and_retrieve_bad_inputs_exit_2_with_one_line(tmp_path, env, capsy
   (tmp_path / "a_file").write_text("not a directory")
   cases = [("study", [f"--study_dir={tmp_path / 's'}", "--sources=spot_test_parity_v1", "--targets=spot_test_bitz_v1",
                       "--seeds=0", *RUN_FLAGS], "did you mean 'spot_test_bits_v1'"),
-           ("study", [f"--study_dir={tmp_path / 's'}", "--seeds=0,x", *RUN_FLAGS], "--seeds '0,x' is malformed"),
+           ("study", [f"--study_dir={tmp_path / 's'}", "--seeds=0,x", *RUN_FLAGS], "--seeds='0,x': entry 1 ('x') is not an integer"),
            ("study", [f"--study_dir={tmp_path / 's'}", "--sources=spot_test_parity_v1", "--targets=spot_test_bits_v1",
                       "--num_shards=2", "--shard_index=2", *RUN_FLAGS], "--shard_index=2 --num_shards=2"),
            ("retrieve", [f"--library={tmp_path / 'nolib'}", "--target_task=spot_test_bits_v1", "--strategy=oracle",
-                         f"--work_dir={tmp_path / 'w'}", *RUN_FLAGS], "--strategy 'oracle' is unknown"),
+                         f"--output_dir={tmp_path / 'w'}", *RUN_FLAGS], "--strategy='oracle': entry 0 ('oracle') is unknown"),
            ("retrieve", [f"--library={tmp_path / 'nolib'}", "--target_task=spot_test_bits_v1",
-                         f"--work_dir={tmp_path / 'w'}", *RUN_FLAGS], "is empty or missing"),
+                         f"--output_dir={tmp_path / 'w'}", *RUN_FLAGS], "is empty or missing"),
            ("study", [f"--study_dir={tmp_path / 'a_file' / 's'}", "--sources=spot_test_parity_v1",
                       "--targets=spot_test_bits_v1", "--seeds=0", *RUN_FLAGS],
             f"--study_dir '{tmp_path / 'a_file' / 's'}' is not writable (Not a directory)"),
            ("retrieve", [f"--library={library_dir}", "--target_task=spot_test_bits_v1", "--strategy=,",
-                         f"--work_dir={tmp_path / 'w'}", *RUN_FLAGS], "--strategy ',' names no strategy; valid: "),
+                         f"--output_dir={tmp_path / 'w'}", *RUN_FLAGS], "--strategy=',': entry 0 is empty"),
            ("retrieve", [f"--library={library_dir}", "--target_task=spot_test_bits_v1",
-                         f"--work_dir={tmp_path / 'a_file' / 'w'}", *RUN_FLAGS],
-            f"--work_dir '{tmp_path / 'a_file' / 'w'}' is not writable (Not a directory)"),
+                         f"--output_dir={tmp_path / 'a_file' / 'w'}", *RUN_FLAGS],
+            f"--output_dir '{tmp_path / 'a_file' / 'w'}' is not writable (Not a directory)"),
            ("report", [f"--study_dir={tmp_path / 'nothing'}"], "no results.json"),
-           ("report", [f"--study_dir={uninterrupted}", f"--out_dir={tmp_path / 'a_file' / 'r'}"],
-            f"--out_dir '{tmp_path / 'a_file' / 'r'}' is not writable (Not a directory)")]
+           ("report", [f"--study_dir={uninterrupted}", f"--output_dir={tmp_path / 'a_file' / 'r'}"],
+            f"--output_dir '{tmp_path / 'a_file' / 'r'}' is not writable (Not a directory)")]
   mains = {"study": study_cli.main, "retrieve": retrieve_cli.main, "report": report_cli.main}
   for i, (prog, args, fragment) in enumerate(cases):
     if i == 0:  # as a user runs it

@@ -105,7 +105,7 @@ def _refusals(tmp_path: pathlib.Path):
                                 "--task=spot_test_parity_v1", *MODEL],
                                "embedding size is 32 but the frozen model's is 64"),
       "another frozen model": ([*base, f"--prompt={good_e}", "--task=spot_test_parity_v1", *MODEL,
-                                f"--initial_checkpoint_path={other_ckpt}"], "another frozen model"),
+                                f"--checkpoint={other_ckpt}"], "another frozen model"),
       "another random backbone": ([*base, f"--prompt={good_e}", "--task=spot_test_parity_v1", *MODEL,
                                    "--seed=3"], "another frozen model"),
       "truncated npy": ([*base, f"--prompt={truncated}", "--task=spot_test_parity_v1", *MODEL],

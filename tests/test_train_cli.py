@@ -137,7 +137,7 @@ def test_cpu_devices_splits_the_batch_and_keeps_the_run(tmp_path):
   for devices in (1, 2):
     model_dir = tmp_path / f"d{devices}"
     proc = _run([*SMOKE, *NO_EVAL, f"--cpu_devices={devices}", f"--gin.MODEL_DIR='{model_dir}'",
-                 "--gin.TRAIN_STEPS=6", "--gin.train.train.log_period=1"])
+                 "--gin.TRAIN_STEPS=6", "--gin.SAVE_PROMPT_STEPS=[]", "--gin.train.train.log_period=1"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     prompt = np.load(next((model_dir / "prompts").rglob("*6*.npy")))
     runs[devices] = (_losses(proc.stdout), prompt, proc.stdout + proc.stderr)
@@ -153,6 +153,7 @@ def test_dropout_rng_is_wired_and_deterministic(tmp_path):
   losses = {}
   for name, impl in (("a", "unsafe_rbg"), ("b", "unsafe_rbg"), ("c", "threefry")):
     proc = _run([*SMOKE, *NO_EVAL, f"--gin.MODEL_DIR='{tmp_path / name}'", "--gin.TRAIN_STEPS=4",
+                 "--gin.SAVE_PROMPT_STEPS=[]",
                  "--gin.DROPOUT_RATE=0.1", f"--gin.DROPOUT_RNG='{impl}'",
                  "--gin.train.train.log_period=1"])
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -133,7 +133,7 @@ def t5x_shape(config) -> dict:
   """The shape fields of a spot_jax `T5Config` that the t5x model takes (called by bench)."""
   if tuple(config.mlp_activations) != ("gelu", "linear") or config.logits_via_embedding:
     raise ConfigError("--vs=t5x needs a T5.1.1 config (gated-GELU, untied logits) like prompt-tuning's "
-                      "t5_1_1_prompt.gin; e.g. --config=t5_1_1_small")
+                      "t5_1_1_prompt.gin; e.g. --model=t5_1_1_small")
   return {k: getattr(config, k) for k in SHAPE_KEYS}
 
 

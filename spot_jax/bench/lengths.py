@@ -32,6 +32,7 @@ import numpy as np
 from spot_jax import runtime
 from spot_jax import backbone as backbone_lib
 from spot_jax import cli, data, fileio, models
+from spot_jax.cli import flags
 from spot_jax.bench import common
 from spot_jax.bench import worker as bench_worker
 from spot_jax.data import bucketing
@@ -230,24 +231,22 @@ def _parse(argv: Sequence[str]):
                       help="module(s) registering the seqio tasks of task: distributions")
   parser.add_argument("--max_examples", type=int, default=1000, help="per task, for task: distributions")
   parser.add_argument("--method", default="pt100", help=f"one of: {', '.join(common.METHODS)}")
-  parser.add_argument("--config", default="t5_small", help="a spot_jax.t5 config name")
+  flags.add_backbone(parser, required=False, gin_files=False, checkpoint=False,
+                     model_default="t5_small", seed_help="stream order and bucketing windows")
   parser.add_argument("--batch_size", type=int, default=8)
-  parser.add_argument("--input_length", type=int, default=None,
-                      help="fixed padding length (default: the longest input rounded up to 64)")
+  flags.add_lengths(parser, None, 16,
+                    input_help="fixed padding length (default: the longest input rounded up to 64)")
   parser.add_argument("--buckets", default="auto", help="'auto' or comma-separated lengths, e.g. 32,64,128")
   parser.add_argument("--bucket_window", type=int, default=64, help="batches regrouped together (the trainer's)")
-  parser.add_argument("--target_length", type=int, default=16)
   parser.add_argument("--prompt_length", type=int, default=100,
                       help="for methods named without a length (prompt_tuning, smop, residual)")
   parser.add_argument("--dropout_rate", type=float, default=0.1)
   parser.add_argument("--steps", type=int, default=3, help="timed rounds (median per width)")
   parser.add_argument("--warmup", type=int, default=1, help="untimed steps per width after compiling")
-  parser.add_argument("--seed", type=int, default=0, help="stream order and bucketing windows")
   parser.add_argument("--compilation_cache_dir", default=None,
                       help="JAX persistent compilation cache directory (a rerun skips compiling)")
   parser.add_argument("--json", default=None, help="write the results to this file")
   parser.add_argument("--markdown", default=None, help="write Markdown tables to this file")
-  parser.add_argument("--debug", action="store_true", help="show tracebacks")
   return parser.parse_args(argv)
 
 
@@ -270,7 +269,7 @@ def main(argv: Sequence[str]) -> int:
   args = _parse(argv)
   if args.method not in common.METHODS:
     raise ConfigError(f"unknown method {args.method!r}; valid: {', '.join(common.METHODS)}")
-  config_by_name(args.config)
+  config_by_name(args.model)
   if min(args.batch_size, args.target_length, args.prompt_length, args.steps, args.max_examples,
          args.bucket_window) <= 0 or args.warmup < 0 or (args.input_length is not None and args.input_length <= 0):
     raise ConfigError("batch_size, input_length, target_length, prompt_length, steps, max_examples and "
@@ -290,14 +289,14 @@ def main(argv: Sequence[str]) -> int:
     print(f"{spec}: {len(lengths)} lengths, fixed {input_length}, buckets {boundaries}", flush=True)
   runtime.enable_compilation_cache(args.compilation_cache_dir)
   widths = sorted({w for *_, p in plans for w in p["fixed_widths"] + p["bucketed_widths"]})
-  run, stats, prompt = compile_steps(args.method, args.config, args.batch_size, widths, args.target_length,
+  run, stats, prompt = compile_steps(args.method, args.model, args.batch_size, widths, args.target_length,
                                      args.prompt_length, args.dropout_rate, args.seed)
   print(f"compiled {len(widths)} widths {widths} in {sum(s['compile_sec'] for s in stats.values()):.1f} s",
         flush=True)
   times = time_widths(run, widths, args.steps, args.warmup)
   step_sec = {w: float(np.median(t)) for w, t in times.items()}
   result = {
-      "method": args.method, "config": args.config, "batch_size": args.batch_size,
+      "method": args.method, "config": args.model, "batch_size": args.batch_size,
       "target_length": args.target_length, "prompt_length": prompt, "dropout_rate": args.dropout_rate,
       "steps": args.steps, "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
       "argv": list(argv), "num_compiles": len(widths),
@@ -314,7 +313,7 @@ def main(argv: Sequence[str]) -> int:
       json.dump(result, f, indent=2)
   if args.markdown:
     with fileio.atomic_open(outputs["--markdown"], "w", encoding="utf-8") as f:
-      f.write(f"`python -m spot_jax.bench.lengths {' '.join(argv)}`: {args.method} on {args.config}, batch "
+      f.write(f"`python -m spot_jax.bench.lengths {' '.join(argv)}`: {args.method} on {args.model}, batch "
               f"{args.batch_size}, {args.target_length} targets, dropout {args.dropout_rate}, float32\n\n" + table)
   return 0
 

@@ -1,6 +1,6 @@
 """`python -m spot_jax.bench`: train-step speed, FLOPs, MFU and memory of each method on a random T5.
 
-  python -m spot_jax.bench --config=t5_small --batch_size=8 --input_length=128 \
+  python -m spot_jax.bench --model=t5_small --batch_size=8 --input_length=128 \
       --target_length=16 --dropout_rate=0.1 --steps=5 --json=bench.json --markdown=bench.md
 
 For each method it compiles the jitted train step (compile time measured on its own, and compile
@@ -36,7 +36,7 @@ from spot_jax import backbone as backbone_lib
 from spot_jax import cli, fileio, models, partitioning
 from spot_jax.bench import peft as bench_peft
 from spot_jax.bench import worker as bench_worker
-from spot_jax.cli import distributed
+from spot_jax.cli import distributed, flags
 from spot_jax import runtime
 from spot_jax.train import optimizers
 from spot_jax import train as train_lib
@@ -339,14 +339,14 @@ def _peft_table(rows: Sequence[dict]) -> str:
 
 def _parse(argv: Sequence[str]):
   parser = cli.ArgumentParser(prog="spot_jax.bench", description=__doc__.splitlines()[0])
-  parser.add_argument("--config", default=None,
-                      help="a spot_jax.t5 config name (default t5_small; t5_1_1_small_like with --vs=t5x)")
+  flags.add_backbone(parser, required=False, gin_files=False, checkpoint=False, seed=False,
+                     model_help="a spot_jax.t5 config name (default t5_small; t5_1_1_small_like with "
+                                "--vs=t5x)")
   parser.add_argument("--methods", default=None,
                       help=f"comma-separated, from: {', '.join(METHODS)} (default "
                            f"{','.join(DEFAULT_METHODS)}; pt100 with --vs=t5x)")
   parser.add_argument("--batch_size", type=int, default=8)
-  parser.add_argument("--input_length", type=int, default=128)
-  parser.add_argument("--target_length", type=int, default=16)
+  flags.add_lengths(parser, 128, 16)
   parser.add_argument("--prompt_length", type=int, default=100,
                       help="length for the methods named without one (prompt_tuning, smop, residual)")
   parser.add_argument("--dropout_rate", type=float, default=0.1)
@@ -377,29 +377,24 @@ def _parse(argv: Sequence[str]):
   parser.add_argument("--peer_malloc", default="system", choices=runtime.MODES,
                       help="host memory settings of the --vs peer's process: its defaults (system), "
                            "or spot-jax's own (keep; see SPOT_JAX_MALLOC)")
-  parser.add_argument("--debug", action="store_true", help="show tracebacks")
   return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str]) -> int:
   args = _parse(argv)
-  if args.config is None:
-    args.config = "t5_1_1_small_like" if args.vs == "t5x" else "t5_small"
+  if args.model is None:
+    args.model = "t5_1_1_small_like" if args.vs == "t5x" else "t5_small"
   if args.methods is None:
     args.methods = "pt100" if args.vs == "t5x" else ",".join(DEFAULT_METHODS)
-  methods = [m for m in args.methods.split(",") if m]
-  if not methods:
-    raise ConfigError(f"--methods={args.methods!r} names no method; valid: {', '.join(METHODS)}")
+  # a method may repeat: --interleave times A, B, A to see the drift of A against itself
+  methods = list(flags.name_list("--methods", args.methods, list(METHODS), unique=False))
   outputs = {flag: fileio.output_file(path, flag)
              for flag, path in (("--json", args.json), ("--markdown", args.markdown)) if path}
-  config_by_name(args.config)
+  config_by_name(args.model)
   overrides = {k: getattr(args, k) for k in OVERRIDE_FLAGS if getattr(args, k) is not None}
   bad = [f"--{k}={v}" for k, v in overrides.items() if v <= 0]
   if bad:
     raise ConfigError(f"{', '.join(bad)}: shape overrides must be positive integers")
-  for m in methods:
-    if m not in METHODS:
-      raise ConfigError(f"unknown method {m!r}; valid: {', '.join(METHODS)}")
   if min(args.batch_size, args.input_length, args.target_length, args.steps, args.prompt_length,
          args.inference_steps) <= 0 or args.warmup < 0:
     raise ConfigError("batch_size, input_length, target_length, prompt_length, steps and "
@@ -412,7 +407,7 @@ def main(argv: Sequence[str]) -> int:
     if args.dropout_rng not in T5X_DROPOUT_RNGS:
       raise ConfigError(f"--vs=t5x with --dropout_rng={args.dropout_rng}: t5x has no such setting; valid: "
                         f"{' or '.join(f'{k} ({v})' for k, v in T5X_DROPOUT_RNGS.items())}")
-    common.t5x_shape(bench_config(args.config, overrides))
+    common.t5x_shape(bench_config(args.model, overrides))
     if not common.t5x_importable():
       raise ConfigError(f"--vs=t5x: t5x, flaxformer or prompt_tuning is not importable; "
                         f"{common.PYTHONPATH_HINT}")
@@ -427,7 +422,7 @@ def main(argv: Sequence[str]) -> int:
   kwargs = dict(dropout_rate=args.dropout_rate, warmup=args.warmup,
                 inference_steps=args.inference_steps, peak_flops=peak, config_overrides=overrides,
                 dropout_rng=args.dropout_rng)
-  shape = (args.config, args.batch_size, args.input_length, args.target_length, args.steps,
+  shape = (args.model, args.batch_size, args.input_length, args.target_length, args.steps,
            args.prompt_length)
   if args.interleave:
     rows = bench_methods(methods, *shape, interleave=True, **kwargs)

@@ -13,6 +13,7 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from spot_jax import cli
+from spot_jax.cli import flags
 from spot_jax import runtime
 from spot_jax.errors import ConfigError
 
@@ -22,13 +23,11 @@ def parser(prog: str, description: str, shape_help: str) -> cli.ArgumentParser:
   p = cli.ArgumentParser(prog=prog, description=description)
   p.add_argument("--shape", required=True, help=shape_help)
   p.add_argument("--batch_size", type=int, default=8)
-  p.add_argument("--input_length", type=int, default=128)
-  p.add_argument("--target_length", type=int, default=16)
+  flags.add_lengths(p, 128, 16)
   p.add_argument("--prompt_length", type=int, default=100)
   p.add_argument("--dropout_rate", type=float, default=0.1)
   p.add_argument("--steps", type=int, default=5)
   p.add_argument("--warmup", type=int, default=1)
-  p.add_argument("--debug", action="store_true")
   return p
 
 
@@ -56,6 +55,7 @@ def peak_host_memory_bytes() -> int:
 
 
 def run(main: Callable[[Sequence[str]], Optional[int]], prog: str) -> int:
-  """A peer's `cli.run` over sys.argv: with spot-jax's host-memory setting only when its parent
-  asked for it (SPOT_JAX_MALLOC=keep in the environment, `bench --peer_malloc=keep`)."""
+  """A peer's `spot_jax.cli.run` over sys.argv (one error line, exit 2 or 1, --debug): with
+  spot-jax's host-memory setting only when its parent asked for it (SPOT_JAX_MALLOC=keep in the
+  environment, `bench --peer_malloc=keep`)."""
   return cli.run(main, sys.argv[1:], prog, keep_heap=os.environ.get(runtime.ENV) == "keep")

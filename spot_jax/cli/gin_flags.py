@@ -1,9 +1,11 @@
 """t5x-style command lines: --gin_file (repeatable), --gin_search_paths, --gin.KEY=VALUE.
 
-Errors a user can cause (unknown gin parameter, unknown task, missing checkpoint, ...) end the
-program with one line on stderr naming the problem and exit status 2; `--debug` shows the
-traceback instead. An override that the final configuration never uses is such an error too
-(`spot_jax.cli.gin_overrides`), unless `--allow_unused_gin_overrides` is given.
+Errors a user can cause end the program with one line on stderr and exit status 2 (`--debug`
+shows the traceback instead), naming what caused them: a gin file that does not parse (the file
+and line, through includes) or binds an unknown name, a `--gin.X=V` override that does not parse
+or that the final configuration never uses (`gin_overrides`; `--allow_unused_gin_overrides`
+lets it pass), a value of the wrong type for its parameter, and a value a configurable refuses
+(`gin_settings`: the macro or binding that supplied it). Multi-process flags: `distributed`.
 """
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ import pathlib
 from typing import Callable, Optional, Sequence
 
 from spot_jax import cli
-from spot_jax.cli import gin_overrides
 from spot_jax.cli import distributed
+from spot_jax.cli import flags
+from spot_jax.cli import gin_overrides
+from spot_jax.cli import gin_settings
+from spot_jax.errors import ConfigError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -35,7 +40,6 @@ def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Nam
   parser.add_argument("--cpu_devices", default=None,
                       help="split a CPU host into this many JAX devices (one data-parallel batch "
                            "shard each; e.g. the number of cores); BATCH_SIZE must divide by it")
-  parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
   args, rest = parser.parse_known_args(list(argv))
   for item in rest:
     if item.startswith("--gin.") and "=" in item:
@@ -57,32 +61,44 @@ def search_paths(extra: Sequence[str]) -> list[str]:
 
 
 def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -> None:
-  """Registers search paths, parses the files, then each binding (t5x order), and finalizes.
+  """Registers search paths, parses the files, then each binding (t5x order), finalizes, and
+  checks the configuration: unused overrides and the types of the values it binds.
 
   Args:
     args: from `parse_args`.
     roots: the configurables the program calls ("spot_jax.train.train"); overrides they never
       reach are refused. None: the configurables the files bind that nothing references.
+
+  Raises:
+    ConfigError: one line naming the gin file (and line) or the --gin.X override at fault.
   """
   import gin  # pylint: disable=g-import-not-at-top
-  for path in search_paths(args.gin_search_paths):
+  paths = search_paths(args.gin_search_paths)
+  for path in paths:
     gin.add_config_file_search_path(path)
   for f in args.gin_file:
-    if not any(pathlib.Path(p, f).is_file() for p in search_paths(args.gin_search_paths)) and not pathlib.Path(f).is_file():
-      raise FileNotFoundError(f"gin file {f!r} not found in {search_paths(args.gin_search_paths)}; "
-                              f"the shipped ones are under gin/ (models/, prompts/, runs/)")
-  gin.parse_config_files_and_bindings(args.gin_file, [], finalize_config=False)
-  from_files = set(gin.config._CONFIG)  # pylint: disable=protected-access
+    if not any(pathlib.Path(p, f).is_file() for p in paths) and not pathlib.Path(f).is_file():
+      raise ConfigError(f"--gin_file={f}: not found in {paths}; the shipped ones are under gin/ "
+                        f"(models/, prompts/, runs/)")
+  for f in args.gin_file:
+    gin_overrides.parse_file(f)
+  from_files = gin_overrides.config_keys()
   keys = []
   for binding in args.gin_bindings:
+    old = binding.partition("=")[0].strip()
+    if old in flags.RENAMED_GIN:
+      raise ConfigError(f"--gin.{old} was renamed {flags.RENAMED_GIN[old]}; use "
+                        f"--gin.{flags.RENAMED_GIN[old]}={binding.partition('=')[2]}")
     gin_overrides.parse_override(binding)
     keys.append(gin_overrides.override_key(binding))
-  gin.finalize()
+  gin_overrides.finalize()
+  selectors = (gin_overrides.resolve_roots(roots) if roots is not None
+               else gin_overrides.default_roots(from_files))
+  if selectors is None:
+    return
   if args.gin_bindings and not getattr(args, "allow_unused_gin_overrides", False):
-    selectors = (gin_overrides.resolve_roots(roots) if roots is not None
-                 else gin_overrides.default_roots(from_files))
-    if selectors is not None:
-      gin_overrides.check_unused(args.gin_bindings, keys, selectors)
+    gin_overrides.check_unused(args.gin_bindings, keys, selectors)
+  gin_settings.check_types(gin_overrides.used_keys(selectors))
 
 
 def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str], prog: str,
@@ -100,6 +116,8 @@ def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str]
     parse_gin(args, roots)
     try:
       return main(args)
+    except ConfigError as e:
+      raise gin_settings.name_setting(e) from e
     except Exception as e:  # pylint: disable=broad-except
       lost = distributed.explain_peer_loss(e)
       if lost is None:

@@ -1,9 +1,11 @@
 """The error boundary shared by every command line (`python -m spot_jax.<prog>`, `python -m tasks`).
 
-A user error ends the program with exactly one line on stderr,
-`spot_jax.<prog>: error: <what is wrong>; <what would be valid>`, and exit status 2. An
-unexpected failure prints one line too (exit 1) unless `--debug` is given, which shows the
-traceback instead. Argument-parsing mistakes follow the same one-line form.
+A user error (`ConfigError`, and `UsageError` for the command line itself) ends the program with
+exactly one line on stderr, `spot_jax.<prog>: error: <what is wrong>; <what would be valid>`, and
+exit status 2. Anything else is a bug: one line `spot_jax.<prog>: error: internal error: <Type>:
+<line> (rerun with --debug for the traceback)` and exit status 1. `--debug`, which every parser
+built on `ArgumentParser` takes, shows the traceback instead. Libraries' start-up log lines are
+kept off (`spot_jax.startup`), so the one line is the only one.
 
   def main(argv):
     parser = cli.ArgumentParser(prog="spot_jax.infer", description=...)
@@ -22,13 +24,15 @@ import threading
 from typing import Callable, NoReturn, Optional, Sequence
 
 from spot_jax import runtime
+from spot_jax import startup
+from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 
-# Errors a user's input can cause. Anything else is a bug and keeps its traceback (--debug).
-USER_ERRORS = (ValueError, KeyError, TypeError, OSError, ImportError)
+# Errors a user's input can cause: only those raised as such. Anything else is a bug.
+USER_ERRORS = (ConfigError,)
 
 
 class UsageError(ConfigError):
@@ -36,7 +40,21 @@ class UsageError(ConfigError):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-  """argparse, but a usage error raises `UsageError` (one line through `run`) instead of exiting."""
+  """argparse for `run`: a usage error raises `UsageError` (one line through `run`) instead of
+  exiting, every parser (subcommands too) takes `--debug`, and a renamed flag's old spelling
+  (`flags.RENAMED`) is refused with one line naming the new one."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.add_argument("--debug", action="store_true",
+                      help="on an error, show the traceback instead of one line")
+
+  def parse_known_args(self, args=None, namespace=None):
+    argv = list(sys.argv[1:] if args is None else args)
+    message = flags.renamed_flag_message(argv, list(self._option_string_actions))
+    if message:
+      self.error(message)
+    return super().parse_known_args(argv, namespace)
 
   def error(self, message: str) -> NoReturn:
     raise UsageError(f"{message} (see --help)")
@@ -57,14 +75,13 @@ def error_line(prog: str, message: str) -> str:
 
 
 def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], prog: str,
-        user_errors: tuple[type[BaseException], ...] = USER_ERRORS, keep_heap: bool = True) -> int:
+        keep_heap: bool = True) -> int:
   """Runs `main(argv)` and turns its failures into one stderr line and an exit status.
 
   Args:
     main: the program; returns an exit status (None means 0).
     argv: the arguments after the program name.
     prog: the program's name in messages, e.g. "spot_jax.train".
-    user_errors: exception types reported as user errors (exit 2).
     keep_heap: first apply `runtime.keep_heap()` (SPOT_JAX_MALLOC), before JAX starts. The
       benchmark's peer processes pass False unless asked: they run as their users run them.
 
@@ -73,6 +90,7 @@ def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], pro
   """
   argv = list(argv)
   debug = "--debug" in argv
+  startup.quiet()
   try:
     if keep_heap:
       runtime.keep_heap()
@@ -82,7 +100,7 @@ def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], pro
   except KeyboardInterrupt:
     _print(error_line(prog, "interrupted"))
     return 130
-  except user_errors as e:
+  except USER_ERRORS as e:
     if debug:
       raise
     _print(error_line(prog, one_line(e)))

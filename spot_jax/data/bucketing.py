@@ -46,16 +46,20 @@ def boundaries(buckets: Union[None, str, Sequence[int]], length: int, window: in
     values = list(buckets)
   except TypeError:
     raise ConfigError(f"LENGTH_BUCKETS={buckets!r}; {valid}") from None
-  if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+  if not values:
     raise ConfigError(f"LENGTH_BUCKETS={buckets!r}; {valid}")
-  if any(b <= a for a, b in zip(values, values[1:])):
-    raise ConfigError(f"LENGTH_BUCKETS={tuple(values)} is not strictly increasing; {valid}")
-  if values[0] < 1:
-    raise ConfigError(f"LENGTH_BUCKETS={tuple(values)} has a bucket of {values[0]} tokens; input "
-                      f"lengths exclude the prompt (the model adds it) and count at least the EOS; {valid}")
-  if values[-1] > length:
-    raise ConfigError(f"LENGTH_BUCKETS={tuple(values)} goes beyond TASK_FEATURE_LENGTHS['inputs']"
-                      f"={length}; {valid}")
+  for i, v in enumerate(values):
+    where = f"LENGTH_BUCKETS={tuple(values)}: entry {i} ({v!r})"
+    if not isinstance(v, int) or isinstance(v, bool):
+      raise ConfigError(f"{where} is not an integer; {valid}")
+    if i and v <= values[i - 1]:
+      raise ConfigError(f"{where} is not above entry {i - 1} ({values[i - 1]}): the buckets are not "
+                        f"strictly increasing; {valid}")
+    if v < 1:
+      raise ConfigError(f"{where} is a bucket of {v} tokens; input lengths exclude the prompt "
+                        f"(the model adds it) and count at least the EOS; {valid}")
+    if v > length:
+      raise ConfigError(f"{where} goes beyond TASK_FEATURE_LENGTHS['inputs']={length}; {valid}")
   return tuple(values) + (() if values[-1] == length else (length,))
 
 

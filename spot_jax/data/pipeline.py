@@ -75,11 +75,20 @@ def import_modules(module: Optional[str]) -> None:
                         f"importable python module that registers seqio tasks, e.g. 'tasks'") from None
 
 
-def get_mixture_or_task(name: str):
-  """The seqio task or mixture `name`; unknown names list close registered names."""
+def get_mixture_or_task(name: str, split: Optional[str] = None, setting: str = "split"):
+  """The seqio task or mixture `name`; unknown names list close registered names.
+
+  Args:
+    name: a registered task or mixture.
+    split: if given, a split every task of `name` must declare (checked without reading data).
+    setting: what the user set `split` with, for the message (e.g. "EVAL_SPLIT").
+
+  Raises:
+    ConfigError: an unknown name (with close names) or a split a task does not have.
+  """
   import seqio  # pylint: disable=g-import-not-at-top
   try:
-    return seqio.get_mixture_or_task(name)
+    found = seqio.get_mixture_or_task(name)
   except ValueError:
     names = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
@@ -87,6 +96,29 @@ def get_mixture_or_task(name: str):
         f"; {len(names)} are registered (set MIXTURE_OR_TASK_MODULE to the module that "
         f"registers yours, e.g. 'tasks'; `python -m tasks list` shows them)")
     raise ConfigError(f"unknown seqio task or mixture {name!r}{hint}") from None
+  for task in (found.tasks if isinstance(found, seqio.Mixture) else [found]):
+    splits = _declared_splits(task)
+    if split is not None and splits is not None and split not in splits:
+      raise ConfigError(f"{setting}={split!r}: task {task.name!r} has no such split; valid: "
+                        f"{', '.join(map(repr, splits))}")
+  return found
+
+
+def _declared_splits(task) -> Optional[list[str]]:
+  """The splits a task's source declares, or None when only reading the data would tell.
+
+  A TFDS source without a split map lists its splits from the prepared dataset's metadata,
+  which may not be there (reading it would wait for a download); it is not asked.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  source = task.source
+  if isinstance(source, seqio.TfdsDataSource):
+    split_map = getattr(source, "split_map", None)
+    return list(split_map) if split_map else None
+  try:
+    return list(source.splits)
+  except Exception:  # pylint: disable=broad-except  (a source that cannot list them up front)
+    return None
 
 
 def validate(cfg: DatasetConfig, prompt_length: int = 0) -> None:

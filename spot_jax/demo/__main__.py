@@ -26,14 +26,8 @@ import sys
 import time
 from typing import Optional, Sequence
 
-# Before JAX and TensorFlow load (JAX's own default, 1, lets their C++ warnings and errors
-# through): those lines would break the progress display. seqio caches these small tasks in
-# memory, so every run shorter than an epoch ends with a warning that the unfinished cache was
-# dropped, and TensorFlow logs an error when it finds no CUDA driver. Failures still raise. A
-# TF_CPP_MIN_LOG_LEVEL set by the user wins (0 shows everything).
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-from spot_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+from spot_jax import cli
+from spot_jax.cli import flags
 from spot_jax import embedded
 from spot_jax import fileio
 from spot_jax.demo import runs
@@ -45,14 +39,14 @@ FULL = dict(source_steps=500, target_steps=300, batch_size=32)
 
 
 def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str]:
-  chosen = [v.strip() for v in value.split(",") if v.strip()]
-  if not chosen:
+  chosen = [v.strip() for v in value.split(",")]
+  if chosen == [""]:
     raise ConfigError(f"{flag} is empty; valid {what}s: {', '.join(valid)}")
-  for v in chosen:
+  for i, v in enumerate(chosen):
     if v not in valid:
       close = difflib.get_close_matches(v, valid, n=1)
-      hint = f" (did you mean {close[0]!r}?)" if close else ""
-      raise ConfigError(f"unknown {what} {v!r} in {flag}{hint}; valid: {', '.join(valid)}")
+      hint = f"; did you mean {close[0]!r}?" if close else ""
+      raise ConfigError(f"unknown {what} {v!r} in {flag} (entry {i}{hint}); valid: {', '.join(valid)}")
   return list(dict.fromkeys(chosen))
 
 
@@ -65,7 +59,7 @@ def _writable(path: str) -> pathlib.Path:
 def _parser() -> cli.ArgumentParser:
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   p = cli.ArgumentParser(prog="spot_jax.demo", description=__doc__.splitlines()[0])
-  p.add_argument("--output_dir", default="spot_demo", help="where runs and results go (default ./spot_demo)")
+  flags.add_output_dir(p, "where runs and results go (default ./spot_demo)", default="spot_demo")
   p.add_argument("--methods", default=",".join(runs.METHODS),
                  help=f"comma list of {', '.join(runs.METHODS + runs.EXTRA_METHODS)} (spot_unrelated: "
                       f"SPoT from an unrelated source, a control)")
@@ -81,7 +75,6 @@ def _parser() -> cli.ArgumentParser:
   p.add_argument("--fresh", action="store_true", help="retrain runs already finished in --output_dir")
   p.add_argument("--compilation_cache", default=None,
                  help="JAX persistent compilation cache directory (default <output_dir>/jax_cache; 'none' disables)")
-  p.add_argument("--debug", action="store_true", help="show tracebacks")
   return p
 
 

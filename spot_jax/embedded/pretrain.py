@@ -28,6 +28,7 @@ import optax
 import sentencepiece as spm
 
 from spot_jax import cli
+from spot_jax.cli import flags
 from spot_jax import embedded
 from spot_jax import fileio
 from spot_jax import models
@@ -218,15 +219,14 @@ def evaluate_prefixed(model: models.EncoderDecoderModel, params, sp: spm.Sentenc
 
 def main(argv: Sequence[str]) -> Optional[int]:
   parser = cli.ArgumentParser(prog="spot_jax.embedded.pretrain", description=__doc__.splitlines()[0])
-  parser.add_argument("--output_dir", default=embedded.TOY_DIR,
-                      help="where to write the model (default: the package's embedded folder)")
+  flags.add_output_dir(parser, "where to write the model (default: the package's embedded folder)",
+                       default=embedded.TOY_DIR)
   parser.add_argument("--steps", type=int, default=STEPS)
   parser.add_argument("--stop_after", type=int, default=None,
                       help="stop early (checks): the first losses equal the full run's")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--batch_size", type=int, default=BATCH_SIZE)
   parser.add_argument("--no_eval", action="store_true", help="skip the final accuracy check")
-  parser.add_argument("--debug", action="store_true", help="show tracebacks")
   args = parser.parse_args(argv)
   if args.steps <= 0 or args.batch_size <= 1 or (args.stop_after is not None and args.stop_after <= 0):
     raise ConfigError(f"--steps ({args.steps}) and --stop_after ({args.stop_after}) must be positive "

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax.errors import ConfigError
 from spot_jax.prompts.initializers import Initializer
 
 Array = jax.Array
@@ -16,29 +17,29 @@ Array = jax.Array
 def check_positive_int(value: Any, what: str) -> int:
   """Returns `value` if it is an integer >= 1, else raises naming `what`."""
   if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    raise ConfigError(f"{what} must be a positive integer, got {value!r}")
   return int(value)
 
 
 def check_dtype(dtype: Optional[Any], embedded: Array, who: str) -> None:
   """A module's optional `dtype` must agree with the backbone's activation dtype."""
   if dtype is not None and jnp.dtype(dtype) != embedded.dtype:
-    raise ValueError(f"{who}.dtype={jnp.dtype(dtype).name} but the backbone embeds in "
-                     f"{embedded.dtype.name}; leave dtype unset to follow the backbone")
+    raise ConfigError(f"{who}.dtype={jnp.dtype(dtype).name} but the backbone embeds in "
+                      f"{embedded.dtype.name}; leave dtype unset to follow the backbone")
 
 
 def prompt_param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int],
                  axes: tuple[str, ...], embedding: Array) -> Array:
   """A float32 prompt parameter whose initialiser also sees the frozen [V, E] table."""
   if not callable(init):
-    raise TypeError(f"{type(module).__name__}.prompt_init must be an initialiser "
-                    f"init(rng, shape, embedding), got {init!r}")
+    raise ConfigError(f"{type(module).__name__}.prompt_init must be an initialiser "
+                      f"init(rng, shape, embedding), got {init!r}")
 
   def flax_init(rng: Array, shape: tuple[int, ...]) -> Array:
     value = jnp.asarray(init(rng, shape, embedding), jnp.float32)
     if value.shape != tuple(shape):
-      raise ValueError(f"{type(module).__name__}: the initialiser returned shape {value.shape}, "
-                       f"expected {tuple(shape)}")
+      raise ConfigError(f"{type(module).__name__}: the initialiser returned shape {value.shape}, "
+                        f"expected {tuple(shape)}")
     return value
 
   return module.param(name, nn.with_logical_partitioning(flax_init, axes), tuple(shape))

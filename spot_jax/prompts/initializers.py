@@ -22,6 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax import fileio
+from spot_jax.errors import ConfigError
+
 Array = jax.Array
 Shape = Sequence[int]
 Initializer = Callable[[Array, Shape, Array], Array]
@@ -39,19 +42,19 @@ def _rows(shape: Shape, who: str) -> tuple[int, int]:
   """(rows, E) of a prompt shape, validated."""
   shape = tuple(int(d) for d in shape)
   if len(shape) < 2 or any(d <= 0 for d in shape):
-    raise ValueError(f"{who}: prompt shape must be [..., length, embed] with positive sizes, "
-                     f"got {shape}")
+    raise ConfigError(f"{who}: prompt shape must be [..., length, embed] with positive sizes, "
+                      f"got {shape}")
   return math.prod(shape[:-1]), shape[-1]
 
 
 def _check_table(embedding: Array, embed: int, who: str) -> int:
   """Validates the [V, E] table against the prompt width; returns V."""
   if embedding is None or len(embedding.shape) != 2:
-    raise ValueError(f"{who}: needs the [vocab, embed] token table, got "
-                     f"{None if embedding is None else embedding.shape}")
+    raise ConfigError(f"{who}: needs the [vocab, embed] token table, got "
+                      f"{None if embedding is None else embedding.shape}")
   if embedding.shape[1] != embed:
-    raise ValueError(f"{who}: prompt width {embed} differs from the embedding table width "
-                     f"{embedding.shape[1]}")
+    raise ConfigError(f"{who}: prompt width {embed} differs from the embedding table width "
+                      f"{embedding.shape[1]}")
   return int(embedding.shape[0])
 
 
@@ -62,7 +65,7 @@ def uniform(scale: float = 0.5) -> Initializer:
     scale: half-width of the range; must be >= 0.
   """
   if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or scale < 0:
-    raise ValueError(f"uniform: scale must be a non-negative number, got {scale!r}")
+    raise ConfigError(f"uniform: scale must be a non-negative number, got {scale!r}")
 
   def init(rng: Array, shape: Shape, embedding: Array) -> Array:
     del embedding
@@ -85,8 +88,8 @@ def sampled_vocab(num_most_frequent: int = 5000) -> Initializer:
   """
   if not isinstance(num_most_frequent, numbers.Integral) or isinstance(num_most_frequent, bool) \
       or num_most_frequent < 1:
-    raise ValueError(f"sampled_vocab: num_most_frequent must be a positive integer, "
-                     f"got {num_most_frequent!r}")
+    raise ConfigError(f"sampled_vocab: num_most_frequent must be a positive integer, "
+                      f"got {num_most_frequent!r}")
 
   def init(rng: Array, shape: Shape, embedding: Array) -> Array:
     rows, embed = _rows(shape, "sampled_vocab")
@@ -109,24 +112,24 @@ def class_labels(label_token_ids: Sequence[Sequence[int]],
   """
   labels = [list(map(int, ids)) for ids in label_token_ids]
   if not labels:
-    raise ValueError("class_labels: needs at least one label")
+    raise ConfigError("class_labels: needs at least one label")
   for i, ids in enumerate(labels):
     if not ids:
-      raise ValueError(f"class_labels: label {i} has no token ids")
+      raise ConfigError(f"class_labels: label {i} has no token ids")
     if min(ids) < 0:
-      raise ValueError(f"class_labels: label {i} has a negative token id: {ids}")
+      raise ConfigError(f"class_labels: label {i} has a negative token id: {ids}")
   fallback = sampled_vocab() if fallback is None else fallback
 
   def init(rng: Array, shape: Shape, embedding: Array) -> Array:
     rows, embed = _rows(shape, "class_labels")
     vocab = _check_table(embedding, embed, "class_labels")
     if len(labels) > rows:
-      raise ValueError(f"class_labels: {len(labels)} labels do not fit a prompt of {rows} rows; "
-                       f"use a prompt length of at least {len(labels)}")
+      raise ConfigError(f"class_labels: {len(labels)} labels do not fit a prompt of {rows} rows; "
+                        f"use a prompt length of at least {len(labels)}")
     for i, ids in enumerate(labels):
       if max(ids) >= vocab:
-        raise ValueError(f"class_labels: label {i} has token id {max(ids)} outside the "
-                         f"embedding table of {vocab} rows")
+        raise ConfigError(f"class_labels: label {i} has token id {max(ids)} outside the "
+                          f"embedding table of {vocab} rows")
     table = jnp.asarray(embedding, jnp.float32)
     means = jnp.stack([jnp.mean(jnp.take(table, jnp.asarray(ids), axis=0), axis=0)
                        for ids in labels])
@@ -140,8 +143,8 @@ def class_labels(label_token_ids: Sequence[Sequence[int]],
 
 def _encode(vocabulary: Vocabulary, text: str, who: str) -> list[int]:
   if not hasattr(vocabulary, "encode"):
-    raise TypeError(f"{who}: vocabulary must have .encode(str) -> list[int], "
-                    f"got {type(vocabulary).__name__}")
+    raise ConfigError(f"{who}: vocabulary must have .encode(str) -> list[int], "
+                      f"got {type(vocabulary).__name__}")
   return [int(i) for i in vocabulary.encode(text)]
 
 
@@ -156,14 +159,19 @@ def class_labels_from_strings(labels: Sequence[str], vocabulary: Vocabulary,
     fallback: initialiser of the rows after the labels (default: `sampled_vocab()`).
   """
   if isinstance(labels, str) or not labels:
-    raise ValueError(f"class_labels_from_strings: labels must be a non-empty list of strings, "
-                     f"got {labels!r}")
+    raise ConfigError(f"class_labels_from_strings: labels must be a non-empty list of strings, "
+                      f"got {labels!r}")
   ids = []
-  for label in labels:
+  for i, label in enumerate(labels):
+    if not isinstance(label, str):
+      raise ConfigError(f"class_labels_from_strings: labels entry {i} ({label!r}) is not a string")
+    if label in labels[:i]:
+      raise ConfigError(f"class_labels_from_strings: labels entry {i} ({label!r}) repeats an "
+                        f"earlier label; give each class once")
     tokens = _encode(vocabulary, label, "class_labels_from_strings")
     if not tokens:
-      raise ValueError(f"class_labels_from_strings: label {label!r} tokenizes to no tokens; "
-                       f"give a label with visible text")
+      raise ConfigError(f"class_labels_from_strings: labels entry {i} ({label!r}) tokenizes to no "
+                        f"tokens; give a label with visible text")
     ids.append(tokens)
   return class_labels(ids, fallback)
 
@@ -182,10 +190,10 @@ def from_text(text: str, vocabulary: Vocabulary, fit: str = "exact") -> Initiali
       keeps the first L when n > L).
   """
   if fit not in _FITS:
-    raise ValueError(f"from_text: fit must be one of {_FITS}, got {fit!r}")
+    raise ConfigError(f"from_text: fit must be one of {_FITS}, got {fit!r}")
   tokens = _encode(vocabulary, text, "from_text")
   if not tokens:
-    raise ValueError(f"from_text: text {text!r} tokenizes to no tokens")
+    raise ConfigError(f"from_text: text {text!r} tokenizes to no tokens")
 
   def init(rng: Array, shape: Shape, embedding: Array) -> Array:
     del rng
@@ -193,12 +201,12 @@ def from_text(text: str, vocabulary: Vocabulary, fit: str = "exact") -> Initiali
     vocab = _check_table(embedding, embed, "from_text")
     n = len(tokens)
     if (fit == "exact" and n != rows) or (fit == "truncate" and n < rows):
-      raise ValueError(f"from_text: the text has {n} tokens but the prompt has {rows} rows "
-                       f"(fit={fit!r}); set the prompt length to {n} or use "
-                       f"fit='repeat'" + ("" if n < rows else " or fit='truncate'"))
+      raise ConfigError(f"from_text: the text has {n} tokens but the prompt has {rows} rows "
+                        f"(fit={fit!r}); set the prompt length to {n} or use "
+                        f"fit='repeat'" + ("" if n < rows else " or fit='truncate'"))
     if max(tokens) >= vocab:
-      raise ValueError(f"from_text: token id {max(tokens)} is outside the embedding table of "
-                       f"{vocab} rows")
+      raise ConfigError(f"from_text: token id {max(tokens)} is outside the embedding table of "
+                        f"{vocab} rows")
     ids = [tokens[i % n] for i in range(rows)]
     table = jnp.asarray(embedding, jnp.float32)
     return jnp.take(table, jnp.asarray(ids), axis=0).reshape(tuple(shape))
@@ -215,16 +223,16 @@ def from_array(value: Union[np.ndarray, Any], source: str = "array") -> Initiali
   """
   value = np.asarray(value)
   if not np.issubdtype(value.dtype, np.floating):
-    raise ValueError(f"{source}: prompt values must be floating point, got dtype {value.dtype}")
+    raise ConfigError(f"{source}: prompt values must be floating point, got dtype {value.dtype}")
   if not np.all(np.isfinite(value)):
-    raise ValueError(f"{source}: prompt values contain NaN or infinity")
+    raise ConfigError(f"{source}: prompt values contain NaN or infinity")
   value = value.astype(np.float32)
 
   def init(rng: Array, shape: Shape, embedding: Array) -> Array:
     del rng, embedding
     if tuple(shape) != value.shape:
-      raise ValueError(f"{source}: expected a prompt of shape {tuple(shape)}, found "
-                       f"{value.shape}")
+      raise ConfigError(f"{source}: expected a prompt of shape {tuple(shape)}, found "
+                        f"{value.shape}")
     return jnp.asarray(value)
 
   return init
@@ -238,8 +246,8 @@ def from_file(path: Union[str, os.PathLike]) -> Initializer:
   """
   path = os.fspath(path)
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"from_file: no prompt file at {path!r}")
-  return from_array(np.load(path, allow_pickle=False), source=f"from_file({path!r})")
+    raise ConfigError(f"from_file: no prompt file at {path!r}")
+  return from_array(fileio.read_npy(path, "from_file: the prompt file"), source=f"from_file({path!r})")
 
 
 def exported_prompt_path(model_dir: Union[str, os.PathLike],
@@ -250,7 +258,6 @@ def exported_prompt_path(model_dir: Union[str, os.PathLike],
     model_dir: the source run's directory.
     step: a step number, "best", or None for the latest exported step.
   """
-  from spot_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
   run_dir = RunDir(model_dir)
   if step is None:
@@ -283,4 +290,5 @@ def from_checkpoint(model_dir: Union[str, os.PathLike],
     step: a step number, "best" for `prompt_best.npy`, or None for the latest step.
   """
   path = exported_prompt_path(model_dir, step)
-  return from_array(np.load(path, allow_pickle=False), source=f"from_checkpoint({path!r})")
+  return from_array(fileio.read_npy(path, "from_checkpoint: the exported prompt"),
+                    source=f"from_checkpoint({path!r})")

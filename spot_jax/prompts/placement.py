@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from spot_jax.errors import ConfigError
 from spot_jax.t5 import layers
 
 Array = jax.Array
@@ -23,7 +24,7 @@ PLACEMENTS = ("prefix", "after_bos", "suffix")
 def check_placement(placement: str) -> str:
   """Returns `placement` or raises naming the valid ones."""
   if placement not in PLACEMENTS:
-    raise ValueError(f"unknown prompt placement {placement!r}; valid: {', '.join(PLACEMENTS)}")
+    raise ConfigError(f"unknown prompt placement {placement!r}; valid: {', '.join(PLACEMENTS)}")
   return placement
 
 
@@ -45,8 +46,8 @@ def combine(prompt: Array, embedded: Array, valid: Array, placement: str = "pref
   if prompt.ndim == 2:
     prompt = jnp.broadcast_to(prompt[None], (batch,) + prompt.shape)
   if prompt.ndim != 3 or prompt.shape[0] != batch or prompt.shape[2] != embed:
-    raise ValueError(f"prompt of shape {prompt.shape} does not fit an input of shape "
-                     f"{embedded.shape}; expected [L, {embed}] or [{batch}, L, {embed}]")
+    raise ConfigError(f"prompt of shape {prompt.shape} does not fit an input of shape "
+                      f"{embedded.shape}; expected [L, {embed}] or [{batch}, L, {embed}]")
   if valid.shape != (batch, length):
     raise ValueError(f"valid mask of shape {valid.shape} does not match the input [B, T] = "
                      f"{(batch, length)}")
@@ -60,7 +61,7 @@ def combine(prompt: Array, embedded: Array, valid: Array, placement: str = "pref
     mask = jnp.concatenate([on, valid], axis=1)
   elif placement == "after_bos":
     if length < 1:
-      raise ValueError("after_bos placement needs at least one input position")
+      raise ConfigError("after_bos placement needs at least one input position")
     x = jnp.concatenate([embedded[:, :1], prompt, embedded[:, 1:]], axis=1)
     mask = jnp.concatenate([valid[:, :1], on, valid[:, 1:]], axis=1)
   else:

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, initializers, placement as placement_lib
 from spot_jax.prompts.prompt_tuning import PromptTuning
 
@@ -130,13 +131,13 @@ class ResidualPrompt(nn.Module):
     common.check_positive_int(self.bottleneck, "ResidualPrompt.bottleneck")
     placement_lib.check_placement(self.placement)
     if self.activation not in ACTIVATIONS:
-      raise ValueError(f"ResidualPrompt.activation {self.activation!r} is unknown; valid: "
-                       f"{', '.join(ACTIVATIONS)}")
+      raise ConfigError(f"ResidualPrompt.activation {self.activation!r} is unknown; valid: "
+                        f"{', '.join(ACTIVATIONS)}")
     if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"ResidualPrompt.dropout must be in [0, 1), got {self.dropout}")
+      raise ConfigError(f"ResidualPrompt.dropout must be in [0, 1), got {self.dropout}")
     if not self.layer_norm_epsilon > 0:
-      raise ValueError(f"ResidualPrompt.layer_norm_epsilon must be > 0, got "
-                       f"{self.layer_norm_epsilon}")
+      raise ConfigError(f"ResidualPrompt.layer_norm_epsilon must be > 0, got "
+                        f"{self.layer_norm_epsilon}")
     super().__post_init__()
 
   def _mlp(self, **kwargs: Any) -> ResidualMlp:
@@ -163,8 +164,8 @@ class ResidualPrompt(nn.Module):
     params = nn.meta.unbox(params)
     missing = {"prompt", "mlp"} - set(params)
     if missing:
-      raise ValueError(f"ResidualPrompt.fold: the parameter subtree lacks {sorted(missing)}; "
-                       f"pass the `prompt` subtree of a ResidualPrompt model")
+      raise ConfigError(f"ResidualPrompt.fold: the parameter subtree lacks {sorted(missing)}; "
+                        f"pass the `prompt` subtree of a ResidualPrompt model")
     prompt = jnp.asarray(params["prompt"], jnp.float32)
     folded = self._mlp(parent=None).apply({"params": params["mlp"]}, prompt, True)
     return {"prompt": folded}

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, initializers, placement as placement_lib
 
 Array = jax.Array
@@ -76,21 +77,21 @@ class SMoP(nn.Module):
     common.check_positive_int(self.length, "SMoP.length")
     placement_lib.check_placement(self.placement)
     if self.routing not in ROUTINGS:
-      raise ValueError(f"SMoP.routing {self.routing!r} is unknown; valid: {', '.join(ROUTINGS)}")
+      raise ConfigError(f"SMoP.routing {self.routing!r} is unknown; valid: {', '.join(ROUTINGS)}")
     if self.routing == "top2" and k < 2:
-      raise ValueError(f"SMoP.routing='top2' needs num_prompts >= 2, got {k}")
+      raise ConfigError(f"SMoP.routing='top2' needs num_prompts >= 2, got {k}")
     if self.routing == "single" and k != 1:
-      raise ValueError(f"SMoP.routing='single' needs num_prompts == 1, got {k}")
+      raise ConfigError(f"SMoP.routing='single' needs num_prompts == 1, got {k}")
     if not self.perturbation_std >= 0:
-      raise ValueError(f"SMoP.perturbation_std must be >= 0, got {self.perturbation_std}")
+      raise ConfigError(f"SMoP.perturbation_std must be >= 0, got {self.perturbation_std}")
     if not self.gumbel_temperature > 0:
-      raise ValueError(f"SMoP.gumbel_temperature must be > 0, got {self.gumbel_temperature}")
+      raise ConfigError(f"SMoP.gumbel_temperature must be > 0, got {self.gumbel_temperature}")
     if not self.load_balancing_weight >= 0:
-      raise ValueError(f"SMoP.load_balancing_weight must be >= 0, got "
-                       f"{self.load_balancing_weight}")
+      raise ConfigError(f"SMoP.load_balancing_weight must be >= 0, got "
+                        f"{self.load_balancing_weight}")
     if self.load_balancing_weight > 0 and self.routing not in _ROUTED:
-      raise ValueError(f"SMoP.load_balancing_weight needs a learned router; routing="
-                       f"{self.routing!r} has none (use one of {', '.join(_ROUTED)})")
+      raise ConfigError(f"SMoP.load_balancing_weight needs a learned router; routing="
+                        f"{self.routing!r} has none (use one of {', '.join(_ROUTED)})")
     super().__post_init__()
 
   @nn.compact

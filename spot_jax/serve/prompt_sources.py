@@ -128,7 +128,7 @@ def from_library(name: str, root: str, entry_id: str, fingerprint: Optional[dict
   if fingerprint is not None and not backbone_lib.same_model(entry.fingerprint, fingerprint):
     raise ConfigError(f"library entry {entry_id!r} was trained against frozen model "
                       f"{backbone_lib.describe(entry.fingerprint)}, not the one served "
-                      f"({backbone_lib.describe(fingerprint)}); give the --config_name and "
+                      f"({backbone_lib.describe(fingerprint)}); give the --model and "
                       f"--checkpoint it was trained with")
   return ServedPrompt(name, np.asarray(entry.prompt, np.float32),
                       source=f"{root}{LIBRARY_SEPARATOR}{entry_id}")

@@ -13,6 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
+from spot_jax.errors import ConfigError
+
 COMPRESSIONS = ("first", "mean_pool")
 
 
@@ -20,10 +22,10 @@ def compress(prompt: np.ndarray, length: int, method: str) -> np.ndarray:
   """[L, E] -> [length, E] float32 (length <= L)."""
   prompt = np.asarray(prompt, np.float32)
   if method not in COMPRESSIONS:
-    raise ValueError(f"compression {method!r} is unknown; valid: {', '.join(COMPRESSIONS)}")
+    raise ConfigError(f"compression {method!r} is unknown; valid: {', '.join(COMPRESSIONS)}")
   if prompt.ndim != 2 or not 1 <= length <= prompt.shape[0]:
-    raise ValueError(f"cannot compress a prompt of shape {prompt.shape} to {length} tokens; "
-                     f"give 1 <= expert length <= {prompt.shape[0] if prompt.ndim == 2 else '?'}")
+    raise ConfigError(f"cannot compress a prompt of shape {prompt.shape} to {length} tokens; "
+                      f"give 1 <= expert length <= {prompt.shape[0] if prompt.ndim == 2 else '?'}")
   if method == "first":
     return prompt[:length].copy()
   bounds = (np.arange(length + 1) * prompt.shape[0]) // length
@@ -33,5 +35,5 @@ def compress(prompt: np.ndarray, length: int, method: str) -> np.ndarray:
 def expert_prompts(prompts: Sequence[np.ndarray], length: int, method: str) -> np.ndarray:
   """The [k, length, E] initial SMoP prompts from k source prompts."""
   if not prompts:
-    raise ValueError("retrieved SMoP needs at least one source prompt")
+    raise ConfigError("retrieved SMoP needs at least one source prompt")
   return np.stack([compress(p, length, method) for p in prompts])

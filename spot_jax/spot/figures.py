@@ -14,7 +14,6 @@ and writes PNG figures plus report.md:
 """
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 from typing import Optional, Sequence
@@ -31,7 +30,15 @@ def load(study_dir: str | pathlib.Path) -> dict:
   if not path.is_file():
     raise ConfigError(f"no results.json in {str(study_dir)!r}; give the --study_dir of a "
                       f"`python -m spot_jax.study` run")
-  return json.loads(path.read_text())
+  doc = fileio.read_json(path, "--study_dir's results.json")
+  grid = doc.get("grid") if isinstance(doc, dict) else None
+  if (not isinstance(grid, dict) or not isinstance(doc.get("rows"), list)
+      or not isinstance(doc.get("embeddings"), dict)
+      or not all(isinstance(grid.get(k), list) for k in ("sources", "targets", "seeds"))):
+    raise ConfigError(f"{str(path)!r} is not the results.json of a `python -m spot_jax.study` run "
+                      f"(it lacks rows, embeddings or the grid's sources, targets and seeds); give "
+                      f"the --study_dir of a study")
+  return doc
 
 
 def _mean(values: Sequence[Optional[float]]) -> float:
@@ -171,7 +178,7 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
   sources, targets = list(grid["sources"]), list(grid["targets"])
   if not rows:
     raise ConfigError(f"{str(study_dir)!r} has no finished target runs yet; run the study first")
-  out = fileio.writable_dir(out_dir or study_dir / "report", "--out_dir")
+  out = fileio.writable_dir(out_dir or study_dir / "report", "--output_dir")
 
   transfer = transfer_matrix(rows, targets, sources)
   fig, ax = plt.subplots(figsize=(3.0 + 0.5 * len(sources), 2.0 + 0.4 * len(targets)))
@@ -182,7 +189,8 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
   plt.close(fig)
 
   names = list(doc["embeddings"])
-  embeddings = [np.load(study_dir / doc["embeddings"][n], allow_pickle=False) for n in names]
+  embeddings = [fileio.read_npy(study_dir / doc["embeddings"][n], f"the task embedding of {n}")
+                for n in names]
   sim = similarity.pairwise(embeddings, metric)
   order = cluster_order(sim)
   ordered = [names[i] for i in order]

@@ -2,16 +2,15 @@
 
 Each command line (`spot_jax.library`, `spot_jax.retrieve`, `spot_jax.study`) takes the same
 flags, so the same study runs on a tiny test model, the embedded toy T5 or T5.1.1 XXL by
-changing only `--model`, `--initial_checkpoint_path` and the task names:
+changing only `--model`, `--checkpoint` and the task names (`spot_jax.cli.flags`):
 
   --model=gin/models/t5_1_1_lm100k_base.gin   (a gin model file providing MODEL, or a config
                                                name such as t5_1_1_byte_tiny)
   --model_binding="DROPOUT_RATE=0.0"          (gin bindings for the model file, repeatable)
-  --initial_checkpoint_path=/ckpts/...        (the frozen backbone; omit: random, tests only)
+  --checkpoint=/ckpts/...                     (the frozen backbone; omit: random, tests only)
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import pathlib
 from typing import Mapping, Optional, Sequence
@@ -90,43 +89,6 @@ class RunSettings:
     return backbone_lib.fingerprint(self.model.config, None, seed)
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
-  """The flags naming the frozen model."""
-  parser.add_argument("--model", required=required,
-                      help="gin model file (e.g. gin/models/t5_1_1_lm100k_base.gin) or config "
-                           "name (e.g. t5_1_1_byte_tiny)")
-  parser.add_argument("--model_binding", action="append", default=[],
-                      help="gin binding for the model file, e.g. \"DROPOUT_RATE=0.0\" (repeatable)")
-  parser.add_argument("--initial_checkpoint_path", default=None,
-                      help="the frozen backbone's checkpoint (omit: random backbone, tests only)")
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-  """The model flags plus the data, budget and metric flags of every run."""
-  add_model_arguments(parser)
-  parser.add_argument("--task_module", default="tasks",
-                      help="module(s) registering the tasks, comma-separated (default: tasks)")
-  parser.add_argument("--inputs_length", type=int, default=512)
-  parser.add_argument("--targets_length", type=int, default=16)
-  parser.add_argument("--batch_size", type=int, default=32)
-  parser.add_argument("--train_steps", type=int, default=30000)
-  parser.add_argument("--embedding_step", type=int, default=10000,
-                      help="the early step whose prompt is the task embedding")
-  parser.add_argument("--eval_period", type=int, default=1000)
-  parser.add_argument("--checkpoint_period", type=int, default=None,
-                      help="steps between checkpoints (default: --eval_period)")
-  parser.add_argument("--eval_batch_size", type=int, default=32)
-  parser.add_argument("--eval_num_examples", type=int, default=None)
-  parser.add_argument("--prompt_length", type=int, default=100)
-  parser.add_argument("--learning_rate", type=float, default=0.3)
-  parser.add_argument("--metric", default="accuracy",
-                      help="validation metric selecting the best prompt (default: accuracy)")
-  parser.add_argument("--task_metric", action="append", default=[],
-                      help="per-task metric, TASK=METRIC (repeatable), e.g. spot_glue_stsb_v200=pearson_corrcoef")
-  parser.add_argument("--metric_max", type=float, default=100.0,
-                      help="best possible metric value (errors are metric_max - score)")
-
-
 def load_model(spec: str, bindings: Sequence[str] = ()) -> tuple[models.EncoderDecoderModel, str]:
   """The backbone model of a gin model file (its MODEL macro) or of a config name."""
   if spec.endswith(".gin"):
@@ -137,12 +99,26 @@ def load_model(spec: str, bindings: Sequence[str] = ()) -> tuple[models.EncoderD
     if not path.is_file():
       raise ConfigError(f"--model {spec!r}: no such gin file; give a file under gin/models/ or "
                         f"a config name such as t5_1_1_base")
+    from spot_jax.cli import gin_overrides, gin_settings  # pylint: disable=g-import-not-at-top
     gin.clear_config()
     for p in gin_flags.search_paths([]):
       gin.add_config_file_search_path(p)
     try:
-      gin.parse_config_files_and_bindings([str(path)], list(bindings), finalize_config=False)
-      model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+      gin_overrides.parse_file(str(path), "--model")
+      for binding in bindings:
+        gin_overrides.parse_override(binding, "--model_binding=")
+      try:
+        reference = gin.query_parameter("%MODEL")
+      except ValueError:
+        reference = None
+      if not hasattr(reference, "scoped_configurable_fn"):
+        raise ConfigError(f"--model {spec!r}: the gin file binds no MODEL = @...(); give a "
+                          f"gin/models/ file")
+      gin_settings.check_types(gin_overrides.used_keys([reference.configurable.selector]))
+      try:
+        model = reference.scoped_configurable_fn()
+      except ConfigError as e:
+        raise ConfigError(f"--model {spec!r}: {gin_settings.name_setting(e)}") from None
     finally:
       gin.clear_config()
     if not isinstance(model, models.EncoderDecoderModel):
@@ -158,38 +134,11 @@ def load_model(spec: str, bindings: Sequence[str] = ()) -> tuple[models.EncoderD
   return models.EncoderDecoderModel(t5.Transformer(config)), spec
 
 
-def _parse_task_metrics(items: Sequence[str]) -> dict[str, str]:
-  out = {}
-  for item in items:
-    task, sep, metric = item.partition("=")
-    if not sep or not task or not metric:
-      raise ConfigError(f"--task_metric {item!r} is malformed; give TASK=METRIC, e.g. "
-                        f"spot_glue_stsb_v200=pearson_corrcoef")
-    out[task] = metric
-  return out
-
-
 def model_fingerprint(model: models.EncoderDecoderModel, checkpoint: Optional[str],
                       seed: int = 0) -> dict[str, str]:
   if checkpoint:
     backbone_lib.check_initial_checkpoint(checkpoint)
   return backbone_lib.fingerprint(model.config, checkpoint, seed)
-
-
-def from_args(args: argparse.Namespace) -> RunSettings:
-  """RunSettings from the parsed `add_run_arguments` flags."""
-  model, name = load_model(args.model, args.model_binding)
-  return RunSettings(
-      model=model, model_name=name, initial_checkpoint_path=args.initial_checkpoint_path,
-      task_module=args.task_module,
-      lengths={"inputs": args.inputs_length, "targets": args.targets_length},
-      batch_size=args.batch_size, train_steps=args.train_steps,
-      embedding_step=args.embedding_step, eval_period=args.eval_period,
-      checkpoint_period=args.checkpoint_period,
-      eval_batch_size=args.eval_batch_size, eval_num_examples=args.eval_num_examples,
-      prompt_length=args.prompt_length, learning_rate=args.learning_rate, metric=args.metric,
-      task_metrics=_parse_task_metrics(args.task_metric), metric_max=args.metric_max,
-      fingerprint=model_fingerprint(model, args.initial_checkpoint_path, 0))
 
 
 def check_tasks(task_names: Sequence[str], module: str) -> None:

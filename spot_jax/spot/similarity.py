@@ -16,6 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
+from spot_jax.errors import ConfigError
+
 METRICS = ("average", "per_token")
 _EPS = 1e-30
 
@@ -30,11 +32,11 @@ def _check(prompts: Sequence[np.ndarray]) -> list[np.ndarray]:
   out = [np.asarray(p, np.float64) for p in prompts]
   for i, p in enumerate(out):
     if p.ndim != 2 or p.shape[0] == 0:
-      raise ValueError(f"prompt {i} has shape {p.shape}; task embeddings are [length, embed] "
-                       f"with length >= 1")
+      raise ConfigError(f"prompt {i} has shape {p.shape}; task embeddings are [length, embed] "
+                        f"with length >= 1")
   widths = {p.shape[1] for p in out}
   if len(widths) > 1:
-    raise ValueError(f"prompts of different embedding sizes {sorted(widths)} cannot be compared")
+    raise ConfigError(f"prompts of different embedding sizes {sorted(widths)} cannot be compared")
   return out
 
 
@@ -45,7 +47,7 @@ def summaries(prompts: Sequence[np.ndarray], metric: str) -> np.ndarray:
   (not renormalised: its dot products are the mean pairwise cosines).
   """
   if metric not in METRICS:
-    raise ValueError(f"similarity metric {metric!r} is unknown; valid: {', '.join(METRICS)}")
+    raise ConfigError(f"similarity metric {metric!r} is unknown; valid: {', '.join(METRICS)}")
   out = _check(prompts)
   if not out:
     return np.zeros((0, 0))

@@ -7,6 +7,8 @@ from typing import Optional, Sequence
 
 import jax.numpy as jnp
 
+from spot_jax.errors import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class T5Config:
@@ -53,15 +55,15 @@ class T5Config:
                  "relative_attention_num_buckets", "relative_attention_max_distance"):
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
-        raise ValueError(f"T5Config.{name} must be a positive integer, got {value!r}")
+        raise ConfigError(f"T5Config.{name} must be a positive integer, got {value!r}")
     if self.dtype not in ("float32", "bfloat16", "float16"):
-      raise ValueError(f"T5Config.dtype must be 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
+      raise ConfigError(f"T5Config.dtype must be 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
     unknown = [a for a in self.mlp_activations if a not in _ACTIVATION_NAMES]
     if unknown or not self.mlp_activations:
-      raise ValueError(f"T5Config.mlp_activations {self.mlp_activations!r} must be a non-empty "
-                       f"sequence of {sorted(_ACTIVATION_NAMES)}")
+      raise ConfigError(f"T5Config.mlp_activations {self.mlp_activations!r} must be a non-empty "
+                        f"sequence of {sorted(_ACTIVATION_NAMES)}")
     if not 0.0 <= self.dropout_rate < 1.0:
-      raise ValueError(f"T5Config.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+      raise ConfigError(f"T5Config.dropout_rate must be in [0, 1), got {self.dropout_rate}")
 
   @property
   def activation_dtype(self) -> jnp.dtype:
@@ -160,6 +162,6 @@ def config_by_name(name: str, *, dtype: Optional[str] = None,
   except KeyError:
     close = difflib.get_close_matches(name, CONFIGS, n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise ValueError(f"unknown T5 config {name!r}{hint}; valid names: {', '.join(sorted(CONFIGS))}") from None
+    raise ConfigError(f"unknown T5 config {name!r}{hint}; valid names: {', '.join(sorted(CONFIGS))}") from None
   changes = {k: v for k, v in (("dtype", dtype), ("dropout_rate", dropout_rate)) if v is not None}
   return config.replace(**changes) if changes else config

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from spot_jax.errors import ConfigError
 from spot_jax.t5 import decoding
 from spot_jax.t5.network import Transformer
 
@@ -120,27 +121,27 @@ def search_settings(model: Transformer, *, max_decode_length: int, method: str =
   if not isinstance(model, Transformer):
     raise ValueError(f"generate needs a spot_jax.t5.Transformer, got {type(model).__name__}")
   if method not in METHODS:
-    raise ValueError(f"unknown generation method {method!r}; valid methods: {', '.join(METHODS)}")
+    raise ConfigError(f"unknown generation method {method!r}; valid methods: {', '.join(METHODS)}")
   if not isinstance(max_decode_length, int) or max_decode_length <= 0:
-    raise ValueError(f"max_decode_length must be a positive integer, got {max_decode_length!r}")
+    raise ConfigError(f"max_decode_length must be a positive integer, got {max_decode_length!r}")
   if not isinstance(eos_id, int) or not 0 < eos_id < model.config.vocab_size:
-    raise ValueError(f"eos_id must be an integer in [1, vocab_size={model.config.vocab_size}), "
-                     f"got {eos_id!r}")
+    raise ConfigError(f"eos_id must be an integer in [1, vocab_size={model.config.vocab_size}), "
+                      f"got {eos_id!r}")
   if method == "beam":
     if not isinstance(num_beams, int) or num_beams < 1:
-      raise ValueError(f"num_beams must be a positive integer, got {num_beams!r}")
+      raise ConfigError(f"num_beams must be a positive integer, got {num_beams!r}")
   else:
     if return_all_beams:
-      raise ValueError(f"return_all_beams applies to method='beam' only, not {method!r}")
+      raise ConfigError(f"return_all_beams applies to method='beam' only, not {method!r}")
     num_beams = 1  # irrelevant here; normalised so it never triggers a recompile
   if method == "sample":
     if rng is None:
-      raise ValueError("method='sample' needs rng=jax.random.PRNGKey(...)")
+      raise ConfigError("method='sample' needs rng=jax.random.PRNGKey(...)")
     if isinstance(temperature, (int, float)) and temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {temperature}")
+      raise ConfigError(f"temperature must be >= 0, got {temperature}")
     if not isinstance(top_k, int) or not 0 <= top_k <= model.config.vocab_size:
-      raise ValueError(f"top_k must be an integer in [0, vocab_size={model.config.vocab_size}], "
-                       f"got {top_k!r}")
+      raise ConfigError(f"top_k must be an integer in [0, vocab_size={model.config.vocab_size}], "
+                        f"got {top_k!r}")
   else:
     rng, temperature, top_k = None, 0.0, 0
   if method != "beam":

@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
+from spot_jax.errors import ConfigError
 from spot_jax.t5.config import T5Config
 
 Index = tuple[slice, ...]
@@ -70,12 +71,12 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> T5Config:
   """
   model_type = hf_config.get("model_type", "t5")
   if model_type not in ("t5", "mt5"):
-    raise ValueError(f"config.json model_type {model_type!r} is not supported; valid: 't5', 'mt5'")
+    raise ConfigError(f"config.json model_type {model_type!r} is not supported; valid: 't5', 'mt5'")
   missing = [k for k in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
              if k not in hf_config]
   if missing:
-    raise ValueError(f"config.json lacks {', '.join(missing)}; a T5 config.json needs vocab_size, "
-                     "d_model, d_kv, d_ff, num_layers and num_heads")
+    raise ConfigError(f"config.json lacks {', '.join(missing)}; a T5 config.json needs vocab_size, "
+                      "d_model, d_kv, d_ff, num_layers and num_heads")
   num_layers = int(hf_config["num_layers"])
   return T5Config(
       vocab_size=int(hf_config["vocab_size"]),
@@ -105,12 +106,12 @@ def _activations(feed_forward_proj: str) -> tuple[str, ...]:
   parts = feed_forward_proj.split("-")
   gated = len(parts) == 2 and parts[0] == "gated"
   if len(parts) > 2 or (len(parts) == 2 and not gated):
-    raise ValueError(f"config.json feed_forward_proj {feed_forward_proj!r} must be 'ACT' or 'gated-ACT'")
+    raise ConfigError(f"config.json feed_forward_proj {feed_forward_proj!r} must be 'ACT' or 'gated-ACT'")
   # transformers maps "gated-gelu" (T5.1.1) to the tanh approximation, plain "gelu" to exact GELU.
   name = "gelu_new" if feed_forward_proj == "gated-gelu" else parts[-1]
   if name not in _HF_ACTIVATIONS:
-    raise ValueError(f"config.json feed_forward_proj {feed_forward_proj!r}: activation {name!r} is "
-                     f"not supported; valid: {', '.join(sorted(_HF_ACTIVATIONS))}")
+    raise ConfigError(f"config.json feed_forward_proj {feed_forward_proj!r}: activation {name!r} is "
+                      f"not supported; valid: {', '.join(sorted(_HF_ACTIVATIONS))}")
   act = _HF_ACTIVATIONS[name]
   return (act, "linear") if gated else (act,)
 
@@ -200,8 +201,8 @@ def weight_files(directory: str) -> list[str]:
   for name in ("model.safetensors", "pytorch_model.bin"):
     if os.path.exists(os.path.join(directory, name)):
       return [os.path.join(directory, name)]
-  raise FileNotFoundError(f"{directory} holds no Hugging Face weights; expected model.safetensors, "
-                          "model.safetensors.index.json or pytorch_model.bin")
+  raise ConfigError(f"{directory} holds no Hugging Face weights; expected model.safetensors, "
+                    "model.safetensors.index.json or pytorch_model.bin")
 
 
 def open_tensors(directory: str) -> dict[str, HFTensor]:
@@ -211,7 +212,7 @@ def open_tensors(directory: str) -> dict[str, HFTensor]:
     opened = _open_safetensors(path) if path.endswith(".safetensors") else _open_torch(path)
     for t in opened:
       if t.name in tensors:
-        raise ValueError(f"tensor {t.name} is stored twice ({tensors[t.name].file} and {t.file})")
+        raise ConfigError(f"tensor {t.name} is stored twice ({tensors[t.name].file} and {t.file})")
       tensors[t.name] = t
   return tensors
 
@@ -233,7 +234,7 @@ def _open_torch(path: str) -> list[HFTensor]:
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise ImportError(f"reading {path} needs PyTorch (pip install torch), or convert the "
+    raise ConfigError(f"reading {path} needs PyTorch (pip install torch), or convert the "
                       "checkpoint to model.safetensors") from None
   try:
     state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

@@ -23,6 +23,7 @@ import numpy as np
 from flax import traverse_util
 
 from spot_jax import fileio
+from spot_jax.errors import ConfigError
 from spot_jax.t5 import hf
 from spot_jax.t5.config import T5Config
 
@@ -35,8 +36,8 @@ def hf_config(config: T5Config) -> dict[str, Any]:
   acts = tuple(config.mlp_activations)
   gated = len(acts) == 2 and acts[1] == "linear"
   if (len(acts) not in (1, 2)) or (len(acts) == 2 and not gated) or acts[0] not in _FF_NAMES:
-    raise ValueError(f"mlp_activations {acts} have no Hugging Face T5 equivalent; valid: (ACT,) "
-                     f"or (ACT, 'linear') with ACT in {', '.join(sorted(_FF_NAMES))}")
+    raise ConfigError(f"mlp_activations {acts} have no Hugging Face T5 equivalent; valid: (ACT,) "
+                      f"or (ACT, 'linear') with ACT in {', '.join(sorted(_FF_NAMES))}")
   ff = "gated-gelu" if acts == ("gelu", "linear") else (
       f"gated-{_FF_NAMES[acts[0]]}" if gated else _FF_NAMES[acts[0]])
   return {
@@ -87,15 +88,15 @@ def hf_tensors(params: Mapping[str, Any], config: T5Config) -> dict[str, np.ndar
   for name in hf_names(config):
     path, transpose = hf.t5x_name(name, tied)
     if path not in flat:
-      raise ValueError(f"the checkpoint lacks {path} (needed for {name}); give the full backbone "
-                       f"of a {'tied' if tied else 'untied'} T5 model")
+      raise ConfigError(f"the checkpoint lacks {path} (needed for {name}); give the full backbone "
+                        f"of a {'tied' if tied else 'untied'} T5 model")
     value = np.asarray(flat[path], np.float32)
     out[name] = np.ascontiguousarray(value.T if transpose else value)
     used.add(path)
   extra = sorted(set(flat) - used)
   if extra:
-    raise ValueError(f"the checkpoint holds parameters a Hugging Face T5 has no place for: "
-                     f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}")
+    raise ConfigError(f"the checkpoint holds parameters a Hugging Face T5 has no place for: "
+                      f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}")
   return out
 
 
@@ -111,7 +112,7 @@ def export_hf(params: Mapping[str, Any], config: T5Config, output_dir: str, *,
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   if os.path.exists(output_dir) and not overwrite:
-    raise FileExistsError(f"--output_dir {output_dir} exists; pass --overwrite to replace it")
+    raise ConfigError(f"--output_dir {output_dir} exists; pass --overwrite to replace it")
   tensors = hf_tensors(params, config)
   cfg = hf_config(config)
   with fileio.staged_directory(output_dir) as tmp:

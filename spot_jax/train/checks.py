@@ -97,8 +97,8 @@ def _steps(name: str, values: Any, total_steps: int) -> list[int]:
   out = []
   for i, v in enumerate(values):
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= total_steps:
-      raise ConfigError(f"{name}[{i}]={v!r} is not a step in 1..TRAIN_STEPS={total_steps}; "
-                        f"{name}={list(values)!r}")
+      raise ConfigError(f"{name}={list(values)!r}: entry {i} ({v!r}) must be a positive step "
+                        f"<= TRAIN_STEPS={total_steps}")
     out.append(int(v))
   return out
 
@@ -179,10 +179,10 @@ def plan(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Datas
   data_lib.import_modules(train_dataset_cfg.module)
   for cfg in train_cfgs:
     data_lib.validate(cfg, model.prompt_length)
-    data_lib.get_mixture_or_task(cfg.mixture_or_task_name)
+    data_lib.get_mixture_or_task(cfg.mixture_or_task_name, cfg.split, "DatasetConfig.split")
   if eval_cfg is not None:
     data_lib.import_modules(eval_cfg.module)
-    data_lib.get_mixture_or_task(eval_cfg.mixture_or_task_name)
+    data_lib.get_mixture_or_task(eval_cfg.mixture_or_task_name, eval_cfg.split, "EVAL_SPLIT")
   if initial_checkpoint_path:
     backbone_lib.check_initial_checkpoint(initial_checkpoint_path)
   if stacked:

@@ -35,11 +35,7 @@ def _prompt_file_params(model: models.EncoderDecoderModel, prompt_file: str, bac
   if names != ["prompt"]:
     raise ConfigError(f"PROMPT_FILE fits Prompt Tuning modules (one 'prompt' parameter); this model's "
                       f"prompt has {names}: evaluate its run directory with MODEL_DIR instead")
-  try:
-    array = np.load(path, allow_pickle=False)
-  except (OSError, ValueError, EOFError) as e:
-    raise ConfigError(f"PROMPT_FILE {prompt_file!r} is not a readable .npy ({e}); give a prompt "
-                      f"saved with numpy.save") from None
+  array = fileio.read_npy(path, "PROMPT_FILE")
   expected = models.unbox(abstract)[models.PROMPT_KEY]["prompt"].shape
   if array.shape != expected:
     raise ConfigError(f"PROMPT_FILE {prompt_file!r} has shape {array.shape}; this model's prompt is {expected}")

@@ -18,6 +18,7 @@ import numpy as np
 from spot_jax import data as data_lib
 from spot_jax import models
 from spot_jax import partitioning
+from spot_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +75,7 @@ class Evaluator:
     self.model, self.config = model, config
     self.mesh = mesh if mesh is not None else partitioning.create_mesh(1)
     data_lib.import_modules(config.module)
-    data_lib.get_mixture_or_task(config.mixture_or_task_name)  # clear error for unknown names
+    data_lib.get_mixture_or_task(config.mixture_or_task_name, config.split, "EVAL_SPLIT")
     self._log_dir = log_dir
     self._routes = _RoutedLogs()
     self._evaluator = seqio.Evaluator(
@@ -217,7 +218,6 @@ class Evaluator:
 
 def lookup_metric(metrics: Mapping[str, Mapping[str, float]], name: str) -> float:
   """`name` is "task/metric" or, when one task was evaluated, just "metric"."""
-  from spot_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   if "/" in name:
     task, metric = name.rsplit("/", 1)
     if task in metrics and metric in metrics[task]:
