@@ -1,5 +1,11 @@
 """t5x-style command lines: --gin_file (repeatable), --gin_search_paths, --gin.KEY=VALUE.
 
+Gin files and their `include`s are found relative to the working directory first, then to each
+`--gin_search_paths` directory, then to the repository root, so `--gin_file=gin/...` works from
+any directory. gin logs an "ERROR:root:Path not found: ..." record for each place a file is not;
+those records are dropped while the files are parsed (a file found nowhere is still one error
+line naming the places searched).
+
 Errors a user can cause (unknown gin parameter, unknown task, missing checkpoint, ...) end the
 program with one line on stderr naming the problem and exit status 2; `--debug` shows the
 traceback instead. An override that the final configuration never uses is such an error too
@@ -8,9 +14,11 @@ traceback instead. An override that the final configuration never uses is such a
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import pathlib
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from spot_jax import cli
 from spot_jax.cli import gin_overrides
@@ -57,11 +65,30 @@ def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Nam
 
 
 def search_paths(extra: Sequence[str]) -> list[str]:
-  paths: list[str] = []
+  """Where gin files are looked for, in order: the working directory, `extra`, the repository."""
+  paths: list[str] = [os.getcwd()]
   for item in extra:
     paths.extend(p for p in item.split(",") if p)
-  paths += [os.getcwd(), str(REPO_ROOT)]
-  return paths
+  paths.append(str(REPO_ROOT))
+  return list(dict.fromkeys(paths))  # a directory given twice is searched once
+
+
+class _PathNotFoundFilter(logging.Filter):
+  """Drops gin's "Path not found: <file>" records (one per search path that lacks a file)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and record.msg.startswith("Path not found:"))
+
+
+@contextlib.contextmanager
+def _quiet_search() -> Iterator[None]:
+  """While gin searches its paths, its misses are not logged (gin logs to the root logger)."""
+  quiet = _PathNotFoundFilter()
+  logging.getLogger().addFilter(quiet)
+  try:
+    yield
+  finally:
+    logging.getLogger().removeFilter(quiet)
 
 
 def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -> None:
@@ -73,13 +100,15 @@ def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -
       reach are refused. None: the configurables the files bind that nothing references.
   """
   import gin  # pylint: disable=g-import-not-at-top
-  for path in search_paths(args.gin_search_paths):
+  paths = search_paths(args.gin_search_paths)
+  for path in paths:
     gin.add_config_file_search_path(path)
   for f in args.gin_file:
-    if not any(pathlib.Path(p, f).is_file() for p in search_paths(args.gin_search_paths)) and not pathlib.Path(f).is_file():
-      raise FileNotFoundError(f"gin file {f!r} not found in {search_paths(args.gin_search_paths)}; "
+    if not any(pathlib.Path(p, f).is_file() for p in paths) and not pathlib.Path(f).is_file():
+      raise FileNotFoundError(f"gin file {f!r} not found in {paths}; "
                               f"the shipped ones are under gin/ (models/, prompts/, runs/)")
-  gin.parse_config_files_and_bindings(args.gin_file, [], finalize_config=False)
+  with _quiet_search():
+    gin.parse_config_files_and_bindings(args.gin_file, [], finalize_config=False)
   from_files = set(gin.config._CONFIG)  # pylint: disable=protected-access
   keys = []
   for binding in args.gin_bindings:
