@@ -111,7 +111,8 @@ def evaluate(*, model: models.EncoderDecoderModel, eval_cfg: evaluator_lib.EvalC
         raise ConfigError(f"PROMPT_FILE {prompt_file!r} has shape {array.shape}; this model's prompt is {expected}")
       trained, source = {models.PROMPT_KEY: {"prompt": array.astype(np.float32)}}, str(path)
     else:
-      trained, source = _restore_params(pathlib.Path(checkpoint_dir), step, use_best)
+      # absolute: orbax refuses relative paths (CHECKPOINT_DIR=run from the run's parent folder)
+      trained, source = _restore_params(pathlib.Path(checkpoint_dir).absolute(), step, use_best)
     params = dict(trained) if models.PROMPT_KEY not in trained else models.merge_params(backbone, trained)
     evaluator = evaluator_lib.Evaluator(model, eval_cfg, log_dir=str(out))
     metrics = evaluator.evaluate(params)

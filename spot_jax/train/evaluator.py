@@ -1,9 +1,11 @@
 """seqio evaluation of a (prompted) model: greedy decoding, the task's postprocessors and metrics."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import jax
 import numpy as np
@@ -53,6 +55,35 @@ def _batches(ds, batch_size: int, feature: str):
     yield indices, np.stack(rows + pad), len(rows)
 
 
+class _SeqioNotes(logging.Filter):
+  """Drops the absl records of seqio that start with one of `prefixes`."""
+
+  def __init__(self, prefixes: tuple[str, ...]):
+    super().__init__()
+    self.prefixes = prefixes
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and record.msg.startswith(self.prefixes))
+
+
+# seqio warns (absl, on stderr) whenever TASK_FEATURE_LENGTHS is not exactly the longest evaluation
+# example; the lengths are fixed on purpose (one compiled shape).
+_LENGTH_NOTES = ("Given sequence lengths",)
+# ... and when an evaluation has no training step (spot_jax.eval of a finished run): -1 it is.
+_NO_STEP_NOTES = ("Step number for the logging session is not provided",)
+
+
+@contextlib.contextmanager
+def _without(prefixes: tuple[str, ...]) -> Iterator[None]:
+  """seqio's absl warnings starting with `prefixes` are not printed inside the block."""
+  quiet, logger = _SeqioNotes(prefixes), logging.getLogger("absl")
+  logger.addFilter(quiet)
+  try:
+    yield
+  finally:
+    logger.removeFilter(quiet)
+
+
 class Evaluator:
   """Evaluates parameter trees of one model on one task or mixture.
 
@@ -70,12 +101,13 @@ class Evaluator:
     if log_dir:
       os.makedirs(log_dir, exist_ok=True)
     loggers = (seqio.JSONLogger,) if log_dir else ()
-    self._evaluator = seqio.Evaluator(
-        mixture_or_task_name=config.mixture_or_task_name,
-        feature_converter=seqio.EncDecFeatureConverter(pack=False),
-        eval_split=config.split, use_cached=config.use_cached, seed=42,
-        sequence_length=dict(config.task_feature_lengths), num_examples=config.num_examples,
-        logger_cls=loggers, log_dir=log_dir, async_compute_metrics=False)
+    with _without(_LENGTH_NOTES):
+      self._evaluator = seqio.Evaluator(
+          mixture_or_task_name=config.mixture_or_task_name,
+          feature_converter=seqio.EncDecFeatureConverter(pack=False),
+          eval_split=config.split, use_cached=config.use_cached, seed=42,
+          sequence_length=dict(config.task_feature_lengths), num_examples=config.num_examples,
+          logger_cls=loggers, log_dir=log_dir, async_compute_metrics=False)
     decode_length = int(config.task_feature_lengths["targets"])
     self._predict = jax.jit(lambda params, tokens: model.predict_batch(params, tokens, decode_length))
     self._score = jax.jit(model.score_batch)
@@ -114,9 +146,10 @@ class Evaluator:
 
   def evaluate(self, params, step: Optional[int] = None) -> dict[str, dict[str, float]]:
     """Metrics {task name: {metric: value}} of the full parameter tree `params`."""
-    metrics, _ = self._evaluator.evaluate(compute_metrics=True, step=step,
-                                          predict_fn=self._predict_fn(params),
-                                          score_fn=self._score_fn(params))
+    with _without(_NO_STEP_NOTES if step is None else ()):
+      metrics, _ = self._evaluator.evaluate(compute_metrics=True, step=step,
+                                            predict_fn=self._predict_fn(params),
+                                            score_fn=self._score_fn(params))
     result = metrics.result() if hasattr(metrics, "result") else metrics
     return {task: {name: _scalar(v) for name, v in task_metrics.items()}
             for task, task_metrics in (result or {}).items()}
