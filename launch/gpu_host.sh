@@ -68,8 +68,7 @@ esac
 if [ "${TRAINER}" = t5x ]; then check_python t5x; else check_python spot_jax; fi
 show "${cmd[@]}"
 is_dry_run && exit 0
-RESUME="$(relaunch_command GIN_FILES MODEL_DIR TASK TASK_MODULE INITIAL_CHECKPOINT_PATH TRAINER PYTHON \
-          COORDINATOR_ADDRESS NUM_PROCESSES PROCESS_ID EXTRA_ARGS)"
+RESUME="$(relaunch_command)"
 PIDS=() LOGS=() NAMES=()
 open_logs "${MODEL_DIR}/logs" "process_${PROCESS_ID:-0}"
 start 0 "process_${PROCESS_ID:-0}" "process ${PROCESS_ID:-0} of ${NUM_PROCESSES:-1}" "${show_streams}" "${cmd[@]}"

@@ -5,11 +5,10 @@
 LAUNCH_PROG="launch/$(basename "${0}")"
 # The repository root (this file's folder's parent), whatever the working directory.
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# Seconds the other processes get to end on their own after one fails, before they are stopped.
-GRACE_PERIOD="${GRACE_PERIOD:-3}"
 # What a process's log says when it only stopped because another process had died (jax's
 # coordination service, or spot-jax's own "lost contact" line).
-PEER_LOSS='detected fatal errors|another task died|heartbeat timeout|Socket closed|lost contact with another process'
+PEER_LOSS='detected fatal errors|another task died|heartbeat timeout|Socket closed'
+PEER_LOSS+='|lost contact with another process'
 # fd 3: the launcher's own stderr while supervising, when fd 2 is muted (bash reports each
 # process that a signal ended, "line N: <pid> Killed ...", on fd 2; the one-line report says it).
 exec 3>&2
@@ -22,7 +21,8 @@ try:
   import spot_jax
   gin = importlib.util.find_spec("gin")
   if gin is None or gin.origin is None:
-    raise ImportError("gin-config is not installed" + (", so the repository'"'"'s gin/ folder stands in for the gin package" if gin else ""))
+    stand_in = ", so the repository'"'"'s gin/ folder stands in for the gin package"
+    raise ImportError("gin-config is not installed" + (stand_in if gin else ""))
   for name in ("jax", "flax", "optax", "orbax.checkpoint", "seqio", "tensorflow", *sys.argv[1:]):
     if importlib.util.find_spec(name) is None:
       raise ImportError(f"No module named {name!r}")
@@ -87,7 +87,8 @@ parse_flags() {
   for arg in "$@"; do
     case "${arg}" in
       --dry_run) DRY_RUN=1 ;;
-      *) die "unknown argument '${arg}'; the only flag is --dry_run (settings are environment variables)" ;;
+      *) die "unknown argument '${arg}'; the only flag is --dry_run (settings are environment" \
+             "variables)" ;;
     esac
   done
 }
@@ -112,13 +113,14 @@ check_python() {
   is_dry_run && return 0
   if ! command -v "${PY}" >/dev/null 2>&1; then
     die "PYTHON=${PY} is not an interpreter that can be run; set PYTHON to one with spot-jax's" \
-        "dependencies, or create ${REPO}/.venv (python3 -m venv .venv && .venv/bin/pip install -e .)"
+        "dependencies, or create ${REPO}/.venv (python3 -m venv .venv &&" \
+        ".venv/bin/pip install -e .)"
   fi
   if ! why="$("${PY}" -c "${PROBE}" "$@" 2>&1)"; then
     why="$(printf '%s\n' "${why}" | grep -v '^[[:space:]]*$' | tail -n 1)"
-    die "${PY} cannot import spot_jax (${why:-it ended without a message}); set PYTHON to an interpreter with" \
-        "spot-jax's dependencies, or create ${REPO}/.venv (python3 -m venv .venv &&" \
-        ".venv/bin/pip install -e .), which the launcher then uses"
+    die "${PY} cannot import spot_jax (${why:-it ended without a message}); set PYTHON to an" \
+        "interpreter with spot-jax's dependencies, or create ${REPO}/.venv (python3 -m venv" \
+        ".venv && .venv/bin/pip install -e .), which the launcher then uses"
   fi
 }
 
@@ -139,16 +141,10 @@ quote() {
   fi
 }
 
-# relaunch_command VAR...: the command that started this launch (the set VARs, then the script).
+# relaunch_command: the command that started this launch: the settings the user gave (as given,
+# before any default), then the script as it was called.
 relaunch_command() {
-  local name words=()
-  for name in "$@"; do
-    if [ -n "${!name:-}" ]; then
-      words+=("${name}=$(quote "${!name}")")
-    fi
-  done
-  words+=("$(quote "${0}")")
-  printf '%s' "${words[*]}"
+  printf '%s%s' "${GIVEN_SETTINGS}" "$(quote "${0}")"
 }
 
 # last_saved_step DIR: the newest complete training state of the run directory DIR, or nothing.
@@ -160,7 +156,8 @@ last_saved_step() {
     [ -d "${path}" ] || continue
     name="$(basename "${path}")"
     name="${name#checkpoint_}"
-    if [[ "${name}" =~ ^[0-9]+$ ]] && { [ -z "${best}" ] || [ "$((10#${name}))" -gt "${best}" ]; }; then
+    [[ "${name}" =~ ^[0-9]+$ ]] || continue
+    if [ -z "${best}" ] || [ "$((10#${name}))" -gt "${best}" ]; then
       best="$((10#${name}))"
     fi
   done
@@ -192,7 +189,9 @@ open_logs() {
   local name
   LOG_DIR="$1"
   shift
-  mkdir -p "${LOG_DIR}" 2>/dev/null || die "cannot create the log folder ${LOG_DIR}; give a writable MODEL_DIR"
+  if ! mkdir -p "${LOG_DIR}" 2>/dev/null; then
+    die "cannot create the log folder ${LOG_DIR}; give a writable MODEL_DIR"
+  fi
   for name in "$@"; do
     if [ -e "${LOG_DIR}/${name}.log" ]; then
       mv -f "${LOG_DIR}/${name}.log" "${LOG_DIR}/${name}.prev.log"
@@ -272,14 +271,14 @@ on_interrupt() {
 }
 
 # supervise: waits for the processes started with `start`.
-# When one fails, the others get GRACE_PERIOD seconds to end on their own and are then stopped;
+# When one fails, the others get GRACE_PERIOD seconds (3) to end on their own and are then stopped;
 # one line names the process that failed first (a process whose log shows it only lost its peer
 # is not the cause when another failed too), its exit, the last saved step and how to resume.
 # Returns 0 when every process succeeded, else the status of the process that failed first.
 supervise() {
-  local i code failed=() polls=0 grace_polls running root="" cause err others
+  local i code failed=() polls=0 grace_polls running root="" cause err line
   STATUS=()
-  grace_polls=$((GRACE_PERIOD * 5))
+  grace_polls=$((${GRACE_PERIOD:-3} * 5))
   trap on_interrupt INT TERM HUP
   exec 2>/dev/null
   while :; do
@@ -295,9 +294,8 @@ supervise() {
     for i in "${!PIDS[@]}"; do
       [ -n "${STATUS[i]:-}" ] || running=$((running + 1))
     done
-    if [ "${running}" = 0 ] || { [ "${#failed[@]}" -gt 0 ] && [ "${polls}" -ge "${grace_polls}" ]; }; then
-      break
-    fi
+    [ "${running}" != 0 ] || break
+    [ "${#failed[@]}" = 0 ] || [ "${polls}" -lt "${grace_polls}" ] || break
     [ "${#failed[@]}" = 0 ] || polls=$((polls + 1))
     sleep 0.2
   done
@@ -319,12 +317,22 @@ supervise() {
     cause="stopped because another process died"
   fi
   err="$(error_line "${LOGS[root]}")"
+  line="${NAMES[root]} ${cause} ($(describe_exit "${STATUS[root]}")${err:+: ${err}})"
   case "${STOPPED}" in
-    0) others="" ;;
-    1) others="; stopped the other process" ;;
-    *) others="; stopped the other ${STOPPED} processes" ;;
+    0) ;;
+    1) line+="; stopped the other process" ;;
+    *) line+="; stopped the other ${STOPPED} processes" ;;
   esac
-  echo "${LAUNCH_PROG}: error: ${NAMES[root]} ${cause}" \
-       "($(describe_exit "${STATUS[root]}")${err:+: ${err}})${others}; $(outcome); log: ${LOGS[root]}" >&2
+  echo "${LAUNCH_PROG}: error: ${line}; $(outcome); log: ${LOGS[root]}" >&2
   return "${STATUS[root]}"
 }
+
+# The settings as the user gave them (for the resume command), before the scripts add defaults.
+GIVEN_SETTINGS=""
+for _name in GIN_FILES MODEL_DIR TASK TASK_MODULE INITIAL_CHECKPOINT_PATH TRAINER PYTHON \
+             NUM_PROCESSES PORT HEARTBEAT_TIMEOUT GRACE_PERIOD COORDINATOR_ADDRESS PROCESS_ID EXTRA_ARGS; do
+  if [ -n "${!_name:-}" ]; then
+    GIVEN_SETTINGS+="${_name}=$(quote "${!_name}") "
+  fi
+done
+unset _name

@@ -33,8 +33,12 @@ require GIN_FILES "e.g. GIN_FILES=gin/test/smoke.gin"
 require MODEL_DIR "e.g. MODEL_DIR=/tmp/spot_smoke"
 NUM_PROCESSES="${NUM_PROCESSES:-1}"
 PORT="${PORT:-12355}"
-case "${NUM_PROCESSES}" in ''|*[!0-9]*|0) die "NUM_PROCESSES=${NUM_PROCESSES} is not a positive integer" ;; esac
-case "${GRACE_PERIOD}" in ''|*[!0-9]*) die "GRACE_PERIOD=${GRACE_PERIOD} is not a whole number of seconds" ;; esac
+case "${NUM_PROCESSES}" in
+  ''|*[!0-9]*|0) die "NUM_PROCESSES=${NUM_PROCESSES} is not a positive integer" ;;
+esac
+case "${GRACE_PERIOD:-3}" in
+  ''|*[!0-9]*) die "GRACE_PERIOD=${GRACE_PERIOD} is not a whole number of seconds" ;;
+esac
 MODEL_DIR="$(absolute "${MODEL_DIR}")"
 choose_python
 check_python spot_jax
@@ -43,8 +47,7 @@ export JAX_PLATFORMS=cpu
 mapfile -t GIN < <(gin_args)
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 cmd=("${PY}" -m spot_jax.train "${GIN[@]}" "${EXTRA[@]}")
-RESUME="$(relaunch_command GIN_FILES MODEL_DIR TASK TASK_MODULE INITIAL_CHECKPOINT_PATH NUM_PROCESSES \
-          PORT HEARTBEAT_TIMEOUT PYTHON GRACE_PERIOD EXTRA_ARGS)"
+RESUME="$(relaunch_command)"
 
 PIDS=() LOGS=() NAMES=()
 mapfile -t LOG_NAMES < <(seq -f 'process_%g' 0 $((NUM_PROCESSES - 1)))
@@ -57,8 +60,9 @@ for ((i = 0; i < NUM_PROCESSES; i++)); do
   fi
   show "${cmd[@]}" "${dist[@]}"
   if ! is_dry_run; then
-    start "${i}" "process_${i}" "process ${i} of ${NUM_PROCESSES}" "$([ "${i}" = 0 ] && echo stdout || echo none)" \
-          "${cmd[@]}" "${dist[@]}"
+    shown=none
+    [ "${i}" != 0 ] || shown=stdout
+    start "${i}" "process_${i}" "process ${i} of ${NUM_PROCESSES}" "${shown}" "${cmd[@]}" "${dist[@]}"
   fi
 done
 is_dry_run && exit 0

@@ -222,14 +222,14 @@ def test_a_relative_checkpoint_path_resolves_here_then_in_the_repository(tmp_pat
 
 MY_TASKS = """\
 import tasks
-tasks.register_file_task("my_opinion_v1", train="train.tsv", validation="validation.tsv",
-                         inputs="text", targets="label", labels=("yes", "no"),
+tasks.register_file_task("my_rating_v1", train="train.tsv", validation="validation.tsv",
+                         inputs="review", targets="rating", labels=("positive", "negative"),
                          vocabulary="embedded")
 """
 TOY = ["--gin_file=gin/models/t5_1_1_toy.gin", "--gin_file=gin/prompts/prompt_tuning_sampled_vocab.gin"]
-TASK_FLAGS = ["--gin.MIXTURE_OR_TASK_MODULE='my_tasks'", "--gin.MIXTURE_OR_TASK_NAME='my_opinion_v1'",
+TASK_FLAGS = ["--gin.MIXTURE_OR_TASK_MODULE='my_tasks'", "--gin.MIXTURE_OR_TASK_NAME='my_rating_v1'",
               "--gin.INITIAL_CHECKPOINT_PATH='spot_jax/embedded/toy_t5/checkpoint'",
-              "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 4}", "--gin.PROMPT_LENGTH=10"]
+              "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--gin.PROMPT_LENGTH=10"]
 # Lines on stderr that are not the programs' own. START-UP NOISE: TensorFlow's C++ start-up log
 # (glog-formatted lines and absl's "before InitializeLog" notice) is still printed until another
 # helper's start-up-noise fix (issue 24) lands; then delete STARTUP_NOISE and this allowance.
@@ -237,14 +237,15 @@ STARTUP_NOISE = re.compile(r"^(WARNING: All log messages before absl::Initialize
                            r"to STDERR|[IWE]\d{4} [\d:.]+ +\d+ [a-z_]+\.cc:\d+\] .*)$")
 
 
-def _opinion_rows(n: int, seed: int) -> list[tuple[str, str]]:
+def _rating_rows(n: int, seed: int) -> list[tuple[str, str]]:
+  """docs/tasks.md's data: "text: the <thing> was <adjective>" -> positive | negative."""
   rng = np.random.RandomState(seed)
   good, bad = ("good", "great", "lovely", "superb"), ("bad", "awful", "dull", "poor")
   things = ("soup", "hotel", "film", "match", "coffee", "beach")
   rows = []
   for _ in range(n):
     word = str(rng.choice(good + bad))
-    rows.append((f"the {rng.choice(things)} was {word}", "yes" if word in good else "no"))
+    rows.append((f"text: the {rng.choice(things)} was {word}", "positive" if word in good else "negative"))
   return rows
 
 
@@ -264,8 +265,8 @@ def test_worked_example_trains_and_evaluates_a_tsv_task_from_outside_the_reposit
   folder = tmp_path / "my_task"
   folder.mkdir()
   assert REPO not in folder.parents
-  _tsv(folder / "train.tsv", _opinion_rows(200, 0))
-  _tsv(folder / "validation.tsv", _opinion_rows(32, 1))
+  _tsv(folder / "train.tsv", _rating_rows(200, 0), header=("review", "rating"))
+  _tsv(folder / "validation.tsv", _rating_rows(32, 1), header=("review", "rating"))
   (folder / "my_tasks.py").write_text(MY_TASKS)
   assert len(MY_TASKS.splitlines()) <= 5
 
@@ -274,7 +275,7 @@ def test_worked_example_trains_and_evaluates_a_tsv_task_from_outside_the_reposit
                     "--gin.BATCH_SIZE=8", "--gin.EVAL_BATCH_SIZE=32")
   assert train.returncode == 0, train.stderr[-3000:]
   assert _noise(train.stderr) == [], train.stderr
-  assert "step 20/20" in train.stdout and "eval step 20: my_opinion_v1/accuracy" in train.stdout
+  assert "step 20/20" in train.stdout and "eval step 20: my_rating_v1/accuracy" in train.stdout
   assert (folder / "run" / "checkpoints" / "20").is_dir()  # MODEL_DIR relative to the folder
 
   evaluate = _run_from(folder, "spot_jax.eval", *TOY, "--gin_file=gin/runs/eval.gin", *TASK_FLAGS,
@@ -282,6 +283,6 @@ def test_worked_example_trains_and_evaluates_a_tsv_task_from_outside_the_reposit
   assert evaluate.returncode == 0, evaluate.stderr[-3000:]
   assert _noise(evaluate.stderr) == [], evaluate.stderr
   metrics = json.loads((folder / "run" / "eval_validation" / "metrics.json").read_text())
-  accuracy = metrics["metrics"]["my_opinion_v1"]["accuracy"]
-  trained = float(re.search(r"eval step 20: my_opinion_v1/accuracy ([0-9.]+)", train.stdout).group(1))
+  accuracy = metrics["metrics"]["my_rating_v1"]["accuracy"]
+  trained = float(re.search(r"eval step 20: my_rating_v1/accuracy ([0-9.]+)", train.stdout).group(1))
   assert abs(accuracy - trained) < 1e-6  # eval reproduces the trainer's own evaluation
