@@ -186,6 +186,15 @@ def test_refuses_an_interpreter_that_cannot_import_spot_jax(tmp_path):
     assert f"{python} cannot import spot_jax (No module named 'spot_jax')" in line
     assert "set PYTHON" in line and ".venv" in line
   assert not (tmp_path / "run").exists()  # refused before anything was written
+  # A pod worker (launch/pod_worker.sh, what tpu_pod.sh runs on each worker) the same way.
+  worker = subprocess.run(["bash", str(REPO / "launch" / "pod_worker.sh"), "-m", "spot_jax.train"],
+                          env=_env({"MODEL_DIR": str(tmp_path / "run"), "PYTHON": str(python)}),
+                          capture_output=True, text=True, timeout=60)
+  assert worker.returncode == 2 and worker.stdout == "", worker.stdout + worker.stderr
+  (line,) = worker.stderr.splitlines()
+  assert re.match(rf"launch/tpu_pod\.sh on \S+: error: {re.escape(str(python))} cannot import spot_jax "
+                  r"\(No module named 'spot_jax'\)", line), line
+  assert not (tmp_path / "run").exists()
   run = _run("local_cpu.sh", {"GIN_FILES": "gin/test/smoke.gin", "MODEL_DIR": str(tmp_path / "run"),
                               "PYTHON": str(tmp_path / "nowhere" / "python")})
   assert run.returncode == 2 and "is not an interpreter that can be run" in _one_error_line(run, "local_cpu.sh")
