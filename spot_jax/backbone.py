@@ -30,6 +30,7 @@ from spot_jax.errors import ConfigError
 
 _IGNORED_FIELDS = ("dropout_rate", "dtype")
 _CHUNK = 1 << 20
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def config_hash(config: Any) -> str:
@@ -44,7 +45,7 @@ def checkpoint_identity(path: Optional[str], seed: int) -> str:
     return f"random:{int(seed)}"
   if "://" in str(path):  # a remote checkpoint is known by its address (its files are not read)
     return f"path:{str(path).rstrip('/')}"
-  root = pathlib.Path(path)
+  root = pathlib.Path(resolve_checkpoint_path(path))
   if not root.exists():
     raise ConfigError(f"checkpoint {path!r} does not exist; give the frozen model's checkpoint "
                       f"directory")
@@ -131,10 +132,24 @@ def describe(fp: dict) -> str:
   return f"{fp.get('id', '?')} ({ckpt[:22]}{'...' if len(ckpt) > 22 else ''})"
 
 
+def resolve_checkpoint_path(path: str) -> str:
+  """Where a checkpoint path points: as given when absolute, remote or present, else under the repository.
+
+  The rule of gin files: a relative path means the working directory first, then the repository
+  root, so `spot_jax/embedded/toy_t5/checkpoint` (the embedded model) works from any directory.
+  A path found in neither place is returned unchanged (`check_initial_checkpoint` names it).
+  """
+  if "://" in path or os.path.isabs(path) or os.path.exists(path):
+    return path
+  in_repo = REPO_ROOT / path
+  return str(in_repo) if in_repo.exists() else path
+
+
 def check_initial_checkpoint(path: str) -> None:
-  """A one-line error when a local INITIAL_CHECKPOINT_PATH does not exist."""
-  if "://" not in path and not os.path.exists(path):
-    raise ConfigError(f"INITIAL_CHECKPOINT_PATH {path!r} does not exist; give a T5X checkpoint "
+  """A one-line error when a local INITIAL_CHECKPOINT_PATH exists neither here nor in the repository."""
+  if "://" not in path and not os.path.exists(resolve_checkpoint_path(path)):
+    where = "" if os.path.isabs(path) else f" (looked in {os.getcwd()} and {REPO_ROOT})"
+    raise ConfigError(f"INITIAL_CHECKPOINT_PATH {path!r} does not exist{where}; give a T5X checkpoint "
                       f"directory (checkpoint_N), an orbax checkpoint or a Hugging Face model directory")
 
 
@@ -157,7 +172,8 @@ def load_backbone(model: models.EncoderDecoderModel, dummy: Mapping[str, jax.Arr
   if initial_checkpoint_path:
     check_initial_checkpoint(initial_checkpoint_path)
     from spot_jax import t5  # pylint: disable=g-import-not-at-top
-    return t5.load_checkpoint(initial_checkpoint_path, model.config, mesh=mesh, rules=rules), shardings
+    path = resolve_checkpoint_path(initial_checkpoint_path)
+    return t5.load_checkpoint(path, model.config, mesh=mesh, rules=rules), shardings
   info(f"note: no INITIAL_CHECKPOINT_PATH; the backbone is randomly initialised (seed {seed}); "
        f"fine for smoke tests, meaningless for research")
   init = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)), out_shardings=shardings)

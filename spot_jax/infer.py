@@ -191,8 +191,10 @@ def _interpret(args, table, config) -> int:
   if args.output:
     fileio.output_file(args.output, "--output")
   if args.checkpoint:
+    from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
     from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
-    embedding = checkpoints.load_embedding(args.checkpoint, config)
+    backbone_lib.check_initial_checkpoint(args.checkpoint)
+    embedding = checkpoints.load_embedding(backbone_lib.resolve_checkpoint_path(args.checkpoint), config)
   else:
     from spot_jax import partitioning  # pylint: disable=g-import-not-at-top
     embedding = partitioning.fetch(_backbone(args, config)[0]["token_embedder"]["embedding"])

@@ -1,5 +1,11 @@
 """t5x-style command lines: --gin_file (repeatable), --gin_search_paths, --gin.KEY=VALUE.
 
+Gin files and their `include`s are found relative to the working directory first, then to each
+`--gin_search_paths` directory, then to the repository root, so `--gin_file=gin/...` works from
+any directory. gin logs an "ERROR:root:Path not found: ..." record for each place a file is not;
+those records are dropped while the files are parsed (a file found nowhere is still one error
+line naming the places searched).
+
 Errors a user can cause end the program with one line on stderr and exit status 2 (`--debug`
 shows the traceback instead), naming what caused them: a gin file that does not parse (the file
 and line, through includes) or binds an unknown name, a `--gin.X=V` override that does not parse
@@ -53,11 +59,12 @@ def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Nam
 
 
 def search_paths(extra: Sequence[str]) -> list[str]:
-  paths: list[str] = []
+  """Where gin files are looked for, in order: the working directory, `extra`, the repository."""
+  paths: list[str] = [os.getcwd()]
   for item in extra:
     paths.extend(p for p in item.split(",") if p)
-  paths += [os.getcwd(), str(REPO_ROOT)]
-  return paths
+  paths.append(str(REPO_ROOT))
+  return list(dict.fromkeys(paths))  # a directory given twice is searched once
 
 
 def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -> None:

@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import tokenize
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import gin
 from gin import config_parser

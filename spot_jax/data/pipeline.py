@@ -17,6 +17,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import importlib.util
+import os
+import pathlib
+import sys
 from typing import Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -64,15 +68,52 @@ class DatasetConfig:
 
 
 def import_modules(module: Optional[str]) -> None:
-  """Imports the comma-separated task modules (MIXTURE_OR_TASK_MODULE)."""
+  """Imports the comma-separated task modules (MIXTURE_OR_TASK_MODULE).
+
+  Each is a module name, importable from the working directory (as `python -m` puts it on
+  sys.path, whatever the entry point) or from sys.path, or the path of a `.py` file (imported
+  once per process under the file's stem, e.g. 'my_tasks.py' -> module my_tasks).
+  """
   for name in (m.strip() for m in (module or "").split(",")):
     if not name:
       continue
+    if name.endswith(".py"):
+      _import_file(name)
+      continue
+    if os.getcwd() not in sys.path and "" not in sys.path:
+      sys.path.append(os.getcwd())
     try:
       importlib.import_module(name)
     except ModuleNotFoundError as e:
-      raise ConfigError(f"MIXTURE_OR_TASK_MODULE {name!r} cannot be imported ({e}); give an "
-                        f"importable python module that registers seqio tasks, e.g. 'tasks'") from None
+      if e.name and not (name == e.name or name.startswith(e.name + ".")):
+        raise ConfigError(f"MIXTURE_OR_TASK_MODULE {name!r} failed to import: {e}; install the "
+                          f"module it needs, or fix the import in {name!r}") from None
+      raise ConfigError(f"MIXTURE_OR_TASK_MODULE {name!r} cannot be imported ({e}); give a module "
+                        f"that registers seqio tasks, importable from the working directory "
+                        f"({os.getcwd()}) or PYTHONPATH (e.g. 'tasks', or 'my_tasks' for "
+                        f"./my_tasks.py), or the path of a .py file") from None
+
+
+def _import_file(path: str) -> None:
+  """Imports the task module at `path` (a .py file) as its stem, once per process."""
+  file = pathlib.Path(path).expanduser().resolve()
+  if not file.is_file():
+    raise ConfigError(f"MIXTURE_OR_TASK_MODULE {path!r} does not exist (looked in {os.getcwd()}); "
+                      f"give the path of a .py file that registers seqio tasks, or a module name")
+  loaded = sys.modules.get(file.stem)
+  if loaded is not None and pathlib.Path(getattr(loaded, "__file__", "") or "").resolve() == file:
+    return
+  if loaded is not None:
+    raise ConfigError(f"MIXTURE_OR_TASK_MODULE {path!r}: a module named {file.stem!r} is already "
+                      f"imported from {loaded.__file__}; rename the file")
+  spec = importlib.util.spec_from_file_location(file.stem, file)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[file.stem] = module
+  try:
+    spec.loader.exec_module(module)
+  except BaseException:
+    del sys.modules[file.stem]
+    raise
 
 
 def get_mixture_or_task(name: str, split: Optional[str] = None, setting: str = "split"):

@@ -8,9 +8,11 @@ decoded in one vmapped pass per batch; each run's metrics and logs are its own.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
@@ -60,6 +62,35 @@ class _RoutedLogs:
       logger(**kwargs)
 
 
+class _SeqioNotes(logging.Filter):
+  """Drops the absl records of seqio that start with one of `prefixes`."""
+
+  def __init__(self, prefixes: tuple[str, ...]):
+    super().__init__()
+    self.prefixes = prefixes
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and record.msg.startswith(self.prefixes))
+
+
+# seqio warns (absl, on stderr) whenever TASK_FEATURE_LENGTHS is not exactly the longest evaluation
+# example; the lengths are fixed on purpose (one compiled shape).
+_LENGTH_NOTES = ("Given sequence lengths",)
+# ... and when an evaluation has no training step (spot_jax.eval of a finished run): -1 it is.
+_NO_STEP_NOTES = ("Step number for the logging session is not provided",)
+
+
+@contextlib.contextmanager
+def _without(prefixes: tuple[str, ...]) -> Iterator[None]:
+  """seqio's absl warnings starting with `prefixes` are not printed inside the block."""
+  quiet, logger = _SeqioNotes(prefixes), logging.getLogger("absl")
+  logger.addFilter(quiet)
+  try:
+    yield
+  finally:
+    logger.removeFilter(quiet)
+
+
 class Evaluator:
   """Evaluates the parameters of one model, or of K stacked runs, on one task or mixture.
 
@@ -78,14 +109,15 @@ class Evaluator:
     data_lib.get_mixture_or_task(config.mixture_or_task_name, config.split, "EVAL_SPLIT")
     self._log_dir = log_dir
     self._routes = _RoutedLogs()
-    self._evaluator = seqio.Evaluator(
-        mixture_or_task_name=config.mixture_or_task_name,
-        feature_converter=seqio.EncDecFeatureConverter(pack=False),
-        eval_split=config.split, use_cached=config.use_cached, seed=42,
-        sequence_length=dict(config.task_feature_lengths), num_examples=config.num_examples,
-        # seqio wants a folder with its loggers; the routed logger writes to each run's own.
-        logger_cls=(lambda output_dir: self._routes,), log_dir=log_dir or "routed",
-        async_compute_metrics=False)
+    with _without(_LENGTH_NOTES):
+      self._evaluator = seqio.Evaluator(
+          mixture_or_task_name=config.mixture_or_task_name,
+          feature_converter=seqio.EncDecFeatureConverter(pack=False),
+          eval_split=config.split, use_cached=config.use_cached, seed=42,
+          sequence_length=dict(config.task_feature_lengths), num_examples=config.num_examples,
+          # seqio wants a folder with its loggers; the routed logger writes to each run's own.
+          logger_cls=(lambda output_dir: self._routes,), log_dir=log_dir or "routed",
+          async_compute_metrics=False)
     data_size = self.mesh.shape[partitioning.DATA]
     self._batch_size = -(-int(config.batch_size) // data_size) * data_size
     decode_length = int(config.task_feature_lengths["targets"])
@@ -167,8 +199,9 @@ class Evaluator:
   def _metrics(self, predict_fn, score_fn, step: Optional[int], log_dir: Optional[str]) -> dict:
     self._routes.targets = self._loggers(log_dir)
     try:
-      metrics, _ = self._evaluator.evaluate(compute_metrics=True, step=step,
-                                            predict_fn=predict_fn, score_fn=score_fn)
+      with _without(_NO_STEP_NOTES if step is None else ()):
+        metrics, _ = self._evaluator.evaluate(compute_metrics=True, step=step,
+                                              predict_fn=predict_fn, score_fn=score_fn)
       result = metrics.result() if hasattr(metrics, "result") else metrics
     finally:
       self._routes.targets = ()
