@@ -347,7 +347,7 @@ def _with_prefix(prefix: prefixes.LayerPrefix, key: Array, value: Array, addend:
                  ) -> tuple[Array, Array, Array]:
   """Puts a deep prompt's P positions in front of the keys/values [B, K, H, D] and the addend.
 
-  Returns keys and values [B, P + K, H, D] and the addend [B', H', Q, P + K]: the prefix's own
+  Returns keys and values [B, P + K, H, D] and the addend [B', H', Q', P + K]: the prefix's own
   position bias (zero without one), NEG_INF where the prefix is not `visible`.
   """
   if prefix.tokens is not None:  # deep prompt tokens: this layer's frozen projections
@@ -365,7 +365,7 @@ def _with_prefix(prefix: prefixes.LayerPrefix, key: Array, value: Array, addend:
     p_add = jnp.where(prefix.visible[:, None, None, :], p_add, jnp.asarray(NEG_INF, logits_dtype))
   if addend is None:
     addend = jnp.zeros((1, 1, qlen, klen), logits_dtype)
-  lead = tuple(max(a, b) for a, b in zip(p_add.shape[:2], addend.shape[:2]))
-  addend = jnp.concatenate([jnp.broadcast_to(p_add, lead + p_add.shape[2:]),
-                            jnp.broadcast_to(addend, lead + addend.shape[2:])], axis=-1)
+  lead = tuple(max(a, b) for a, b in zip(p_add.shape[:3], addend.shape[:3]))
+  addend = jnp.concatenate([jnp.broadcast_to(p_add, lead + p_add.shape[3:]),
+                            jnp.broadcast_to(addend, lead + addend.shape[3:])], axis=-1)
   return key, value, addend

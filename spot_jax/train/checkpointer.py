@@ -134,9 +134,10 @@ class Checkpointer:
     fileio.atomic_write_bytes(self.model_dir / "best" / "metric.json", json.dumps(record).encode())
 
   def export_prompt(self, name: str, array: np.ndarray) -> pathlib.Path:
-    """Writes prompts/<name>.npy atomically and returns its path."""
+    """Writes prompts/<name>.npy atomically and returns its path (a deep prompt's record as is)."""
     path = self.model_dir / "prompts" / f"{name}.npy"
-    fileio.save_npy(path, np.asarray(jax.device_get(array), np.float32))
+    array = np.asarray(jax.device_get(array))
+    fileio.save_npy(path, array if array.dtype.names else array.astype(np.float32))
     return path
 
   def close(self) -> None:

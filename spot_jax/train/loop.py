@@ -123,7 +123,8 @@ def _effective_prompt(model: models.EncoderDecoderModel, trainable: Any) -> Opti
   if not model.has_prompt or models.PROMPT_KEY not in trainable:
     return None
   from spot_jax import prompts  # pylint: disable=g-import-not-at-top
-  return np.asarray(prompts.effective_prompt(model.module.prompt, jax.device_get(trainable[models.PROMPT_KEY])))
+  return np.asarray(prompts.effective_prompt(model.module.prompt, jax.device_get(trainable[models.PROMPT_KEY]),
+                                             model.config))
 
 
 def _state_dict(state: TrainState) -> dict[str, Any]:
