@@ -281,9 +281,14 @@ class Transformer(nn.Module):
                decoder_segment_ids: Optional[Array] = None,
                encoder_positions: Optional[Array] = None,
                decoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
-               decode: bool = False, max_decode_length: Optional[int] = None) -> Array:
-    """Teacher-forced logits [B, S, V] (t5x's call convention; padding id 0)."""
-    prefixes = self.deep_prompt(enable_dropout=enable_dropout)  # once for both stacks
+               decode: bool = False, max_decode_length: Optional[int] = None,
+               prefixes: Optional[prefixes_lib.DeepPrompt] = None) -> Array:
+    """Teacher-forced logits [B, S, V] (t5x's call convention; padding id 0).
+
+    `prefixes`: an explicit deep prompt (default: the deep prompt module's, if any).
+    """
+    if prefixes is None:  # once for both stacks
+      prefixes = self.deep_prompt(enable_dropout=enable_dropout)
     encoded, valid = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
                                  enable_dropout=enable_dropout, prefixes=prefixes)
     return self.decode(encoded, valid, decoder_input_tokens, decoder_target_tokens,
