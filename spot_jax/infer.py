@@ -169,8 +169,11 @@ def _backbone(args, config) -> Any:
 
 def _interpret(args, table, config) -> int:
   from spot_jax.serve import interpret  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import interpret  # pylint: disable=g-import-not-at-top
-  if args.output:  if args.output:
+  deep = [e.name for e in table.entries if e.deep]
+  if deep:
+    raise ConfigError(f"--interpret reads input prompts; {', '.join(deep)} are deep prompts "
+                      f"(per-layer keys and values, no vocabulary neighbours)")
+  if args.output:
     fileio.output_file(args.output, "--output")
   if args.checkpoint:
     from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
