@@ -131,6 +131,9 @@ class PrefixTuning(nn.Module):
     super().__post_init__()
 
   def _check_config(self, config: T5Config) -> None:
+    if self.dtype is not None and jnp.dtype(self.dtype) != jnp.dtype(config.activation_dtype):
+      raise ConfigError(f"PrefixTuning.dtype={jnp.dtype(self.dtype).name} but the backbone runs in "
+                        f"{jnp.dtype(config.activation_dtype).name}; leave dtype unset")
     if self.layout == "peft" and config.num_encoder_layers != config.num_decoder_layers:
       raise ConfigError(f"PrefixTuning.layout='peft' needs as many decoder as encoder layers "
                         f"(peft sizes its prefix by the encoder); the model has "
