@@ -67,7 +67,8 @@ class PTuningV2(nn.Module):
   def __post_init__(self):
     if not isinstance(self.length, (int, np.integer)) or isinstance(self.length, bool) \
         or self.length < 1:
-      raise ConfigError(f"PTuningV2.length must be a positive integer, got {self.length!r}; e.g. 10")
+      raise ConfigError(f"PTuningV2.length must be a positive integer, got {self.length!r}; "
+                        f"e.g. 10")
     stacks = (self.stacks,) if isinstance(self.stacks, str) else tuple(self.stacks)
     if not stacks or any(s not in STACKS for s in stacks) or len(set(stacks)) != len(stacks):
       raise ConfigError(f"PTuningV2.stacks={self.stacks!r}; give distinct names from "
