@@ -12,7 +12,8 @@
 
 Prompts (`--prompt NAME=PATH`, or PATH alone to use its file/directory name) come from a
 spot_jax.train run directory (its exported prompt; Residual prompts are folded; SMoP runs also
-read the router), a .npy [L, E] prompt, a PEFT prompt-tuning adapter directory, or a SPoT prompt
+read the router; prefix tuning and P-tuning v2 runs serve their per-layer prefixes), a .npy
+[L, E] prompt, a PEFT prompt-tuning or prefix-tuning adapter directory, or a SPoT prompt
 library entry `LIBRARY_DIR#ENTRY_ID` (its best prompt; refused unless it was trained against the
 served backbone). Without
 --checkpoint the backbone is the random one of --seed (what a smoke run trains against).
@@ -149,6 +150,9 @@ def _single(table, what: str):
   if len(table) != 1:
     raise ConfigError(f"{what} exports one prompt; {len(table)} given ({', '.join(table.names)})")
   entry = table.entries[0]
+  if entry.deep and what != "--export_peft":
+    raise ConfigError(f"prompt {entry.name!r} is a deep prompt (per-layer prefixes); {what} holds "
+                      f"one [L, E] input prompt (its run's prompts/*.npy is the deep record)")
   if entry.num_prompts != 1:
     raise ConfigError(f"prompt {entry.name!r} is an SMoP mixture of {entry.num_prompts} prompts "
                       f"with a router; {what} holds one [L, E] prompt")
@@ -160,6 +164,16 @@ def _export(args, table, config) -> int:
   if args.export_peft:
     entry = _single(table, "--export_peft")
     fileio.writable_dir(os.path.dirname(os.path.abspath(args.export_peft)), "--export_peft's folder")
+    if entry.deep:
+      if entry.has_tokens or entry.length:
+        raise ConfigError(f"prompt {entry.name!r} is not plain decoder prefixes; peft's prefix "
+                          f"tuning holds decoder self-attention prefixes only")
+      peft_io.export_prefix_adapter(entry.deep, config, args.export_peft,
+                                    base_model_name_or_path=args.base_model,
+                                    overwrite=args.overwrite)
+      print(f"wrote PEFT prefix-tuning adapter ({entry.deep['decoder'].shape[2]} prefix positions "
+            f"x {config.num_decoder_layers} decoder layers) of {entry.name!r} to {args.export_peft}")
+      return 0
     peft_io.export_adapter(entry.prompts[0], config, args.export_peft,
                            base_model_name_or_path=args.base_model, overwrite=args.overwrite)
     print(f"wrote PEFT prompt-tuning adapter ({entry.length} tokens x {entry.width}) of "
@@ -188,6 +202,10 @@ def _backbone(args, config) -> tuple[Any, Any]:
 
 def _interpret(args, table, config) -> int:
   from spot_jax.serve import interpret  # pylint: disable=g-import-not-at-top
+  deep = [e.name for e in table.entries if e.deep]
+  if deep:
+    raise ConfigError(f"--interpret reads input prompts; {', '.join(deep)} are deep prompts "
+                      f"(per-layer keys and values, no vocabulary neighbours)")
   if args.output:
     fileio.output_file(args.output, "--output")
   if args.checkpoint:

@@ -57,8 +57,8 @@ class EncoderDecoderModel:
 
   @property
   def prompt_length(self) -> int:
-    """Positions the prompt adds to the encoder input (0 without a prompt)."""
-    if self.module.prompt is None:
+    """Positions the prompt adds to the encoder input (0 without a prompt or for deep prompts)."""
+    if self.module.prompt is None or network.is_deep_prompt(self.module.prompt):
       return 0
     return int(getattr(self.module.prompt, "length"))
 

@@ -156,10 +156,14 @@ def _prompt(kind):
     return prompts.PromptTuning(length=5)
   if kind == "smop":
     return prompts.SMoP(num_prompts=3, length=2)
+  if kind == "prefix_tuning":  # deep prompts: per-layer prefixes placed before the sequence
+    return prompts.PrefixTuning(length=4, projection=True, projection_dim=8)
+  if kind == "ptuning_v2":
+    return prompts.PTuningV2(length=4, stacks=("encoder", "decoder"))
   return prompts.ResidualPrompt(length=5, bottleneck=8)
 
 
-@pytest.mark.parametrize("kind", ["prompt_tuning", "smop", "residual"])
+@pytest.mark.parametrize("kind", ["prompt_tuning", "smop", "residual", "prefix_tuning", "ptuning_v2"])
 def test_per_example_losses_equal_fixed_and_bucketed(task_name, kind):
   """The trainer's loss of each example is the same padded to 64 or to its bucket."""
   model = models.EncoderDecoderModel(Transformer(config_by_name("t5_1_1_byte_tiny"), prompt=_prompt(kind)))

@@ -20,7 +20,7 @@ EXPECTED_FILES = (
     "prompt_tuning_uniform", "prompt_tuning_sampled_vocab", "prompt_tuning_class_labels",
     "prompt_tuning_text", "prompt_tuning_file", "spot_transfer", "smop", "smop_top2",
     "smop_gumbel", "smop_stochastic", "smop_single", "smop_no_perturbation", "residual",
-    "residual_per_token")
+    "residual_per_token", "prefix_tuning", "prefix_tuning_peft", "ptuning_v2")
 
 # Files whose every initialiser works on the 128-token test backbone, with the bindings of
 # their required macros and the attributes the built module must have.
@@ -39,6 +39,13 @@ BACKBONE_FILES = {
                  {"shared_mlp": True, "skip": True, "length": 10}),
     "residual_per_token": (["PROMPT_LENGTH = 10", "BOTTLENECK = 16"], prompts.ResidualPrompt,
                            {"shared_mlp": False}),
+    "prefix_tuning": (["PROMPT_LENGTH = 4"], prompts.PrefixTuning,
+                      {"length": 4, "attention": ("encoder", "decoder", "cross"),
+                       "layout": "separate", "projection": False}),
+    "prefix_tuning_peft": (["PROMPT_LENGTH = 4"], prompts.PrefixTuning,
+                           {"attention": ("decoder",), "layout": "peft", "projection": True}),
+    "ptuning_v2": (["PROMPT_LENGTH = 4", "DEEP_STACKS = ('encoder', 'decoder')"],
+                   prompts.PTuningV2, {"length": 4, "stacks": ("encoder", "decoder")}),
 }
 
 REQUIRED_MACROS = {
@@ -50,6 +57,9 @@ REQUIRED_MACROS = {
     "spot_transfer": ["PROMPT_LENGTH", "SOURCE_MODEL_DIR"],
     "residual": ["PROMPT_LENGTH"],
     "residual_per_token": ["PROMPT_LENGTH"],
+    "prefix_tuning": ["PROMPT_LENGTH"],
+    "prefix_tuning_peft": ["PROMPT_LENGTH"],
+    "ptuning_v2": ["PROMPT_LENGTH"],
 }
 
 
@@ -99,9 +109,13 @@ def test_file_builds_a_module_that_creates_its_params(name):
   for attr, value in attrs.items():
     assert getattr(module, attr) == value, (name, attr)
   model = Transformer(util.TEST_CONFIG, prompt=module)
-  params = util.create_prompt_params(model, util.frozen_backbone())
-  exported = prompts.effective_prompt(module, params)
-  if cls is prompts.SMoP:
+  deep_method = isinstance(module, prompts.DEEP_PROMPT_METHODS)
+  params = util.create_prompt_params(model, util.frozen_backbone(), full_model=deep_method)
+  exported = prompts.effective_prompt(module, params, util.TEST_CONFIG)
+  if deep_method:  # a record of per-layer prefixes or tokens (prompts/deep.py)
+    parts = prompts.deep.from_record(exported)
+    assert all(v.shape[0] == 2 and module.length in v.shape for v in parts.values()), parts.keys()
+  elif cls is prompts.SMoP:
     assert exported.shape == (module.num_prompts, module.length, util.TEST_CONFIG.emb_dim)
   else:
     assert exported.shape == (module.length, util.TEST_CONFIG.emb_dim)

@@ -41,7 +41,7 @@ def _clean_gin():
 def test_model_files_are_the_generator_output():
   expected = generate_models.expected_files()
   assert sorted(expected) == sorted(p.name for p in MODEL_FILES)
-  assert len(expected) == 11 * 3  # T5.1.1 + LM-adapted small..xxl, tiny; 3 methods
+  assert len(expected) == 11 * 5  # T5.1.1 + LM-adapted small..xxl, tiny; 5 methods
   for path in MODEL_FILES:
     assert path.read_text() == expected[path.name], f"{path.name} is stale: run python gin/t5x/generate_models.py"
 
@@ -85,7 +85,8 @@ def test_model_file_builds_its_model(path):
     if path.stem.endswith("_" + m):
       size, method = path.stem[:-len(m) - 1], m
   expected_prompt = {"prompt_tuning": prompts.PromptTuning, "smop": prompts.SMoP,
-                     "residual": prompts.ResidualPrompt}[method]
+                     "residual": prompts.ResidualPrompt, "prefix_tuning": prompts.PrefixTuning,
+                     "ptuning_v2": prompts.PTuningV2}[method]
   assert isinstance(model.module.prompt, expected_prompt)
   dtype = "float32" if size.endswith("tiny") else "bfloat16"
   assert model.module.config == t5.config_by_name(size, dropout_rate=0.1, dtype=dtype)

@@ -21,6 +21,10 @@ METHODS = {
              "SMoP (Choi et al. 2023), 4 prompts of 5 tokens, linear router"),
     "residual": ("gin/prompts/residual.gin", {"PROMPT_LENGTH": "10"},
                  "Residual Prompt Tuning (Razdaibiedina et al. 2023), 10 tokens, MLP bottleneck 400"),
+    "prefix_tuning": ("gin/prompts/prefix_tuning.gin", {"PROMPT_LENGTH": "10"},
+                      "prefix tuning (Li & Liang 2021), 10 key/value prefixes in every attention layer"),
+    "ptuning_v2": ("gin/prompts/ptuning_v2.gin", {"PROMPT_LENGTH": "20"},
+                   "P-tuning v2 (Liu et al. 2022), 20 deep prompt tokens per encoder layer"),
 }
 
 MODELS_DIR = pathlib.Path(__file__).resolve().parent / "models"

@@ -25,6 +25,11 @@ METHODS = {
     "residual100": ("residual", 100), "residual10": ("residual", 10),
     "model_tuning": ("model_tuning", 0),
     "prompt_tuning": ("prompt_tuning", None), "smop": ("smop", None), "residual": ("residual", None),
+    # deep prompts: prefixes in every layer (prefix tuning: encoder, decoder and cross-attention;
+    # "_mlp" with PEFT's projection MLP of width 512; P-tuning v2: encoder prompt tokens)
+    "prefix10": ("prefix_tuning", 10), "prefix_mlp10": ("prefix_projection", 10),
+    "ptuning_v2_20": ("ptuning_v2", 20),
+    "prefix_tuning": ("prefix_tuning", None), "ptuning_v2": ("ptuning_v2", None),
 }
 DEFAULT_METHODS = ("pt100", "pt20", "smop4x5", "residual100", "residual10", "model_tuning")
 # --vs=t5x pairs each DROPOUT_RNG with t5x's setting that draws dropout masks the same way.
@@ -38,6 +43,11 @@ def prompt_module(kind: str, length: int):
     return prompts.SMoP(num_prompts=4, length=max(1, length // 4))
   if kind == "residual":
     return prompts.ResidualPrompt(length=length, bottleneck=128)
+  if kind in ("prefix_tuning", "prefix_projection"):
+    return prompts.PrefixTuning(length=length, projection=kind == "prefix_projection",
+                                projection_dim=512)
+  if kind == "ptuning_v2":
+    return prompts.PTuningV2(length=length)
   return None
 
 

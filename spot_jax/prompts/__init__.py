@@ -1,11 +1,13 @@
-"""Soft-prompt methods for a frozen T5: Prompt Tuning, SMoP and Residual Prompt Tuning.
+"""Soft-prompt methods for a frozen T5: Prompt Tuning, SMoP, Residual Prompt Tuning, and the
+deep prompts (prefix tuning, P-tuning v2).
 
-Each method is a Flax module for the backbone's input hook (`Transformer(config, prompt=...)`);
+Each method is a Flax module for the backbone's input hook (`Transformer(config, prompt=...)`),
+or, for the deep prompts, its deep hook (`layer_prompts`, per-layer prefixes in the attention);
 its parameters live under the model's `prompt/` subtree. Initialisers are plain functions
 `init(rng, shape, embedding)`. Nothing here imports gin, seqio or tensorflow; gin files under
 `gin/prompts/` configure these names with `from __gin__ import dynamic_registration`.
 """
-from typing import Any
+from typing import Any, Optional
 
 import flax.linen as nn
 import numpy as np
@@ -14,22 +16,32 @@ from spot_jax.prompts.initializers import (Initializer, class_labels, class_labe
                                            exported_prompt_path, from_array, from_checkpoint,
                                            from_file, from_text, sampled_vocab, uniform)
 from spot_jax.prompts.placement import PLACEMENTS, combine
+from spot_jax.prompts.prefix_tuning import PrefixTuning
 from spot_jax.prompts.prompt_tuning import PromptTuning
+from spot_jax.prompts.ptuning_v2 import PTuningV2
 from spot_jax.prompts.residual import ResidualMlp, ResidualPrompt
 from spot_jax.prompts.smop import ROUTINGS, SMoP
+from spot_jax.t5.config import T5Config
 
-PROMPT_METHODS = (PromptTuning, SMoP, ResidualPrompt)
+DEEP_PROMPT_METHODS = (PrefixTuning, PTuningV2)  # the deep hook: per-layer prefixes
+PROMPT_METHODS = (PromptTuning, SMoP, ResidualPrompt) + DEEP_PROMPT_METHODS
 
 
-def effective_prompt(module: nn.Module, prompt_params: Any) -> np.ndarray:
+def effective_prompt(module: nn.Module, prompt_params: Any,
+                     config: Optional[T5Config] = None) -> np.ndarray:
   """The prompt a run exports, as float32 NumPy.
 
-  PromptTuning: P [L, E]; ResidualPrompt: the folded P' [L, E]; SMoP: the [k, l, E] prompts.
+  PromptTuning: P [L, E]; ResidualPrompt: the folded P' [L, E]; SMoP: the [k, l, E] prompts;
+  the deep prompts: a record of their per-layer prefixes or tokens (see `deep`; prefix tuning's
+  MLP folded), which needs `config`.
 
   Args:
     module: the prompt module the model was built with.
     prompt_params: its parameter subtree (the model's `prompt/` subtree), boxed or not.
+    config: the model's configuration (required by the deep prompts).
   """
+  if isinstance(module, DEEP_PROMPT_METHODS):
+    return module.export_prompt(prompt_params, config)
   if not isinstance(module, PROMPT_METHODS):
     raise TypeError(f"effective_prompt: {type(module).__name__} is not a prompt method; "
                     f"valid: {', '.join(m.__name__ for m in PROMPT_METHODS)}")

@@ -11,6 +11,10 @@ positions are then moved to the front in order, so each row sees exactly the pos
 relative distances) it would see alone with its own prompt: a mixed batch decodes like the
 per-example, per-prompt model. Shapes depend only on (B, T, table shape), never on the mix,
 so one compiled function serves any mix.
+
+Deep prompts: a row's per-layer prefixes are gathered from the table too (`row_prefixes`), with
+the positions its entry lacks made invisible; rows without prefixes of a type see none, so
+prefix-tuned, P-tuning v2 and input-prompt entries share a batch.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import jax.numpy as jnp
 
 from spot_jax.prompts import common, placement as placement_lib
 from spot_jax.serve.table import ROUTING_CODES, TableArrays
-from spot_jax.t5 import generation
+from spot_jax.t5 import generation, prefixes as prefixes_lib
 from spot_jax.t5.network import Transformer
 
 Array = jax.Array
@@ -80,13 +84,31 @@ def prompted_input(table: TableArrays, index: Array, embedded: Array, tokens: Ar
   return x, jnp.take_along_axis(mask, order, axis=1)
 
 
+def row_prefixes(table: TableArrays, index: Array) -> Optional[prefixes_lib.DeepPrompt]:
+  """Per-row deep prompts [B, layers, P, H, D] of the table's entries, or None without any."""
+  if not table.deep:
+    return None
+  out = {}
+  for name, arrays in table.deep.items():
+    kv = arrays.kv[index]  # [B, layers, 2, P, H, D]
+    big_p = kv.shape[3]
+    visible = jnp.arange(big_p)[None] >= big_p - arrays.lengths[index][:, None]  # right-aligned
+    out[name] = prefixes_lib.Prefix(key=kv[:, :, 0], value=kv[:, :, 1], visible=visible)
+  return prefixes_lib.DeepPrompt(**out)
+
+
 def encode(model: Transformer, params: PyTree, table: TableArrays, index: Array, tokens: Array,
            placement: str = "prefix") -> tuple[Array, Array]:
   """Deterministic encoder pass with per-row prompts -> (encoded [B, L+T, E], valid [B, L+T])."""
   embedded = model.apply({"params": params}, tokens, method=lambda m, t: m.token_embedder(t))
   x, valid = prompted_input(table, index, embedded, tokens, placement)
-  encoded = model.apply({"params": params}, x, valid,
-                        method=lambda m, x, v: m.encoder(x, v, True))
+  deep = row_prefixes(table, index)
+  if deep is None or deep.encoder is None:
+    encoded = model.apply({"params": params}, x, valid,
+                          method=lambda m, x, v: m.encoder(x, v, True))
+  else:
+    encoded = model.apply({"params": params}, x, valid, deep.encoder,
+                          method=lambda m, x, v, p: m.encoder(x, v, True, p))
   return encoded, valid
 
 
@@ -104,10 +126,11 @@ def generate_mixed(model: Transformer, params: PyTree, table: TableArrays, index
     rng, alpha, temperature, and the keyword settings: from `generation.search_settings`.
   """
   encoded, valid = encode(model, params, table, index, tokens, placement)
+  deep = {} if not table.deep else {"prefixes": row_prefixes(table, index)}
   return generation.search(model, params, encoded, valid, rng, alpha, temperature,
                            max_decode_length=max_decode_length, method=method,
                            num_beams=num_beams, top_k=top_k, eos_id=eos_id,
-                           return_all_beams=return_all_beams)
+                           return_all_beams=return_all_beams, **deep)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "placement"))
@@ -117,7 +140,8 @@ def score_mixed(model: Transformer, params: PyTree, table: TableArrays, index: A
   encoded, valid = encode(model, params, table, index, tokens, placement)
   decoder_input = jnp.concatenate([jnp.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
   logits = model.apply({"params": params}, encoded, valid, decoder_input, targets,
-                       enable_dropout=False, method=Transformer.decode)
+                       enable_dropout=False, prefixes=row_prefixes(table, index),
+                       method=Transformer.decode)
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
   token_lp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
   return jnp.sum(token_lp * (targets > 0), axis=-1)

@@ -11,6 +11,10 @@ A PEFT adapter directory, as peft 0.21 writes it for T5 with an encoder-only pro
 peft prepends the prompt to the embedded encoder input (spot-jax's "prefix" placement); a
 Residual prompt is exported folded, an SMoP export is refused (peft has no router). The
 .npy format of google-research/prompt-tuning is a bare float32 [L, E] array.
+
+PREFIX_TUNING adapters (peft's prefix tuning, decoder self-attention prefixes on T5) are read
+and written by the functions of the last section (`export_prefix_adapter`,
+`read_prefix_adapter`, `prefix_initializer`).
 """
 from __future__ import annotations
 
@@ -152,3 +156,156 @@ def export_npy(prompt: np.ndarray, path: str) -> None:
   if prompt.ndim != 2:
     raise ConfigError(f"a prompt-tuning .npy holds one [L, E] prompt, got shape {prompt.shape}")
   fileio.save_npy(pathlib.Path(path), prompt)
+
+
+# --- PREFIX_TUNING adapters ----------------------------------------------------------------
+#
+# peft 0.21.2 writes, for T5 (SEQ_2_SEQ_LM), adapter_config.json with "peft_type":
+# "PREFIX_TUNING", "num_virtual_tokens": P, "token_dim": T (= H * D for the prefix to fit),
+# "num_attention_heads": H, "num_layers": n (the encoder's depth), "num_transformer_submodules": 2,
+# "prefix_projection", "encoder_hidden_size"; and adapter_model.safetensors with
+# "prompt_embeddings" [P, 2 n T]: the plain prefixes (the projection MLP's output when it had
+# one: peft saves and loads prefix adapters folded). Only decoder self-attention reads them, layer
+# i its key from slot 4i mod 2n and its value from slot 4i+1 mod 2n (see
+# `spot_jax.prompts.prefix_tuning`, layout "peft").
+
+PREFIX_TUNING = "PREFIX_TUNING"
+
+
+def peft_type(path: str) -> Optional[str]:
+  """The peft_type of the adapter directory `path`, or None when it has no adapter_config.json."""
+  file = pathlib.Path(path) / CONFIG_FILE
+  if not file.is_file():
+    return None
+  try:
+    cfg = json.loads(file.read_text(encoding="utf-8"))
+  except (OSError, ValueError):
+    return None
+  return cfg.get("peft_type") if isinstance(cfg, dict) else None
+
+
+def prefix_adapter_config(length: int, config: T5Config,
+                          base_model_name_or_path: Optional[str] = None) -> dict:
+  """The adapter_config.json of a T5 prefix adapter of `length` virtual tokens (folded)."""
+  width = config.num_heads * config.head_dim
+  return {
+      "auto_mapping": None, "base_model_name_or_path": base_model_name_or_path,
+      "encoder_hidden_size": width, "inference_mode": True, "init_weights": None,
+      "modules_to_save": None, "num_attention_heads": config.num_heads,
+      "num_layers": config.num_encoder_layers, "num_transformer_submodules": 2,
+      "num_virtual_tokens": int(length), "peft_type": PREFIX_TUNING, "peft_version": PEFT_VERSION,
+      "prefix_projection": False, "revision": None, "task_type": "SEQ_2_SEQ_LM",
+      "token_dim": width,
+  }
+
+
+def _peft_slots(config: T5Config) -> list[tuple[int, int]]:
+  from spot_jax.prompts import prefix_tuning  # pylint: disable=g-import-not-at-top
+  return prefix_tuning.slot_map(("decoder",), "peft", config)["decoder"]
+
+
+def prefix_embeddings(parts: dict, config: T5Config) -> np.ndarray:
+  """A deep prompt's plain prefixes as peft's prompt_embeddings [P, 2 n T].
+
+  Raises:
+    ConfigError: prefixes peft cannot place (encoder or cross-attention ones, deep prompt
+      tokens, two decoder layers that peft's layout gives one slot but that differ, unequal
+      stack depths).
+  """
+  others = sorted(set(parts) - {"decoder"})
+  if others or "decoder" not in parts:
+    raise ConfigError(f"peft's prefix tuning reaches only T5's decoder self-attention; this prompt "
+                      f"has {', '.join(others) or 'no decoder'} prefixes (export a PrefixTuning "
+                      f"trained with attention=('decoder',))")
+  if config.num_encoder_layers != config.num_decoder_layers:
+    raise ConfigError(f"peft sizes T5 prefixes by the encoder ({config.num_encoder_layers} layers) "
+                      f"but the decoder has {config.num_decoder_layers}; no adapter fits")
+  kv = np.asarray(parts["decoder"], np.float32)  # [layers, 2, P, H, D]
+  layers, _, length, heads, depth = kv.shape
+  slots = np.zeros((length, 2 * config.num_encoder_layers, heads * depth), np.float32)
+  owner: dict[int, int] = {}
+  for i, pair in enumerate(_peft_slots(config)):
+    for j, slot in enumerate(pair):
+      value = kv[i, j].reshape(length, heads * depth)
+      if slot in owner and not np.array_equal(slots[:, slot], value):
+        raise ConfigError(f"decoder layers {owner[slot]} and {i} share one prefix slot in peft's "
+                          f"T5 layout but differ here; train with PrefixTuning(layout='peft') to "
+                          f"export to peft")
+      owner[slot] = i
+      slots[:, slot] = value
+  return slots.reshape(length, -1)
+
+
+def export_prefix_adapter(parts: dict, config: T5Config, output_dir: str, *,
+                          base_model_name_or_path: Optional[str] = None,
+                          overwrite: bool = False) -> None:
+  """Writes a peft PREFIX_TUNING adapter of a deep prompt's decoder prefixes (staged).
+
+  Raises:
+    ConfigError: as `prefix_embeddings`, or an existing output.
+  """
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  embeddings = prefix_embeddings(parts, config)
+  if os.path.exists(output_dir) and not overwrite:
+    raise ConfigError(f"{output_dir} exists; pass --overwrite to replace it")
+  with fileio.staged_directory(output_dir) as tmp:
+    os.makedirs(tmp)
+    save_file({WEIGHTS_KEY: np.ascontiguousarray(embeddings)}, os.path.join(tmp, WEIGHTS_FILE),
+              metadata={"format": "pt"})
+    with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
+      json.dump(prefix_adapter_config(embeddings.shape[0], config, base_model_name_or_path), f,
+                indent=2)
+
+
+def read_prefix_embeddings(path: str, config: T5Config) -> np.ndarray:
+  """peft's prompt_embeddings [P, 2 n T] of a T5 PREFIX_TUNING adapter made for `config`.
+
+  Raises:
+    ConfigError: a missing/malformed file, another peft type or task, or another base model.
+  """
+  folder = pathlib.Path(path)
+  try:
+    cfg = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+  except (OSError, ValueError) as e:
+    raise ConfigError(f"{folder / CONFIG_FILE} is not readable JSON ({type(e).__name__}); give a "
+                      f"PEFT adapter directory") from None
+  if not isinstance(cfg, dict) or cfg.get("peft_type") != PREFIX_TUNING:
+    got = cfg.get("peft_type") if isinstance(cfg, dict) else None
+    raise ConfigError(f"{path} is a {got} adapter, not {PREFIX_TUNING}")
+  if cfg.get("task_type") not in (None, "SEQ_2_SEQ_LM") or \
+      cfg.get("num_transformer_submodules", 2) != 2:
+    raise ConfigError(f"{path} is a {cfg.get('task_type')} prefix adapter with "
+                      f"num_transformer_submodules={cfg.get('num_transformer_submodules')}; a T5 "
+                      f"prefix adapter is SEQ_2_SEQ_LM with 2")
+  want = {"token_dim": config.num_heads * config.head_dim, "num_attention_heads": config.num_heads,
+          "num_layers": config.num_encoder_layers}
+  wrong = [f"{k}={cfg.get(k)} (model: {v})" for k, v in want.items() if cfg.get(k) != v]
+  if wrong:
+    raise ConfigError(f"{path} was made for another base model: {', '.join(wrong)}; give an "
+                      f"adapter trained on this model")
+  embeddings = _read_weights(folder)
+  length = cfg.get("num_virtual_tokens")
+  expected = (length, 2 * config.num_encoder_layers * want["token_dim"])
+  if embeddings.shape != expected:
+    raise ConfigError(f"{path}: {WEIGHTS_KEY} has shape {embeddings.shape} but the config says "
+                      f"{list(expected)}")
+  if not np.all(np.isfinite(embeddings)):
+    raise ConfigError(f"{path}: the prefixes hold NaN or infinite values")
+  return embeddings
+
+
+def read_prefix_adapter(path: str, config: T5Config) -> dict:
+  """The deep prompt parts {"decoder": [layers, 2, P, H, D]} of a peft PREFIX_TUNING adapter."""
+  if config.num_encoder_layers != config.num_decoder_layers:
+    raise ConfigError(f"peft's T5 prefix layout needs as many decoder as encoder layers; the model "
+                      f"has {config.num_encoder_layers} and {config.num_decoder_layers}")
+  embeddings = read_prefix_embeddings(path, config)
+  slots = embeddings.reshape(embeddings.shape[0], -1, config.num_heads, config.head_dim)
+  kv = np.stack([np.stack([slots[:, k], slots[:, v]]) for k, v in _peft_slots(config)])
+  return {"decoder": kv.astype(np.float32)}
+
+
+def prefix_initializer(path: str, config: T5Config) -> initializers.Initializer:
+  """An initialiser of PrefixTuning(layout='peft') plain prefixes from a peft prefix adapter."""
+  return initializers.from_array(read_prefix_embeddings(path, config),
+                                 source=f"peft prefix adapter {path}")

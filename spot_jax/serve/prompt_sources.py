@@ -8,6 +8,10 @@
                   when the entry was trained against another frozen model
   load            any of the above by path (a directory holding adapter_config.json is a
                   PEFT adapter, see `peft_io`)
+
+Deep prompts (prefix tuning, P-tuning v2) come from their run directories (the exported record
+of `spot_jax.prompts.deep`, which needs the served model's config) and from PEFT
+PREFIX_TUNING adapters; they are served as entries without an input prompt.
 """
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ import numpy as np
 
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import RunDir
-from spot_jax.prompts import PromptTuning, ResidualPrompt, SMoP
+from spot_jax.prompts import DEEP_PROMPT_METHODS, PromptTuning, ResidualPrompt, SMoP
+from spot_jax.prompts import deep as deep_lib
 from spot_jax.serve.table import SMOP_EVAL_ROUTING, ServedPrompt
 from spot_jax.t5.config import T5Config
 
@@ -32,6 +37,9 @@ def from_module(name: str, module: nn.Module, params: Any, source: str = "") -> 
   routing it uses at evaluation.
   """
   params = nn.meta.unbox(params)
+  if isinstance(module, DEEP_PROMPT_METHODS):
+    raise ConfigError(f"a {type(module).__name__} needs the model's config to serve; use "
+                      f"from_deep(name, parts, config) with module.export_prompt(params, config)")
   if isinstance(module, SMoP):
     routing = SMOP_EVAL_ROUTING[module.routing]
     router = params["router"]["kernel"] if "router" in params else None
@@ -42,6 +50,15 @@ def from_module(name: str, module: nn.Module, params: Any, source: str = "") -> 
                     f"ResidualPrompt, SMoP")
 
 
+def from_deep(name: str, parts: dict, config: Optional[T5Config], source: str) -> ServedPrompt:
+  """A deep prompt's entry (no input prompt) from its parts, checked against `config`."""
+  if config is None:
+    raise ConfigError(f"{source} is a deep prompt; serving it needs the model's config")
+  deep_lib.check_fits(parts, config, source)
+  return ServedPrompt(name, np.zeros((1, 0, config.emb_dim), np.float32), source=source,
+                      deep=parts)
+
+
 def read_npy(path: str) -> np.ndarray:
   """A float array from a .npy file, with one-line errors for unreadable files."""
   try:
@@ -50,6 +67,8 @@ def read_npy(path: str) -> np.ndarray:
     why = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise ConfigError(f"{path} is not a readable .npy file ({why}); give a prompt saved with "
                       f"numpy.save") from None
+  if isinstance(array, np.ndarray) and deep_lib.is_record(array):
+    return array  # a deep prompt's record (see `from_run_dir`)
   if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.floating):
     raise ConfigError(f"{path} holds {getattr(array, 'dtype', type(array))} data; a prompt is a "
                       f"float [L, E] array")
@@ -59,6 +78,9 @@ def read_npy(path: str) -> np.ndarray:
 def from_npy(name: str, path: str) -> ServedPrompt:
   """A plain [L, E] prompt from a .npy file (a [k, l, E] SMoP export needs its run directory)."""
   array = read_npy(path)
+  if deep_lib.is_record(array):
+    raise ConfigError(f"{path} is a deep prompt's record; give its run directory (MODEL_DIR), "
+                      f"which serves it with the model's config")
   if array.ndim == 3:
     raise ConfigError(f"{path} holds {array.shape[0]} SMoP prompts {array.shape} without their "
                       f"router; give the run directory (MODEL_DIR) instead")
@@ -67,17 +89,21 @@ def from_npy(name: str, path: str) -> ServedPrompt:
   return ServedPrompt(name, array, source=path)
 
 
-def from_run_dir(name: str, path: str, smop_routing: str = "linear") -> ServedPrompt:
+def from_run_dir(name: str, path: str, smop_routing: str = "linear",
+                 config: Optional[T5Config] = None) -> ServedPrompt:
   """The prompt a training run exported (folded for Residual runs).
 
   Args:
     name: the served name.
     path: the run directory (relative or absolute).
     smop_routing: the SMoP run's routing (a key of SMOP_EVAL_ROUTING), when it is one.
+    config: the served model (needed for deep prompt runs).
   """
   run_dir = RunDir(path)
   file, step = run_dir.exported_prompt()
   array = read_npy(str(file))
+  if deep_lib.is_record(array):
+    return from_deep(name, deep_lib.from_record(array, str(file)), config, str(file))
   if array.ndim == 2:
     return ServedPrompt(name, array, source=str(file))
   if smop_routing not in SMOP_EVAL_ROUTING:
@@ -151,9 +177,13 @@ def load(name: str, path: str, smop_routing: str = "linear",
   p = pathlib.Path(path)
   if p.is_dir() and (p / "adapter_config.json").exists():
     from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
+    if peft_io.peft_type(str(p)) == peft_io.PREFIX_TUNING:
+      if config is None:
+        raise ConfigError(f"{p} is a peft prefix adapter; serving it needs the model's config")
+      return from_deep(name, peft_io.read_prefix_adapter(str(p), config), config, str(p))
     return ServedPrompt(name, peft_io.read_adapter(str(p), config), source=str(p))
   if p.is_dir():
-    return from_run_dir(name, str(p), smop_routing)
+    return from_run_dir(name, str(p), smop_routing, config)
   if p.is_file():
     return from_npy(name, str(p))
   raise ConfigError(f"prompt {name!r}: {path} does not exist; give a run directory (MODEL_DIR), "

@@ -53,6 +53,9 @@ class Server:
                mesh: Optional[jax.sharding.Mesh] = None):
     if model.prompt is not None:
       raise ConfigError("Server needs the prompt-less backbone Transformer(config)")
+    if table.has_tokens:  # P-tuning v2: the backbone's projections give the plain prefixes
+      from spot_jax.prompts import deep  # pylint: disable=g-import-not-at-top
+      table = table.fold_tokens(lambda t, stack: deep.fold_tokens(t, params, model.config, stack))
     self.model, self.params, self.table, self.placement = model, params, table, placement
     self.settings = settings or DecodeSettings()
     s = self.settings

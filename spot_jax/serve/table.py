@@ -11,12 +11,23 @@ table's largest k (K) and l (L):
 
 A plain prompt is the mixture k = 1 combined with weight 1, so one jitted function serves any
 mix of entries: the row's entry index selects its arrays by a gather (see `mixed`).
+
+Deep prompts (prefix tuning, P-tuning v2) add per-layer prefixes: `deep` maps each attention
+type some entry prefixes ("encoder", "decoder", "cross") to
+
+  kv [N, layers, 2, P, H, D] float32    entry n's plain key/value prefixes, right-aligned along
+                                        P (zeros in front), so a shorter prefix keeps its
+                                        positions next to the input
+  lengths [N] int32                     p_n (0 for entries without prefixes of that type)
+
+A deep-only entry has no input prompt (l = 0). Deep prompt tokens (P-tuning v2) are turned into
+plain prefixes with the frozen backbone by `PromptTable.fold_tokens` before serving.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import NamedTuple, Optional, Sequence
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -41,18 +52,22 @@ class ServedPrompt:
     router: [E, k] float32 router kernel, or None (then routing must be "mean").
     routing: a key of ROUTING_CODES.
     source: where it came from (for messages and outputs).
+    deep: a deep prompt's parts ({field: array}, see `spot_jax.prompts.deep`), or None; with
+      one, `prompts` may be [0, E] (no input prompt).
   """
   name: str
   prompts: np.ndarray
   router: Optional[np.ndarray] = None
   routing: str = "mean"
   source: str = ""
+  deep: Optional[Mapping[str, np.ndarray]] = None
 
   def __post_init__(self):
     prompts = np.asarray(self.prompts, np.float32)
     if prompts.ndim == 2:
       prompts = prompts[None]
-    if prompts.ndim != 3 or 0 in prompts.shape:
+    deep_only = bool(self.deep) and prompts.ndim == 3 and prompts.shape[:2] == (1, 0)
+    if prompts.ndim != 3 or (0 in prompts.shape and not deep_only):
       raise ConfigError(f"prompt {self.name!r} has shape {np.shape(self.prompts)}; expected "
                         f"[L, E] (Prompt Tuning, folded Residual) or [k, l, E] (SMoP)")
     if not np.all(np.isfinite(prompts)):
@@ -73,6 +88,15 @@ class ServedPrompt:
       raise ConfigError(f"prompt {self.name!r}: routing 'top2' needs at least 2 prompts, got {k}")
     object.__setattr__(self, "prompts", prompts)
     object.__setattr__(self, "router", router)
+    if self.deep is not None:
+      from spot_jax.prompts import deep as deep_lib  # pylint: disable=g-import-not-at-top
+      record = deep_lib.to_record(self.deep)
+      object.__setattr__(self, "deep", deep_lib.from_record(record, f"prompt {self.name!r}"))
+
+  @property
+  def has_tokens(self) -> bool:
+    """Whether the deep prompt holds tokens the backbone must fold into prefixes."""
+    return any(k.endswith("_tokens") for k in (self.deep or {}))
 
   @property
   def num_prompts(self) -> int:
@@ -87,6 +111,12 @@ class ServedPrompt:
     return self.prompts.shape[2]
 
 
+class DeepArrays(NamedTuple):
+  """One attention type's stacked prefixes (see the module docstring)."""
+  kv: np.ndarray
+  lengths: np.ndarray
+
+
 class TableArrays(NamedTuple):
   """The stacked arrays (a pytree; see the module docstring for shapes)."""
   prompts: np.ndarray
@@ -94,6 +124,7 @@ class TableArrays(NamedTuple):
   num_prompts: np.ndarray
   lengths: np.ndarray
   routing: np.ndarray
+  deep: Mapping[str, DeepArrays] = {}
 
 
 class PromptTable:
@@ -125,6 +156,7 @@ class PromptTable:
                           f"the model's embedding width is {want}; give a prompt trained for "
                           f"this model")
     self.entries = entries
+    self._emb_dim = emb_dim
     self._index = {n: i for i, n in enumerate(names)}
     big_k = max(e.num_prompts for e in entries)
     big_l = max(e.length for e in entries)
@@ -138,7 +170,30 @@ class PromptTable:
         prompts=prompts, router=router,
         num_prompts=np.array([e.num_prompts for e in entries], np.int32),
         lengths=np.array([e.length for e in entries], np.int32),
-        routing=np.array([ROUTING_CODES[e.routing] for e in entries], np.int32))
+        routing=np.array([ROUTING_CODES[e.routing] for e in entries], np.int32),
+        deep=_stack_deep(entries))
+
+  @property
+  def has_tokens(self) -> bool:
+    """Whether some entry's deep prompt tokens still need `fold_tokens`."""
+    return any(e.has_tokens for e in self.entries)
+
+  def fold_tokens(self, fold: Callable[[np.ndarray, str], np.ndarray]) -> "PromptTable":
+    """The same table with deep prompt tokens turned into plain prefixes.
+
+    Args:
+      fold: (tokens [layers, P, E], stack "encoder"/"decoder") -> [layers, 2, P, H, D], e.g.
+        `spot_jax.prompts.deep.fold_tokens` with the served backbone.
+    """
+    entries = []
+    for e in self.entries:
+      if e.has_tokens:
+        parts = {(k[:-len("_tokens")] if k.endswith("_tokens") else k):
+                 (fold(v, k[:-len("_tokens")]) if k.endswith("_tokens") else v)
+                 for k, v in e.deep.items()}
+        e = dataclasses.replace(e, deep=parts)
+      entries.append(e)
+    return PromptTable(entries, self._emb_dim)
 
   @property
   def names(self) -> list[str]:
@@ -167,3 +222,26 @@ class PromptTable:
   def indices(self, names: Sequence[str]) -> np.ndarray:
     """[B] int32 rows for a list of names."""
     return np.array([self.index(n) for n in names], np.int32)
+
+
+def _stack_deep(entries: Sequence[ServedPrompt]) -> dict[str, DeepArrays]:
+  """The entries' plain prefixes by attention type, right-aligned along P (tokens excluded)."""
+  from spot_jax.prompts import deep as deep_lib  # pylint: disable=g-import-not-at-top
+  out = {}
+  for name in deep_lib.KV_FIELDS:
+    parts = [(i, e.deep[name]) for i, e in enumerate(entries) if e.deep and name in e.deep]
+    if not parts:
+      continue
+    shapes = {(p.shape[0],) + p.shape[3:] for _, p in parts}
+    if len(shapes) != 1:
+      raise ConfigError(f"the {name} prefixes of the served prompts differ in layers, heads or "
+                        f"head size ({sorted(shapes)}); serve prompts of one model")
+    big_p = max(p.shape[2] for _, p in parts)
+    layers, heads, depth = parts[0][1].shape[0], *parts[0][1].shape[3:]
+    kv = np.zeros((len(entries), layers, 2, big_p, heads, depth), np.float32)
+    lengths = np.zeros((len(entries),), np.int32)
+    for i, p in parts:
+      kv[i, :, :, big_p - p.shape[2]:] = p
+      lengths[i] = p.shape[2]
+    out[name] = DeepArrays(kv, lengths)
+  return out

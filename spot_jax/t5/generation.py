@@ -30,7 +30,7 @@ def encode(model: Transformer, params: PyTree, encoder_input_tokens: Array) -> t
 
 
 def init_cache(model: Transformer, params: PyTree, encoded: Array, encoder_valid: Array,
-               max_decode_length: int) -> PyTree:
+               max_decode_length: int, prefixes: Optional[PyTree] = None) -> PyTree:
   """The empty decoder cache for batch B = encoded.shape[0] and `max_decode_length` positions.
 
   Built the way t5x does it: one decode-mode call on a [B, L] zero input creates the cache
@@ -40,24 +40,26 @@ def init_cache(model: Transformer, params: PyTree, encoded: Array, encoder_valid
   _, variables = model.apply({"params": params}, encoded, encoder_valid, dummy,
                              enable_dropout=False, decode=True,
                              max_decode_length=max_decode_length, mutable=["cache"],
-                             method=Transformer.decode)
+                             method=Transformer.decode, prefixes=prefixes)
   return variables["cache"]
 
 
 def make_tokens_to_logits(model: Transformer, params: PyTree, encoded: Array,
-                          encoder_valid: Array, max_decode_length: int
+                          encoder_valid: Array, max_decode_length: int,
+                          prefixes: Optional[PyTree] = None
                           ) -> Callable[[Array, PyTree], tuple[Array, PyTree]]:
   """The one-step decoder function used by `decoding`: ([N, 1] ids, cache) -> ([N, V], cache).
 
   `encoded` [N, T', E] and `encoder_valid` [N, T'] must already have the decoder's batch N
-  (repeated per beam for beam search).
+  (repeated per beam for beam search), as must per-row deep `prefixes` (a `DeepPrompt`; None:
+  the model's own deep prompt, if any).
   """
 
   def tokens_to_logits(tokens: Array, cache: PyTree) -> tuple[Array, PyTree]:
     logits, variables = model.apply(
         {"params": params, "cache": cache}, encoded, encoder_valid, tokens,
         enable_dropout=False, decode=True, max_decode_length=max_decode_length,
-        mutable=["cache"], method=Transformer.decode)
+        mutable=["cache"], method=Transformer.decode, prefixes=prefixes)
     return logits[:, 0, :], variables["cache"]
 
   return tokens_to_logits
@@ -166,8 +168,8 @@ def _generate(model: Transformer, params: PyTree, encoder_input_tokens: Array,
 
 def search(model: Transformer, params: PyTree, encoded: Array, encoder_valid: Array,
            rng: Optional[Array], alpha: Array, temperature: Array, *, max_decode_length: int,
-           method: str, num_beams: int, top_k: int, eos_id: int, return_all_beams: bool
-           ) -> tuple[Array, Array]:
+           method: str, num_beams: int, top_k: int, eos_id: int, return_all_beams: bool,
+           prefixes: Optional[PyTree] = None) -> tuple[Array, Array]:
   """The decoder search of `generate` from an already-encoded batch (call inside jit).
 
   Args:
@@ -175,21 +177,25 @@ def search(model: Transformer, params: PyTree, encoded: Array, encoder_valid: Ar
     encoded: [B, T', E] encoder output; encoder_valid: [B, T'] bool.
     rng, alpha, temperature: as `generate`, already checked and normalised.
     max_decode_length, method, num_beams, top_k, eos_id, return_all_beams: static settings.
+    prefixes: per-row deep prompts (a `spot_jax.t5.prefixes.DeepPrompt` whose arrays lead with
+      1 or B); None: the model's own deep prompt, if any.
 
   Returns:
     As `generate`.
   """
   batch = encoded.shape[0]
   valid = encoder_valid
-  cache = init_cache(model, params, encoded, valid, max_decode_length)
+  cache = init_cache(model, params, encoded, valid, max_decode_length, prefixes)
   if method == "beam":
+    per_beam = lambda x: x if x.shape[0] == 1 else decoding.expand_beams(x, num_beams)
     step = make_tokens_to_logits(model, params, decoding.expand_beams(encoded, num_beams),
-                                 decoding.expand_beams(valid, num_beams), max_decode_length)
+                                 decoding.expand_beams(valid, num_beams), max_decode_length,
+                                 jax.tree_util.tree_map(per_beam, prefixes))
     seqs, scores = decoding.beam_search(step, cache, batch_size=batch, num_beams=num_beams,
                                         max_decode_length=max_decode_length, alpha=alpha,
                                         eos_id=eos_id)
     return (seqs, scores) if return_all_beams else (seqs[:, 0], scores[:, 0])
-  step = make_tokens_to_logits(model, params, encoded, valid, max_decode_length)
+  step = make_tokens_to_logits(model, params, encoded, valid, max_decode_length, prefixes)
   return decoding.temperature_sample(
       step, cache, batch_size=batch, max_decode_length=max_decode_length, rng=rng,
       temperature=0.0 if method == "greedy" else temperature, top_k=top_k, eos_id=eos_id)

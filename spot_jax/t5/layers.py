@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax.t5 import prefixes
+
 Array = jax.Array
 Initializer = Callable[..., Array]
 
@@ -197,9 +199,13 @@ class RelativePositionBiases(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, qlen: int, klen: int, bidirectional: bool) -> Array:
-    """-> [1, H, qlen, klen] additive attention bias."""
-    rel = np.arange(klen)[None, :] - np.arange(qlen)[:, None]
+  def __call__(self, qlen: int, klen: int, bidirectional: bool, query_offset: int = 0) -> Array:
+    """-> [1, H, qlen, klen] additive attention bias.
+
+    Query i is at position i + query_offset, key j at j (an offset P places P prefix keys
+    before the queries; see `prefixes`).
+    """
+    rel = np.arange(klen)[None, :] - (np.arange(qlen)[:, None] + query_offset)
     buckets = relative_position_bucket(rel, bidirectional, self.num_buckets, self.max_distance)
     table = _param(self, "rel_embedding", nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
                    (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
@@ -272,15 +278,22 @@ class MultiHeadDotProductAttention(nn.Module):
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array],
-               bias: Optional[Array], *, deterministic: bool, decode: bool = False) -> Array:
-    """inputs [B, Q, E], [B, K, E]; mask [B, 1, Q, K] bool; bias [1, H, Q, K] -> [B, Q, E]."""
+               bias: Optional[Array], *, deterministic: bool, decode: bool = False,
+               prefix: Optional[prefixes.LayerPrefix] = None) -> Array:
+    """inputs [B, Q, E], [B, K, E]; mask [B, 1, Q, K] bool; bias [1, H, Q, K] -> [B, Q, E].
+
+    `prefix` (a deep prompt, see `prefixes`) adds P key/value positions in front of the K
+    input ones; without it the computation is exactly the plain attention.
+    """
     heads, depth = self.num_heads, self.head_dim
     fan_in = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
     query_init = lambda key, shape, dtype: fan_in(key, shape, dtype) / np.sqrt(depth)
     proj = functools.partial(Dense, (heads, depth), ("embed", "joined_kv"), dtype=self.dtype)
     query = proj(kernel_init=query_init, name="query")(inputs_q)
-    key = proj(kernel_init=fan_in, name="key")(inputs_kv)
-    value = proj(kernel_init=fan_in, name="value")(inputs_kv)
+    key_proj = proj(kernel_init=fan_in, name="key")
+    value_proj = proj(kernel_init=fan_in, name="value")
+    key = key_proj(inputs_kv)
+    value = value_proj(inputs_kv)
     query = constrain(query, ("batch", "length", "heads", "kv"))
     key = constrain(key, ("batch", "length", "heads", "kv"))
     value = constrain(value, ("batch", "length", "heads", "kv"))
@@ -303,6 +316,8 @@ class MultiHeadDotProductAttention(nn.Module):
         mask = visible if mask is None else jnp.logical_and(mask, visible)
         if bias is not None:
           bias = jax.lax.dynamic_slice_in_dim(bias, idx, 1, axis=2)
+        if prefix is not None and prefix.bias is not None:
+          prefix = prefix._replace(bias=jax.lax.dynamic_slice_in_dim(prefix.bias, idx, 1, axis=2))
 
     logits_dtype = jnp.float32 if self.float32_logits else self.dtype
     # Heads-major [B, H, T, D] operands: both products are plain batched matmuls.
@@ -313,6 +328,9 @@ class MultiHeadDotProductAttention(nn.Module):
     if mask is not None:
       addend = jnp.where(mask, jnp.zeros((), logits_dtype) if addend is None else addend,
                          jnp.asarray(NEG_INF, logits_dtype))
+    if prefix is not None:
+      key, value, addend = _with_prefix(prefix, key, value, addend, key_proj, value_proj,
+                                        query.shape[1], logits_dtype)
     # t5x drops attention weights with a mask [B, H, 1, K] shared by all queries, so
     # (weights * mask) . v == weights . (mask^T * v): the same mask (the same random bits, in
     # the same order) is applied to the rows of v, a [B, H, K, D] product instead of [B, H, Q, K].
@@ -323,3 +341,32 @@ class MultiHeadDotProductAttention(nn.Module):
     out = Dense((inputs_q.shape[-1],), ("joined_kv", "embed"), fan_in, self.dtype,
                 in_axes=2, name="out")(out)
     return constrain(out, ("batch", "length", "embed"))
+
+
+def _with_prefix(prefix: prefixes.LayerPrefix, key: Array, value: Array, addend: Optional[Array],
+                 key_proj: nn.Module, value_proj: nn.Module, qlen: int, logits_dtype: jnp.dtype
+                 ) -> tuple[Array, Array, Array]:
+  """Puts a deep prompt's P positions in front of the keys/values [B, K, H, D] and the addend.
+
+  Returns keys and values [B, P + K, H, D] and the addend [B', H', Q', P + K]: the prefix's own
+  position bias (zero without one), NEG_INF where the prefix is not `visible`.
+  """
+  if prefix.tokens is not None:  # deep prompt tokens: this layer's frozen projections
+    p_key, p_value = key_proj(prefix.tokens), value_proj(prefix.tokens)
+  else:
+    p_key, p_value = prefix.key, prefix.value
+  batch, klen = key.shape[0], key.shape[1]
+  fit = lambda p, like: jnp.broadcast_to(p.astype(like.dtype), (batch,) + p.shape[1:])
+  key = jnp.concatenate([fit(p_key, key), key], axis=1)
+  value = jnp.concatenate([fit(p_value, value), value], axis=1)
+  plen = p_key.shape[1]
+  p_add = (jnp.zeros((1, 1, qlen, plen), logits_dtype) if prefix.bias is None
+           else prefix.bias.astype(logits_dtype))
+  if prefix.visible is not None:
+    p_add = jnp.where(prefix.visible[:, None, None, :], p_add, jnp.asarray(NEG_INF, logits_dtype))
+  if addend is None:
+    addend = jnp.zeros((1, 1, qlen, klen), logits_dtype)
+  lead = tuple(max(a, b) for a, b in zip(p_add.shape[:3], addend.shape[:3]))
+  addend = jnp.concatenate([jnp.broadcast_to(p_add, lead + p_add.shape[3:]),
+                            jnp.broadcast_to(addend, lead + addend.shape[3:])], axis=-1)
+  return key, value, addend

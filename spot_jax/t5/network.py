@@ -16,6 +16,13 @@ embedded encoder input as `prompt(embedded [B,T,E], tokens [B,T], embedding=[V,E
 deterministic=...)` and returns `(embedded' [B,T',E], valid' [B,T'] bool)`. The encoder's
 self-attention and the decoder's cross-attention masks are built from `valid'`, so prompt
 positions are visible to every real token and padding is never visible.
+
+The deep hook: a prompt module with a `layer_prompts` method (prefix tuning, deep prompt
+tokens) leaves the input alone; the model calls `prompt.layer_prompts(config,
+embedding=[V,E] table, deterministic=...)` once per call and hands the returned
+`prefixes.DeepPrompt` to the attention layers (see `prefixes`). `encode` and `decode` also take
+an explicit `prefixes=` (per-row prompts when serving mixed batches); without a deep prompt
+the network computes exactly what it computes without the hook.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax.t5 import layers
+from spot_jax.t5 import layers, prefixes as prefixes_lib
 from spot_jax.t5.config import T5Config
 
 Array = jax.Array
@@ -34,6 +41,11 @@ Array = jax.Array
 
 def _dropout(cfg: T5Config) -> nn.Dropout:
   return layers.Dropout(cfg.dropout_rate)
+
+
+def is_deep_prompt(module: Optional[nn.Module]) -> bool:
+  """Whether a prompt module uses the deep hook (`layer_prompts`) rather than the input hook."""
+  return module is not None and callable(getattr(module, "layer_prompts", None))
 
 
 class EncoderLayer(nn.Module):
@@ -45,13 +57,16 @@ class EncoderLayer(nn.Module):
   config: T5Config
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, bias: Array, deterministic: bool) -> Array:
-    """[B, T, E] -> [B, T, E]; mask [B, 1, T, T], bias [1, H, T, T]."""
+  def __call__(self, x: Array, mask: Array, bias: Array, deterministic: bool,
+               prefix: Optional[prefixes_lib.LayerPrefix] = None) -> Array:
+    """[B, T, E] -> [B, T, E]; mask [B, 1, T, T], bias [1, H, T, T]; optional deep prompt."""
     cfg, dtype = self.config, self.config.activation_dtype
-    y = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="pre_attention_layer_norm")(x)
+    norm = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="pre_attention_layer_norm")
+    y = norm(x)
+    prefix = _normed_tokens(prefix, norm)
     y = layers.MultiHeadDotProductAttention(
         cfg.num_heads, cfg.head_dim, cfg.dropout_rate, cfg.float32_attention_logits, dtype,
-        name="attention")(y, y, mask, bias, deterministic=deterministic)
+        name="attention")(y, y, mask, bias, deterministic=deterministic, prefix=prefix)
     x = x + _dropout(cfg)(y, deterministic=deterministic)
     y = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="pre_mlp_layer_norm")(x)
     y = layers.MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, dtype, name="mlp")(
@@ -70,22 +85,36 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, y: Array, encoded: Array, self_mask: Optional[Array], cross_mask: Array,
-               bias: Array, *, deterministic: bool, decode: bool) -> Array:
-    """[B, S, E], encoded [B, T, E] -> [B, S, E]."""
+               bias: Array, *, deterministic: bool, decode: bool,
+               prefix: Optional[prefixes_lib.LayerPrefix] = None,
+               cross_prefix: Optional[prefixes_lib.LayerPrefix] = None) -> Array:
+    """[B, S, E], encoded [B, T, E] -> [B, S, E]; optional deep prompts of both attentions."""
     cfg, dtype = self.config, self.config.activation_dtype
     attn = lambda name: layers.MultiHeadDotProductAttention(
         cfg.num_heads, cfg.head_dim, cfg.dropout_rate, cfg.float32_attention_logits, dtype, name=name)
-    z = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="pre_self_attention_layer_norm")(y)
-    z = attn("self_attention")(z, z, self_mask, bias, deterministic=deterministic, decode=decode)
+    norm = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="pre_self_attention_layer_norm")
+    z = norm(y)
+    prefix = _normed_tokens(prefix, norm)
+    z = attn("self_attention")(z, z, self_mask, bias, deterministic=deterministic, decode=decode,
+                               prefix=prefix)
     y = y + _dropout(cfg)(z, deterministic=deterministic)
     z = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="pre_cross_attention_layer_norm")(y)
-    z = attn("encoder_decoder_attention")(z, encoded, cross_mask, None, deterministic=deterministic)
+    z = attn("encoder_decoder_attention")(z, encoded, cross_mask, None, deterministic=deterministic,
+                                          prefix=cross_prefix)
     y = y + _dropout(cfg)(z, deterministic=deterministic)
     z = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="pre_mlp_layer_norm")(y)
     z = layers.MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, dtype, name="mlp")(
         z, deterministic=deterministic)
     y = y + _dropout(cfg)(z, deterministic=deterministic)
     return layers.constrain(y, ("batch", "length", "embed"))
+
+
+def _normed_tokens(prefix: Optional[prefixes_lib.LayerPrefix], norm: nn.Module
+                   ) -> Optional[prefixes_lib.LayerPrefix]:
+  """Deep prompt tokens go through the layer's own pre-attention layer norm, as inputs do."""
+  if prefix is None or prefix.tokens is None:
+    return prefix
+  return prefix._replace(tokens=norm(prefix.tokens))
 
 
 class Encoder(nn.Module):
@@ -97,17 +126,23 @@ class Encoder(nn.Module):
   config: T5Config
 
   @nn.compact
-  def __call__(self, x: Array, valid: Array, deterministic: bool) -> Array:
-    """x [B, T, E], valid [B, T] bool -> [B, T, E]."""
+  def __call__(self, x: Array, valid: Array, deterministic: bool,
+               prefix: Optional[prefixes_lib.Prefix] = None) -> Array:
+    """x [B, T, E], valid [B, T] bool -> [B, T, E]; optional self-attention deep prompt."""
     cfg, dtype = self.config, self.config.activation_dtype
     length = x.shape[1]
-    bias = layers.RelativePositionBiases(
+    relpos = layers.RelativePositionBiases(
         cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance, cfg.num_heads,
-        dtype, name="relpos_bias")(length, length, True)
+        dtype, name="relpos_bias")
+    bias = relpos(length, length, True)
+    prefix_bias = None
+    if prefix is not None:  # the prefix sits just before the input
+      prefix_bias = relpos(length, prefix.length, True, query_offset=prefix.length)
     mask = jnp.logical_and(valid[:, None, :, None], valid[:, None, None, :])
     x = _dropout(cfg)(x.astype(dtype), deterministic=deterministic)
     for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, name=f"layers_{i}")(x, mask, bias, deterministic)
+      layer_prefix = None if prefix is None else prefix.layer(i, prefix_bias)
+      x = EncoderLayer(cfg, name=f"layers_{i}")(x, mask, bias, deterministic, layer_prefix)
     x = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="encoder_norm")(x)
     return _dropout(cfg)(x, deterministic=deterministic)
 
@@ -125,8 +160,9 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, encoded: Array, encoder_valid: Array, decoder_input_tokens: Array,
                decoder_target_tokens: Optional[Array], *, deterministic: bool, decode: bool,
-               max_decode_length: Optional[int]) -> Array:
-    """-> logits [B, S, V] in float32."""
+               max_decode_length: Optional[int], prefix: Optional[prefixes_lib.Prefix] = None,
+               cross_prefix: Optional[prefixes_lib.Prefix] = None) -> Array:
+    """-> logits [B, S, V] in float32; optional self- and cross-attention deep prompts."""
     cfg, dtype = self.config, self.config.activation_dtype
     length = decoder_input_tokens.shape[1]
     if decode:
@@ -145,14 +181,20 @@ class Decoder(nn.Module):
         tgt = decoder_target_tokens > 0
         self_mask = causal & tgt[:, None, :, None] & tgt[:, None, None, :]
         cross_mask = tgt[:, None, :, None] & encoder_valid[:, None, None, :]
-    bias = layers.RelativePositionBiases(
+    relpos = layers.RelativePositionBiases(
         cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance, cfg.num_heads,
-        dtype, name="relpos_bias")(bias_len, bias_len, False)
+        dtype, name="relpos_bias")
+    bias = relpos(bias_len, bias_len, False)
+    prefix_bias = None
+    if prefix is not None:  # the prefix sits just before the first decoder position
+      prefix_bias = relpos(bias_len, prefix.length, False, query_offset=prefix.length)
     y = self.shared_embedding(decoder_input_tokens)
     y = _dropout(cfg)(y.astype(dtype), deterministic=deterministic)
     for i in range(cfg.num_decoder_layers):
       y = DecoderLayer(cfg, name=f"layers_{i}")(
-          y, encoded, self_mask, cross_mask, bias, deterministic=deterministic, decode=decode)
+          y, encoded, self_mask, cross_mask, bias, deterministic=deterministic, decode=decode,
+          prefix=None if prefix is None else prefix.layer(i, prefix_bias),
+          cross_prefix=None if cross_prefix is None else cross_prefix.layer(i))
     y = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="decoder_norm")(y)
     y = _dropout(cfg)(y, deterministic=deterministic)
     if cfg.logits_via_embedding:
@@ -183,32 +225,55 @@ class Transformer(nn.Module):
     """Embeds tokens and applies the prompt hook: -> (x [B, T', E], valid [B, T'] bool)."""
     x = self.token_embedder(encoder_input_tokens)
     valid = encoder_input_tokens > 0
-    if self.prompt is not None:
+    if self.prompt is not None and not is_deep_prompt(self.prompt):
       x, valid = self.prompt(x, encoder_input_tokens, embedding=self.token_embedder.table(),
                              deterministic=not enable_dropout)
     return x, valid
 
+  def deep_prompt(self, *, enable_dropout: bool = True) -> Optional[prefixes_lib.DeepPrompt]:
+    """The deep prompt module's per-layer prefixes, or None without one."""
+    if not is_deep_prompt(self.prompt):
+      return None
+    cfg = self.config
+    deep = self.prompt.layer_prompts(cfg, embedding=self.token_embedder.table(),
+                                     deterministic=not enable_dropout)
+    prefixes_lib.check(deep, cfg.num_encoder_layers, cfg.num_decoder_layers)
+    return deep
+
   def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Optional[Array] = None,
-             encoder_positions: Optional[Array] = None, *, enable_dropout: bool = True
-             ) -> tuple[Array, Array]:
+             encoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
+             prefixes: Optional[prefixes_lib.DeepPrompt] = None) -> tuple[Array, Array]:
     """Encodes [B, T] ids (0 = padding) -> (encoded [B, T', E], valid [B, T'] bool).
 
-    T' = T plus the prompt's length when a prompt module is set.
+    T' = T plus the prompt's length when an input-hook prompt module is set. `prefixes`
+    (default: the deep prompt module's, if any) gives the encoder's deep prompt.
     """
     _reject_packing(encoder_segment_ids, encoder_positions)
+    if prefixes is None:
+      prefixes = self.deep_prompt(enable_dropout=enable_dropout)
     x, valid = self.embed_encoder_input(encoder_input_tokens, enable_dropout=enable_dropout)
-    encoded = self.encoder(x, valid, not enable_dropout)
+    if prefixes is None or prefixes.encoder is None:
+      encoded = self.encoder(x, valid, not enable_dropout)
+    else:
+      encoded = self.encoder(x, valid, not enable_dropout, prefixes.encoder)
     return encoded, valid
 
   def decode(self, encoded: Array, encoder_valid: Array, decoder_input_tokens: Array,
              decoder_target_tokens: Optional[Array] = None, decoder_segment_ids: Optional[Array] = None,
              decoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
-             decode: bool = False, max_decode_length: Optional[int] = None) -> Array:
-    """Decoder logits [B, S, V] (float32) given the encoder output and its valid mask."""
+             decode: bool = False, max_decode_length: Optional[int] = None,
+             prefixes: Optional[prefixes_lib.DeepPrompt] = None) -> Array:
+    """Decoder logits [B, S, V] (float32) given the encoder output and its valid mask.
+
+    `prefixes` (default: the deep prompt module's, if any) gives the decoder's deep prompts.
+    """
     _reject_packing(decoder_segment_ids, decoder_positions)
+    if prefixes is None:
+      prefixes = self.deep_prompt(enable_dropout=enable_dropout)
+    deep = {} if prefixes is None else dict(prefix=prefixes.decoder, cross_prefix=prefixes.cross)
     return self.decoder(encoded, encoder_valid, decoder_input_tokens, decoder_target_tokens,
                         deterministic=not enable_dropout, decode=decode,
-                        max_decode_length=max_decode_length)
+                        max_decode_length=max_decode_length, **deep)
 
   def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
                decoder_target_tokens: Optional[Array] = None,
@@ -216,13 +281,19 @@ class Transformer(nn.Module):
                decoder_segment_ids: Optional[Array] = None,
                encoder_positions: Optional[Array] = None,
                decoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
-               decode: bool = False, max_decode_length: Optional[int] = None) -> Array:
-    """Teacher-forced logits [B, S, V] (t5x's call convention; padding id 0)."""
+               decode: bool = False, max_decode_length: Optional[int] = None,
+               prefixes: Optional[prefixes_lib.DeepPrompt] = None) -> Array:
+    """Teacher-forced logits [B, S, V] (t5x's call convention; padding id 0).
+
+    `prefixes`: an explicit deep prompt (default: the deep prompt module's, if any).
+    """
+    if prefixes is None:  # once for both stacks
+      prefixes = self.deep_prompt(enable_dropout=enable_dropout)
     encoded, valid = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
-                                 enable_dropout=enable_dropout)
+                                 enable_dropout=enable_dropout, prefixes=prefixes)
     return self.decode(encoded, valid, decoder_input_tokens, decoder_target_tokens,
                        decoder_segment_ids, decoder_positions, enable_dropout=enable_dropout,
-                       decode=decode, max_decode_length=max_decode_length)
+                       decode=decode, max_decode_length=max_decode_length, prefixes=prefixes)
 
 
 def _reject_packing(segment_ids: Optional[Array], positions: Optional[Array]) -> None:

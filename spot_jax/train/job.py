@@ -324,7 +324,7 @@ class Job:
       return None
     from spot_jax import prompts  # pylint: disable=g-import-not-at-top
     host = jax.tree.map(partitioning.fetch, params[models.PROMPT_KEY])
-    return np.asarray(prompts.effective_prompt(self.model.module.prompt, host))
+    return np.asarray(prompts.effective_prompt(self.model.module.prompt, host, self.model.config))
 
   def _run_params(self, state: TrainState, k: int) -> Any:
     return self._run_slice(state.params, k, self.run_shardings.params)
@@ -336,8 +336,9 @@ class Job:
       if only is not None and k != only:
         continue
       prompt = self._effective_prompt(self._run_params(state, k))
-      if prompt is not None and self.main:
-        fileio.save_npy(run.run_dir.prompt_path(step), np.asarray(prompt, np.float32))
+      if prompt is not None and self.main:  # a deep prompt's record (structured dtype) as is
+        fileio.save_npy(run.run_dir.prompt_path(step),
+                        prompt if prompt.dtype.names else prompt.astype(np.float32))
 
   def save(self, state: TrainState, done: int) -> None:
     for k, ck in enumerate(self.checkpointers):

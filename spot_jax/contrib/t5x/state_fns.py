@@ -88,20 +88,21 @@ class PromptExporter:
   """A t5x save transformation writing the prompt next to every checkpoint (state unchanged).
 
   On process 0 it writes MODEL_DIR/prompts/prompt_step_<step>.npy (the effective prompt, as
-  `spot_jax.train` exports it: P [L, E]; SMoP's [k, l, E]; Residual's folded P') and
-  prompt_params_step_<step>.npz (the raw `prompt/` parameters, '/'-joined names, for methods
-  whose prompt alone does not determine the model, e.g. SMoP's router).
+  `spot_jax.train` exports it: P [L, E]; SMoP's [k, l, E]; Residual's folded P'; a deep prompt's
+  record) and prompt_params_step_<step>.npz (the raw `prompt/` parameters, '/'-joined names, for
+  methods whose prompt alone does not determine the model, e.g. SMoP's router).
 
   Attributes:
     prompt: the prompt module the model was built with (gin: %PROMPT).
     model_dir: the run directory (gin: %MODEL_DIR).
+    config: the model's T5Config (the deep prompts lay out their prefixes by it).
   """
 
-  def __init__(self, prompt: Any, model_dir: str):
+  def __init__(self, prompt: Any, model_dir: str, config: Any = None):
     if not isinstance(prompt, prompts_lib.PROMPT_METHODS):
       raise TypeError(f"PromptExporter.prompt is {type(prompt).__name__}; valid: "
                       f"{', '.join(m.__name__ for m in prompts_lib.PROMPT_METHODS)}")
-    self.prompt = prompt
+    self.prompt, self.config = prompt, config
     self.run_dir = RunDir(os.fspath(model_dir))
 
   def __call__(self, state_dict: Mapping[str, Any], parameter_infos: Any) -> tuple[Any, Any]:
@@ -120,7 +121,7 @@ class PromptExporter:
     np.savez(buf, **{k: np.asarray(v, np.float32) for k, v in flat.items()})
     fileio.atomic_write_bytes(self.run_dir.prompt_params_path(step), buf.getvalue())
     path = self.run_dir.prompt_path(step)
-    fileio.save_npy(path, prompts_lib.effective_prompt(self.prompt, params))
+    fileio.save_npy(path, prompts_lib.effective_prompt(self.prompt, params, self.config))
     return path
 
 
