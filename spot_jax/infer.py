@@ -11,8 +11,8 @@
   # Export one prompt:  --export_peft=DIR [--base_model=NAME_OR_DIR]  |  --export_npy=FILE
 
 Prompts (`--prompt NAME=PATH`, or PATH alone to use its file/directory name) come from a
-spot_jax.train run directory (its exported prompt; Residual prompts are folded; SMoP runs also
-read the router), a .npy [L, E] prompt, a PEFT prompt-tuning adapter directory, or a SPoT prompt
+spot_jax.train run directory (its exported prompt; Residual and Residual SMoP prompts are folded;
+SMoP runs also read the router; DePT runs also read their input offset), a .npy [L, E] prompt, a PEFT prompt-tuning adapter directory, or a SPoT prompt
 library entry `LIBRARY_DIR#ENTRY_ID` (its best prompt; refused unless it was trained against the
 served backbone). Without
 --checkpoint the backbone is the random one of --seed (what a smoke run trains against).
@@ -119,6 +119,9 @@ def _single(table, what: str):
   if entry.num_prompts != 1:
     raise ConfigError(f"prompt {entry.name!r} is an SMoP mixture of {entry.num_prompts} prompts "
                       f"with a router; {what} holds one [L, E] prompt")
+  if entry.offset is not None:
+    raise ConfigError(f"prompt {entry.name!r} is a DePT prompt with an offset of the input "
+                      f"embeddings; {what} holds one [L, E] prompt without it")
   return entry
 
 
@@ -205,6 +208,7 @@ def _predict(args, table, config) -> int:
   if vocab.vocab_size > config.vocab_size:
     raise ConfigError(f"the vocabulary has {vocab.vocab_size} ids but the model's table has "
                       f"{config.vocab_size}; give the model's vocabulary (--vocab)")
+  table.check_input_length([n for n in names if n] or table.names, args.input_length)  # DePT
   tokens = _tokens(args, vocab, examples)
   labels = None
   if args.label:

@@ -3,6 +3,8 @@
   checkpoints/<step>/            training states (orbax); <step>.corrupt: a damaged state moved aside
   best/<step>/, best/metric.json the state of the best evaluation so far and its metric
   prompts/prompt_step_<N>.npy    the effective prompt at step N; prompts/prompt_best.npy the best one
+  prompts/<name>_step_<N>.npy    arrays a method exports beside its prompt (DePT: offset_...), and
+                                 prompts/<name>_best.npy; see `companion_file`
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import re
 from typing import Optional
 
 PROMPT_STEP_RE = re.compile(r"^prompt_step_(\d+)\.npy$")
+PROMPT_FILE_RE = re.compile(r"^prompt_(step_\d+|best)\.npy$")  # an exported prompt
 CORRUPT_SUFFIX = ".corrupt"
 
 
@@ -23,3 +26,13 @@ def latest_prompt_step(model_dir: str | os.PathLike) -> Optional[int]:
   return max(steps) if steps else None
 
 
+def companion_file(prompt_file: str | os.PathLike, name: str) -> pathlib.Path:
+  """The array `name` exported beside a prompt file.
+
+  prompts/prompt_step_<N>.npy -> prompts/<name>_step_<N>.npy; prompt_best.npy -> <name>_best.npy.
+  """
+  path = pathlib.Path(prompt_file)
+  if not path.name.startswith("prompt_"):
+    raise ValueError(f"{path.name} is not an exported prompt file (prompt_step_<N>.npy or "
+                     f"prompt_best.npy)")
+  return path.with_name(name + path.name[len("prompt"):])

@@ -21,6 +21,12 @@ METHODS = {
              "SMoP (Choi et al. 2023), 4 prompts of 5 tokens, linear router"),
     "residual": ("gin/prompts/residual.gin", {"PROMPT_LENGTH": "10"},
                  "Residual Prompt Tuning (Razdaibiedina et al. 2023), 10 tokens, MLP bottleneck 400"),
+    # t5x's run file feeds 512 input tokens; t5x trains every prompt parameter at its one rate
+    "dept": ("gin/prompts/dept.gin", {"MAX_INPUT_LENGTH": "512"},
+             "DePT (Shi & Lipani 2024), 40 tokens + rank-45 offset of 512 input positions, "
+             "one learning rate under t5x"),
+    "residual_smop": ("gin/prompts/residual_smop.gin", {},
+                      "Residual SMoP, 4 prompts of 5 tokens, one shared MLP of bottleneck 400"),
 }
 
 MODELS_DIR = pathlib.Path(__file__).resolve().parent / "models"

@@ -1,4 +1,4 @@
-"""Soft-prompt methods for a frozen T5: Prompt Tuning, SMoP and Residual Prompt Tuning.
+"""Soft-prompt methods for a frozen T5: Prompt Tuning, SMoP, Residual Prompt Tuning and successors.
 
 Each method is a Flax module for the backbone's input hook (`Transformer(config, prompt=...)`);
 its parameters live under the model's `prompt/` subtree. Initialisers are plain functions
@@ -13,18 +13,21 @@ import numpy as np
 from spot_jax.prompts.initializers import (Initializer, class_labels, class_labels_from_strings,
                                            exported_prompt_path, from_array, from_checkpoint,
                                            from_file, from_text, sampled_vocab, uniform)
+from spot_jax.prompts.dept import DePT
 from spot_jax.prompts.placement import PLACEMENTS, combine
 from spot_jax.prompts.prompt_tuning import PromptTuning
 from spot_jax.prompts.residual import ResidualMlp, ResidualPrompt
+from spot_jax.prompts.residual_smop import ResidualSMoP
 from spot_jax.prompts.smop import ROUTINGS, SMoP
 
-PROMPT_METHODS = (PromptTuning, SMoP, ResidualPrompt)
+PROMPT_METHODS = (PromptTuning, SMoP, ResidualPrompt, DePT, ResidualSMoP)
 
 
 def effective_prompt(module: nn.Module, prompt_params: Any) -> np.ndarray:
   """The prompt a run exports, as float32 NumPy.
 
-  PromptTuning: P [L, E]; ResidualPrompt: the folded P' [L, E]; SMoP: the [k, l, E] prompts.
+  PromptTuning: P [L, E]; ResidualPrompt: the folded P' [L, E]; SMoP: the [k, l, E] prompts;
+  ResidualSMoP: the folded [k, l, E] prompts; DePT: its prompt P [m, E] (see `export_arrays`).
 
   Args:
     module: the prompt module the model was built with.
@@ -34,3 +37,13 @@ def effective_prompt(module: nn.Module, prompt_params: Any) -> np.ndarray:
     raise TypeError(f"effective_prompt: {type(module).__name__} is not a prompt method; "
                     f"valid: {', '.join(m.__name__ for m in PROMPT_METHODS)}")
   return module.export_prompt(prompt_params)
+
+
+def export_arrays(module: nn.Module, prompt_params: Any) -> dict[str, np.ndarray]:
+  """Arrays a run exports beside the effective prompt, by name: DePT's folded "offset" [s, E].
+
+  Empty for methods whose export is the prompt alone.
+  """
+  extra = getattr(module, "export_arrays", None)
+  return {} if extra is None else {k: np.asarray(v, np.float32)
+                                   for k, v in extra(prompt_params).items()}

@@ -28,6 +28,7 @@ from spot_jax import data as data_lib
 from spot_jax import fileio
 from spot_jax import models
 from spot_jax import partitioning
+from spot_jax import run_dir as run_dir_lib
 from spot_jax import runtime
 from spot_jax.errors import ConfigError
 from spot_jax.train import checkpointer as checkpointer_lib
@@ -188,6 +189,11 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
   if checkpoint_cfg.best_mode not in ("max", "min"):
     raise ConfigError(f"best_mode={checkpoint_cfg.best_mode!r}; valid: 'max' or 'min'")
   data_lib.validate(train_dataset_cfg, model.prompt_length)
+  longest = getattr(model.module.prompt, "max_input_length", None)  # DePT's offset rows
+  if longest is not None and train_dataset_cfg.task_feature_lengths["inputs"] > longest:
+    raise ConfigError(f"TASK_FEATURE_LENGTHS['inputs']={train_dataset_cfg.task_feature_lengths['inputs']} "
+                      f"is longer than the prompt method's max input length {longest}; give "
+                      f"inputs of at most {longest} tokens or a longer max length")
   data_lib.import_modules(train_dataset_cfg.module)
   data_lib.get_mixture_or_task(train_dataset_cfg.mixture_or_task_name)
   if initial_checkpoint_path:
@@ -348,6 +354,11 @@ def _export(checkpointer: checkpointer_lib.Checkpointer, model: models.EncoderDe
     return
   prompt = _effective_prompt(model, state.params)
   if prompt is not None:
+    # companions (DePT's offset) first: a prompt file on disk always has its companions
+    from spot_jax import prompts  # pylint: disable=g-import-not-at-top
+    params = jax.device_get(state.params[models.PROMPT_KEY])
+    for extra, array in prompts.export_arrays(model.module.prompt, params).items():
+      checkpointer.export_prompt(run_dir_lib.companion_file(f"{name}.npy", extra).stem, array)
     checkpointer.export_prompt(name, prompt)
 
 

@@ -25,6 +25,7 @@ from t5x import state_utils
 
 from spot_jax import fileio
 from spot_jax import prompts as prompts_lib
+from spot_jax import run_dir
 from spot_jax.contrib.t5x.optim import is_prompt_path
 
 _SHOWN = 5
@@ -89,7 +90,8 @@ class PromptExporter:
   On process 0 it writes MODEL_DIR/prompts/prompt_step_<step>.npy (the effective prompt, as
   `spot_jax.train` exports it: P [L, E]; SMoP's [k, l, E]; Residual's folded P') and
   prompt_params_step_<step>.npz (the raw `prompt/` parameters, '/'-joined names, for methods
-  whose prompt alone does not determine the model, e.g. SMoP's router).
+  whose prompt alone does not determine the model, e.g. SMoP's router), and before the prompt
+  the arrays a method exports beside it (DePT: offset_step_<step>.npy, the folded [s, E] offset).
 
   Attributes:
     prompt: the prompt module the model was built with (gin: %PROMPT).
@@ -121,6 +123,8 @@ class PromptExporter:
     np.savez(buf, **{k: np.asarray(v, np.float32) for k, v in flat.items()})
     fileio.atomic_write_bytes(folder / f"prompt_params_step_{step}.npz", buf.getvalue())
     path = folder / f"prompt_step_{step}.npy"
+    for name, array in prompts_lib.export_arrays(self.prompt, params).items():  # DePT's offset
+      fileio.save_npy(run_dir.companion_file(path, name), array)
     fileio.save_npy(path, prompts_lib.effective_prompt(self.prompt, params))
     return path
 
