@@ -208,7 +208,6 @@ def _predict(args, table, config) -> int:
   if vocab.vocab_size > config.vocab_size:
     raise ConfigError(f"the vocabulary has {vocab.vocab_size} ids but the model's table has "
                       f"{config.vocab_size}; give the model's vocabulary (--vocab)")
-  table.check_input_length([n for n in names if n] or table.names, args.input_length)  # DePT
   tokens = _tokens(args, vocab, examples)
   labels = None
   if args.label:
@@ -237,6 +236,7 @@ def _predict(args, table, config) -> int:
 
 def _resolve_prompts(args, table, examples) -> list[str]:
   if args.ensemble:
+    table.check_input_length(table.names, args.input_length)
     return [""] * len(examples)
   default = args.default_prompt or (table.names[0] if len(table) == 1 else None)
   if default is not None:
@@ -250,6 +250,7 @@ def _resolve_prompts(args, table, examples) -> list[str]:
                         f"{', '.join(table.names)})")
     table.index(name)  # unknown names fail here, before any decoding
     names.append(name)
+  table.check_input_length(names, args.input_length)  # DePT offsets cover s positions
   return names
 
 
