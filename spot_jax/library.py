@@ -102,6 +102,14 @@ def _from_run_dir(args, record: Optional[runs_lib.RunOutcome]) -> dict:
           "fingerprint": None}
 
 
+def _refuse_offset_prompts(prompt_file: pathlib.Path) -> None:
+  """A DePT prompt is half of its model (the input offset is exported beside it): not a library entry."""
+  if run_dir_lib.PROMPT_FILE_RE.match(prompt_file.name) and run_dir_lib.companion_file(
+      prompt_file, "offset").is_file():
+    raise ConfigError(f"{prompt_file} is a DePT prompt: it needs the input offset exported beside it "
+                      f"and library entries hold a prompt alone; add a Prompt Tuning or Residual run")
+
+
 def add(args) -> int:
   if (args.run_dir is None) == (args.prompt is None):
     raise ConfigError("give exactly one source: --run_dir=<run directory> or --prompt=<.npy> "
@@ -116,6 +124,7 @@ def add(args) -> int:
              "metric": args.metric or "accuracy", "prompt": args.prompt, "embedding": args.embedding,
              "embedding_step": args.embedding_step, "fingerprint": None}
   settings_lib.check_tasks([found["task"]], args.task_module)
+  _refuse_offset_prompts(pathlib.Path(found["prompt"]))
   prompt = prompt_library.load_npy(found["prompt"], "prompt")
   embedding = prompt_library.load_npy(found["embedding"], "task embedding")
   fileio.writable_dir(args.library, "--library")  # before loading the model
