@@ -12,9 +12,9 @@
 
 Prompts (`--prompt NAME=PATH`, or PATH alone to use its file/directory name) come from a
 spot_jax.train run directory (its exported prompt; Residual and Residual SMoP prompts are folded;
-SMoP runs also read the router; DePT runs also read their input offset), a .npy [L, E] prompt, a PEFT prompt-tuning adapter directory, or a SPoT prompt
-library entry `LIBRARY_DIR#ENTRY_ID` (its best prompt; refused unless it was trained against the
-served backbone). Without
+SMoP runs also read the router; DePT runs also read their input offset), a .npy [L, E] prompt,
+a PEFT prompt-tuning adapter directory, or a SPoT prompt library entry `LIBRARY_DIR#ENTRY_ID`
+(its best prompt; refused unless it was trained against the served backbone). Without
 --checkpoint the backbone is the random one of --seed (what a smoke run trains against).
 See docs/serving.md.
 """

@@ -103,11 +103,12 @@ def _from_run_dir(args, record: Optional[runs_lib.RunOutcome]) -> dict:
 
 
 def _refuse_offset_prompts(prompt_file: pathlib.Path) -> None:
-  """A DePT prompt is half of its model (the input offset is exported beside it): not a library entry."""
+  """A DePT prompt is half of its model (its input offset is exported beside it): no entry."""
   if run_dir_lib.PROMPT_FILE_RE.match(prompt_file.name) and run_dir_lib.companion_file(
       prompt_file, "offset").is_file():
-    raise ConfigError(f"{prompt_file} is a DePT prompt: it needs the input offset exported beside it "
-                      f"and library entries hold a prompt alone; add a Prompt Tuning or Residual run")
+    raise ConfigError(f"{prompt_file} is a DePT prompt: it needs the input offset exported beside "
+                      f"it and library entries hold a prompt alone; add a Prompt Tuning or Residual "
+                      f"run")
 
 
 def add(args) -> int:

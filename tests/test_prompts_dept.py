@@ -188,3 +188,16 @@ def test_export_and_fold():
   assert prompts.export_arrays(prompts.PromptTuning(M), {"prompt": params["prompt"]}) == {}
   boxed = nn.meta.unbox(params)
   assert module.fold(boxed)["prompt"].shape == (M, E)
+
+
+def test_trainer_refuses_inputs_longer_than_the_offset_before_any_work(tmp_path):
+  from spot_jax import data, models  # pylint: disable=g-import-not-at-top
+  from spot_jax import train as train_lib  # pylint: disable=g-import-not-at-top
+  model = models.EncoderDecoderModel(Transformer(util.TEST_CONFIG,
+                                                 prompt=prompts.DePT(M, max_length=32, rank=R)))
+  cfg = data.DatasetConfig("spot_synthetic_sentiment_v100", {"inputs": 48, "targets": 12},
+                           module="tasks.synthetic")
+  with pytest.raises(ConfigError, match=r"TASK_FEATURE_LENGTHS\['inputs'\]=48 is longer than the "
+                                        r"prompt method's max input length 32") as e:
+    train_lib.train(model=model, train_dataset_cfg=cfg, total_steps=1, model_dir=str(tmp_path / "run"))
+  assert "\n" not in str(e.value) and not (tmp_path / "run").exists()

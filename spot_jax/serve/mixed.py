@@ -7,8 +7,8 @@ The frozen backbone is a prompt-less `Transformer`; a row b with table index i_b
 
 (features: the mean embedding of the row's real tokens, as SMoP routes), placed like the
 prompt modules place theirs. Rows whose entry has an input offset (DePT) first get
-offsets[i_b, t] added to the embedding of each real token at position t, as `prompts.dept` does. Padded prompt positions are masked out, and every row's valid
-positions are then moved to the front in order, so each row sees exactly the positions (and
+offsets[i_b, t] added to the embedding of each real token at position t, as `prompts.dept`
+does. Padded prompt positions are masked out, and every row's valid positions are then moved to the front in order, so each row sees exactly the positions (and
 relative distances) it would see alone with its own prompt: a mixed batch decodes like the
 per-example, per-prompt model. Shapes depend only on (B, T, table shape), never on the mix,
 so one compiled function serves any mix.

@@ -191,9 +191,10 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
   data_lib.validate(train_dataset_cfg, model.prompt_length)
   longest = getattr(model.module.prompt, "max_input_length", None)  # DePT's offset rows
   if longest is not None and train_dataset_cfg.task_feature_lengths["inputs"] > longest:
-    raise ConfigError(f"TASK_FEATURE_LENGTHS['inputs']={train_dataset_cfg.task_feature_lengths['inputs']} "
-                      f"is longer than the prompt method's max input length {longest}; give "
-                      f"inputs of at most {longest} tokens or a longer max length")
+    given = train_dataset_cfg.task_feature_lengths["inputs"]
+    raise ConfigError(f"TASK_FEATURE_LENGTHS['inputs']={given} is longer than the prompt method's "
+                      f"max input length {longest}; give inputs of at most {longest} tokens or a "
+                      f"longer max length (DePT: MAX_INPUT_LENGTH)")
   data_lib.import_modules(train_dataset_cfg.module)
   data_lib.get_mixture_or_task(train_dataset_cfg.mixture_or_task_name)
   if initial_checkpoint_path:

@@ -67,7 +67,8 @@ FIRST, SECOND = "first", "second"
 
 def two_learning_rates(optimizer: Callable[..., optax.GradientTransformation] = adafactor,
                        learning_rate: Schedule = 0.3, second_learning_rate: Schedule = 1e-4,
-                       second_subtrees: Sequence[str] = ("offset",)) -> optax.GradientTransformation:
+                       second_subtrees: Sequence[str] = ("offset",)
+                       ) -> optax.GradientTransformation:
   """`optimizer` twice, at two learning rates: DePT's prompt and its embedding offset.
 
   Parameters under a subtree named in `second_subtrees` (anywhere in their path, e.g. DePT's
