@@ -11,8 +11,9 @@
   # Export one prompt:  --export_peft=DIR [--base_model=NAME_OR_DIR]  |  --export_npy=FILE
 
 Prompts (`--prompt NAME=PATH`, or PATH alone to use its file/directory name) come from a
-spot_jax.train run directory (its exported prompt; Residual prompts are folded; SMoP runs also
-read the router; prefix tuning and P-tuning v2 runs serve their per-layer prefixes), a .npy
+spot_jax.train run directory (its exported prompt; Residual and Residual SMoP prompts are folded;
+SMoP runs also read the router; DePT runs also read their input offset; prefix tuning and
+P-tuning v2 runs serve their per-layer prefixes), a .npy
 [L, E] prompt, a PEFT prompt-tuning or prefix-tuning adapter directory, or a SPoT prompt
 library entry `LIBRARY_DIR#ENTRY_ID` (its best prompt; refused unless it was trained against the
 served backbone). Without
@@ -156,6 +157,9 @@ def _single(table, what: str):
   if entry.num_prompts != 1:
     raise ConfigError(f"prompt {entry.name!r} is an SMoP mixture of {entry.num_prompts} prompts "
                       f"with a router; {what} holds one [L, E] prompt")
+  if entry.offset is not None:
+    raise ConfigError(f"prompt {entry.name!r} is a DePT prompt with an offset of the input "
+                      f"embeddings; {what} holds one [L, E] prompt without it")
   return entry
 
 
@@ -285,6 +289,7 @@ def _predict(args, table, config) -> int:
 
 def _resolve_prompts(args, table, examples) -> list[str]:
   if args.ensemble:
+    table.check_input_length(table.names, args.input_length)
     return [""] * len(examples)
   default = args.default_prompt or (table.names[0] if len(table) == 1 else None)
   if default is not None:
@@ -298,6 +303,7 @@ def _resolve_prompts(args, table, examples) -> list[str]:
                         f"{', '.join(table.names)})")
     table.index(name)  # unknown names fail here, before any decoding
     names.append(name)
+  table.check_input_length(names, args.input_length)  # DePT offsets cover s positions
   return names
 
 

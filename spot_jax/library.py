@@ -27,7 +27,7 @@ import numpy as np
 from spot_jax import cli, fileio
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
-from spot_jax.run_dir import RunDir
+from spot_jax.run_dir import PROMPT_FILE_RE, RunDir, companion_file
 from spot_jax import backbone as backbone_lib
 from spot_jax.spot import prompt_library
 from spot_jax.spot import settings as settings_lib
@@ -87,6 +87,15 @@ def _from_run_dir(args) -> dict:
           "task_module": record.task_module}
 
 
+def _refuse_offset_prompts(prompt_file: pathlib.Path) -> None:
+  """A DePT prompt is half of its model (its input offset is exported beside it): no entry."""
+  if PROMPT_FILE_RE.match(prompt_file.name) and companion_file(
+      prompt_file, "offset").is_file():
+    raise ConfigError(f"{prompt_file} is a DePT prompt: it needs the input offset exported beside "
+                      f"it and library entries hold a prompt alone; add a Prompt Tuning or Residual "
+                      f"run")
+
+
 def add(args) -> int:
   flags.positive("--seed", args.seed, minimum=0)
   flags.positive("--embedding_step", args.embedding_step)
@@ -102,6 +111,7 @@ def add(args) -> int:
              "metric": args.metric or "accuracy", "prompt": args.prompt, "embedding": args.embedding,
              "embedding_step": args.embedding_step, "fingerprint": None, "task_module": None}
   settings_lib.check_tasks([found["task"]], args.task_module or found["task_module"] or "tasks")
+  _refuse_offset_prompts(pathlib.Path(found["prompt"]))
   prompt = prompt_library.load_npy(found["prompt"], "prompt")
   embedding = prompt_library.load_npy(found["embedding"], "task embedding")
   fileio.writable_dir(args.library, "--library")  # before loading the model

@@ -12,6 +12,8 @@
   prompts/prompt_step_<N>.npy     the effective prompt at step N (every checkpoint, the
                                   embedding step and SAVE_PROMPT_STEPS)
   prompts/prompt_best.npy         the effective prompt of the best evaluation
+  prompts/<name>_step_<N>.npy     arrays a method exports beside its prompt (DePT: offset_...),
+                                  and prompts/<name>_best.npy; see `companion_file`
   prompts/prompt_params_step_<N>.npz  the raw prompt parameters at step N (t5x.train runs, whose
                                   states are t5x's own checkpoints)
   eval/, tensorboard/             seqio's evaluation logs, TensorBoard events
@@ -35,6 +37,7 @@ from spot_jax.errors import ConfigError
 RECORD = "run.json"
 RECORD_FORMAT = "spot_jax.run/1"
 PROMPT_STEP_RE = re.compile(r"^prompt_step_(\d+)\.npy$")
+PROMPT_FILE_RE = re.compile(r"^prompt_(step_\d+|best)\.npy$")  # an exported prompt
 CORRUPT_SUFFIX = ".corrupt"
 # What orbax writes inside a state directory only when the state is complete.
 _FINISHED_MARKER = "_CHECKPOINT_METADATA"
@@ -340,3 +343,13 @@ class RunDir:
   def files(self) -> Iterator[pathlib.Path]:
     """Every file under the run directory (for copies and byte-identity checks)."""
     return (p for p in sorted(self.path.rglob("*")) if p.is_file())
+def companion_file(prompt_file: str | os.PathLike, name: str) -> pathlib.Path:
+  """The array `name` exported beside a prompt file.
+
+  prompts/prompt_step_<N>.npy -> prompts/<name>_step_<N>.npy; prompt_best.npy -> <name>_best.npy.
+  """
+  path = pathlib.Path(prompt_file)
+  if not path.name.startswith("prompt_"):
+    raise ValueError(f"{path.name} is not an exported prompt file (prompt_step_<N>.npy or "
+                     f"prompt_best.npy)")
+  return path.with_name(name + path.name[len("prompt"):])

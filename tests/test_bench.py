@@ -39,6 +39,23 @@ def test_bench_rows(tmp_path):
   assert meta["matmul_peak_flops_per_sec"] > 0
 
 
+def test_dept_and_residual_smop_rows(tmp_path):
+  """Their rows train the papers' parameter counts and cost more FLOPs than PT / SMoP alone."""
+  out = tmp_path / "bench.json"
+  assert bench.main(["--config=t5_1_1_test", "--steps=1", "--input_length=16", "--target_length=4",
+                     "--batch_size=2", "--prompt_length=8",
+                     "--methods=prompt_tuning,dept,smop,residual_smop", "--warmup=0",
+                     "--inference_steps=1", f"--json={out}"]) == 0
+  rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+  e = 32
+  assert rows["dept"]["trainable_params"] == 8 * e + 16 * 30 + 30 * e  # m E + s r + r E, s = 16
+  mlp = 2 * e * 128 + 128 + 3 * e  # Residual's MLP at the bench's bottleneck 128
+  assert rows["residual_smop"]["trainable_params"] == 4 * 2 * e + e * 4 + mlp
+  assert rows["dept"]["prompt_length"] == rows["prompt_tuning"]["prompt_length"] == 8
+  assert rows["dept"]["flops_per_step"] > rows["prompt_tuning"]["flops_per_step"]
+  assert rows["residual_smop"]["flops_per_step"] > rows["smop"]["flops_per_step"]
+
+
 def test_interleaved_rows_pair_each_round(tmp_path):
   out, md = tmp_path / "bench.json", tmp_path / "bench.md"
   assert bench.main(["--model=t5_1_1_test", "--steps=3", "--input_length=16", "--target_length=4",

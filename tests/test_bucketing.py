@@ -11,8 +11,6 @@ import shutil
 import subprocess
 import sys
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -22,7 +20,7 @@ from spot_jax.train import optimizers
 from spot_jax import train as train_lib
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
-from tests import local_tasks
+from tests import bucketing_util, local_tasks
 from tests.test_cli_errors import STARTUP_NOTE, _env
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -166,32 +164,8 @@ def _prompt(kind):
 @pytest.mark.parametrize("kind", ["prompt_tuning", "smop", "residual", "prefix_tuning", "ptuning_v2"])
 def test_per_example_losses_equal_fixed_and_bucketed(task_name, kind):
   """The trainer's loss of each example is the same padded to 64 or to its bucket."""
-  model = models.EncoderDecoderModel(Transformer(config_by_name("t5_1_1_byte_tiny"), prompt=_prompt(kind)))
-  dummy = model.dummy_batch(64, 4)
-  backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(jax.random.PRNGKey(0))
-  # a trained-looking prompt: random, not the initialiser's
-  prompt = jax.eval_shape(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)), jax.random.PRNGKey(2), backbone)
-  prompt = jax.tree.map(lambda x: 0.5 * jax.random.normal(jax.random.PRNGKey(1), x.shape, x.dtype), prompt)
-  params = models.merge_params(backbone, prompt)
-
-  @jax.jit
-  def per_example(batch):
-    def one(row):
-      return model.loss_fn(params, jax.tree.map(lambda v: v[None], row), None, enable_dropout=False)[0]
-    return jax.vmap(one)(batch)
-
-  keys = data.MODEL_FEATURES
-  # the most padding saved: the narrowest bucketed batches of the first window, all in one batch
-  batches = _take(data.train_batches(_cfg(task_name)), WINDOW)
-  width = min(b["encoder_input_tokens"].shape[1] for b in batches)
-  narrow = [b for b in batches if b["encoder_input_tokens"].shape[1] == width]
-  bucketed = {k: np.concatenate([b[k] for b in narrow]) for k in keys}
-  fixed = dict(bucketed, encoder_input_tokens=np.pad(bucketed["encoder_input_tokens"], [(0, 0), (0, 64 - width)]))
-  assert width == BUCKETS[0] and bucketing.input_lengths(bucketed["encoder_input_tokens"]).min() < width
-  got = per_example({k: jnp.asarray(bucketed[k]) for k in keys})
-  want = per_example({k: jnp.asarray(fixed[k]) for k in keys})
-  assert np.all(np.isfinite(want)) and np.ptp(np.asarray(want)) > 0
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5)
+  got, want = bucketing_util.losses_fixed_and_bucketed(_cfg(task_name), _prompt(kind), WINDOW, BUCKETS)
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
 def test_trainer_compiles_once_per_bucket_and_resumes_exactly(tmp_path, task_name):

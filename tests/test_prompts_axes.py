@@ -16,6 +16,8 @@ MODULES = {
     "smop": prompts.SMoP(4, 5),
     "residual": prompts.ResidualPrompt(5, bottleneck=16),
     "residual_per_token": prompts.ResidualPrompt(5, bottleneck=16, shared_mlp=False),
+    "dept": prompts.DePT(5, max_length=8, rank=3),
+    "residual_smop_per_prompt": prompts.ResidualSMoP(4, 5, bottleneck=16, shared_mlp=False),
 }
 PROMPT_AXES = {"prompt", "prompt_embed", "prompts", "prompt_mlp"}
 

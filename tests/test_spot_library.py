@@ -100,7 +100,12 @@ def _refusals(tmp_path: pathlib.Path):
   other_ckpt.mkdir()
   (other_ckpt / "weights.bin").write_bytes(b"another model")
   base = ["add", f"--embedding={good_e}", "--score=1"]
+  (tmp_path / "dept" / "prompts").mkdir(parents=True)  # a DePT run: its offset beside its prompt
+  dept_prompt = _npy(tmp_path / "dept" / "prompts" / "prompt_best.npy", (4, E), 9)
+  _npy(tmp_path / "dept" / "prompts" / "offset_best.npy", (16, E), 9)
   return {
+      "DePT prompt": ([*base, f"--prompt={dept_prompt}", "--task=spot_test_parity_v1", *MODEL],
+                      "is a DePT prompt: it needs the input offset exported beside it"),
       "wrong embedding size": (["add", f"--embedding={narrow_e}", f"--prompt={narrow}",
                                 "--task=spot_test_parity_v1", *MODEL],
                                "embedding size is 32 but the frozen model's is 64"),

@@ -41,7 +41,9 @@ def _clean_gin():
 def test_model_files_are_the_generator_output():
   expected = generate_models.expected_files()
   assert sorted(expected) == sorted(p.name for p in MODEL_FILES)
-  assert len(expected) == 11 * 5  # T5.1.1 + LM-adapted small..xxl, tiny; 5 methods
+  assert len(expected) == 11 * len(generate_models.METHODS)  # T5.1.1 + LM-adapted small..xxl, tiny
+  assert {"prompt_tuning", "smop", "residual", "prefix_tuning", "ptuning_v2", "dept",
+          "residual_smop"} <= set(generate_models.METHODS)
   for path in MODEL_FILES:
     assert path.read_text() == expected[path.name], f"{path.name} is stale: run python gin/t5x/generate_models.py"
 

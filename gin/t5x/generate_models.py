@@ -25,6 +25,12 @@ METHODS = {
                       "prefix tuning (Li & Liang 2021), 10 key/value prefixes in every attention layer"),
     "ptuning_v2": ("gin/prompts/ptuning_v2.gin", {"PROMPT_LENGTH": "20"},
                    "P-tuning v2 (Liu et al. 2022), 20 deep prompt tokens per encoder layer"),
+    # t5x's run file feeds 512 input tokens; t5x trains every prompt parameter at its one rate
+    "dept": ("gin/prompts/dept.gin", {"MAX_INPUT_LENGTH": "512"},
+             "DePT (Shi & Lipani 2024), 40 tokens + rank-45 offset of 512 input positions, "
+             "one learning rate under t5x"),
+    "residual_smop": ("gin/prompts/residual_smop.gin", {},
+                      "Residual SMoP, 4 prompts of 5 tokens, one shared MLP of bottleneck 400"),
 }
 
 MODELS_DIR = pathlib.Path(__file__).resolve().parent / "models"

@@ -30,13 +30,17 @@ METHODS = {
     "prefix10": ("prefix_tuning", 10), "prefix_mlp10": ("prefix_projection", 10),
     "ptuning_v2_20": ("ptuning_v2", 20),
     "prefix_tuning": ("prefix_tuning", None), "ptuning_v2": ("ptuning_v2", None),
+    # DePT at PT-100's budget on T5-Base (m = 60, r = 30, s = the input length); Residual SMoP 4x5
+    "dept60": ("dept", 60), "residual_smop4x5": ("residual_smop", 20),
+    "dept": ("dept", None), "residual_smop": ("residual_smop", None),
 }
 DEFAULT_METHODS = ("pt100", "pt20", "smop4x5", "residual100", "residual10", "model_tuning")
 # --vs=t5x pairs each DROPOUT_RNG with t5x's setting that draws dropout masks the same way.
 T5X_DROPOUT_RNGS = {"threefry": "t5x's default", "unsafe_rbg": "t5x's USE_HARDWARE_RNG"}
 
 
-def prompt_module(kind: str, length: int):
+def prompt_module(kind: str, length: int, input_length: int = 512):
+  """The prompt module of a METHODS kind; DePT's offset covers `input_length` positions."""
   if kind == "prompt_tuning":
     return prompts.PromptTuning(length=length)
   if kind == "smop":
@@ -48,6 +52,10 @@ def prompt_module(kind: str, length: int):
                                 projection_dim=512)
   if kind == "ptuning_v2":
     return prompts.PTuningV2(length=length)
+  if kind == "dept":
+    return prompts.DePT(length=length, max_length=input_length, rank=30)
+  if kind == "residual_smop":
+    return prompts.ResidualSMoP(num_prompts=4, length=max(1, length // 4), bottleneck=128)
   return None
 
 

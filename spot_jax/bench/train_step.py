@@ -85,7 +85,8 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
   kind, length = METHODS[method]
   length = prompt_length if length is None else length
   config = bench_config(config_name, config_overrides, dropout_rate)
-  model = models.EncoderDecoderModel(Transformer(config, prompt=common.prompt_module(kind, length)))
+  model = models.EncoderDecoderModel(Transformer(config, prompt=common.prompt_module(kind, length,
+                                                                                   input_length)))
   dummy = model.dummy_batch(input_length, target_length)
   backbone_rng, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
   backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)
@@ -97,7 +98,7 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
                               weight_decay_rate=None)
   else:
     frozen, params = backbone, prompt_params
-    tx = optimizers.adafactor()
+    tx = optimizers.two_learning_rates() if kind == "dept" else optimizers.adafactor()
   state = TrainState.create(params, tx, state_rng)
   batch = device_batch(config.vocab_size, batch_size, input_length, target_length, seed)
   rep, split = shardings

@@ -1,5 +1,5 @@
-"""Soft-prompt methods for a frozen T5: Prompt Tuning, SMoP, Residual Prompt Tuning, and the
-deep prompts (prefix tuning, P-tuning v2).
+"""Soft-prompt methods for a frozen T5: Prompt Tuning, SMoP, Residual Prompt Tuning and their
+successors: the deep prompts (prefix tuning, P-tuning v2), DePT and Residual SMoP.
 
 Each method is a Flax module for the backbone's input hook (`Transformer(config, prompt=...)`),
 or, for the deep prompts, its deep hook (`layer_prompts`, per-layer prefixes in the attention);
@@ -15,16 +15,18 @@ import numpy as np
 from spot_jax.prompts.initializers import (Initializer, class_labels, class_labels_from_strings,
                                            exported_prompt_path, from_array, from_checkpoint,
                                            from_file, from_text, sampled_vocab, uniform)
+from spot_jax.prompts.dept import DePT
 from spot_jax.prompts.placement import PLACEMENTS, combine
 from spot_jax.prompts.prefix_tuning import PrefixTuning
 from spot_jax.prompts.prompt_tuning import PromptTuning
 from spot_jax.prompts.ptuning_v2 import PTuningV2
 from spot_jax.prompts.residual import ResidualMlp, ResidualPrompt
+from spot_jax.prompts.residual_smop import ResidualSMoP
 from spot_jax.prompts.smop import ROUTINGS, SMoP
 from spot_jax.t5.config import T5Config
 
 DEEP_PROMPT_METHODS = (PrefixTuning, PTuningV2)  # the deep hook: per-layer prefixes
-PROMPT_METHODS = (PromptTuning, SMoP, ResidualPrompt) + DEEP_PROMPT_METHODS
+PROMPT_METHODS = (PromptTuning, SMoP, ResidualPrompt, DePT, ResidualSMoP) + DEEP_PROMPT_METHODS
 
 
 def effective_prompt(module: nn.Module, prompt_params: Any,
@@ -32,6 +34,7 @@ def effective_prompt(module: nn.Module, prompt_params: Any,
   """The prompt a run exports, as float32 NumPy.
 
   PromptTuning: P [L, E]; ResidualPrompt: the folded P' [L, E]; SMoP: the [k, l, E] prompts;
+  ResidualSMoP: the folded [k, l, E] prompts; DePT: its prompt P [m, E] (see `export_arrays`);
   the deep prompts: a record of their per-layer prefixes or tokens (see `deep`; prefix tuning's
   MLP folded), which needs `config`.
 
@@ -46,3 +49,13 @@ def effective_prompt(module: nn.Module, prompt_params: Any,
     raise TypeError(f"effective_prompt: {type(module).__name__} is not a prompt method; "
                     f"valid: {', '.join(m.__name__ for m in PROMPT_METHODS)}")
   return module.export_prompt(prompt_params)
+
+
+def export_arrays(module: nn.Module, prompt_params: Any) -> dict[str, np.ndarray]:
+  """Arrays a run exports beside the effective prompt, by name: DePT's folded "offset" [s, E].
+
+  Empty for methods whose export is the prompt alone.
+  """
+  extra = getattr(module, "export_arrays", None)
+  return {} if extra is None else {k: np.asarray(v, np.float32)
+                                   for k, v in extra(prompt_params).items()}

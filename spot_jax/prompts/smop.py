@@ -103,6 +103,7 @@ class SMoP(nn.Module):
     prompts = common.prompt_param(self, "prompts", self.prompt_init,
                                   (k, self.length, embedded.shape[-1]),
                                   ("prompts", "prompt", "prompt_embed"), embedding)
+    prompts = self.reparameterize(prompts, deterministic)
     valid = tokens > 0
     if self.routing in _ROUTED:
       weights, choice, probs = self._route(common.mean_embedding(embedded, valid), deterministic)
@@ -124,6 +125,11 @@ class SMoP(nn.Module):
                self.load_balancing_weight * k * jnp.sum(fraction * mean_prob))
     prompt = jnp.einsum("bk,kle->ble", weights, prompts)
     return placement_lib.combine(prompt, embedded, valid, self.placement)
+
+  def reparameterize(self, prompts: Array, deterministic: bool) -> Array:
+    """The prompts the router mixes, from the parameter [k, l, E]: itself (subclasses add maps)."""
+    del deterministic
+    return prompts
 
   def _route(self, features: Array, deterministic: bool) -> tuple[Array, Array, Array]:
     """features [B, E] float32 -> (weights [B, k], primary choice [B], probs [B, k])."""

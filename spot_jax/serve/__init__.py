@@ -1,6 +1,7 @@
 """Serving frozen T5 models with soft prompts (above the trainer; nothing here trains).
 
-  table        PromptTable: named prompts (Prompt Tuning, folded Residual, SMoP) stacked
+  table        PromptTable: named prompts (Prompt Tuning, folded Residual, SMoP, folded
+               Residual SMoP, DePT with its input offset) stacked
   mixed        jitted decoding / scoring of batches whose rows each name their prompt
   sources      prompts from modules, .npy files, run directories and PEFT adapters
   ensemble     N prompts of one task in one batched pass; majority vote or mean log-probs

@@ -6,8 +6,9 @@ The frozen backbone is a prompt-less `Transformer`; a row b with table index i_b
   w_b      = routing of softmax(features_b @ router[i_b]) over the row's k_{i_b} prompts
 
 (features: the mean embedding of the row's real tokens, as SMoP routes), placed like the
-prompt modules place theirs. Padded prompt positions are masked out, and every row's valid
-positions are then moved to the front in order, so each row sees exactly the positions (and
+prompt modules place theirs. Rows whose entry has an input offset (DePT) first get
+offsets[i_b, t] added to the embedding of each real token at position t, as `prompts.dept`
+does. Padded prompt positions are masked out, and every row's valid positions are then moved to the front in order, so each row sees exactly the positions (and
 relative distances) it would see alone with its own prompt: a mixed batch decodes like the
 per-example, per-prompt model. Shapes depend only on (B, T, table shape), never on the mix,
 so one compiled function serves any mix.
@@ -24,7 +25,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from spot_jax.prompts import common, placement as placement_lib
+from spot_jax.prompts import common, dept, placement as placement_lib
 from spot_jax.serve.table import ROUTING_CODES, TableArrays
 from spot_jax.t5 import generation, prefixes as prefixes_lib
 from spot_jax.t5.network import Transformer
@@ -69,6 +70,12 @@ def prompted_input(table: TableArrays, index: Array, embedded: Array, tokens: Ar
   Valid positions of each row come first and in order (see the module docstring).
   """
   valid = tokens > 0
+  if table.offsets.shape[1]:  # some entry offsets the input embeddings (DePT)
+    offsets = table.offsets[index]  # [B, S, E]
+    width = embedded.shape[1]
+    if offsets.shape[1] < width:  # positions no entry covers: zero (longer rows are refused)
+      offsets = jnp.pad(offsets, ((0, 0), (0, width - offsets.shape[1]), (0, 0)))
+    embedded = dept.add_offset(embedded, valid, offsets)
   weights = route(table, index, common.mean_embedding(embedded, valid))
   prompt = jnp.einsum("bk,bkle->ble", weights, table.prompts[index])
   batch, big_l = prompt.shape[:2]

@@ -1,9 +1,11 @@
 """Where served prompts come from: prompt modules, .npy files, run directories, PEFT adapters.
 
   from_module     a prompt module and its parameter subtree (Residual prompts are folded)
-  from_npy        a [L, E] .npy (spot-jax exports, google-research/prompt-tuning's format)
+  from_npy        a [L, E] .npy (spot-jax exports, google-research/prompt-tuning's format); an
+                  exported DePT prompt brings the offset exported beside it
   from_run_dir    a `spot_jax.train` MODEL_DIR: prompts/prompt_best.npy, else the latest
-                  prompts/prompt_step_N.npy; SMoP runs also restore the router from the state
+                  prompts/prompt_step_N.npy; SMoP runs also restore the router from the state,
+                  DePT runs read their offset from prompts/offset_{best,step_N}.npy
   from_library    a SPoT prompt library entry, `LIBRARY_DIR#ENTRY_ID` (its best prompt), refused
                   when the entry was trained against another frozen model
   load            any of the above by path (a directory holding adapter_config.json is a
@@ -23,9 +25,10 @@ import flax.linen as nn
 import numpy as np
 
 from spot_jax.errors import ConfigError
-from spot_jax.run_dir import RunDir
-from spot_jax.prompts import DEEP_PROMPT_METHODS, PromptTuning, ResidualPrompt, SMoP
+from spot_jax.run_dir import PROMPT_FILE_RE, RunDir, companion_file
+from spot_jax.prompts import DEEP_PROMPT_METHODS, DePT, PromptTuning, ResidualPrompt, SMoP
 from spot_jax.prompts import deep as deep_lib
+from spot_jax.prompts.dept import OFFSET
 from spot_jax.serve.table import SMOP_EVAL_ROUTING, ServedPrompt
 from spot_jax.t5.config import T5Config
 
@@ -33,21 +36,24 @@ from spot_jax.t5.config import T5Config
 def from_module(name: str, module: nn.Module, params: Any, source: str = "") -> ServedPrompt:
   """The served form of a prompt module's parameters (its `prompt/` subtree).
 
-  PromptTuning: its prompt; ResidualPrompt: the folded P'; SMoP: its prompts, router and the
-  routing it uses at evaluation.
+  PromptTuning: its prompt; ResidualPrompt: the folded P'; SMoP: its prompts (folded for
+  ResidualSMoP), router and the routing it uses at evaluation; DePT: its prompt and folded offset.
   """
   params = nn.meta.unbox(params)
   if isinstance(module, DEEP_PROMPT_METHODS):
     raise ConfigError(f"a {type(module).__name__} needs the model's config to serve; use "
                       f"from_deep(name, parts, config) with module.export_prompt(params, config)")
-  if isinstance(module, SMoP):
+  if isinstance(module, DePT):
+    folded = module.fold(params)
+    return ServedPrompt(name, folded["prompt"], source=source, offset=folded["offset"])
+  if isinstance(module, SMoP):  # ResidualSMoP too: export_prompt folds its prompts
     routing = SMOP_EVAL_ROUTING[module.routing]
     router = params["router"]["kernel"] if "router" in params else None
     return ServedPrompt(name, module.export_prompt(params), router, routing, source)
   if isinstance(module, (PromptTuning, ResidualPrompt)):
     return ServedPrompt(name, module.export_prompt(params), source=source)
   raise ConfigError(f"cannot serve a {type(module).__name__}; valid prompt modules: PromptTuning, "
-                    f"ResidualPrompt, SMoP")
+                    f"ResidualPrompt, SMoP, ResidualSMoP, DePT, PrefixTuning, PTuningV2 (the last two through from_deep)")
 
 
 def from_deep(name: str, parts: dict, config: Optional[T5Config], source: str) -> ServedPrompt:
@@ -76,7 +82,11 @@ def read_npy(path: str) -> np.ndarray:
 
 
 def from_npy(name: str, path: str) -> ServedPrompt:
-  """A plain [L, E] prompt from a .npy file (a [k, l, E] SMoP export needs its run directory)."""
+  """A plain [L, E] prompt from a .npy file (a [k, l, E] SMoP export needs its run directory).
+
+  An exported prompt (prompt_step_N.npy, prompt_best.npy) of a DePT run brings the input offset
+  exported beside it (offset_step_N.npy, offset_best.npy).
+  """
   array = read_npy(path)
   if deep_lib.is_record(array):
     raise ConfigError(f"{path} is a deep prompt's record; give its run directory (MODEL_DIR), "
@@ -86,7 +96,18 @@ def from_npy(name: str, path: str) -> ServedPrompt:
                       f"router; give the run directory (MODEL_DIR) instead")
   if array.ndim != 2:
     raise ConfigError(f"{path} has shape {array.shape}; a prompt file holds one [L, E] prompt")
-  return ServedPrompt(name, array, source=path)
+  offset, source = _exported_offset(pathlib.Path(path))
+  return ServedPrompt(name, array, source=path + source, offset=offset)
+
+
+def _exported_offset(prompt_file: pathlib.Path) -> tuple[Optional[np.ndarray], str]:
+  """(DePT's offset exported beside `prompt_file`, " + <its file>"), or (None, "")."""
+  if not PROMPT_FILE_RE.match(prompt_file.name):
+    return None, ""
+  file = companion_file(prompt_file, OFFSET)
+  if not file.is_file():
+    return None, ""
+  return read_npy(str(file)), f" + {file.name}"
 
 
 def from_run_dir(name: str, path: str, smop_routing: str = "linear",
@@ -105,7 +126,8 @@ def from_run_dir(name: str, path: str, smop_routing: str = "linear",
   if deep_lib.is_record(array):
     return from_deep(name, deep_lib.from_record(array, str(file)), config, str(file))
   if array.ndim == 2:
-    return ServedPrompt(name, array, source=str(file))
+    offset, extra = _exported_offset(file)
+    return ServedPrompt(name, array, source=str(file) + extra, offset=offset)
   if smop_routing not in SMOP_EVAL_ROUTING:
     raise ConfigError(f"SMoP routing {smop_routing!r} is unknown; valid: "
                       f"{', '.join(SMOP_EVAL_ROUTING)}")
@@ -115,8 +137,8 @@ def from_run_dir(name: str, path: str, smop_routing: str = "linear",
   if routing != "mean" and router is None:
     raise ConfigError(f"{run_dir.path}'s SMoP state has no router; pass --smop_routing=stochastic "
                       f"or single for router-less SMoP runs")
-  prompts = np.asarray(params.get("prompts", array), np.float32)
-  return ServedPrompt(name, prompts, None if router is None else np.asarray(router), routing,
+  # the exported file, not the state's raw prompts: a Residual SMoP run exports them folded
+  return ServedPrompt(name, array, None if router is None else np.asarray(router), routing,
                       f"{file} + router")
 
 

@@ -80,6 +80,7 @@ class Server:
     tokens = np.asarray(tokens, np.int32)
     if tokens.ndim != 2 or len(names) != tokens.shape[0]:
       raise ConfigError(f"{len(names)} prompt names for token rows of shape {tokens.shape}")
+    self.table.check_input_length(names, tokens.shape[1])
     return self._place(self.table.indices(names)), self._place(tokens)
 
   def generate(self, names: Sequence[str], tokens: np.ndarray, batch_index: int = 0

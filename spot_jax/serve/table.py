@@ -1,13 +1,18 @@
-"""A stacked table of servable prompts: Prompt Tuning, folded Residual and SMoP in one array set.
+"""A stacked table of servable prompts: Prompt Tuning, folded Residual, SMoP (and folded Residual
+SMoP) and DePT in one array set.
 
 Every entry is stored as a mixture of k prompts of length l with a router, padded to the
-table's largest k (K) and l (L):
+table's largest k (K) and l (L), plus an optional offset of the input embeddings by position
+(DePT's), padded to the table's longest (S):
 
   prompts [N, K, L, E] float32   entry n's prompts, left-aligned along L, zero padding
   router  [N, E, K] float32      SMoP's bias-free router kernel (zeros when there is none)
   num_prompts [N] int32          k_n (1 for Prompt Tuning and folded Residual prompts)
   lengths [N] int32              l_n
   routing [N] int32              ROUTING_CODES[...]: how the k_n prompts combine per example
+  offsets [N, S, E] float32      row t: added to the embedding at input position t (zeros for
+                                 entries without one; S = 0 when no entry has one)
+  offset_lengths [N] int32       s_n, the input positions entry n's offset covers (0: none)
 
 A plain prompt is the mixture k = 1 combined with weight 1, so one jitted function serves any
 mix of entries: the row's entry index selects its arrays by a gather (see `mixed`).
@@ -54,6 +59,8 @@ class ServedPrompt:
     source: where it came from (for messages and outputs).
     deep: a deep prompt's parts ({field: array}, see `spot_jax.prompts.deep`), or None; with
       one, `prompts` may be [0, E] (no input prompt).
+    offset: [s, E] float32 added to the input embedding at positions 0..s-1 (DePT's folded
+      offset), or None.
   """
   name: str
   prompts: np.ndarray
@@ -61,6 +68,7 @@ class ServedPrompt:
   routing: str = "mean"
   source: str = ""
   deep: Optional[Mapping[str, np.ndarray]] = None
+  offset: Optional[np.ndarray] = None
 
   def __post_init__(self):
     prompts = np.asarray(self.prompts, np.float32)
@@ -86,8 +94,16 @@ class ServedPrompt:
                         f"{k} prompts of width {embed}; expected {(embed, k)}")
     if self.routing == "top2" and k < 2:
       raise ConfigError(f"prompt {self.name!r}: routing 'top2' needs at least 2 prompts, got {k}")
+    offset = None if self.offset is None else np.asarray(self.offset, np.float32)
+    if offset is not None and (offset.ndim != 2 or offset.shape[1] != embed or not offset.shape[0]):
+      raise ConfigError(f"prompt {self.name!r}: input offset of shape {offset.shape} does not fit "
+                        f"prompts of width {embed}; expected [s, {embed}]")
+    if offset is not None and not np.all(np.isfinite(offset)):
+      raise ConfigError(f"prompt {self.name!r} ({self.source}): its input offset holds NaN or "
+                        f"infinite values; give a finite offset")
     object.__setattr__(self, "prompts", prompts)
     object.__setattr__(self, "router", router)
+    object.__setattr__(self, "offset", offset)
     if self.deep is not None:
       from spot_jax.prompts import deep as deep_lib  # pylint: disable=g-import-not-at-top
       record = deep_lib.to_record(self.deep)
@@ -110,6 +126,11 @@ class ServedPrompt:
   def width(self) -> int:
     return self.prompts.shape[2]
 
+  @property
+  def offset_length(self) -> int:
+    """s, the input positions the offset covers (0 without one)."""
+    return 0 if self.offset is None else self.offset.shape[0]
+
 
 class DeepArrays(NamedTuple):
   """One attention type's stacked prefixes (see the module docstring)."""
@@ -124,6 +145,8 @@ class TableArrays(NamedTuple):
   num_prompts: np.ndarray
   lengths: np.ndarray
   routing: np.ndarray
+  offsets: np.ndarray
+  offset_lengths: np.ndarray
   deep: Mapping[str, DeepArrays] = {}
 
 
@@ -162,15 +185,19 @@ class PromptTable:
     big_l = max(e.length for e in entries)
     prompts = np.zeros((len(entries), big_k, big_l, want), np.float32)
     router = np.zeros((len(entries), want, big_k), np.float32)
+    offsets = np.zeros((len(entries), max(e.offset_length for e in entries), want), np.float32)
     for i, e in enumerate(entries):
       prompts[i, :e.num_prompts, :e.length] = e.prompts
       if e.router is not None:
         router[i, :, :e.num_prompts] = e.router
+      if e.offset is not None:
+        offsets[i, :e.offset_length] = e.offset
     self.arrays = TableArrays(
         prompts=prompts, router=router,
         num_prompts=np.array([e.num_prompts for e in entries], np.int32),
         lengths=np.array([e.length for e in entries], np.int32),
         routing=np.array([ROUTING_CODES[e.routing] for e in entries], np.int32),
+        offsets=offsets, offset_lengths=np.array([e.offset_length for e in entries], np.int32),
         deep=_stack_deep(entries))
 
   @property
@@ -223,6 +250,18 @@ class PromptTable:
     """[B] int32 rows for a list of names."""
     return np.array([self.index(n) for n in names], np.int32)
 
+  def check_input_length(self, names: Sequence[str], input_length: int) -> None:
+    """Refuses inputs longer than the offset of a prompt they use (DePT covers s positions).
+
+    Raises:
+      ConfigError: naming the prompt and its longest input.
+    """
+    for name in dict.fromkeys(names):
+      entry = self.entries[self.index(name)]
+      if entry.offset is not None and input_length > entry.offset_length:
+        raise ConfigError(f"prompt {name!r} offsets the first {entry.offset_length} input "
+                          f"positions (DePT) but inputs have {input_length}; give --input_length "
+                          f"<= {entry.offset_length}")
 
 def _stack_deep(entries: Sequence[ServedPrompt]) -> dict[str, DeepArrays]:
   """The entries' plain prefixes by attention type, right-aligned along P (tokens excluded)."""

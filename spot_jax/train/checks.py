@@ -89,6 +89,16 @@ def _positive_int(name: str, value: Any) -> int:
   return int(value)
 
 
+def _check_input_length(model: Any, cfg: Any) -> None:
+  """Inputs no longer than a prompt method's own maximum (DePT's offset has one row a position)."""
+  longest = getattr(model.module.prompt, "max_input_length", None)
+  given = cfg.task_feature_lengths["inputs"]
+  if longest is not None and given > longest:
+    raise ConfigError(f"TASK_FEATURE_LENGTHS['inputs']={given} is longer than the prompt method's "
+                      f"max input length {longest}; give inputs of at most {longest} tokens or a "
+                      f"longer max length (DePT: MAX_INPUT_LENGTH)")
+
+
 def _steps(name: str, values: Any, total_steps: int) -> list[int]:
   if values is None:
     return []
@@ -180,6 +190,7 @@ def plan(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Datas
   for cfg in train_cfgs:
     data_lib.validate(cfg, model.prompt_length)
     data_lib.get_mixture_or_task(cfg.mixture_or_task_name, cfg.split, "DatasetConfig.split")
+  _check_input_length(model, train_dataset_cfg)
   if eval_cfg is not None:
     data_lib.import_modules(eval_cfg.module)
     data_lib.get_mixture_or_task(eval_cfg.mixture_or_task_name, eval_cfg.split, "EVAL_SPLIT")

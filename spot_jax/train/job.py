@@ -21,7 +21,7 @@ from spot_jax import models
 from spot_jax import partitioning
 from spot_jax.errors import ConfigError
 from spot_jax.orbax_io import DamagedCheckpoint
-from spot_jax.run_dir import RunRecord
+from spot_jax.run_dir import RunRecord, companion_file
 from spot_jax.train import checks
 from spot_jax.train import progress
 from spot_jax.train import runs as runs_lib
@@ -326,6 +326,11 @@ class Job:
     host = jax.tree.map(partitioning.fetch, params[models.PROMPT_KEY])
     return np.asarray(prompts.effective_prompt(self.model.module.prompt, host, self.model.config))
 
+  def _export_arrays(self, params: Any) -> dict:
+    from spot_jax import prompts  # pylint: disable=g-import-not-at-top
+    host = jax.tree.map(partitioning.fetch, params[models.PROMPT_KEY])
+    return prompts.export_arrays(self.model.module.prompt, host)
+
   def _run_params(self, state: TrainState, k: int) -> Any:
     return self._run_slice(state.params, k, self.run_shardings.params)
 
@@ -335,10 +340,16 @@ class Job:
     for k, run in enumerate(self.plan.runs):
       if only is not None and k != only:
         continue
-      prompt = self._effective_prompt(self._run_params(state, k))
-      if prompt is not None and self.main:  # a deep prompt's record (structured dtype) as is
-        fileio.save_npy(run.run_dir.prompt_path(step),
-                        prompt if prompt.dtype.names else prompt.astype(np.float32))
+      params = self._run_params(state, k)
+      prompt = self._effective_prompt(params)
+      if prompt is None or not self.main:
+        continue
+      path = run.run_dir.prompt_path(step)
+      # Companions (DePT's offset) first: a prompt file on disk always has its companions.
+      for extra, array in self._export_arrays(params).items():
+        fileio.save_npy(companion_file(path, extra), np.asarray(array, np.float32))
+      # A deep prompt's record (structured dtype) is written as is.
+      fileio.save_npy(path, prompt if prompt.dtype.names else prompt.astype(np.float32))
 
   def save(self, state: TrainState, done: int) -> None:
     for k, ck in enumerate(self.checkpointers):

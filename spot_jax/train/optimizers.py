@@ -7,8 +7,9 @@ no parameter scaling, weight decay 1e-5, unfactored second moments.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -67,6 +68,41 @@ def adamw(learning_rate: Schedule = 1e-3, b1: float = 0.9, b2: float = 0.999, ep
                              learning_rate, grad_clip_norm)
 
 
+FIRST, SECOND = "first", "second"
+
+
+def two_learning_rates(optimizer: Callable[..., optax.GradientTransformation] = adafactor,
+                       learning_rate: Schedule = 0.3, second_learning_rate: Schedule = 1e-4,
+                       second_subtrees: Sequence[str] = ("offset",)
+                       ) -> optax.GradientTransformation:
+  """`optimizer` twice, at two learning rates: DePT's prompt and its embedding offset.
+
+  Parameters under a subtree named in `second_subtrees` (anywhere in their path, e.g. DePT's
+  `prompt/offset/{a,b}`) get `optimizer(learning_rate=second_learning_rate)`, all others
+  `optimizer(learning_rate=learning_rate)`; each group has its own optimizer state. Under gin,
+  `optimizer = @optimizers.adafactor` keeps the run file's Adafactor settings for both groups.
+
+  Args:
+    optimizer: a factory taking `learning_rate` (e.g. `adafactor`, `adam`).
+    learning_rate: the prompt's learning rate (or schedule).
+    second_learning_rate: the learning rate (or schedule) of the named subtrees.
+    second_subtrees: subtree names whose parameters take the second rate.
+  """
+  if isinstance(second_subtrees, str) or not all(isinstance(n, str) and n for n in second_subtrees):
+    raise ConfigError(f"second_subtrees={second_subtrees!r}; give a tuple of subtree names, "
+                      f"e.g. ('offset',)")
+  names = frozenset(second_subtrees)
+
+  def labels(params: Any) -> Any:
+    def label(path, _):
+      keys = {getattr(k, "key", getattr(k, "name", None)) for k in path}
+      return SECOND if keys & names else FIRST
+    return jax.tree_util.tree_map_with_path(label, params)
+
+  return optax.multi_transform({FIRST: optimizer(learning_rate=learning_rate),
+                                SECOND: optimizer(learning_rate=second_learning_rate)}, labels)
+
+
 def constant_schedule(value: float) -> Callable[[int], jnp.ndarray]:
   """A constant learning rate."""
   _check_positive("learning rate", value)
@@ -100,7 +136,13 @@ def rsqrt_decay(base_value: float = 1.0, warmup_steps: int = 10000) -> optax.Sch
 
 
 def current_learning_rate(opt_state) -> Optional[jnp.ndarray]:
-  """The learning rate stored by `inject_hyperparams` in an optimizer state, if any."""
+  """The learning rate stored by `inject_hyperparams` in an optimizer state, if any.
+
+  With `two_learning_rates`, the first group's (the prompt's).
+  """
+  inner = getattr(opt_state, "inner_states", None)
+  if isinstance(inner, dict) and FIRST in inner:  # a multi_transform of two_learning_rates
+    return current_learning_rate(getattr(inner[FIRST], "inner_state", inner[FIRST]))
   states = [opt_state]
   if getattr(opt_state, "hyperparams", None) is None and isinstance(opt_state, tuple):
     states = list(opt_state)  # a chain (e.g. gradient clipping first)

@@ -24,7 +24,7 @@ from flax import traverse_util
 from t5x import state_utils
 
 from spot_jax import fileio
-from spot_jax.run_dir import RunDir
+from spot_jax.run_dir import RunDir, companion_file
 from spot_jax import prompts as prompts_lib
 from spot_jax.contrib.t5x.optim import is_prompt_path
 
@@ -90,7 +90,8 @@ class PromptExporter:
   On process 0 it writes MODEL_DIR/prompts/prompt_step_<step>.npy (the effective prompt, as
   `spot_jax.train` exports it: P [L, E]; SMoP's [k, l, E]; Residual's folded P'; a deep prompt's
   record) and prompt_params_step_<step>.npz (the raw `prompt/` parameters, '/'-joined names, for
-  methods whose prompt alone does not determine the model, e.g. SMoP's router).
+  methods whose prompt alone does not determine the model, e.g. SMoP's router), and before the
+  prompt the arrays a method exports beside it (DePT: offset_step_<step>.npy, the folded offset).
 
   Attributes:
     prompt: the prompt module the model was built with (gin: %PROMPT).
@@ -121,6 +122,8 @@ class PromptExporter:
     np.savez(buf, **{k: np.asarray(v, np.float32) for k, v in flat.items()})
     fileio.atomic_write_bytes(self.run_dir.prompt_params_path(step), buf.getvalue())
     path = self.run_dir.prompt_path(step)
+    for name, array in prompts_lib.export_arrays(self.prompt, params).items():  # DePT's offset
+      fileio.save_npy(companion_file(path, name), array)
     fileio.save_npy(path, prompts_lib.effective_prompt(self.prompt, params, self.config))
     return path
 
