@@ -1,4 +1,4 @@
-"""Soft-prompt methods for a frozen T5: Prompt Tuning, SMoP and Residual Prompt Tuning.
+"""Soft-prompt methods for a frozen T5: Prompt Tuning, SMoP, Residual Prompt Tuning, ATTEMPT, MPT.
 
 Each method is a Flax module for the backbone's input hook (`Transformer(config, prompt=...)`);
 its parameters live under the model's `prompt/` subtree. Initialisers are plain functions
@@ -10,21 +10,26 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
+from spot_jax.prompts.attempt import Attempt
+from spot_jax.prompts.common import Constant
 from spot_jax.prompts.initializers import (Initializer, class_labels, class_labels_from_strings,
                                            exported_prompt_path, from_array, from_checkpoint,
                                            from_file, from_text, sampled_vocab, uniform)
 from spot_jax.prompts.placement import PLACEMENTS, combine
 from spot_jax.prompts.prompt_tuning import PromptTuning
 from spot_jax.prompts.residual import ResidualMlp, ResidualPrompt
+from spot_jax.prompts.mpt import MultitaskPrompt
 from spot_jax.prompts.smop import ROUTINGS, SMoP
 
-PROMPT_METHODS = (PromptTuning, SMoP, ResidualPrompt)
+PROMPT_METHODS = (PromptTuning, SMoP, ResidualPrompt, Attempt, MultitaskPrompt)
 
 
 def effective_prompt(module: nn.Module, prompt_params: Any) -> np.ndarray:
   """The prompt a run exports, as float32 NumPy.
 
-  PromptTuning: P [L, E]; ResidualPrompt: the folded P' [L, E]; SMoP: the [k, l, E] prompts.
+  PromptTuning: P [L, E]; ResidualPrompt: the folded P' [L, E]; SMoP: the [k, l, E] prompts;
+  Attempt: its candidates [S + K, m, E] (sources, then targets); MultitaskPrompt: the folded
+  P* o (U V) [L, E] of one task, [K, L, E] of several.
 
   Args:
     module: the prompt module the model was built with.

@@ -15,7 +15,9 @@ The input hook: a prompt module given as `Transformer(config, prompt=...)` is ca
 embedded encoder input as `prompt(embedded [B,T,E], tokens [B,T], embedding=[V,E] table,
 deterministic=...)` and returns `(embedded' [B,T',E], valid' [B,T'] bool)`. The encoder's
 self-attention and the decoder's cross-attention masks are built from `valid'`, so prompt
-positions are visible to every real token and padding is never visible.
+positions are visible to every real token and padding is never visible. A prompt module whose
+`task_indexed` attribute is True (multi-task methods) also gets `task_index=` [B] int32 (each
+row's task) when the caller gives one; other prompt modules never see it.
 """
 from __future__ import annotations
 
@@ -178,25 +180,31 @@ class Transformer(nn.Module):
     self.encoder = Encoder(cfg)
     self.decoder = Decoder(cfg, self.token_embedder)
 
-  def embed_encoder_input(self, encoder_input_tokens: Array, *, enable_dropout: bool = True
-                          ) -> tuple[Array, Array]:
-    """Embeds tokens and applies the prompt hook: -> (x [B, T', E], valid [B, T'] bool)."""
+  def embed_encoder_input(self, encoder_input_tokens: Array, *, enable_dropout: bool = True,
+                          task_index: Optional[Array] = None) -> tuple[Array, Array]:
+    """Embeds tokens and applies the prompt hook: -> (x [B, T', E], valid [B, T'] bool).
+
+    `task_index` [B] reaches only prompt modules with `task_indexed` set (see module docstring).
+    """
     x = self.token_embedder(encoder_input_tokens)
     valid = encoder_input_tokens > 0
     if self.prompt is not None:
+      extra = ({"task_index": task_index}
+               if task_index is not None and getattr(self.prompt, "task_indexed", False) else {})
       x, valid = self.prompt(x, encoder_input_tokens, embedding=self.token_embedder.table(),
-                             deterministic=not enable_dropout)
+                             deterministic=not enable_dropout, **extra)
     return x, valid
 
   def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Optional[Array] = None,
-             encoder_positions: Optional[Array] = None, *, enable_dropout: bool = True
-             ) -> tuple[Array, Array]:
+             encoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
+             task_index: Optional[Array] = None) -> tuple[Array, Array]:
     """Encodes [B, T] ids (0 = padding) -> (encoded [B, T', E], valid [B, T'] bool).
 
     T' = T plus the prompt's length when a prompt module is set.
     """
     _reject_packing(encoder_segment_ids, encoder_positions)
-    x, valid = self.embed_encoder_input(encoder_input_tokens, enable_dropout=enable_dropout)
+    x, valid = self.embed_encoder_input(encoder_input_tokens, enable_dropout=enable_dropout,
+                                        task_index=task_index)
     encoded = self.encoder(x, valid, not enable_dropout)
     return encoded, valid
 
@@ -216,10 +224,11 @@ class Transformer(nn.Module):
                decoder_segment_ids: Optional[Array] = None,
                encoder_positions: Optional[Array] = None,
                decoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
-               decode: bool = False, max_decode_length: Optional[int] = None) -> Array:
+               decode: bool = False, max_decode_length: Optional[int] = None,
+               task_index: Optional[Array] = None) -> Array:
     """Teacher-forced logits [B, S, V] (t5x's call convention; padding id 0)."""
     encoded, valid = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
-                                 enable_dropout=enable_dropout)
+                                 enable_dropout=enable_dropout, task_index=task_index)
     return self.decode(encoded, valid, decoder_input_tokens, decoder_target_tokens,
                        decoder_segment_ids, decoder_positions, enable_dropout=enable_dropout,
                        decode=decode, max_decode_length=max_decode_length)
