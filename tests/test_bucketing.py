@@ -155,10 +155,14 @@ def _prompt(kind):
     return prompts.PromptTuning(length=5)
   if kind == "smop":
     return prompts.SMoP(num_prompts=3, length=2)
+  if kind == "attempt":  # three random "library" sources of the byte-tiny model's width
+    return prompts.Attempt(np.random.RandomState(0).normal(0, 1, (3, 5, 64)), bottleneck=8)
+  if kind == "mpt":
+    return prompts.MultitaskPrompt(length=5, num_tasks=2, rows_init=prompts.mpt.normal(0.5))
   return prompts.ResidualPrompt(length=5, bottleneck=8)
 
 
-@pytest.mark.parametrize("kind", ["prompt_tuning", "smop", "residual"])
+@pytest.mark.parametrize("kind", ["prompt_tuning", "smop", "residual", "attempt", "mpt"])
 def test_per_example_losses_equal_fixed_and_bucketed(task_name, kind):
   """The trainer's loss of each example is the same padded to 64 or to its bucket."""
   model = models.EncoderDecoderModel(Transformer(config_by_name("t5_1_1_byte_tiny"), prompt=_prompt(kind)))

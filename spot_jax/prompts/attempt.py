@@ -46,10 +46,13 @@ def default_temperature(embed: int) -> float:
 
 
 def attention_query(pooled: Array, down: Array, up: Array, scale: Array, bias: Array) -> Array:
-  """pooled [B, E] -> h [B, E] = LayerNorm(SiLU(pooled W_down) W_up) (float32)."""
+  """pooled [B, E] -> h [B, E] = LayerNorm(SiLU(pooled W_down) W_up) (float32).
+
+  The network is one ([E, r], [r, E], [E], [E]) or one per row ([B, E, r], [B, r, E], [B, E]...).
+  """
   hp = jax.lax.Precision.HIGHEST
-  hidden = nn.silu(jnp.dot(pooled, down, precision=hp))
-  y = jnp.dot(hidden, up, precision=hp)
+  hidden = nn.silu(jnp.einsum("...e,...er->...r", pooled, down, precision=hp))
+  y = jnp.einsum("...r,...re->...e", hidden, up, precision=hp)
   mean = jnp.mean(y, axis=-1, keepdims=True)
   var = jnp.mean(jnp.square(y - mean), axis=-1, keepdims=True)
   return (y - mean) * jax.lax.rsqrt(var + LAYER_NORM_EPSILON) * scale + bias

@@ -1,13 +1,19 @@
 """Where served prompts come from: prompt modules, .npy files, run directories, PEFT adapters.
 
-  from_module     a prompt module and its parameter subtree (Residual prompts are folded)
+  from_module     a prompt module and its parameter subtree (Residual and MPT prompts are
+                  folded; ATTEMPT keeps its sources, target and attention network)
   from_npy        a [L, E] .npy (spot-jax exports, google-research/prompt-tuning's format)
   from_run_dir    a `spot_jax.train` MODEL_DIR: prompts/prompt_best.npy, else the latest
-                  prompts/prompt_step_N.npy; SMoP runs also restore the router from the state
+                  prompts/prompt_step_N.npy; SMoP, ATTEMPT and multi-task MPT runs (a 3-D
+                  export) also restore their parameters from the state
   from_library    a SPoT prompt library entry, `LIBRARY_DIR#ENTRY_ID` (its best prompt), refused
                   when the entry was trained against another frozen model
   load            any of the above by path (a directory holding adapter_config.json is a
-                  PEFT adapter, see `peft_io`)
+                  PEFT adapter, see `peft_io` and `peft_mpt`)
+  load_all        `load`, with one entry per task of a multi-task run or adapter ("NAME/k")
+
+Multi-task prompts (ATTEMPT with several targets, MPT) serve one task per entry: `task` picks
+it (its `task_index` in training); `load_all` makes them all.
 """
 from __future__ import annotations
 
@@ -19,16 +25,20 @@ import numpy as np
 
 from spot_jax import run_dir as run_dir_lib
 from spot_jax.errors import ConfigError
-from spot_jax.prompts import PromptTuning, ResidualPrompt, SMoP
-from spot_jax.serve.table import SMOP_EVAL_ROUTING, ServedPrompt
+from spot_jax.prompts import Attempt, MultitaskPrompt, PromptTuning, ResidualPrompt, SMoP
+from spot_jax.prompts import attempt as attempt_lib
+from spot_jax.serve.table import SMOP_EVAL_ROUTING, Attention, ServedPrompt
 from spot_jax.t5.config import T5Config
 
 
-def from_module(name: str, module: nn.Module, params: Any, source: str = "") -> ServedPrompt:
+def from_module(name: str, module: nn.Module, params: Any, source: str = "",
+                task: Optional[int] = None) -> ServedPrompt:
   """The served form of a prompt module's parameters (its `prompt/` subtree).
 
   PromptTuning: its prompt; ResidualPrompt: the folded P'; SMoP: its prompts, router and the
-  routing it uses at evaluation.
+  routing it uses at evaluation; MultitaskPrompt: task `task`'s folded P* o (U V); Attempt:
+  its sources and task `task`'s target with the attention network. `task` defaults to the
+  module's `default_task`.
   """
   params = nn.meta.unbox(params)
   if isinstance(module, SMoP):
@@ -37,8 +47,37 @@ def from_module(name: str, module: nn.Module, params: Any, source: str = "") -> 
     return ServedPrompt(name, module.export_prompt(params), router, routing, source)
   if isinstance(module, (PromptTuning, ResidualPrompt)):
     return ServedPrompt(name, module.export_prompt(params), source=source)
+  if isinstance(module, MultitaskPrompt):
+    return ServedPrompt(name, np.asarray(module.fold(params, task)["prompt"]), source=source)
+  if isinstance(module, Attempt):
+    task = module.default_task if task is None else task
+    return attempt_entry(name, module.export_prompt(params), params, task,
+                         module.resolved_temperature(), source)
   raise ConfigError(f"cannot serve a {type(module).__name__}; valid prompt modules: PromptTuning, "
-                    f"ResidualPrompt, SMoP")
+                    f"ResidualPrompt, SMoP, MultitaskPrompt, Attempt")
+
+
+def attempt_entry(name: str, candidates: np.ndarray, params: Any, task: int,
+                  temperature: Optional[float], source: str = "") -> ServedPrompt:
+  """An ATTEMPT entry: its sources and target `task` (of the [S + K, m, E] export) as the entry's
+  prompts, the attention network of `params` (the run's `prompt/` subtree).
+
+  Args:
+    temperature: the run's softmax temperature (None: the default, E * e).
+  """
+  params = nn.meta.unbox(params)
+  num_targets = int(np.shape(params["prompts"])[0])
+  num_sources = candidates.shape[0] - num_targets
+  if num_sources < 1 or not 0 <= task < num_targets:
+    raise ConfigError(f"ATTEMPT prompt {name!r} has {num_targets} targets and {num_sources} "
+                      f"sources; task {task} is not one of its targets (0..{num_targets - 1})")
+  net = {k: np.asarray(v, np.float32) for k, v in params["attention"].items()}
+  embed = candidates.shape[2]
+  temperature = attempt_lib.default_temperature(embed) if temperature is None else temperature
+  prompts = np.concatenate([candidates[:num_sources], candidates[num_sources + task][None]])
+  attention = Attention(net["down_kernel"], net["up_kernel"], net["layer_norm_scale"],
+                        net["layer_norm_bias"], float(temperature), target=num_sources)
+  return ServedPrompt(name, prompts, routing="attempt", source=source, attention=attention)
 
 
 def read_npy(path: str) -> np.ndarray:
@@ -78,23 +117,34 @@ def exported_prompt(run_dir: pathlib.Path) -> tuple[pathlib.Path, Optional[int]]
   return run_dir / "prompts" / f"prompt_step_{step}.npy", step
 
 
-def from_run_dir(name: str, path: str, smop_routing: str = "linear") -> ServedPrompt:
-  """The prompt a training run exported (folded for Residual runs).
+def from_run_dir(name: str, path: str, smop_routing: str = "linear", task: int = 0,
+                 attempt_temperature: Optional[float] = None) -> ServedPrompt:
+  """The prompt a training run exported (folded for Residual and MPT runs).
 
   Args:
     name: the served name.
     path: the run's MODEL_DIR.
     smop_routing: the SMoP run's routing (a key of SMOP_EVAL_ROUTING), when it is one.
+    task: the task of a multi-task run (ATTEMPT with several targets, multi-task MPT).
+    attempt_temperature: an ATTEMPT run's temperature (None: the default, E * e); the run
+      directory does not record it.
   """
   run_dir = pathlib.Path(path)
   file, step = exported_prompt(run_dir)
   array = read_npy(str(file))
   if array.ndim == 2:
     return ServedPrompt(name, array, source=str(file))
+  params = _restore_prompt_params(run_dir, step)
+  if "attention" in params:
+    return attempt_entry(name, array, params, task, attempt_temperature, f"{file} + attention")
+  if "task_cols" in params:  # a multi-task MPT run exports its [K, L, E] folded task prompts
+    if not 0 <= task < array.shape[0]:
+      raise ConfigError(f"{run_dir} holds {array.shape[0]} MPT task prompts; task {task} is "
+                        f"not one (0..{array.shape[0] - 1})")
+    return ServedPrompt(name, array[task], source=f"{file} task {task}")
   if smop_routing not in SMOP_EVAL_ROUTING:
     raise ConfigError(f"SMoP routing {smop_routing!r} is unknown; valid: "
                       f"{', '.join(SMOP_EVAL_ROUTING)}")
-  params = _restore_prompt_params(run_dir, step)
   routing = SMOP_EVAL_ROUTING[smop_routing]
   router = params.get("router", {}).get("kernel") if routing != "mean" else None
   if routing != "mean" and router is None:
@@ -103,6 +153,32 @@ def from_run_dir(name: str, path: str, smop_routing: str = "linear") -> ServedPr
   prompts = np.asarray(params.get("prompts", array), np.float32)
   return ServedPrompt(name, prompts, None if router is None else np.asarray(router), routing,
                       f"{file} + router")
+
+
+def prompt_params(run_dir: str | pathlib.Path) -> dict:
+  """The prompt parameters ({name: array}) of the state a run directory serves."""
+  _, step = exported_prompt(pathlib.Path(run_dir))
+  return _restore_prompt_params(pathlib.Path(run_dir), step)
+
+
+def num_tasks(path: str) -> int:
+  """How many tasks the prompt at `path` serves (> 1: a multi-task run or MPT adapter)."""
+  p = pathlib.Path(path)
+  if library_reference(path) is not None or not p.is_dir():
+    return 1
+  if (p / "adapter_config.json").exists():
+    from spot_jax.serve import peft_mpt  # pylint: disable=g-import-not-at-top
+    if peft_mpt.adapter_type(str(p)) != peft_mpt.PEFT_TYPE:
+      return 1
+    return int(peft_mpt.read_adapter(str(p))["task_cols"].shape[0])
+  file, step = exported_prompt(p)
+  array = read_npy(str(file))
+  if array.ndim == 2:
+    return 1
+  params = _restore_prompt_params(p, step)
+  if "attention" in params:
+    return int(np.shape(params["prompts"])[0])
+  return int(array.shape[0]) if "task_cols" in params else 1
 
 
 def _restore_prompt_params(run_dir: pathlib.Path, step: Optional[int]) -> dict:
@@ -152,7 +228,8 @@ def from_library(name: str, root: str, entry_id: str, fingerprint: Optional[dict
 
 
 def load(name: str, path: str, smop_routing: str = "linear",
-         config: Optional[T5Config] = None, fingerprint: Optional[dict] = None) -> ServedPrompt:
+         config: Optional[T5Config] = None, fingerprint: Optional[dict] = None, task: int = 0,
+         attempt_temperature: Optional[float] = None) -> ServedPrompt:
   """A served prompt from a run directory, a .npy file, a PEFT adapter or a library entry.
 
   Args:
@@ -161,17 +238,40 @@ def load(name: str, path: str, smop_routing: str = "linear",
     smop_routing: the routing of an SMoP run (see `from_run_dir`).
     config: the serving model; a PEFT adapter made for another model is refused.
     fingerprint: the serving backbone's fingerprint; a library entry of another model is refused.
+    task: the task of a multi-task run or MPT adapter.
+    attempt_temperature: an ATTEMPT run's temperature (None: E * e).
   """
   reference = library_reference(path)
   if reference is not None:
     return from_library(name, *reference, fingerprint=fingerprint)
   p = pathlib.Path(path)
   if p.is_dir() and (p / "adapter_config.json").exists():
-    from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
+    from spot_jax.serve import peft_io, peft_mpt  # pylint: disable=g-import-not-at-top
+    if peft_mpt.adapter_type(str(p)) == peft_mpt.PEFT_TYPE:
+      arrays = peft_mpt.read_adapter(str(p), config)
+      if not 0 <= task < arrays["task_cols"].shape[0]:
+        raise ConfigError(f"{p} holds {arrays['task_cols'].shape[0]} MPT tasks; task {task} is "
+                          f"not one")
+      prompt = MultitaskPrompt(arrays["shared"].shape[0], arrays["task_cols"].shape[0],
+                               arrays["task_cols"].shape[2]).task_prompts(arrays)[task]
+      return ServedPrompt(name, prompt, source=f"{p} task {task}")
     return ServedPrompt(name, peft_io.read_adapter(str(p), config), source=str(p))
   if p.is_dir():
-    return from_run_dir(name, str(p), smop_routing)
+    return from_run_dir(name, str(p), smop_routing, task, attempt_temperature)
   if p.is_file():
     return from_npy(name, str(p))
   raise ConfigError(f"prompt {name!r}: {path} does not exist; give a run directory (MODEL_DIR), "
                     f"a .npy prompt, a PEFT adapter directory or LIBRARY_DIR#ENTRY_ID")
+
+
+def load_all(name: str, path: str, **kwargs: Any) -> list[ServedPrompt]:
+  """`load`'s entry, or one entry per task ("NAME/0", "NAME/1", ...) of a multi-task prompt.
+
+  Args:
+    name, path: as `load`'s.
+    **kwargs: `load`'s other arguments (not `task`).
+  """
+  count = num_tasks(path)
+  if count == 1:
+    return [load(name, path, **kwargs)]
+  return [load(f"{name}/{k}", path, task=k, **kwargs) for k in range(count)]
