@@ -71,3 +71,10 @@ def indexed_dataset(source: Any, task_names: Sequence[str], **get_dataset_kwargs
 
   mixture._sample_fn = tagged_sample  # pylint: disable=protected-access
   return mixture.get_dataset(**get_dataset_kwargs)
+
+
+def count(names: Sequence[str]) -> int:
+  """len(names): the number of tasks (so gin files size multi-task prompts from TASK_NAMES)."""
+  if isinstance(names, str) or not names:
+    raise ConfigError(f"TASK_NAMES={names!r}; give a non-empty list of seqio task names")
+  return len(names)

@@ -161,7 +161,7 @@ def source_arrays(source: str, config: Optional[T5Config] = None) -> dict[str, n
 def initializer(source: str, part: str, factors: str = "average", task: int = 0
                 ) -> initializers.Initializer:
   """An initialiser of a target MultitaskPrompt's `part` ("shared", "task_cols", "task_rows")
-  from an MPT source (read when the prompt is created).
+  from an MPT source (read now, at configuration time: the trainer creates prompts under jit).
 
   Args:
     source: a PEFT MPT adapter directory or a spot_jax.train run directory of a MultitaskPrompt.
@@ -175,20 +175,28 @@ def initializer(source: str, part: str, factors: str = "average", task: int = 0
   if factors not in FACTORS:
     raise ConfigError(f"peft_mpt.initializer factors={factors!r}; valid: {', '.join(FACTORS)}")
 
+  start = source_arrays(source)[part]
+  if part != "shared":
+    if factors == "task":
+      if not 0 <= task < start.shape[0]:
+        raise ConfigError(f"{source} has {start.shape[0]} source tasks; task={task} is not one")
+      start = start[task:task + 1]
+    else:
+      start = start.mean(axis=0, keepdims=True)
+
   def init(rng, shape, embedding):
     del rng, embedding
-    value = source_arrays(source)[part]
-    if part != "shared":
-      if factors == "task":
-        if not 0 <= task < value.shape[0]:
-          raise ConfigError(f"{source} has {value.shape[0]} source tasks; task={task} is not one")
-        value = value[task:task + 1]
-      else:
-        value = value.mean(axis=0, keepdims=True)
-      value = np.broadcast_to(value, (int(shape[0]),) + value.shape[1:])
+    value = start if part == "shared" else np.broadcast_to(start, (int(shape[0]),) + start.shape[1:])
     if tuple(value.shape) != tuple(shape):
       raise ConfigError(f"{source}: its {part} has shape {value.shape}, the prompt needs "
                         f"{tuple(shape)} (length, width and rank must match)")
     return np.array(value, np.float32)
 
   return init
+
+
+def source_part(source: str, part: str = "shared") -> np.ndarray:
+  """One array of an MPT source (e.g. its shared prompt, for a target's `frozen_shared`)."""
+  if part not in KEYS:
+    raise ConfigError(f"peft_mpt.source_part part={part!r}; valid: {', '.join(KEYS)}")
+  return source_arrays(source)[part]
