@@ -39,7 +39,7 @@ def ones() -> initializers.Initializer:
 def normal(std: float = 0.02) -> initializers.Initializer:
   """N(0, std^2) entries (PEFT's initialisation of the task factors)."""
   if not std >= 0:
-    raise ConfigError(f"mpt.normal: std must be >= 0, got {std!r}")
+    raise ConfigError(f"mpt.normal: std={std!r}; give a standard deviation >= 0")
   return lambda rng, shape, embedding: std * jax.random.normal(rng, tuple(shape), jnp.float32)
 
 
@@ -113,7 +113,7 @@ class MultitaskPrompt(nn.Module):
     else:
       if self.frozen_shared.shape[1] != embed:
         raise ConfigError(f"MultitaskPrompt.frozen_shared has width {self.frozen_shared.shape[1]} "
-                          f"but the backbone's is {embed}")
+                          f"but the backbone's is {embed}; give a shared prompt of this model")
       shared = jnp.asarray(self.frozen_shared.value)
     cols = common.prompt_param(self, "task_cols", self.cols_init, (k, length, r),
                                ("prompts", "prompt", "prompt_mlp"), embedding)

@@ -52,7 +52,7 @@ def _check(arrays: dict, where: str) -> tuple[int, int, int, int]:
     raise ConfigError(f"{where}: shapes {shared.shape}, {cols.shape}, {rows.shape} do not agree; "
                       f"expected [L, E], [K, L, r], [K, r, E]")
   if not all(np.all(np.isfinite(a)) for a in (shared, cols, rows)):
-    raise ConfigError(f"{where}: the prompt holds NaN or infinite values")
+    raise ConfigError(f"{where}: the prompt holds NaN or infinite values; give a finite prompt")
   return length, embed, k, r
 
 
@@ -77,7 +77,8 @@ def export_adapter(arrays: dict, config: T5Config, output_dir: str, *,
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   length, embed, k, r = _check(arrays, "the MPT prompt")
   if embed != config.emb_dim:
-    raise ConfigError(f"the MPT prompt has width {embed} but the model's is {config.emb_dim}")
+    raise ConfigError(f"the MPT prompt has width {embed} but the model's is {config.emb_dim}; give a "
+                      f"prompt trained for this model")
   if os.path.exists(output_dir) and not overwrite:
     raise ConfigError(f"{output_dir} exists; pass --overwrite to replace it")
   tensors = {KEYS[n]: np.ascontiguousarray(np.asarray(a, np.float32)) for n, a in arrays.items()
@@ -113,7 +114,8 @@ def read_adapter(path: str, config: Optional[T5Config] = None) -> dict[str, np.n
                       f"give a PEFT adapter directory") from None
   if not isinstance(cfg, dict) or cfg.get("peft_type") != PEFT_TYPE:
     kind = cfg.get("peft_type") if isinstance(cfg, dict) else None
-    raise ConfigError(f"{path} is a {kind} adapter, not {PEFT_TYPE}")
+    raise ConfigError(f"{path} is a {kind} adapter, not {PEFT_TYPE}; give a multitask "
+                      f"prompt-tuning adapter")
   if cfg.get("task_type") not in (None, "SEQ_2_SEQ_LM"):
     raise ConfigError(f"{path} is a {cfg.get('task_type')} adapter; a T5 prompt is SEQ_2_SEQ_LM")
   if cfg.get("num_transformer_submodules", 1) != 1:
@@ -131,7 +133,7 @@ def read_adapter(path: str, config: Optional[T5Config] = None) -> dict[str, np.n
           cfg.get("num_ranks", 1))
   if said != (length, embed, k, r):
     raise ConfigError(f"{path}: the weights are [L, E, K, r] = {[length, embed, k, r]} but the "
-                      f"config says {list(said)}")
+                      f"config says {list(said)}; give an adapter as peft writes it")
   if config is not None:
     want = {"token_dim": config.emb_dim, "num_attention_heads": config.num_heads,
             "num_layers": config.num_encoder_layers}
@@ -152,7 +154,8 @@ def source_arrays(source: str, config: Optional[T5Config] = None) -> dict[str, n
   params = prompt_sources.prompt_params(folder)
   if "task_cols" not in params or "shared" not in params:
     raise ConfigError(f"{source} is neither a PEFT MPT adapter nor the run of a MultitaskPrompt "
-                      f"with a trained shared prompt (its prompt parameters: {sorted(params)})")
+                      f"with a trained shared prompt (its prompt parameters: {sorted(params)}); give "
+                      f"a gin/prompts/mpt_distill.gin run or a PEFT MPT adapter")
   arrays = {n: np.asarray(params[n], np.float32) for n in KEYS}
   _check(arrays, source)
   return arrays

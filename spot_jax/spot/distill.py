@@ -61,7 +61,7 @@ class PromptDistillationModel(models.EncoderDecoderModel):
       raise ConfigError(f"prompt distillation trains a MultitaskPrompt student, not "
                         f"{type(prompt).__name__}; set PROMPT = @prompts.MultitaskPrompt()")
     if self.teacher_prompts is None:
-      raise ConfigError("PromptDistillationModel.teacher_prompts is required: the [K, L, E] "
+      raise ConfigError("PromptDistillationModel.teacher_prompts is missing; give the [K, L, E] "
                         "teacher prompts, e.g. @sources.library_prompts(tasks=%TASK_NAMES)")
     teachers = common.Constant(self.teacher_prompts)
     want = (prompt.num_tasks, prompt.length)
@@ -70,8 +70,8 @@ class PromptDistillationModel(models.EncoderDecoderModel):
                         f"{want[0]} tasks and {want[1]} tokens; give one [{want[1]}, E] teacher "
                         f"per task, in task order")
     if not self.distill_weight >= 0 or not self.kl_temperature > 0:
-      raise ConfigError(f"distill_weight={self.distill_weight!r} (>= 0) and kl_temperature="
-                        f"{self.kl_temperature!r} (> 0) are out of range")
+      raise ConfigError(f"distill_weight={self.distill_weight!r}, kl_temperature="
+                        f"{self.kl_temperature!r}; give distill_weight >= 0 and kl_temperature > 0")
     object.__setattr__(self, "teacher_prompts", teachers)
 
   def _teacher(self, frozen: Mapping[str, Any], batch: Mapping[str, Array], task: Array
@@ -95,7 +95,7 @@ class PromptDistillationModel(models.EncoderDecoderModel):
     """The student's task loss plus distill_weight * (logit KL + hidden-state MSE), and metrics."""
     task = batch.get("task_index")
     if task is None:
-      raise ConfigError("prompt distillation needs each example's task: set the DatasetConfig's "
+      raise ConfigError("prompt distillation got a batch without task_index; set the DatasetConfig's "
                         "task_names (TASK_NAMES) to the tasks in teacher order")
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
     logits, state = self.module.apply(
