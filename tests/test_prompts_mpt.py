@@ -199,3 +199,26 @@ def test_distillation_needs_a_multitask_student_fitting_teachers_and_task_index(
   del batch["task_index"]
   with pytest.raises(ConfigError, match="set the DatasetConfig's task_names"):
     model.loss_fn({**util.frozen_backbone(CONFIG), "prompt": _params()}, batch, None)
+
+
+def test_distillation_per_example_losses_do_not_depend_on_padding():
+  """What length buckets change (the padding columns of the inputs) leaves every example's
+  distillation loss unchanged: task loss, logit KL and hidden-state MSE are masked."""
+  backbone = util.frozen_backbone(CONFIG)
+  teachers = np.random.RandomState(7).normal(0, 1, (K, L, CONFIG.emb_dim)).astype(np.float32)
+  model = _distill_model(teachers)
+  params = {**backbone, "prompt": _params()}
+  batch = _batch(batch=6)
+  wide = dict(batch, encoder_input_tokens=jnp.pad(batch["encoder_input_tokens"], [(0, 0), (0, 7)]))
+
+  @jax.jit
+  def per_example(b):
+    def one(row):
+      loss, metrics = model.loss_fn(params, jax.tree.map(lambda v: v[None], row), None,
+                                    enable_dropout=False)
+      return jnp.stack([loss, metrics["distill_kl"], metrics["distill_hidden"]])
+    return jax.vmap(one)(b)
+
+  narrow, padded = np.asarray(per_example(batch)), np.asarray(per_example(wide))
+  assert np.all(np.isfinite(narrow)) and np.ptp(narrow[:, 0]) > 0
+  np.testing.assert_allclose(padded, narrow, rtol=0, atol=1e-5)

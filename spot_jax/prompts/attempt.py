@@ -147,7 +147,7 @@ class Attempt(nn.Module):
     batch = embedded.shape[0]
     if task_index is None:
       task_index = jnp.full((batch,), self.default_task, jnp.int32)
-    target = targets[task_index]  # [B, m, E]
+    target = jnp.asarray(targets)[task_index]  # [B, m, E]; parameters may come in as NumPy
     weights = mixture_weights(common.max_pool(embedded, valid), jnp.asarray(sources), target,
                               down, up, scale, bias, self.resolved_temperature())
     self.sow("intermediates", "attention_weights", jnp.mean(weights, axis=0))

@@ -121,6 +121,7 @@ class MultitaskPrompt(nn.Module):
                                ("prompts", "prompt_mlp", "prompt_embed"), embedding)
     if task_index is None:
       task_index = jnp.full((embedded.shape[0],), self.default_task, jnp.int32)
+    cols, rows = jnp.asarray(cols), jnp.asarray(rows)  # parameters may come in as NumPy
     prompt = factored_prompts(shared, cols[task_index], rows[task_index])  # [B, L, E]
     return placement_lib.combine(prompt, embedded, tokens > 0, self.placement)
 
