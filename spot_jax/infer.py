@@ -9,14 +9,16 @@
   # Inputs from a seqio task split:  --task=spot_super_glue_rte_v200 --split=validation
   # Nearest vocabulary tokens of every prompt token:  --interpret [--top_tokens=5] [--output=x.json]
   # Export one prompt:  --export_peft=DIR [--base_model=NAME_OR_DIR]  |  --export_npy=FILE
+  # Export an MPT run unfolded (shared prompt + task factors):  --export_peft_mpt=DIR
 
 Prompts (`--prompt NAME=PATH`, or PATH alone to use its file/directory name) come from a
 spot_jax.train run directory (its exported prompt; Residual and Residual SMoP prompts are folded;
-SMoP runs also read the router; DePT runs also read their input offset; prefix tuning and
-P-tuning v2 runs serve their per-layer prefixes), a .npy
-[L, E] prompt, a PEFT prompt-tuning or prefix-tuning adapter directory, or a SPoT prompt
-library entry `LIBRARY_DIR#ENTRY_ID` (its best prompt; refused unless it was trained against the
-served backbone). Without
+SMoP runs also read the router; DePT runs also read their input offset; ATTEMPT runs their
+sources and attention network; MPT runs are folded; prefix tuning and P-tuning v2 runs serve
+their per-layer prefixes), a .npy [L, E] prompt, a PEFT prompt-tuning, prefix-tuning or
+multitask-prompt-tuning adapter directory, or a SPoT prompt library entry
+`LIBRARY_DIR#ENTRY_ID` (its best prompt; refused unless it was trained against the served
+backbone). A multi-task run or adapter serves each task as NAME/<k>. Without
 --checkpoint the backbone is the random one of --seed (what a smoke run trains against).
 See docs/serving.md.
 """
@@ -46,6 +48,8 @@ def _parser() -> cli.ArgumentParser:
   a("--prompt", action="append", default=[], metavar="NAME=PATH", help="a prompt (repeatable)")
   a("--smop_routing", default="linear", help="routing of SMoP runs: linear, top2, gumbel, "
     "stochastic or single")
+  a("--attempt_temperature", type=float, default=None, help="softmax temperature of ATTEMPT "
+    "runs trained with a non-default one (default: E * e, the paper's)")
   a("--placement", default="prefix", choices=("prefix", "after_bos", "suffix"))
   a("--input", default=None, help="text or JSONL file of inputs, or - for stdin")
   a("--task", default=None, help="seqio task whose --split is served instead of --input")
@@ -72,6 +76,8 @@ def _parser() -> cli.ArgumentParser:
   a("--top_tokens", type=int, default=5)
   a("--export_peft", default=None, help="write the (single) prompt as a PEFT adapter directory")
   a("--export_npy", default=None, help="write the (single) prompt as a bare [L, E] .npy")
+  a("--export_peft_mpt", default=None, help="write the (single) MPT run or adapter, unfolded, as "
+    "a PEFT MULTITASK_PROMPT_TUNING adapter directory")
   a("--base_model", default=None, help="base_model_name_or_path recorded in the PEFT adapter")
   a("--overwrite", action="store_true", help="replace existing export outputs")
   distributed.add_arguments(p)
@@ -130,15 +136,22 @@ def main(argv: Sequence[str]) -> int:
   from spot_jax.serve import table as table_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.serve import prompt_sources  # pylint: disable=g-import-not-at-top
   config = flags.model_config(args.model, args.model_binding, dropout_rate=0.0)
-  modes = [m for m in ("interpret", "export_peft", "export_npy") if getattr(args, m)]
+  modes = [m for m in ("interpret", "export_peft", "export_npy", "export_peft_mpt")
+           if getattr(args, m)]
   if len(modes) > 1:
-    raise ConfigError(f"give one of --interpret, --export_peft, --export_npy, not {len(modes)}")
+    raise ConfigError(f"give one of --interpret, --export_peft, --export_npy, --export_peft_mpt, "
+                      f"not {len(modes)}")
   specs = _prompt_specs(args.prompt)
+  if args.export_peft_mpt:
+    return _export_mpt(args, specs, config)
   fingerprint = None
   if any(prompt_sources.library_reference(p) for _, p in specs):  # entries must match the served model
     from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
     fingerprint = backbone_lib.fingerprint(config, args.checkpoint, args.seed)
-  entries = [prompt_sources.load(n, p, args.smop_routing, config, fingerprint) for n, p in specs]
+  # A multi-task run (ATTEMPT targets, MPT tasks) serves one entry per task, NAME/<task index>.
+  entries = [e for n, p in specs for e in prompt_sources.load_all(
+      n, p, smop_routing=args.smop_routing, config=config, fingerprint=fingerprint,
+      attempt_temperature=args.attempt_temperature)]
   table = table_lib.PromptTable(entries, config.emb_dim)
   if args.export_peft or args.export_npy:
     return _export(args, table, config)
@@ -155,12 +168,28 @@ def _single(table, what: str):
     raise ConfigError(f"prompt {entry.name!r} is a deep prompt (per-layer prefixes); {what} holds "
                       f"one [L, E] input prompt (its run's prompts/*.npy is the deep record)")
   if entry.num_prompts != 1:
-    raise ConfigError(f"prompt {entry.name!r} is an SMoP mixture of {entry.num_prompts} prompts "
-                      f"with a router; {what} holds one [L, E] prompt")
+    raise ConfigError(f"prompt {entry.name!r} is a per-input mixture of {entry.num_prompts} "
+                      f"prompts ({entry.routing} routing, SMoP or ATTEMPT); {what} holds one [L, E] "
+                      f"prompt")
   if entry.offset is not None:
     raise ConfigError(f"prompt {entry.name!r} is a DePT prompt with an offset of the input "
                       f"embeddings; {what} holds one [L, E] prompt without it")
   return entry
+
+
+def _export_mpt(args, specs, config) -> int:
+  from spot_jax.serve import peft_mpt  # pylint: disable=g-import-not-at-top
+  if len(specs) != 1:
+    raise ConfigError(f"--export_peft_mpt exports one MPT prompt; {len(specs)} given")
+  fileio.writable_dir(os.path.dirname(os.path.abspath(args.export_peft_mpt)),
+                      "--export_peft_mpt's folder")
+  arrays = peft_mpt.source_arrays(specs[0][1], config)
+  peft_mpt.export_adapter(arrays, config, args.export_peft_mpt,
+                          base_model_name_or_path=args.base_model, overwrite=args.overwrite)
+  k, length, r = arrays["task_cols"].shape
+  print(f"wrote PEFT multitask prompt-tuning adapter ({k} tasks, {length} tokens x "
+        f"{arrays['shared'].shape[1]}, rank {r}) of {specs[0][0]!r} to {args.export_peft_mpt}")
+  return 0
 
 
 def _export(args, table, config) -> int:

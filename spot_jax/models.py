@@ -4,7 +4,8 @@
 parameters from the frozen ones, and predict / score batches. It holds no parameters itself.
 
 Batches are dicts of int32 arrays: encoder_input_tokens [B, T], decoder_input_tokens [B, S],
-decoder_target_tokens [B, S] and optionally decoder_loss_weights [B, S] (t5x's features).
+decoder_target_tokens [B, S] and optionally decoder_loss_weights [B, S] (t5x's features) and
+task_index [B] (each example's task, read by multi-task prompt methods only).
 """
 from __future__ import annotations
 
@@ -105,7 +106,12 @@ class EncoderDecoderModel:
     logits, state = self.module.apply(
         {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
         batch["decoder_target_tokens"], enable_dropout=enable_dropout, rngs=rngs,
-        mutable=["intermediates", "aux_loss"])
+        mutable=["intermediates", "aux_loss"], task_index=batch.get("task_index"))
+    return self.task_loss(logits, batch, state)
+
+  def task_loss(self, logits: Array, batch: Mapping[str, Array], state: Mapping[str, Any]
+                ) -> tuple[Array, dict[str, Array]]:
+    """The loss of teacher-forced `logits` [B, S, V] and the sown `state` (see `loss_fn`)."""
     targets = batch["decoder_target_tokens"]
     weights = batch.get("decoder_loss_weights", None)
     weights = (targets > 0) if weights is None else weights
@@ -137,7 +143,7 @@ class EncoderDecoderModel:
     """Sum of target-token log-probabilities per example, [B]."""
     logits = self.module.apply({"params": params}, batch["encoder_input_tokens"],
                                batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-                               enable_dropout=False)
+                               enable_dropout=False, task_index=batch.get("task_index"))
     targets = batch["decoder_target_tokens"]
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
     token_lp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]

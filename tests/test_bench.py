@@ -174,3 +174,21 @@ def test_cpu_devices_runs_the_data_parallel_mesh(tmp_path):
   assert bad.returncode == 2 and "Traceback" not in bad.stderr
   assert bad.stderr.strip() == ("spot_jax.bench: error: --batch_size=4 must be divisible by the 3 "
                                 "devices (--cpu_devices)")
+
+
+def test_bench_rows_of_attempt_and_mpt(tmp_path):
+  """ATTEMPT, an MPT target and MPT's distillation step: the papers' parameter counts, and the
+  extra FLOPs each adds to Prompt Tuning of the same length (the distillation's teacher pass)."""
+  out = tmp_path / "bench.json"
+  assert bench.main(["--config=t5_1_1_test", "--steps=1", "--input_length=16", "--target_length=4",
+                     "--batch_size=2", "--prompt_length=8", "--warmup=0", "--inference_steps=1",
+                     "--methods=prompt_tuning,attempt,mpt,mpt_distill", f"--json={out}"]) == 0
+  rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+  e, m, r = 32, 8, 100  # t5_1_1_test width; bench ATTEMPT: 6 sources, attention width 100
+  assert rows["attempt"]["trainable_params"] == m * e + 2 * e * r + 2 * e
+  assert rows["mpt"]["trainable_params"] == m * e + (m + e)  # P* and u, v (rank 1)
+  assert rows["mpt_distill"]["trainable_params"] == m * e + 2 * (m + e)  # two source tasks
+  flops = {k: v["flops_per_step"] for k, v in rows.items()}
+  assert flops["prompt_tuning"] < flops["mpt"] < flops["attempt"] < flops["mpt_distill"]
+  # The teacher's forward pass: more than a tenth of a train step, less than a whole one.
+  assert 1.1 * flops["prompt_tuning"] < flops["mpt_distill"] < 2 * flops["prompt_tuning"]

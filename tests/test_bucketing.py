@@ -158,10 +158,15 @@ def _prompt(kind):
     return prompts.PrefixTuning(length=4, projection=True, projection_dim=8)
   if kind == "ptuning_v2":
     return prompts.PTuningV2(length=4, stacks=("encoder", "decoder"))
+  if kind == "attempt":  # three random "library" sources of the byte-tiny model's width
+    return prompts.Attempt(np.random.RandomState(0).normal(0, 1, (3, 5, 64)), bottleneck=8)
+  if kind == "mpt":
+    return prompts.MultitaskPrompt(length=5, num_tasks=2, rows_init=prompts.mpt.normal(0.5))
   return prompts.ResidualPrompt(length=5, bottleneck=8)
 
 
-@pytest.mark.parametrize("kind", ["prompt_tuning", "smop", "residual", "prefix_tuning", "ptuning_v2"])
+@pytest.mark.parametrize("kind", ["prompt_tuning", "smop", "residual", "prefix_tuning", "ptuning_v2",
+                                  "attempt", "mpt"])
 def test_per_example_losses_equal_fixed_and_bucketed(task_name, kind):
   """The trainer's loss of each example is the same padded to 64 or to its bucket."""
   got, want = bucketing_util.losses_fixed_and_bucketed(_cfg(task_name), _prompt(kind), WINDOW, BUCKETS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
@@ -18,6 +19,8 @@ MODULES = {
     "residual_per_token": prompts.ResidualPrompt(5, bottleneck=16, shared_mlp=False),
     "dept": prompts.DePT(5, max_length=8, rank=3),
     "residual_smop_per_prompt": prompts.ResidualSMoP(4, 5, bottleneck=16, shared_mlp=False),
+    "attempt": prompts.Attempt(np.zeros((3, 5, util.TEST_CONFIG.emb_dim)), num_targets=2, bottleneck=8),
+    "mpt": prompts.MultitaskPrompt(5, num_tasks=2, rank=2),
 }
 PROMPT_AXES = {"prompt", "prompt_embed", "prompts", "prompt_mlp"}
 

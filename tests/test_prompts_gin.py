@@ -20,7 +20,9 @@ EXPECTED_FILES = (
     "prompt_tuning_uniform", "prompt_tuning_sampled_vocab", "prompt_tuning_class_labels",
     "prompt_tuning_text", "prompt_tuning_file", "spot_transfer", "smop", "smop_top2",
     "smop_gumbel", "smop_stochastic", "smop_single", "smop_no_perturbation", "residual",
-    "residual_per_token", "prefix_tuning", "prefix_tuning_peft", "ptuning_v2")
+    "residual_per_token", "prefix_tuning", "prefix_tuning_peft", "ptuning_v2", "dept",
+    "residual_smop", "attempt", "attempt_multitask", "mpt_distill", "mpt_target",
+    "mpt_target_factors")
 
 # Files whose every initialiser works on the 128-token test backbone, with the bindings of
 # their required macros and the attributes the built module must have.
@@ -39,6 +41,9 @@ BACKBONE_FILES = {
                  {"shared_mlp": True, "skip": True, "length": 10}),
     "residual_per_token": (["PROMPT_LENGTH = 10", "BOTTLENECK = 16"], prompts.ResidualPrompt,
                            {"shared_mlp": False}),
+    "dept": (["MAX_INPUT_LENGTH = 32"], prompts.DePT, {"length": 40, "rank": 45, "max_length": 32}),
+    "residual_smop": (["BOTTLENECK = 16"], prompts.ResidualSMoP,
+                      {"num_prompts": 4, "length": 5, "shared_mlp": True}),
     "prefix_tuning": (["PROMPT_LENGTH = 4"], prompts.PrefixTuning,
                       {"length": 4, "attention": ("encoder", "decoder", "cross"),
                        "layout": "separate", "projection": False}),
@@ -60,6 +65,11 @@ REQUIRED_MACROS = {
     "prefix_tuning": ["PROMPT_LENGTH"],
     "prefix_tuning_peft": ["PROMPT_LENGTH"],
     "ptuning_v2": ["PROMPT_LENGTH"],
+    "attempt": ["SOURCE_PROMPTS"],
+    "attempt_multitask": ["SOURCE_PROMPTS", "TASK_NAMES"],
+    "mpt_distill": ["TASK_NAMES", "TEACHER_LIBRARY", "PROMPT_LENGTH"],
+    "mpt_target": ["MPT_SOURCE", "PROMPT_LENGTH"],
+    "mpt_target_factors": ["MPT_SOURCE", "PROMPT_LENGTH"],
 }
 
 
@@ -178,3 +188,52 @@ def test_prompt_file_replaces_the_model_files_default_prompt():
       [str(models_file), str(PROMPTS_DIR / "smop_top2.gin")],
       ["spot_prompt_probe.prompt = %PROMPT"])
   assert isinstance(_probe(), prompts.SMoP) and _probe().routing == "top2"
+
+
+def test_attempt_and_mpt_files_load_their_sources(tmp_path):
+  """ATTEMPT's sources and MPT's teachers come from a library; an MPT target from a source."""
+  from spot_jax.serve import peft_mpt  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import distill, prompt_library  # pylint: disable=g-import-not-at-top
+  e = util.TEST_CONFIG.emb_dim
+  lib = prompt_library.Library(tmp_path / "lib")
+  rs = np.random.RandomState(0)
+  entries = {"a.p0": "task_a", "b.p0": "task_b", "b.p1": "task_b"}
+  for i, (entry_id, task) in enumerate(entries.items()):
+    prompt = rs.normal(0, 1, (4, e)).astype(np.float32)
+    lib.add(entry_id=entry_id, task=task, run_id=entry_id, seed=0, fingerprint={"id": "m"},
+            prompt=prompt, embedding=prompt, score=float(i), metric="accuracy")
+  refs = f"SOURCE_PROMPTS = ['{tmp_path / 'lib'}#b.p1', '{tmp_path / 'lib'}#a.p0']"
+  module = _build("attempt", [refs])
+  assert type(module) is prompts.Attempt and module.num_targets == 1 and module.length == 4
+  np.testing.assert_array_equal(module.source_prompts.value,
+                                [lib.get("b.p1").prompt, lib.get("a.p0").prompt])
+  gin.clear_config()
+  module = _build("attempt_multitask", [refs, "TASK_NAMES = ['task_a', 'task_b', 'task_c']"])
+  assert module.num_targets == 3
+  assert str(gin.query_parameter("train/data.DatasetConfig.task_names")) == "%TASK_NAMES"
+  assert gin.query_parameter("%TASK_NAMES") == ["task_a", "task_b", "task_c"]
+  gin.clear_config()
+  gin.parse_config_files_and_bindings(
+      [str(REPO / "gin" / "models" / "t5_1_1_test.gin"), str(PROMPTS_DIR / "mpt_distill.gin")],
+      ["TASK_NAMES = ['task_b', 'task_a']", f"TEACHER_LIBRARY = '{tmp_path / 'lib'}'",
+       "PROMPT_LENGTH = 4"])
+  model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+  assert isinstance(model, distill.PromptDistillationModel)
+  assert model.module.prompt.num_tasks == 2 and model.distill_weight == 0.9
+  # Teachers in TASK_NAMES order, each task's best-scoring entry (b.p1 beats b.p0).
+  np.testing.assert_array_equal(model.teacher_prompts.value,
+                                [lib.get("b.p1").prompt, lib.get("a.p0").prompt])
+  arrays = {"shared": rs.normal(0, 1, (4, e)), "task_cols": rs.normal(0, 1, (2, 4, 1)),
+            "task_rows": rs.normal(0, 1, (2, 1, e))}
+  peft_mpt.export_adapter(arrays, util.TEST_CONFIG, str(tmp_path / "mpt"))
+  for name in ("mpt_target", "mpt_target_factors"):
+    gin.clear_config()
+    module = _build(name, [f"MPT_SOURCE = '{tmp_path / 'mpt'}'", "PROMPT_LENGTH = 4"])
+    params = util.create_prompt_params(Transformer(util.TEST_CONFIG, prompt=module), util.frozen_backbone())
+    np.testing.assert_allclose(np.asarray(params["task_cols"]), arrays["task_cols"].mean(0, keepdims=True), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(params["task_rows"]), arrays["task_rows"].mean(0, keepdims=True), rtol=1e-6)
+    if name == "mpt_target":
+      np.testing.assert_allclose(np.asarray(params["shared"]), arrays["shared"], rtol=1e-6)
+    else:  # P* is a constant: only the factors train
+      assert "shared" not in params
+      np.testing.assert_allclose(module.frozen_shared.value, arrays["shared"], rtol=1e-6)

@@ -161,7 +161,7 @@ def test_infer_refuses_plain_exports_of_dept_and_long_inputs(setup, tmp_path, ca
   run.export_prompt("prompt_best", params["dept_a"]["prompt"])
   run.close()
   (tmp_path / "in.txt").write_text("12 13 14\n")
-  common = ["--config_name=t5_1_1_test", f"--prompt=d={tmp_path / 'run'}"]
+  common = ["--model=t5_1_1_test", f"--prompt=d={tmp_path / 'run'}"]
   for extra, message in (
       ([f"--export_npy={tmp_path / 'x.npy'}"], "prompt 'd' is a DePT prompt with an offset"),
       ([f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'o.jsonl'}", "--input_length=11",

@@ -43,7 +43,7 @@ def test_model_files_are_the_generator_output():
   assert sorted(expected) == sorted(p.name for p in MODEL_FILES)
   assert len(expected) == 11 * len(generate_models.METHODS)  # T5.1.1 + LM-adapted small..xxl, tiny
   assert {"prompt_tuning", "smop", "residual", "prefix_tuning", "ptuning_v2", "dept",
-          "residual_smop"} <= set(generate_models.METHODS)
+          "residual_smop", "attempt", "mpt"} <= set(generate_models.METHODS)
   for path in MODEL_FILES:
     assert path.read_text() == expected[path.name], f"{path.name} is stale: run python gin/t5x/generate_models.py"
 
@@ -72,14 +72,36 @@ def test_nothing_outside_contrib_t5x_imports_t5x():
   assert offenders == []
 
 
+@pytest.fixture(scope="module")
+def method_sources(tmp_path_factory) -> dict[str, list[str]]:
+  """The bindings ATTEMPT and MPT files need to build their prompt module: library sources and
+  an MPT source adapter (read when the module is built; widths are checked only when it runs)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from spot_jax import t5  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve import peft_mpt  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import prompt_library  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("sources")
+  lib = prompt_library.Library(root / "lib")
+  for i in range(2):
+    prompt = np.full((100, 8), i, np.float32)
+    lib.add(entry_id=f"s{i}", task="t", run_id="r", seed=0, fingerprint={"id": "x"},
+            prompt=prompt, embedding=prompt, score=None, metric="accuracy")
+  config = t5.config_by_name("t5_1_1_test")
+  peft_mpt.export_adapter({"shared": np.ones((100, config.emb_dim)), "task_cols": np.ones((2, 100, 1)),
+                           "task_rows": np.ones((2, 1, config.emb_dim))}, config, str(root / "mpt"))
+  return {"attempt": [f"SOURCE_PROMPTS=['{root / 'lib'}#s0', '{root / 'lib'}#s1']"],
+          "mpt": [f"MPT_SOURCE='{root / 'mpt'}'"]}
+
+
 @needs_t5x
 @pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.name)
-def test_model_file_builds_its_model(path):
+def test_model_file_builds_its_model(path, method_sources):
   from spot_jax import prompts  # pylint: disable=g-import-not-at-top
   from spot_jax import t5  # pylint: disable=g-import-not-at-top
   from spot_jax.contrib.t5x import models  # pylint: disable=g-import-not-at-top
   gin.add_config_file_search_path(str(REPO))
-  gin.parse_config_files_and_bindings([str(path)], [], finalize_config=False)
+  bindings = next((b for m, b in method_sources.items() if path.stem.endswith("_" + m)), [])
+  gin.parse_config_files_and_bindings([str(path)], bindings, finalize_config=False)
   model = gin.query_parameter("%MODEL").scoped_configurable_fn()
   assert isinstance(model, models.PromptEncoderDecoderModel)
   size, method = path.stem.split("_prompt_tuning")[0], None
@@ -88,7 +110,9 @@ def test_model_file_builds_its_model(path):
       size, method = path.stem[:-len(m) - 1], m
   expected_prompt = {"prompt_tuning": prompts.PromptTuning, "smop": prompts.SMoP,
                      "residual": prompts.ResidualPrompt, "prefix_tuning": prompts.PrefixTuning,
-                     "ptuning_v2": prompts.PTuningV2}[method]
+                     "ptuning_v2": prompts.PTuningV2, "dept": prompts.DePT,
+                     "residual_smop": prompts.ResidualSMoP, "attempt": prompts.Attempt,
+                     "mpt": prompts.MultitaskPrompt}[method]
   assert isinstance(model.module.prompt, expected_prompt)
   dtype = "float32" if size.endswith("tiny") else "bfloat16"
   assert model.module.config == t5.config_by_name(size, dropout_rate=0.1, dtype=dtype)

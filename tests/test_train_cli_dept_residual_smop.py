@@ -102,10 +102,10 @@ def test_trains_from_gin_resumes_after_sigkill_and_serves(tmp_path, capsys, meth
 
   texts = ["a good film", "dull and slow", "never again", "great acting and a good plot"]
   (tmp_path / "in.jsonl").write_text("\n".join(json.dumps({"input": t}) for t in texts) + "\n")
-  status = cli.run(infer.main, ["--config_name=t5_1_1_byte_tiny", "--vocab=byte",
+  status = cli.run(infer.main, ["--model=t5_1_1_byte_tiny", "--vocab=byte",
                                 f"--prompt=m={tmp_path / 'ref'}", f"--input={tmp_path / 'in.jsonl'}",
                                 f"--output={tmp_path / 'out.jsonl'}", "--input_length=48",
-                                "--max_decode_length=6"], infer.PROG)
+                                "--target_length=6"], infer.PROG)
   assert status == 0, capsys.readouterr().err[-2000:]
   served = [json.loads(l)["prediction"] for l in (tmp_path / "out.jsonl").read_text().splitlines()]
   want = _reference_predictions(module, tmp_path / "ref", texts)

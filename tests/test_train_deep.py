@@ -79,8 +79,8 @@ def test_infer_serves_both_runs_in_one_batch(reference_runs, tmp_path):
   rows = [("this movie was great", "prefix"), ("awful", "ptv2"), ("a fine film", "ptv2"),
           ("not good at all", "prefix")]
   inputs.write_text("".join(json.dumps({"input": t, "prompt": p}) + "\n" for t, p in rows))
-  common = ["--config_name=t5_1_1_byte_tiny", "--vocab=byte", "--input_length=48",
-            "--max_decode_length=12", "--label=positive", "--label=negative"]
+  common = ["--model=t5_1_1_byte_tiny", "--vocab=byte", "--input_length=48",
+            "--target_length=12", "--label=positive", "--label=negative"]
   runs = {"prefix": reference_runs["prefix_tuning"][0], "ptv2": reference_runs["ptuning_v2"][0]}
   assert cli.run(infer.main, [*common, *(f"--prompt={n}={d}" for n, d in runs.items()),
                               f"--input={inputs}", f"--output={tmp_path / 'mixed.jsonl'}"],

@@ -31,6 +31,17 @@ METHODS = {
              "one learning rate under t5x"),
     "residual_smop": ("gin/prompts/residual_smop.gin", {},
                       "Residual SMoP, 4 prompts of 5 tokens, one shared MLP of bottleneck 400"),
+    # Single-task ATTEMPT and an MPT target only: t5x's model passes no task_index, so the
+    # multi-task variants (ATTEMPT's, MPT's distillation) train with spot_jax.train.
+    "attempt": ("gin/prompts/attempt.gin", {},
+                "ATTEMPT (Asai et al. 2022), library sources, attention width 100"),
+    "mpt": ("gin/prompts/mpt_target.gin", {"PROMPT_LENGTH": "100"},
+            "an MPT target (Wang et al. 2023), 100 tokens, from an MPT source"),
+}
+# Macros a method's file requires beyond t5x's, as the header's command line sets them.
+REQUIRED = {
+    "attempt": "--gin.SOURCE_PROMPTS=\"['/lib#mnli.p0', '/lib#qnli.p0']\"",
+    "mpt": "--gin.MPT_SOURCE=\"'/runs/mpt_source'\"",
 }
 
 MODELS_DIR = pathlib.Path(__file__).resolve().parent / "models"
@@ -46,7 +57,8 @@ def render(size: str, method: str) -> str:
       "#   python -m t5x.train --gin_search_paths=$SPOT_JAX \\",
       f"#     --gin_file=gin/t5x/models/{size}_{method}.gin --gin_file=gin/t5x/runs/prompt_tune.gin \\",
       "#     --gin.MODEL_DIR=\"'/runs/rte'\" --gin.MIXTURE_OR_TASK_NAME=\"'spot_super_glue_rte_v200'\" \\",
-      f"#     --gin.INITIAL_CHECKPOINT_PATH=\"'/ckpts/{size}/checkpoint_N'\"",
+      f"#     --gin.INITIAL_CHECKPOINT_PATH=\"'/ckpts/{size}/checkpoint_N'\""
+      + (f" \\\n#     {REQUIRED[method]}" if method in REQUIRED else ""),
       "from __gin__ import dynamic_registration",
       "",
       f"include '{prompt_file}'",

@@ -33,14 +33,22 @@ METHODS = {
     # DePT at PT-100's budget on T5-Base (m = 60, r = 30, s = the input length); Residual SMoP 4x5
     "dept60": ("dept", 60), "residual_smop4x5": ("residual_smop", 20),
     "dept": ("dept", None), "residual_smop": ("residual_smop", None),
+    # ATTEMPT: 6 random "library" sources of 100 tokens, attention width 100 (the paper's T5-Base
+    # setting); MPT: a target P* o (u v^T) and the source's prompt distillation over 2 tasks.
+    "attempt100": ("attempt", 100), "mpt100": ("mpt", 100), "mpt_distill100": ("mpt_distill", 100),
+    "attempt": ("attempt", None), "mpt": ("mpt", None), "mpt_distill": ("mpt_distill", None),
 }
+ATTEMPT_SOURCES = 6
+MPT_DISTILL_TASKS = 2
 DEFAULT_METHODS = ("pt100", "pt20", "smop4x5", "residual100", "residual10", "model_tuning")
 # --vs=t5x pairs each DROPOUT_RNG with t5x's setting that draws dropout masks the same way.
 T5X_DROPOUT_RNGS = {"threefry": "t5x's default", "unsafe_rbg": "t5x's USE_HARDWARE_RNG"}
 
 
-def prompt_module(kind: str, length: int, input_length: int = 512):
-  """The prompt module of a METHODS kind; DePT's offset covers `input_length` positions."""
+def prompt_module(kind: str, length: int, emb_dim: Optional[int] = None,
+                  input_length: int = 512):
+  """The prompt module of a METHODS kind (ATTEMPT's random sources need the width `emb_dim`;
+  DePT's offset covers `input_length` positions)."""
   if kind == "prompt_tuning":
     return prompts.PromptTuning(length=length)
   if kind == "smop":
@@ -56,7 +64,32 @@ def prompt_module(kind: str, length: int, input_length: int = 512):
     return prompts.DePT(length=length, max_length=input_length, rank=30)
   if kind == "residual_smop":
     return prompts.ResidualSMoP(num_prompts=4, length=max(1, length // 4), bottleneck=128)
+  if kind == "attempt":
+    sources = np.random.RandomState(0).normal(0, 1, (ATTEMPT_SOURCES, length, emb_dim))
+    return prompts.Attempt(sources, bottleneck=100)
+  if kind in ("mpt", "mpt_distill"):
+    return prompts.MultitaskPrompt(length, num_tasks=1 if kind == "mpt" else MPT_DISTILL_TASKS)
   return None
+
+
+def bench_model(kind: str, length: int, config, input_length: int = 512):
+  """The model a METHODS kind trains: an EncoderDecoderModel, or MPT's distillation model."""
+  from spot_jax import models  # pylint: disable=g-import-not-at-top
+  from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  module = Transformer(config, prompt=prompt_module(kind, length, config.emb_dim, input_length))
+  if kind != "mpt_distill":
+    return models.EncoderDecoderModel(module)
+  from spot_jax.spot import distill  # pylint: disable=g-import-not-at-top
+  teachers = np.random.RandomState(1).normal(0, 1, (MPT_DISTILL_TASKS, length, config.emb_dim))
+  return distill.PromptDistillationModel(module, teacher_prompts=teachers)
+
+
+def with_task_index(kind: str, batch: dict) -> dict:
+  """The batch plus a task_index feature (alternating tasks) when `kind` reads one."""
+  if kind != "mpt_distill":
+    return batch
+  rows = batch["encoder_input_tokens"].shape[0]
+  return dict(batch, task_index=jnp.arange(rows, dtype=jnp.int32) % MPT_DISTILL_TASKS)
 
 
 # T5Config fields settable from the command line (--num_layers sets both stacks).

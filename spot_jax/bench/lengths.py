@@ -126,8 +126,8 @@ def compile_steps(method: str, config_name: str, batch_size: int, widths: Sequen
   kind, length = common.METHODS[method]
   length = prompt_length if length is None else length
   config = config_by_name(config_name, dropout_rate=dropout_rate)
-  model = models.EncoderDecoderModel(Transformer(config, prompt=common.prompt_module(kind, length,
-                                                                                   max(widths))))
+  model = models.EncoderDecoderModel(Transformer(config, prompt=common.prompt_module(
+      kind, length, config.emb_dim, max(widths))))
   dummy = model.dummy_batch(max(widths), target_length)
   backbone_rng, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
   backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)

@@ -45,7 +45,7 @@ from spot_jax.bench.common import (DEFAULT_METHODS, METHODS, OVERRIDE_FLAGS, SHA
                                    hlo_op_counts, matmul_peak_flops, nbytes, timed,
                                    xla_flops)
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import Transformer, config_by_name
+from spot_jax.t5 import config_by_name
 from spot_jax.train.state import TrainState
 
 @contextlib.contextmanager
@@ -85,8 +85,7 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
   kind, length = METHODS[method]
   length = prompt_length if length is None else length
   config = bench_config(config_name, config_overrides, dropout_rate)
-  model = models.EncoderDecoderModel(Transformer(config, prompt=common.prompt_module(kind, length,
-                                                                                   input_length)))
+  model = common.bench_model(kind, length, config, input_length)
   dummy = model.dummy_batch(input_length, target_length)
   backbone_rng, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
   backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)
@@ -100,7 +99,8 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
     frozen, params = backbone, prompt_params
     tx = optimizers.two_learning_rates() if kind == "dept" else optimizers.adafactor()
   state = TrainState.create(params, tx, state_rng)
-  batch = device_batch(config.vocab_size, batch_size, input_length, target_length, seed)
+  batch = common.with_task_index(kind, device_batch(config.vocab_size, batch_size, input_length,
+                                                   target_length, seed))
   rep, split = shardings
   state, frozen, batch = jax.device_put((state, frozen, batch), (rep, rep, split))
 

@@ -11,6 +11,10 @@ number of batches already consumed (`start_position`), which the training state 
 Length buckets (`DatasetConfig.length_buckets`, off by default): the same example stream, read
 in windows of `bucket_window` batches, each regrouped by `spot_jax.data.bucketing` into batches padded
 only to their input-length bucket.
+
+Task index (`DatasetConfig.task_names`, off by default): batches also hold `task_index` [B] int32,
+each example's task as a position in `task_names` (see `spot_jax.data.task_index`); the examples
+are the same as without it.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from typing import Iterator, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from spot_jax.data import bucketing
+from spot_jax.data import task_index
 from spot_jax.errors import ConfigError
 
 MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
@@ -53,6 +58,8 @@ class DatasetConfig:
       Lengths count real input tokens, EOS included, prompt excluded.
     bucket_window: batches regrouped together when length_buckets is set (larger: fewer mixed
       batches, more memory: window * batch_size examples are held at once).
+    task_names: None (no task feature), or the seqio task names that give each example's
+      `task_index` (its task's position here); every task the mixture reads must be listed.
   """
   mixture_or_task_name: str
   task_feature_lengths: Mapping[str, int]
@@ -65,6 +72,7 @@ class DatasetConfig:
   module: Optional[str] = None
   length_buckets: Union[None, str, Sequence[int]] = None
   bucket_window: int = 64
+  task_names: Optional[Sequence[str]] = None
 
 
 def import_modules(module: Optional[str]) -> None:
@@ -179,6 +187,10 @@ def validate(cfg: DatasetConfig, prompt_length: int = 0) -> None:
                       f"and must be at least the prompt length")
   if cfg.batch_size <= 0:
     raise ConfigError(f"BATCH_SIZE must be a positive integer, got {cfg.batch_size}")
+  if cfg.task_names is not None and (isinstance(cfg.task_names, str) or not all(
+      isinstance(n, str) for n in cfg.task_names)):
+    raise ConfigError(f"TASK_NAMES={cfg.task_names!r}; give a list of seqio task names, e.g. "
+                      f"['task_a', 'task_b'], or None")
   bucket_boundaries(cfg)
 
 
@@ -207,7 +219,7 @@ def _to_model_features(tf, ex, input_length: int, target_length: int, eos: dict)
   inputs, in_trunc = _trim(tf, ex["inputs"], input_length, eos.get("inputs"))
   targets, tgt_trunc = _trim(tf, ex["targets"], target_length, eos.get("targets"))
   targets = _pad(tf, targets, target_length)
-  return {
+  features = {
       "encoder_input_tokens": _pad(tf, inputs, input_length),
       "decoder_target_tokens": targets,
       "decoder_input_tokens": tf.concat([tf.zeros([1], tf.int32), targets[:-1]], axis=0),
@@ -215,6 +227,9 @@ def _to_model_features(tf, ex, input_length: int, target_length: int, eos: dict)
       "inputs_truncated": in_trunc,
       "targets_truncated": tgt_trunc,
   }
+  if task_index.FEATURE in ex:
+    features[task_index.FEATURE] = tf.cast(ex[task_index.FEATURE], tf.int32)
+  return features
 
 
 def train_batches(cfg: DatasetConfig, *, start_position: int = 0, shard_id: int = 0,
@@ -244,9 +259,12 @@ def train_batches(cfg: DatasetConfig, *, start_position: int = 0, shard_id: int 
   eos = {k: f.vocabulary.eos_id for k, f in features.items() if getattr(f, "add_eos", False)}
   # Ask seqio for one extra token: an example that fills it was longer than the feature length,
   # so it can be counted before we trim it ourselves.
-  ds = source.get_dataset(
-      sequence_length={k: v + 1 for k, v in lengths.items()}, split=cfg.split,
-      use_cached=cfg.use_cached, shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=None)
+  kwargs = dict(sequence_length={k: v + 1 for k, v in lengths.items()}, split=cfg.split,
+                use_cached=cfg.use_cached, shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=None)
+  if cfg.task_names is None:
+    ds = source.get_dataset(**kwargs)
+  else:
+    ds = task_index.indexed_dataset(source, cfg.task_names, **kwargs)
   ds = ds.map(lambda ex: _to_model_features(tf, ex, lengths["inputs"], lengths["targets"], eos),
               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   rows = cfg.batch_size // num_shards

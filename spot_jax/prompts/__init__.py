@@ -1,5 +1,5 @@
 """Soft-prompt methods for a frozen T5: Prompt Tuning, SMoP, Residual Prompt Tuning and their
-successors: the deep prompts (prefix tuning, P-tuning v2), DePT and Residual SMoP.
+successors: the deep prompts (prefix tuning, P-tuning v2), DePT, Residual SMoP, ATTEMPT and MPT.
 
 Each method is a Flax module for the backbone's input hook (`Transformer(config, prompt=...)`),
 or, for the deep prompts, its deep hook (`layer_prompts`, per-layer prefixes in the attention);
@@ -12,6 +12,8 @@ from typing import Any, Optional
 import flax.linen as nn
 import numpy as np
 
+from spot_jax.prompts.attempt import Attempt
+from spot_jax.prompts.common import Constant
 from spot_jax.prompts.initializers import (Initializer, class_labels, class_labels_from_strings,
                                            exported_prompt_path, from_array, from_checkpoint,
                                            from_file, from_text, sampled_vocab, uniform)
@@ -21,12 +23,14 @@ from spot_jax.prompts.prefix_tuning import PrefixTuning
 from spot_jax.prompts.prompt_tuning import PromptTuning
 from spot_jax.prompts.ptuning_v2 import PTuningV2
 from spot_jax.prompts.residual import ResidualMlp, ResidualPrompt
+from spot_jax.prompts.mpt import MultitaskPrompt
 from spot_jax.prompts.residual_smop import ResidualSMoP
 from spot_jax.prompts.smop import ROUTINGS, SMoP
 from spot_jax.t5.config import T5Config
 
 DEEP_PROMPT_METHODS = (PrefixTuning, PTuningV2)  # the deep hook: per-layer prefixes
-PROMPT_METHODS = (PromptTuning, SMoP, ResidualPrompt, DePT, ResidualSMoP) + DEEP_PROMPT_METHODS
+PROMPT_METHODS = (PromptTuning, SMoP, ResidualPrompt, DePT, ResidualSMoP, Attempt,
+                  MultitaskPrompt) + DEEP_PROMPT_METHODS
 
 
 def effective_prompt(module: nn.Module, prompt_params: Any,
@@ -35,7 +39,8 @@ def effective_prompt(module: nn.Module, prompt_params: Any,
 
   PromptTuning: P [L, E]; ResidualPrompt: the folded P' [L, E]; SMoP: the [k, l, E] prompts;
   ResidualSMoP: the folded [k, l, E] prompts; DePT: its prompt P [m, E] (see `export_arrays`);
-  the deep prompts: a record of their per-layer prefixes or tokens (see `deep`; prefix tuning's
+  Attempt: its candidates [S + K, m, E] (sources, then targets); MultitaskPrompt: the folded
+  P* o (U V) [L, E] of one task, [K, L, E] of several; the deep prompts: a record of their per-layer prefixes or tokens (see `deep`; prefix tuning's
   MLP folded), which needs `config`.
 
   Args:

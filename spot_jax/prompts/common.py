@@ -1,6 +1,7 @@
 """Pieces shared by the prompt modules: setting checks and embedding-aware parameters."""
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
@@ -55,3 +56,48 @@ def mean_embedding(embedded: Array, valid: Array) -> Array:
   mask = valid.astype(jnp.float32)[..., None]
   total = jnp.sum(embedded.astype(jnp.float32) * mask, axis=1)
   return total / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+
+
+class Constant:
+  """A float32 array a prompt module holds as a constant, not a parameter (never trained).
+
+  Hashable and compared by content, so a module holding one stays a valid static argument of
+  `jax.jit`. Under jit the array is a compile-time constant of every program that uses it
+  (embedded in the executable, transferred once): fine for a few source prompts
+  (S * L * E * 4 bytes), not meant for large tables.
+
+  Attributes:
+    value: the read-only float32 array.
+  """
+
+  def __init__(self, value: Any):
+    array = np.array(value.value if isinstance(value, Constant) else value, np.float32)
+    array.setflags(write=False)
+    self.value = array
+    self._digest = hashlib.sha256(repr(array.shape).encode() + array.tobytes()).hexdigest()
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return self.value.shape
+
+  def __hash__(self) -> int:
+    return hash(self._digest)
+
+  def __eq__(self, other: Any) -> bool:
+    return isinstance(other, Constant) and other._digest == self._digest
+
+  def __repr__(self) -> str:
+    return f"Constant(shape={self.shape}, sha256={self._digest[:12]})"
+
+
+def max_pool(x: Array, valid: Array) -> Array:
+  """[B, T, E], [B, T] -> [B, E] float32 maximum over real positions (zero for empty rows)."""
+  x = jnp.where(valid[..., None], x.astype(jnp.float32), -jnp.inf)
+  pooled = jnp.max(x, axis=1)
+  return jnp.where(jnp.any(valid, axis=1)[:, None], pooled, 0.0)
+
+
+def torch_linear_init(fan_in: int) -> Any:
+  """U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's nn.Linear default, as the papers' code uses."""
+  bound = 1.0 / np.sqrt(fan_in)
+  return lambda rng, shape, dtype=jnp.float32: jax.random.uniform(rng, shape, dtype, -bound, bound)

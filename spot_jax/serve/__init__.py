@@ -1,7 +1,8 @@
 """Serving frozen T5 models with soft prompts (above the trainer; nothing here trains).
 
-  table        PromptTable: named prompts (Prompt Tuning, folded Residual, SMoP, folded
-               Residual SMoP, DePT with its input offset) stacked
+  table        PromptTable: named prompts (Prompt Tuning, folded Residual and MPT, SMoP, folded
+               Residual SMoP, ATTEMPT with its attention network, DePT with its input offset,
+               deep prompts' per-layer prefixes) stacked
   mixed        jitted decoding / scoring of batches whose rows each name their prompt
   sources      prompts from modules, .npy files, run directories and PEFT adapters
   ensemble     N prompts of one task in one batched pass; majority vote or mean log-probs
@@ -9,6 +10,7 @@
   predict      batches examples through a server into JSONL records and a summary
   interpret    nearest vocabulary tokens of every prompt token (cosine similarity)
   peft_io      Hugging Face PEFT prompt-tuning adapters and google-research/prompt-tuning .npy
+  peft_mpt     PEFT MULTITASK_PROMPT_TUNING adapters <-> MPT prompts; MPT targets' start
   inputs       text / JSONL / stdin / seqio inputs; outputs written atomically as JSONL
 
 The command line is `python -m spot_jax.infer` (see docs/serving.md).

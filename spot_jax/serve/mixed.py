@@ -5,12 +5,14 @@ The frozen backbone is a prompt-less `Transformer`; a row b with table index i_b
   prompt_b = sum_k w_bk * prompts[i_b, k]        [L, E], zero beyond l_{i_b}
   w_b      = routing of softmax(features_b @ router[i_b]) over the row's k_{i_b} prompts
 
-(features: the mean embedding of the row's real tokens, as SMoP routes), placed like the
-prompt modules place theirs. Rows whose entry has an input offset (DePT) first get
-offsets[i_b, t] added to the embedding of each real token at position t, as `prompts.dept`
-does. Padded prompt positions are masked out, and every row's valid positions are then moved to the front in order, so each row sees exactly the positions (and
-relative distances) it would see alone with its own prompt: a mixed batch decodes like the
-per-example, per-prompt model. Shapes depend only on (B, T, table shape), never on the mix,
+(features: the mean embedding of the row's real tokens, as SMoP routes; for an ATTEMPT entry,
+w_b = softmax(keys[i_b] . h_b) + one_hot(target) with h_b its attention network on the max-pooled
+real tokens, i.e. the target plus the attention mixture), placed like the prompt modules place
+theirs. Rows whose entry has an input offset (DePT) first get offsets[i_b, t] added to the
+embedding of each real token at position t, as `prompts.dept` does. Padded prompt positions
+are masked out, and every row's valid positions are then moved to the front in order, so each
+row sees exactly the positions (and relative distances) it would see alone with its own prompt:
+a mixed batch decodes like the per-example, per-prompt model. Shapes depend only on (B, T, table shape), never on the mix,
 so one compiled function serves any mix.
 
 Deep prompts: a row's per-layer prefixes are gathered from the table too (`row_prefixes`), with
@@ -25,7 +27,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from spot_jax.prompts import common, dept, placement as placement_lib
+from spot_jax.prompts import attempt, common, dept, placement as placement_lib
 from spot_jax.serve.table import ROUTING_CODES, TableArrays
 from spot_jax.t5 import generation, prefixes as prefixes_lib
 from spot_jax.t5.network import Transformer
@@ -63,6 +65,21 @@ def route(table: TableArrays, index: Array, features: Array) -> Array:
   return jnp.where(code == ROUTING_CODES["hard"], hard, weights)
 
 
+def attempt_weights(table: TableArrays, index: Array, pooled: Array) -> Array:
+  """ATTEMPT's per-row weights [B, K]: attention over the entry's prompts, plus 1 on its target.
+
+  Args:
+    table: the stacked table; index: [B] int rows; pooled: [B, E] max-pooled real tokens.
+  """
+  big_k = table.prompts.shape[1]
+  on = jnp.arange(big_k)[None] < table.num_prompts[index][:, None]  # [B, K]
+  h = attempt.attention_query(pooled, table.attn_down[index], table.attn_up[index],
+                              table.attn_scale[index], table.attn_bias[index])  # [B, E]
+  scores = jnp.einsum("bke,be->bk", table.keys[index], h, precision=jax.lax.Precision.HIGHEST)
+  attention = jax.nn.softmax(jnp.where(on, scores, -jnp.inf), axis=-1)
+  return attention + jax.nn.one_hot(table.target[index], big_k, dtype=jnp.float32)
+
+
 def prompted_input(table: TableArrays, index: Array, embedded: Array, tokens: Array,
                    placement: str = "prefix") -> tuple[Array, Array]:
   """embedded [B, T, E], tokens [B, T] -> (x [B, L + T, E], valid [B, L + T] bool).
@@ -77,6 +94,9 @@ def prompted_input(table: TableArrays, index: Array, embedded: Array, tokens: Ar
       offsets = jnp.pad(offsets, ((0, 0), (0, width - offsets.shape[1]), (0, 0)))
     embedded = dept.add_offset(embedded, valid, offsets)
   weights = route(table, index, common.mean_embedding(embedded, valid))
+  if table.attn_down.shape[-1]:  # static: only tables holding an ATTEMPT entry pay for it
+    weights = jnp.where((table.routing[index] == ROUTING_CODES["attempt"])[:, None],
+                        attempt_weights(table, index, common.max_pool(embedded, valid)), weights)
   prompt = jnp.einsum("bk,bkle->ble", weights, table.prompts[index])
   batch, big_l = prompt.shape[:2]
   real = jnp.arange(big_l)[None] < table.lengths[index][:, None]  # [B, L]

@@ -1,5 +1,5 @@
-"""A stacked table of servable prompts: Prompt Tuning, folded Residual, SMoP (and folded Residual
-SMoP) and DePT in one array set.
+"""A stacked table of servable prompts: Prompt Tuning, folded Residual and MPT, SMoP (and
+folded Residual SMoP), ATTEMPT, DePT and the deep prompts in one array set.
 
 Every entry is stored as a mixture of k prompts of length l with a router, padded to the
 table's largest k (K) and l (L), plus an optional offset of the input embeddings by position
@@ -13,6 +13,13 @@ table's largest k (K) and l (L), plus an optional offset of the input embeddings
   offsets [N, S, E] float32      row t: added to the embedding at input position t (zeros for
                                  entries without one; S = 0 when no entry has one)
   offset_lengths [N] int32       s_n, the input positions entry n's offset covers (0: none)
+
+and ATTEMPT's attention network, padded to the largest width R (R = 0 without ATTEMPT entries;
+zero padding leaves every other entry's arrays unused and ATTEMPT's outputs exact):
+
+  keys [N, K, E] float32         max-pool over tokens of each prompt, divided by the temperature
+  attn_down [N, E, R], attn_up [N, R, E], attn_scale [N, E], attn_bias [N, E]
+  target [N] int32               which of the entry's prompts is the target (-1: none)
 
 A plain prompt is the mixture k = 1 combined with weight 1, so one jitted function serves any
 mix of entries: the row's entry index selects its arrays by a gather (see `mixed`).
@@ -41,10 +48,39 @@ from spot_jax.errors import ConfigError
 # "mean": weight 1/k each (a plain prompt when k = 1; SMoP "stochastic"/"single" at evaluation).
 # "linear": the most probable prompt scaled by its probability (SMoP's default).
 # "top2": p1 * P_i1 + p2 * P_i2.  "hard": the most probable prompt, weight 1 (SMoP "gumbel").
-ROUTING_CODES = {"mean": 0, "linear": 1, "top2": 2, "hard": 3}
+# "attempt": ATTEMPT's attention over the k prompts (sources + target) plus 1 on the target.
+ROUTING_CODES = {"mean": 0, "linear": 1, "top2": 2, "hard": 3, "attempt": 4}
 # SMoP module routing -> how it routes at evaluation.
 SMOP_EVAL_ROUTING = {"linear": "linear", "top2": "top2", "gumbel": "hard", "stochastic": "mean",
                      "single": "mean"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Attention:
+  """ATTEMPT's attention network of a served entry (see `spot_jax.prompts.attempt`).
+
+  Attributes:
+    down: [E, r]; up: [r, E]; scale, bias: [E] (the LayerNorm's).
+    temperature: the softmax temperature T.
+    target: the index of the target among the entry's k prompts (the others are sources).
+  """
+  down: np.ndarray
+  up: np.ndarray
+  scale: np.ndarray
+  bias: np.ndarray
+  temperature: float
+  target: int
+
+  def __post_init__(self):
+    for name in ("down", "up", "scale", "bias"):
+      object.__setattr__(self, name, np.asarray(getattr(self, name), np.float32))
+    embed, r = self.down.shape if self.down.ndim == 2 else (-1, -1)
+    if (self.up.shape != (r, embed) or self.scale.shape != (embed,)
+        or self.bias.shape != (embed,)):
+      raise ConfigError(f"ATTEMPT attention network of shapes {self.down.shape}, {self.up.shape}, "
+                        f"{self.scale.shape}, {self.bias.shape}; expected [E, r], [r, E], [E], [E]")
+    if not self.temperature > 0:
+      raise ConfigError(f"ATTEMPT temperature {self.temperature!r}; give a positive number")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +97,7 @@ class ServedPrompt:
       one, `prompts` may be [0, E] (no input prompt).
     offset: [s, E] float32 added to the input embedding at positions 0..s-1 (DePT's folded
       offset), or None.
+    attention: ATTEMPT's network (routing "attempt"), or None.
   """
   name: str
   prompts: np.ndarray
@@ -69,6 +106,7 @@ class ServedPrompt:
   source: str = ""
   deep: Optional[Mapping[str, np.ndarray]] = None
   offset: Optional[np.ndarray] = None
+  attention: Optional[Attention] = None
 
   def __post_init__(self):
     prompts = np.asarray(self.prompts, np.float32)
@@ -77,7 +115,8 @@ class ServedPrompt:
     deep_only = bool(self.deep) and prompts.ndim == 3 and prompts.shape[:2] == (1, 0)
     if prompts.ndim != 3 or (0 in prompts.shape and not deep_only):
       raise ConfigError(f"prompt {self.name!r} has shape {np.shape(self.prompts)}; expected "
-                        f"[L, E] (Prompt Tuning, folded Residual) or [k, l, E] (SMoP)")
+                        f"[L, E] (Prompt Tuning, folded Residual or MPT) or [k, l, E] (SMoP, "
+                        f"ATTEMPT)")
     if not np.all(np.isfinite(prompts)):
       raise ConfigError(f"prompt {self.name!r} ({self.source}) holds NaN or infinite values; "
                         f"give a finite prompt")
@@ -86,7 +125,7 @@ class ServedPrompt:
                         f"{', '.join(ROUTING_CODES)}")
     k, _, embed = prompts.shape
     router = None if self.router is None else np.asarray(self.router, np.float32)
-    if router is None and self.routing != "mean":
+    if router is None and self.routing not in ("mean", "attempt"):
       raise ConfigError(f"prompt {self.name!r}: routing {self.routing!r} needs a router kernel; "
                         f"only 'mean' works without one")
     if router is not None and router.shape != (embed, k):
@@ -101,6 +140,13 @@ class ServedPrompt:
     if offset is not None and not np.all(np.isfinite(offset)):
       raise ConfigError(f"prompt {self.name!r} ({self.source}): its input offset holds NaN or "
                         f"infinite values; give a finite offset")
+    if (self.routing == "attempt") != (self.attention is not None):
+      raise ConfigError(f"prompt {self.name!r}: routing 'attempt' goes with an ATTEMPT attention "
+                        f"network and only with one")
+    if self.attention is not None and (self.attention.down.shape[0] != embed
+                                       or not 0 <= self.attention.target < k):
+      raise ConfigError(f"prompt {self.name!r}: its ATTEMPT network does not fit {k} prompts of "
+                        f"width {embed}")
     object.__setattr__(self, "prompts", prompts)
     object.__setattr__(self, "router", router)
     object.__setattr__(self, "offset", offset)
@@ -147,6 +193,12 @@ class TableArrays(NamedTuple):
   routing: np.ndarray
   offsets: np.ndarray
   offset_lengths: np.ndarray
+  keys: np.ndarray
+  attn_down: np.ndarray
+  attn_up: np.ndarray
+  attn_scale: np.ndarray
+  attn_bias: np.ndarray
+  target: np.ndarray
   deep: Mapping[str, DeepArrays] = {}
 
 
@@ -198,6 +250,7 @@ class PromptTable:
         lengths=np.array([e.length for e in entries], np.int32),
         routing=np.array([ROUTING_CODES[e.routing] for e in entries], np.int32),
         offsets=offsets, offset_lengths=np.array([e.offset_length for e in entries], np.int32),
+        **_attention_arrays(entries, big_k, want),
         deep=_stack_deep(entries))
 
   @property
@@ -263,6 +316,7 @@ class PromptTable:
                           f"positions (DePT) but inputs have {input_length}; give --input_length "
                           f"<= {entry.offset_length}")
 
+
 def _stack_deep(entries: Sequence[ServedPrompt]) -> dict[str, DeepArrays]:
   """The entries' plain prefixes by attention type, right-aligned along P (tokens excluded)."""
   from spot_jax.prompts import deep as deep_lib  # pylint: disable=g-import-not-at-top
@@ -283,4 +337,25 @@ def _stack_deep(entries: Sequence[ServedPrompt]) -> dict[str, DeepArrays]:
       kv[i, :, :, big_p - p.shape[2]:] = p
       lengths[i] = p.shape[2]
     out[name] = DeepArrays(kv, lengths)
+  return out
+
+
+def _attention_arrays(entries: Sequence[ServedPrompt], big_k: int, embed: int) -> dict:
+  """The ATTEMPT arrays of TableArrays (see the module docstring), zero for other entries."""
+  nets = [e.attention for e in entries]
+  big_r = max((a.down.shape[1] for a in nets if a is not None), default=0)
+  n = len(entries)
+  out = {"keys": np.zeros((n, big_k, embed), np.float32),
+         "attn_down": np.zeros((n, embed, big_r), np.float32),
+         "attn_up": np.zeros((n, big_r, embed), np.float32),
+         "attn_scale": np.zeros((n, embed), np.float32),
+         "attn_bias": np.zeros((n, embed), np.float32),
+         "target": np.full((n,), -1, np.int32)}
+  for i, (e, a) in enumerate(zip(entries, nets)):
+    if a is None:
+      continue
+    r = a.down.shape[1]
+    out["keys"][i, :e.num_prompts] = e.prompts.max(axis=1) / np.float32(a.temperature)
+    out["attn_down"][i, :, :r], out["attn_up"][i, :r] = a.down, a.up
+    out["attn_scale"][i], out["attn_bias"][i], out["target"][i] = a.scale, a.bias, a.target
   return out

@@ -10,6 +10,8 @@ similarity, retrieval, the transferability study and its reports.
   retrieval    ranking and the retrieval strategies
   study        the sources x targets x seeds grid (resumable, shardable)
   report       heatmaps, scatter plots, retrieval-vs-oracle tables
+  sources      library prompts stacked as a method's constants (ATTEMPT's sources, MPT's teachers)
+  distill      MPT's prompt distillation: the student model whose loss adds the teacher terms
 
 Nothing here is imported by the lower layers; command lines are `spot_jax.library`,
 `spot_jax.retrieve`, `spot_jax.study` and `spot_jax.report`.

@@ -23,6 +23,10 @@ embedding=[V,E] table, deterministic=...)` once per call and hands the returned
 `prefixes.DeepPrompt` to the attention layers (see `prefixes`). `encode` and `decode` also take
 an explicit `prefixes=` (per-row prompts when serving mixed batches); without a deep prompt
 the network computes exactly what it computes without the hook.
+
+A prompt module whose `task_indexed` attribute is True (multi-task methods) also gets
+`task_index=` [B] int32 (each row's task) when the caller gives one; other prompt modules
+never see it.
 """
 from __future__ import annotations
 
@@ -220,14 +224,19 @@ class Transformer(nn.Module):
     self.encoder = Encoder(cfg)
     self.decoder = Decoder(cfg, self.token_embedder)
 
-  def embed_encoder_input(self, encoder_input_tokens: Array, *, enable_dropout: bool = True
-                          ) -> tuple[Array, Array]:
-    """Embeds tokens and applies the prompt hook: -> (x [B, T', E], valid [B, T'] bool)."""
+  def embed_encoder_input(self, encoder_input_tokens: Array, *, enable_dropout: bool = True,
+                          task_index: Optional[Array] = None) -> tuple[Array, Array]:
+    """Embeds tokens and applies the prompt hook: -> (x [B, T', E], valid [B, T'] bool).
+
+    `task_index` [B] reaches only prompt modules with `task_indexed` set (see module docstring).
+    """
     x = self.token_embedder(encoder_input_tokens)
     valid = encoder_input_tokens > 0
     if self.prompt is not None and not is_deep_prompt(self.prompt):
+      extra = ({"task_index": task_index}
+               if task_index is not None and getattr(self.prompt, "task_indexed", False) else {})
       x, valid = self.prompt(x, encoder_input_tokens, embedding=self.token_embedder.table(),
-                             deterministic=not enable_dropout)
+                             deterministic=not enable_dropout, **extra)
     return x, valid
 
   def deep_prompt(self, *, enable_dropout: bool = True) -> Optional[prefixes_lib.DeepPrompt]:
@@ -242,7 +251,8 @@ class Transformer(nn.Module):
 
   def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Optional[Array] = None,
              encoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
-             prefixes: Optional[prefixes_lib.DeepPrompt] = None) -> tuple[Array, Array]:
+             prefixes: Optional[prefixes_lib.DeepPrompt] = None,
+             task_index: Optional[Array] = None) -> tuple[Array, Array]:
     """Encodes [B, T] ids (0 = padding) -> (encoded [B, T', E], valid [B, T'] bool).
 
     T' = T plus the prompt's length when an input-hook prompt module is set. `prefixes`
@@ -251,7 +261,8 @@ class Transformer(nn.Module):
     _reject_packing(encoder_segment_ids, encoder_positions)
     if prefixes is None:
       prefixes = self.deep_prompt(enable_dropout=enable_dropout)
-    x, valid = self.embed_encoder_input(encoder_input_tokens, enable_dropout=enable_dropout)
+    x, valid = self.embed_encoder_input(encoder_input_tokens, enable_dropout=enable_dropout,
+                                        task_index=task_index)
     if prefixes is None or prefixes.encoder is None:
       encoded = self.encoder(x, valid, not enable_dropout)
     else:
@@ -282,7 +293,8 @@ class Transformer(nn.Module):
                encoder_positions: Optional[Array] = None,
                decoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
                decode: bool = False, max_decode_length: Optional[int] = None,
-               prefixes: Optional[prefixes_lib.DeepPrompt] = None) -> Array:
+               prefixes: Optional[prefixes_lib.DeepPrompt] = None,
+               task_index: Optional[Array] = None) -> Array:
     """Teacher-forced logits [B, S, V] (t5x's call convention; padding id 0).
 
     `prefixes`: an explicit deep prompt (default: the deep prompt module's, if any).
@@ -290,7 +302,8 @@ class Transformer(nn.Module):
     if prefixes is None:  # once for both stacks
       prefixes = self.deep_prompt(enable_dropout=enable_dropout)
     encoded, valid = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
-                                 enable_dropout=enable_dropout, prefixes=prefixes)
+                                 enable_dropout=enable_dropout, prefixes=prefixes,
+                                 task_index=task_index)
     return self.decode(encoded, valid, decoder_input_tokens, decoder_target_tokens,
                        decoder_segment_ids, decoder_positions, enable_dropout=enable_dropout,
                        decode=decode, max_decode_length=max_decode_length, prefixes=prefixes)

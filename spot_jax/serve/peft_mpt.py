@@ -1,0 +1,205 @@
+"""Hugging Face PEFT MULTITASK_PROMPT_TUNING adapters <-> spot-jax `MultitaskPrompt` parameters.
+
+An adapter directory as peft 0.21 writes it for T5 with an encoder-only prompt:
+
+  adapter_config.json        the prompt-tuning fields (`peft_io.adapter_config`) with
+                             "peft_type": "MULTITASK_PROMPT_TUNING", "num_tasks": K,
+                             "num_ranks": r, "prompt_tuning_init": "RANDOM",
+                             "prompt_tuning_init_state_dict_path": null, "prompt_tuning_init_task": 0
+  adapter_model.safetensors  {"prompt_embeddings": P* [L, E], "prefix_task_cols": U [K, L, r],
+                              "prefix_task_rows": V [K, r, E]} float32
+
+peft computes task k's prompt as P* o (U_k V_k) and prepends it to the embedded encoder input,
+as `MultitaskPrompt` does with "prefix" placement (task_ids there, task_index here).
+
+`initializer` starts a target's `MultitaskPrompt` from an MPT source (an adapter or a
+spot_jax.train run directory), with PEFT's choices for the factors: "average" (the mean of the
+sources' U and of their V: AVERAGE_SOURCE_TASKS), "task" (one source task's: EXACT_SOURCE_TASK).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Optional
+
+import numpy as np
+
+from spot_jax import fileio
+from spot_jax.errors import ConfigError
+from spot_jax.prompts import initializers
+from spot_jax.serve import peft_io
+from spot_jax.t5.config import T5Config
+
+PEFT_TYPE = "MULTITASK_PROMPT_TUNING"
+KEYS = {"shared": "prompt_embeddings", "task_cols": "prefix_task_cols",
+        "task_rows": "prefix_task_rows"}
+FACTORS = ("average", "task")
+
+
+def _check(arrays: dict, where: str) -> tuple[int, int, int, int]:
+  """(L, E, K, r) of {"shared", "task_cols", "task_rows"}, or a ConfigError naming `where`."""
+  missing = sorted(set(KEYS) - set(arrays))
+  if missing:
+    raise ConfigError(f"{where}: lacks {missing}; an MPT prompt has shared, task_cols, task_rows")
+  shared, cols, rows = (np.asarray(arrays[k]) for k in ("shared", "task_cols", "task_rows"))
+  if shared.ndim != 2 or cols.ndim != 3 or rows.ndim != 3:
+    raise ConfigError(f"{where}: shapes {shared.shape}, {cols.shape}, {rows.shape}; expected "
+                      f"[L, E], [K, L, r], [K, r, E]")
+  length, embed = shared.shape
+  k, r = cols.shape[0], cols.shape[2]
+  if cols.shape[1] != length or rows.shape != (k, r, embed):
+    raise ConfigError(f"{where}: shapes {shared.shape}, {cols.shape}, {rows.shape} do not agree; "
+                      f"expected [L, E], [K, L, r], [K, r, E]")
+  if not all(np.all(np.isfinite(a)) for a in (shared, cols, rows)):
+    raise ConfigError(f"{where}: the prompt holds NaN or infinite values; give a finite prompt")
+  return length, embed, k, r
+
+
+def adapter_config(length: int, num_tasks: int, rank: int, config: T5Config,
+                   base_model_name_or_path: Optional[str] = None) -> dict:
+  """The adapter_config.json of an encoder-only MPT prompt."""
+  cfg = peft_io.adapter_config(length, config, base_model_name_or_path)
+  cfg.update(peft_type=PEFT_TYPE, num_tasks=int(num_tasks), num_ranks=int(rank),
+             prompt_tuning_init="RANDOM", prompt_tuning_init_state_dict_path=None,
+             prompt_tuning_init_task=0)
+  return cfg
+
+
+def export_adapter(arrays: dict, config: T5Config, output_dir: str, *,
+                   base_model_name_or_path: Optional[str] = None, overwrite: bool = False) -> None:
+  """Writes a PEFT MPT adapter of `arrays` ({"shared", "task_cols", "task_rows"}, see
+  `MultitaskPrompt.shared_and_factors`), via a temporary directory.
+
+  Raises:
+    ConfigError: shapes that do not make an MPT prompt of the model's width, or an existing output.
+  """
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  length, embed, k, r = _check(arrays, "the MPT prompt")
+  if embed != config.emb_dim:
+    raise ConfigError(f"the MPT prompt has width {embed} but the model's is {config.emb_dim}; give a "
+                      f"prompt trained for this model")
+  if os.path.exists(output_dir) and not overwrite:
+    raise ConfigError(f"{output_dir} exists; pass --overwrite to replace it")
+  tensors = {KEYS[n]: np.ascontiguousarray(np.asarray(a, np.float32)) for n, a in arrays.items()
+             if n in KEYS}
+  with fileio.staged_directory(output_dir) as tmp:
+    os.makedirs(tmp)
+    save_file(tensors, os.path.join(tmp, peft_io.WEIGHTS_FILE), metadata={"format": "pt"})
+    with open(os.path.join(tmp, peft_io.CONFIG_FILE), "w", encoding="utf-8") as f:
+      json.dump(adapter_config(length, k, r, config, base_model_name_or_path), f, indent=2)
+
+
+def adapter_type(path: str) -> Optional[str]:
+  """The peft_type of the adapter directory `path` (None when its config is unreadable)."""
+  try:
+    cfg = json.loads((pathlib.Path(path) / peft_io.CONFIG_FILE).read_text(encoding="utf-8"))
+  except (OSError, ValueError):
+    return None
+  return cfg.get("peft_type") if isinstance(cfg, dict) else None
+
+
+def read_adapter(path: str, config: Optional[T5Config] = None) -> dict[str, np.ndarray]:
+  """{"shared": [L, E], "task_cols": [K, L, r], "task_rows": [K, r, E]} of a PEFT MPT adapter.
+
+  Raises:
+    ConfigError: another peft type, a decoder-side prompt, shapes that disagree with the config,
+      or an adapter made for another base model.
+  """
+  folder = pathlib.Path(path)
+  try:
+    cfg = json.loads((folder / peft_io.CONFIG_FILE).read_text(encoding="utf-8"))
+  except (OSError, ValueError) as e:
+    raise ConfigError(f"{folder / peft_io.CONFIG_FILE} is not readable JSON ({type(e).__name__}); "
+                      f"give a PEFT adapter directory") from None
+  if not isinstance(cfg, dict) or cfg.get("peft_type") != PEFT_TYPE:
+    kind = cfg.get("peft_type") if isinstance(cfg, dict) else None
+    raise ConfigError(f"{path} is a {kind} adapter, not {PEFT_TYPE}; give a multitask "
+                      f"prompt-tuning adapter")
+  if cfg.get("task_type") not in (None, "SEQ_2_SEQ_LM"):
+    raise ConfigError(f"{path} is a {cfg.get('task_type')} adapter; a T5 prompt is SEQ_2_SEQ_LM")
+  if cfg.get("num_transformer_submodules", 1) != 1:
+    raise ConfigError(f"{path} has num_transformer_submodules={cfg.get('num_transformer_submodules')}"
+                      f" (a decoder prompt as well); spot-jax prompts are encoder-only (1)")
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  try:
+    tensors = load_file(str(folder / peft_io.WEIGHTS_FILE))
+  except Exception as e:  # pylint: disable=broad-except
+    raise ConfigError(f"{folder}: {peft_io.WEIGHTS_FILE} is unreadable ({type(e).__name__}); give a "
+                      f"PEFT adapter directory") from None
+  arrays = {n: np.asarray(tensors[key], np.float32) for n, key in KEYS.items() if key in tensors}
+  length, embed, k, r = _check(arrays, str(path))
+  said = (cfg.get("num_virtual_tokens"), cfg.get("token_dim"), cfg.get("num_tasks", 1),
+          cfg.get("num_ranks", 1))
+  if said != (length, embed, k, r):
+    raise ConfigError(f"{path}: the weights are [L, E, K, r] = {[length, embed, k, r]} but the "
+                      f"config says {list(said)}; give an adapter as peft writes it")
+  if config is not None:
+    want = {"token_dim": config.emb_dim, "num_attention_heads": config.num_heads,
+            "num_layers": config.num_encoder_layers}
+    wrong = [f"{n}={cfg.get(n)} (model: {v})" for n, v in want.items()
+             if cfg.get(n) is not None and cfg.get(n) != v]
+    if wrong:
+      raise ConfigError(f"{path} was made for another base model: {', '.join(wrong)}; give an "
+                        f"adapter trained on this model")
+  return arrays
+
+
+def source_arrays(source: str, config: Optional[T5Config] = None) -> dict[str, np.ndarray]:
+  """The MPT arrays of a PEFT MPT adapter or of a spot_jax.train run of a MultitaskPrompt."""
+  folder = pathlib.Path(source)
+  if (folder / peft_io.CONFIG_FILE).is_file():
+    return read_adapter(source, config)
+  from spot_jax.serve import prompt_sources  # pylint: disable=g-import-not-at-top
+  params = prompt_sources.prompt_params(folder)
+  if "task_cols" not in params or "shared" not in params:
+    raise ConfigError(f"{source} is neither a PEFT MPT adapter nor the run of a MultitaskPrompt "
+                      f"with a trained shared prompt (its prompt parameters: {sorted(params)}); give "
+                      f"a gin/prompts/mpt_distill.gin run or a PEFT MPT adapter")
+  arrays = {n: np.asarray(params[n], np.float32) for n in KEYS}
+  _check(arrays, source)
+  return arrays
+
+
+def initializer(source: str, part: str, factors: str = "average", task: int = 0
+                ) -> initializers.Initializer:
+  """An initialiser of a target MultitaskPrompt's `part` ("shared", "task_cols", "task_rows")
+  from an MPT source (read now, at configuration time: the trainer creates prompts under jit).
+
+  Args:
+    source: a PEFT MPT adapter directory or a spot_jax.train run directory of a MultitaskPrompt.
+    part: which parameter it fills.
+    factors: for the factors, "average" (mean over the source tasks) or "task" (source task
+      `task`'s), as PEFT's AVERAGE_SOURCE_TASKS / EXACT_SOURCE_TASK.
+    task: the source task for factors="task".
+  """
+  if part not in KEYS:
+    raise ConfigError(f"peft_mpt.initializer part={part!r}; valid: {', '.join(KEYS)}")
+  if factors not in FACTORS:
+    raise ConfigError(f"peft_mpt.initializer factors={factors!r}; valid: {', '.join(FACTORS)}")
+
+  start = source_arrays(source)[part]
+  if part != "shared":
+    if factors == "task":
+      if not 0 <= task < start.shape[0]:
+        raise ConfigError(f"{source} has {start.shape[0]} source tasks; task={task} is not one")
+      start = start[task:task + 1]
+    else:
+      start = start.mean(axis=0, keepdims=True)
+
+  def init(rng, shape, embedding):
+    del rng, embedding
+    value = start if part == "shared" else np.broadcast_to(start, (int(shape[0]),) + start.shape[1:])
+    if tuple(value.shape) != tuple(shape):
+      raise ConfigError(f"{source}: its {part} has shape {value.shape}, the prompt needs "
+                        f"{tuple(shape)} (length, width and rank must match)")
+    return np.array(value, np.float32)
+
+  return init
+
+
+def source_part(source: str, part: str = "shared") -> np.ndarray:
+  """One array of an MPT source (e.g. its shared prompt, for a target's `frozen_shared`)."""
+  if part not in KEYS:
+    raise ConfigError(f"peft_mpt.source_part part={part!r}; valid: {', '.join(KEYS)}")
+  return source_arrays(source)[part]
