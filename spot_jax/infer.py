@@ -142,13 +142,18 @@ def _export(args, table, config) -> int:
 
 
 def _backbone(args, config) -> Any:
+  if args.checkpoint:  # straight onto the device: no mesh, no abstract init of its own
+    from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
+    from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
+    backbone_lib.check_initial_checkpoint(args.checkpoint)
+    return checkpoints.load_checkpoint(args.checkpoint, config)
   from spot_jax import models, partitioning  # pylint: disable=g-import-not-at-top
   from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
   model = models.EncoderDecoderModel(Transformer(config))
   mesh = partitioning.create_mesh(1)
   note = lambda line: print(line, file=sys.stderr)
-  params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), args.checkpoint, args.seed,
+  params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), None, args.seed,
                                          mesh, partitioning.logical_rules(), info=note)
   return params
 
