@@ -24,6 +24,7 @@ import json
 import os
 import pathlib
 import sys
+import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -73,6 +74,10 @@ def _parser() -> cli.ArgumentParser:
   a("--export_npy", default=None, help="write the (single) prompt as a bare [L, E] .npy")
   a("--base_model", default=None, help="base_model_name_or_path recorded in the PEFT adapter")
   a("--overwrite", action="store_true", help="replace existing export outputs")
+  a("--compilation_cache_dir", default=None,
+    help="JAX's persistent compilation cache: a later run of the same shapes loads the compiled "
+         "decoder instead of compiling it")
+  a("--timing", action="store_true", help="print where the time went (stderr), from process start")
   a("--debug", action="store_true", help="show tracebacks")
   return p
 
@@ -89,8 +94,36 @@ def _prompt_specs(values: Sequence[str]) -> list[tuple[str, str]]:
   return specs
 
 
+class _Phases:
+  """Wall-clock marks of one command (`--timing`): one stderr line at the end."""
+
+  def __init__(self, on: bool):
+    from spot_jax import runtime  # pylint: disable=g-import-not-at-top
+    self.on, self._last, self.parts = on, time.perf_counter(), []
+    start = runtime.seconds_since_start() if on else None
+    if start is not None:
+      self.parts.append(("process start to main", start))
+
+  def mark(self, name: str) -> None:
+    now = time.perf_counter()
+    self.parts.append((name, now - self._last))
+    self._last = now
+
+  def report(self, first_prediction: Optional[float]) -> None:
+    if not self.on:
+      return
+    line = ", ".join(f"{name} {sec:.2f} s" for name, sec in self.parts)
+    if first_prediction is not None:
+      line += f"; first prediction {first_prediction:.2f} s after process start"
+    print(f"{PROG}: timing: {line}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
+  phases = _Phases(args.timing)
+  if args.compilation_cache_dir:
+    from spot_jax import runtime  # pylint: disable=g-import-not-at-top
+    runtime.enable_compilation_cache(args.compilation_cache_dir)
   from spot_jax.serve import table as table_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.serve import prompt_sources  # pylint: disable=g-import-not-at-top
   from spot_jax.t5.config import config_by_name  # pylint: disable=g-import-not-at-top
@@ -105,11 +138,12 @@ def main(argv: Sequence[str]) -> int:
     fingerprint = backbone_lib.fingerprint(config, args.checkpoint, args.seed)
   entries = [prompt_sources.load(n, p, args.smop_routing, config, fingerprint) for n, p in specs]
   table = table_lib.PromptTable(entries, config.emb_dim)
+  phases.mark("imports and prompts")
   if args.export_peft or args.export_npy:
     return _export(args, table, config)
   if args.interpret:
     return _interpret(args, table, config)
-  return _predict(args, table, config)
+  return _predict(args, table, config, phases)
 
 
 def _single(table, what: str):
@@ -188,7 +222,7 @@ def _vocab_or_none(name: Optional[str]):
     return None
 
 
-def _predict(args, table, config) -> int:
+def _predict(args, table, config, phases: _Phases) -> int:
   # pylint: disable-next=g-import-not-at-top
   from spot_jax.serve import inputs, predict, server as server_lib
   if not args.output:
@@ -211,6 +245,7 @@ def _predict(args, table, config) -> int:
     raise ConfigError(f"the vocabulary has {vocab.vocab_size} ids but the model's table has "
                       f"{config.vocab_size}; give the model's vocabulary (--vocab)")
   tokens = _tokens(args, vocab, examples)
+  phases.mark("inputs and vocabulary")
   labels = None
   if args.label:
     labels, cut = inputs.tokenize(vocab, args.label, args.max_decode_length)
@@ -222,17 +257,29 @@ def _predict(args, table, config) -> int:
   from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
   srv = server_lib.Server(Transformer(config), _backbone(args, config), table,
                           placement=args.placement, settings=settings)
+  phases.mark("backbone")
+  show, first = predict.tty_progress(PROG), []
+
+  def progress(done: int, total: int, start: float) -> None:
+    if not first:  # the first batch: compiling (or loading from the cache) and running it
+      phases.mark("first batch")
+      from spot_jax import runtime  # pylint: disable=g-import-not-at-top
+      first.append(runtime.seconds_since_start())
+    show(done, total, start)
+
   runner = predict.Predictor(srv, vocab, batch_size=args.batch_size, labels=args.label or None,
                              label_tokens=labels, ensemble=args.ensemble, combine=args.combine,
-                             progress=predict.tty_progress(PROG))
+                             progress=progress)
   with inputs.atomic_jsonl(args.output) as f:
     summary = runner.run(examples, names, tokens, f)
+  phases.mark("other batches and writing")
   if summary is not None:
     summary_path = args.output + ".summary.json"
     with inputs.atomic_jsonl(summary_path) as f:
       json.dump(summary, f, indent=2)
     print(json.dumps(summary))
   print(f"wrote {len(examples)} predictions to {args.output}")
+  phases.report(first[0] if first else None)
   return 0
 
 
@@ -269,4 +316,5 @@ def _tokens(args, vocab, examples) -> np.ndarray:
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], PROG))
+  from spot_jax import runtime  # pylint: disable=g-import-not-at-top
+  runtime.exit_now(cli.run(main, sys.argv[1:], PROG))  # outputs are on disk: skip the teardown
