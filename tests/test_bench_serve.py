@@ -37,6 +37,7 @@ def test_mixed_rows_equal_one_prompt_and_peft_agrees(tmp_path):
     assert check["identical"] and check["agree"] == check["of"] == 8, r
     if r["task"] == "score":
       assert check["max_score_diff"] <= serve.SCORE_TOLERANCE
+    assert r["distinct_predictions"] > 2  # the check compares real answers, not one repeated
   for r in rows:
     assert r["requests"] == 8 and r["examples_per_sec"] > 0
     assert r["latency_p50_sec"] <= r["latency_p95_sec"] <= r["pass_sec_median"] + 1e-9
@@ -112,3 +113,21 @@ def test_bad_input_is_one_line(args, message, capsys):
 def test_workload_needs_enough_prompts():
   with pytest.raises(ConfigError, match="needs 5 prompts, 4 built"):
     serve_workload.make_workload("5x1", ["a", "b", "c", "d"], 50, 10, 2, 3, seed=0)
+
+
+def test_end_to_end_processes_write_the_same_predictions(tmp_path):
+  """`bench.serve_e2e` on the embedded toy T5: infer (no cache, warm cache) and the PEFT script,
+  whole processes on one JSONL file, write identical predictions."""
+  pytest.importorskip("peft")
+  from spot_jax.bench import serve_e2e  # pylint: disable=import-outside-toplevel
+  out = tmp_path / "e2e.json"
+  assert serve_e2e.main(["--workloads=3x2", "--repeats=1", "--cold_start_repeats=0",
+                         "--batch_size=4", f"--work_dir={tmp_path / 'work'}",
+                         f"--json={out}"]) == 0
+  row = json.loads(out.read_text())["rows"][0]
+  assert row["requests"] == 6 and row["identical_predictions"] == 6 and row["warm_equals_cold"]
+  for k in ("cold", "warm", "peft"):
+    assert 0 < row[f"{k}_first_prediction_sec"] <= row[f"{k}_wall_sec"]
+  preds = [json.loads(l) for l in (tmp_path / "work" / "3x2.cold.jsonl").read_text().splitlines()]
+  assert sorted({p["prompt"] for p in preds}) == ["p0", "p1", "p2"]
+  assert len({p["prediction"] for p in preds}) > 1  # not one degenerate answer

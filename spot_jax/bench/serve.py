@@ -1,11 +1,14 @@
 """`python -m spot_jax.bench.serve`: many-task serving, three ways, on the same requests.
 
-  python -m spot_jax.bench.serve --config=t5_small --methods=pt100,smop4x5 \
+  python -m spot_jax.bench.serve --config=t5_1_1_small_like --methods=pt100,smop4x5 \
       --workloads=64x2,8x16,1x128 --tasks=generate,score --vs=peft \
       --json=serve.json --markdown=serve.md
 
 A workload PxN is a queue of P * N requests (P prompts, N requests each, shuffled; see
-`serve_workload`) on a random T5 of the `--config` shape, served
+`serve_workload`) on a random T5 of the `--config` shape (default T5-small's: 6+6 layers, d_model
+512, 8 heads of 64, with T5.1.1's gated-GELU MLP and untied output layer; a random model with
+T5's tied output layer echoes the decoder's start token, so every greedy answer would be padding
+and the prediction checks would compare nothing), served
   mixed       by spot-jax in batches of `--batch_size` rows in arrival order, each row with its
               own prompt (one compiled function for any mix: `spot_jax.serve.Server`);
   one-prompt  by spot-jax one prompt at a time: each prompt's requests in batches of
@@ -152,6 +155,8 @@ def bench_spot_jax(method: str, workload, task: str, server, batch_size: int, re
            **serve_workload.summarize(passes[mode], first[mode], task)}
     if mode == "mixed":
       row["checked_against_one_prompt"] = check
+      row["distinct_predictions"] = len({json.dumps(np.asarray(o).round(4).tolist())
+                                         for o in first["mixed"]["outputs"]})
     rows.append(row)
   return rows, first["mixed"]["outputs"]
 
@@ -246,7 +251,8 @@ def goal_lines(rows: Sequence[dict]) -> list[str]:
 
 def _parse(argv: Sequence[str]):
   p = cli.ArgumentParser(prog="spot_jax.bench.serve", description=__doc__.splitlines()[0])
-  p.add_argument("--config", default="t5_small", help="a spot_jax.t5 config name (random weights)")
+  p.add_argument("--config", default="t5_1_1_small_like",
+                 help="a spot_jax.t5 config name (random weights; untied output layer: see above)")
   for name in common.OVERRIDE_FLAGS:
     p.add_argument(f"--{name}", type=int, default=None, help=f"override the config's {name}")
   p.add_argument("--methods", default="pt100,smop4x5", help=f"comma-separated, from: "
