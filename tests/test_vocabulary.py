@@ -16,9 +16,6 @@ from spot_jax import embedded, vocabulary
 from spot_jax.errors import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-T5_VOCAB = REPO.parent / "shared" / "fixtures" / "t5" / "t5_vocab"
-if not T5_VOCAB.exists():  # a worktree's fixtures sit beside the main tree
-  T5_VOCAB = pathlib.Path("/work/shared/fixtures/t5/t5_vocab")
 
 TEXTS = [
     "", " ", "hello world", "The quick brown fox jumps over the lazy dog.",
@@ -50,11 +47,9 @@ def _check(ours, theirs, texts, size):
 
 
 @pytest.mark.parametrize("extra_ids", [0, 100])
-def test_t5_sentencepiece_matches_seqio(extra_ids):
-  if not T5_VOCAB.exists():
-    pytest.skip(f"{T5_VOCAB} not found (real T5 fixtures live in ../shared)")
-  ours = vocabulary.SentencePiece(str(T5_VOCAB), extra_ids)
-  theirs = seqio.SentencePieceVocabulary(str(T5_VOCAB), extra_ids=extra_ids)
+def test_t5_sentencepiece_matches_seqio(extra_ids, t5_vocab_path):
+  ours = vocabulary.SentencePiece(t5_vocab_path, extra_ids)
+  theirs = seqio.SentencePieceVocabulary(t5_vocab_path, extra_ids=extra_ids)
   _check(ours, theirs, TEXTS, 32000 + extra_ids)
   if extra_ids:  # sentinels: "<extra_id_0>" is the top id and decodes back to itself
     assert ours.encode("<extra_id_0>")[-1] == 32099
