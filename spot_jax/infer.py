@@ -29,6 +29,7 @@ import json
 import os
 import pathlib
 import sys
+import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -81,6 +82,10 @@ def _parser() -> cli.ArgumentParser:
   a("--base_model", default=None, help="base_model_name_or_path recorded in the PEFT adapter")
   a("--overwrite", action="store_true", help="replace existing export outputs")
   distributed.add_arguments(p)
+  a("--compilation_cache_dir", default=None,
+    help="JAX's persistent compilation cache: a later run of the same shapes loads the compiled "
+         "decoder instead of compiling it")
+  a("--timing", action="store_true", help="print where the time went (stderr), from process start")
   return p
 
 
@@ -129,10 +134,38 @@ def _check_numbers(args) -> None:
     raise ConfigError(f"--alpha={args.alpha} must be a finite number")
 
 
+class _Phases:
+  """Wall-clock marks of one command (`--timing`): one stderr line at the end."""
+
+  def __init__(self, on: bool):
+    from spot_jax import runtime  # pylint: disable=g-import-not-at-top
+    self.on, self._last, self.parts = on, time.perf_counter(), []
+    start = runtime.seconds_since_start() if on else None
+    if start is not None:
+      self.parts.append(("process start to main", start))
+
+  def mark(self, name: str) -> None:
+    now = time.perf_counter()
+    self.parts.append((name, now - self._last))
+    self._last = now
+
+  def report(self, first_prediction: Optional[float]) -> None:
+    if not self.on:
+      return
+    line = ", ".join(f"{name} {sec:.2f} s" for name, sec in self.parts)
+    if first_prediction is not None:
+      line += f"; first prediction {first_prediction:.2f} s after process start"
+    print(f"{PROG}: timing: {line}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
   distributed.setup(args)  # several processes serve one mesh; each writes nothing but process 0
   _check_numbers(args)
+  phases = _Phases(args.timing)
+  if args.compilation_cache_dir:
+    from spot_jax import runtime  # pylint: disable=g-import-not-at-top
+    runtime.enable_compilation_cache(args.compilation_cache_dir)
   from spot_jax.serve import table as table_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.serve import prompt_sources  # pylint: disable=g-import-not-at-top
   config = flags.model_config(args.model, args.model_binding, dropout_rate=0.0)
@@ -153,11 +186,12 @@ def main(argv: Sequence[str]) -> int:
       n, p, smop_routing=args.smop_routing, config=config, fingerprint=fingerprint,
       attempt_temperature=args.attempt_temperature)]
   table = table_lib.PromptTable(entries, config.emb_dim)
+  phases.mark("imports and prompts")
   if args.export_peft or args.export_npy:
     return _export(args, table, config)
   if args.interpret:
     return _interpret(args, table, config)
-  return _predict(args, table, config)
+  return _predict(args, table, config, phases)
 
 
 def _single(table, what: str):
@@ -222,13 +256,22 @@ def _export(args, table, config) -> int:
 
 
 def _backbone(args, config) -> tuple[Any, Any]:
+  """(frozen params, mesh to place the serving arrays on, or None: one process)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if args.checkpoint and jax.process_count() == 1:
+    # Straight onto the device: no mesh, no abstract init of its own.
+    from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
+    from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
+    backbone_lib.check_initial_checkpoint(args.checkpoint)
+    return checkpoints.load_checkpoint(backbone_lib.resolve_checkpoint_path(args.checkpoint),
+                                       config), None
   from spot_jax import models, partitioning  # pylint: disable=g-import-not-at-top
   from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
   model = models.EncoderDecoderModel(Transformer(config))
   mesh = partitioning.create_mesh(1)
   note = lambda line: print(line, file=sys.stderr)
-  params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), args.checkpoint, args.seed,
+  params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), None, args.seed,
                                          mesh, partitioning.logical_rules(), info=note)
   return params, mesh
 
@@ -270,7 +313,7 @@ def _vocab_or_none(name: Optional[str]):
     return None
 
 
-def _predict(args, table, config) -> int:
+def _predict(args, table, config, phases: _Phases) -> int:
   import jax  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from spot_jax.serve import inputs, predict, server as server_lib
@@ -291,6 +334,7 @@ def _predict(args, table, config) -> int:
     raise ConfigError(f"the vocabulary has {vocab.vocab_size} ids but the model's table has "
                       f"{config.vocab_size}; give the model's vocabulary (--vocab)")
   tokens = _tokens(args, vocab, examples)
+  phases.mark("inputs and vocabulary")
   labels = _label_tokens(vocab, args.label, args.target_length) if args.label else None
   settings = server_lib.DecodeSettings(args.target_length, args.method, args.num_beams,
                                        args.alpha, args.temperature, args.top_k, args.seed)
@@ -298,14 +342,25 @@ def _predict(args, table, config) -> int:
   params, mesh = _backbone(args, config)
   srv = server_lib.Server(Transformer(config), params, table, placement=args.placement,
                           settings=settings, mesh=mesh if jax.process_count() > 1 else None)
+  phases.mark("backbone")
+  show, first = predict.tty_progress(PROG), []
+
+  def progress(done: int, total: int, start: float) -> None:
+    if not first:  # the first batch: compiling (or loading from the cache) and running it
+      phases.mark("first batch")
+      from spot_jax import runtime  # pylint: disable=g-import-not-at-top
+      first.append(runtime.seconds_since_start())
+    show(done, total, start)
+
   runner = predict.Predictor(srv, vocab, batch_size=args.batch_size, labels=args.label or None,
                              label_tokens=labels, ensemble=args.ensemble, combine=args.combine,
-                             progress=predict.tty_progress(PROG))
+                             progress=progress)
   if jax.process_index() == 0:
     with inputs.atomic_jsonl(args.output) as f:
       summary = runner.run(examples, names, tokens, f)
   else:  # the same calls (collectives), nothing written
     summary = runner.run(examples, names, tokens, io.StringIO())
+  phases.mark("other batches and writing")
   if summary is not None:
     if jax.process_index() == 0:
       with inputs.atomic_jsonl(args.output + ".summary.json") as f:
@@ -313,6 +368,7 @@ def _predict(args, table, config) -> int:
     print(json.dumps(summary))
   if jax.process_index() == 0:
     print(f"wrote {len(examples)} predictions to {args.output}")
+    phases.report(first[0] if first else None)
   return 0
 
 
@@ -351,4 +407,5 @@ def _tokens(args, vocab, examples) -> np.ndarray:
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], PROG))
+  from spot_jax import runtime  # pylint: disable=g-import-not-at-top
+  runtime.exit_now(cli.run(main, sys.argv[1:], PROG))  # outputs are on disk: skip the teardown

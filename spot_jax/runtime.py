@@ -27,6 +27,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import time
 from typing import Optional
 
 from spot_jax.errors import ConfigError
@@ -107,3 +108,37 @@ def enable_compilation_cache(cache_dir: Optional[str]) -> None:
   jax.config.update("jax_compilation_cache_dir", str(cache_dir))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def seconds_since_start() -> Optional[float]:
+  """Wall seconds since this process started (its exec, from /proc/self/stat), None off Linux.
+
+  What a user waits for includes the interpreter's own start and every import before `main`;
+  a timer started in `main` would miss them. Resolution: one clock tick (10 ms).
+  """
+  try:
+    with open("/proc/self/stat", encoding="ascii") as f:
+      after_name = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+    start = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, ticks since boot
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start
+  except (OSError, ValueError, IndexError, AttributeError):
+    return None
+
+
+def exit_now(status: int) -> None:
+  """Ends a finished command at once: flushes logs and stdio, then `os._exit(status)`.
+
+  A serving process's work is done (its outputs renamed into place) when `main` returns; the
+  interpreter's own teardown would still garbage-collect JAX's and flax's object graph and
+  its traced programs, 0.3-0.7 s of a toy model's command measured on 2 cores. Only for
+  commands whose results are all on disk when `main` returns. Under several processes
+  (`jax.distributed`) the ordinary exit runs instead: its shutdown tells the coordinator that
+  this process is done, so the others do not see it vanish.
+  """
+  if "jax" in sys.modules and sys.modules["jax"].process_count() > 1:
+    sys.exit(status)
+  import logging  # pylint: disable=g-import-not-at-top
+  logging.shutdown()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)  # pylint: disable=protected-access

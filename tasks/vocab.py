@@ -13,19 +13,21 @@ Attributes:
 """
 from __future__ import annotations
 
-import os
 from typing import Mapping
 
 import seqio
 
-DEFAULT_VOCAB_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
-VOCAB_ENV = "SPOT_JAX_VOCAB"
-EXTRA_IDS = 100
+from spot_jax import vocabulary as _serving_vocabulary
+
+# One owner of these settings: spot_jax.vocabulary (which serves text without seqio).
+DEFAULT_VOCAB_PATH = _serving_vocabulary.T5_DEFAULT_PATH
+VOCAB_ENV = _serving_vocabulary.T5_VOCAB_ENV
+EXTRA_IDS = _serving_vocabulary.T5_EXTRA_IDS
 
 
 def vocabulary_path() -> str:
   """Returns the SentencePiece model path: `$SPOT_JAX_VOCAB` or the public T5 one."""
-  return os.environ.get(VOCAB_ENV) or DEFAULT_VOCAB_PATH
+  return _serving_vocabulary.t5_path()
 
 
 def get_vocabulary() -> seqio.SentencePieceVocabulary:

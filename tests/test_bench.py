@@ -76,7 +76,7 @@ def test_interleaved_rows_pair_each_round(tmp_path):
   assert rows[2]["final_loss"] == rows[0]["final_loss"]
   assert rows[1]["final_loss"] != rows[0]["final_loss"]
   text = md.read_text()
-  assert "smop4x5 / prompt_tuning: " in text and "3 interleaved rounds" in text
+  assert "smop4x5 / prompt_tuning at 16 input tokens: " in text and "3 interleaved rounds" in text
 
 
 def test_round_order_alternates():

@@ -129,3 +129,20 @@ def test_other_placements_match_per_example(setup, placement):
                       {**backbone, "prompt": {"prompt": jnp.asarray(value, jnp.float32)}},
                       jnp.asarray(tokens[row][None]), max_decode_length=DECODE)
     np.testing.assert_array_equal(np.asarray(served[row]), np.asarray(ref[0]))
+
+
+def test_classify_encodes_once_and_equals_scoring_each_label(setup):
+  """Class-label scoring repeats each row's encoder output for its C labels: the same
+  log-likelihoods as scoring every (input, label) pair as its own row, with per-row prompts."""
+  backbone, modules, _, table, tokens = setup
+  del modules
+  index = jnp.asarray(np.array([0, 1, 2, 2, 1, 0, 2, 2, 1], np.int32))
+  labels = np.array([[5, 1, 0, 0], [9, 12, 7, 1], [3, 1, 0, 0]], np.int32)
+  got = np.asarray(mixed.classify_mixed(Transformer(CONFIG), backbone, table.arrays, index,
+                                        jnp.asarray(tokens), jnp.asarray(labels),
+                                        placement="prefix"))
+  pairs = np.asarray(mixed.score_mixed(
+      Transformer(CONFIG), backbone, table.arrays, jnp.repeat(index, 3), jnp.asarray(np.repeat(tokens, 3, 0)),
+      jnp.asarray(np.tile(labels, (9, 1))), placement="prefix")).reshape(9, 3)
+  assert got.shape == (9, 3) and np.all(got < 0)
+  np.testing.assert_allclose(got, pairs, atol=1e-5, rtol=0)

@@ -3,8 +3,8 @@
 Public, so every bench (the train step, lengths, serving, the PEFT and t5x peers) uses the
 same definitions: `METHODS` (name -> prompt method and length), `bench_config` (a named T5Config
 with overrides), `numpy_batch` / `device_batch` (the random batch every peer gets),
-`xla_flops` / `hlo_op_counts` (from a compiled step) and `matmul_peak_flops` (the MFU
-denominator). `t5x_shape` is the shape the t5x peer process takes; nothing here imports t5x.
+`xla_flops` / `hlo_op_counts` (from a compiled step) and `MatmulPeak` / `mfu` (the MFU's
+denominator, sampled through a run, and MFUs above 100% flagged). `t5x_shape` is the shape the t5x peer process takes; nothing here imports t5x.
 """
 from __future__ import annotations
 
@@ -122,15 +122,52 @@ def xla_flops(compiled) -> Optional[float]:
 
 def matmul_peak_flops(n: int = 1024, reps: int = 10) -> float:
   """float32 FLOP/s of a jitted [n, n] x [n, n] matmul (best of `reps`): the MFU denominator."""
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  jax.block_until_ready(f(a))
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(a))
-    times.append(time.perf_counter() - t0)
-  return 2.0 * n ** 3 / float(min(times))
+  return MatmulPeak(n).sample(reps)
+
+
+class MatmulPeak:
+  """The float32 matmul peak, sampled through a run: an MFU's denominator is the maximum so far.
+
+  One measurement at the start is not enough on a machine whose speed drifts (a shared one):
+  the steps that follow can run faster than the peak did and show an MFU above 100%. A bench
+  samples the peak again after every timed step (`sample`, a few matmuls: ~20 ms at T5-small
+  shapes) and divides by `max`; a ratio above 1 is then flagged (`mfu`), never reported.
+
+  Attributes:
+    samples: FLOP/s of every sample, in order.
+  """
+
+  def __init__(self, n: int = 1024):
+    self._n = n
+    self._a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    self._f = jax.jit(lambda x: x @ x)
+    jax.block_until_ready(self._f(self._a))
+    self.samples: list[float] = []
+
+  def sample(self, reps: int = 3) -> float:
+    """Best FLOP/s of `reps` matmuls; recorded in `samples` and returned."""
+    best = min(timed(lambda: self._f(self._a), reps))
+    self.samples.append(2.0 * self._n ** 3 / best)
+    return self.samples[-1]
+
+  @property
+  def max(self) -> float:
+    return max(self.samples)
+
+
+MFU_LIMIT = 1.0
+
+
+def mfu(flops: Optional[float], seconds: float, peak: Optional[float]) -> dict:
+  """{"mfu": FLOPs / s / peak, or None when unknown or above 100% (then "mfu_flagged" holds it)}.
+
+  An MFU above 100% means the peak was measured while the machine ran slower than during the
+  step: a measurement error, so it is flagged instead of reported.
+  """
+  if not flops or not peak:
+    return {"mfu": None}
+  value = flops / seconds / peak
+  return {"mfu": value} if value <= MFU_LIMIT else {"mfu": None, "mfu_flagged": value}
 
 
 def numpy_batch(vocab: int, batch_size: int, input_length: int, target_length: int,

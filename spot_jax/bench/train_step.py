@@ -6,12 +6,15 @@
 For each method it compiles the jitted train step (compile time measured on its own, and compile
 plus first step), runs `--warmup` steps, then times `--steps` steps one by one and reports the
 median step time, examples/s, tokens/s (input + target tokens), XLA's FLOPs per step (cost
-analysis of the compiled step), MFU against a float32 matmul peak measured in the same run, the
+analysis of the compiled step), MFU against the largest float32 matmul peak sampled through the
+run (after every timed step; an MFU above 100% is flagged, not reported), the
 median inference (teacher-forced scoring) step time, trainable parameters, trainable state bytes
 and the process's peak host memory (ru_maxrss, cumulative over the rows of one run).
 `--interleave` compares methods on a machine whose speed drifts: every step is built first, then
 each round times one step of each method (order reversed every other round), and each row reports
-its paired step-time ratio to the first method (the median over the rounds).
+its paired step-time ratio to the first method (the median over the rounds) beside its FLOP
+ratio. `--input_lengths=64,128,256` runs every method at each length (interleaved: all in one
+run, each length's rows paired with the first method at that length).
 `--compilation_cache_dir` turns on JAX's persistent compilation cache, so a second run of the
 same shape skips compiling. `--vs=peft` / `--vs=t5x` time the PyTorch + PEFT / t5x + prompt-tuning
 counterparts in separate processes (`bench_peft`, `contrib.t5x.bench`). Benchmark in float32 on CPUs without bf16 hardware. Targets for speed
@@ -42,8 +45,7 @@ from spot_jax.train import optimizers
 from spot_jax import train as train_lib
 from spot_jax.bench import common
 from spot_jax.bench.common import (DEFAULT_METHODS, METHODS, OVERRIDE_FLAGS, SHAPE_FIELDS, T5X_DROPOUT_RNGS, bench_config, device_batch,
-                                   hlo_op_counts, matmul_peak_flops, nbytes, timed,
-                                   xla_flops)
+                                   hlo_op_counts, nbytes, timed, xla_flops)
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import config_by_name
 from spot_jax.train.state import TrainState
@@ -137,7 +139,7 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
 
 
 def _finish(run: _Run, times: Sequence[float], *, inference_steps: int,
-            peak_flops: Optional[float], timing: str) -> dict:
+            peak: Optional[common.MatmulPeak], timing: str) -> dict:
   """The result row: `run`'s build-time fields, its step times and its inference step."""
   merged = models.merge_params(run.frozen, run.state.params)
   score = jax.jit(run.model.score_batch)
@@ -153,7 +155,8 @@ def _finish(run: _Run, times: Sequence[float], *, inference_steps: int,
       "tokens_per_sec": batch_size * tokens / step_s,
       "inference_step_sec_median": infer_s,
       "achieved_flops_per_sec": flops / step_s if flops else None,
-      "mfu": flops / step_s / peak_flops if flops and peak_flops else None,
+      **common.mfu(flops, step_s, peak.max if peak else None),
+      "matmul_peak_flops_per_sec": peak.max if peak else None,
       "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(),
       "final_loss": float(run.metrics["loss"]),
       "load_average_1min": os.getloadavg()[0],  # other jobs on a shared machine distort timings
@@ -169,47 +172,70 @@ def round_order(num_methods: int, round_index: int) -> list[int]:
 
 def bench_methods(methods: Sequence[str], config_name: str, batch_size: int, input_length: int,
                   target_length: int, steps: int, prompt_length: int, *, interleave: bool = False,
+                  input_lengths: Optional[Sequence[int]] = None,
                   dropout_rate: float = 0.1, warmup: int = 1, inference_steps: int = 3,
-                  seed: int = 0, peak_flops: Optional[float] = None,
+                  seed: int = 0, peak: Optional[common.MatmulPeak] = None,
                   config_overrides: Optional[dict] = None, dropout_rng: str = "threefry"
                   ) -> list[dict]:
-  """Compiles and times each method's train step (and its inference step); one row per method.
+  """Compiles and times each method's train step (and its inference step); one row per method
+  and input length (`input_lengths`, default [input_length]).
 
-  Without `interleave` each method is built and timed in turn. With it every step is built first,
-  then `steps` rounds run one step of each method (`round_order`), so a change of the machine's
-  speed during the run falls on every method alike; each row also gets `paired_step_ratio`: the
-  median over the rounds of its step time over the first method's in the same round.
+  Without `interleave` each (method, length) is built and timed in turn. With it every step is
+  built first, then `steps` rounds run one step of each (`round_order`), so a change of the
+  machine's speed during the run falls on every row alike; each row also gets
+  `paired_step_ratio`: the median over the rounds of its step time over the first method's at
+  the same input length in the same round, and `flop_ratio`, the same ratio of XLA's FLOPs.
   `config_overrides` are `T5Config` fields replacing the named config's (e.g. num_heads=8).
+  With `peak`, the matmul peak is sampled after every timed step and each row's MFU divides by
+  the largest sample so far (see `common.MatmulPeak`).
   """
+  cases = [(m, length) for length in (input_lengths or [input_length]) for m in methods]
   rows = []
-  for group in [list(methods)] if interleave else [[m] for m in methods]:
+  for group in [cases] if interleave else [[c] for c in cases]:
     with _bench_mesh() as shardings:
-      runs = [_prepare(m, config_name, batch_size, input_length, target_length, prompt_length,
+      runs = [_prepare(m, config_name, batch_size, length, target_length, prompt_length,
                        shardings, dropout_rate=dropout_rate, warmup=warmup, seed=seed,
-                       config_overrides=config_overrides, dropout_rng=dropout_rng) for m in group]
+                       config_overrides=config_overrides, dropout_rng=dropout_rng)
+              for m, length in group]
       times = [[] for _ in runs]
       for r in range(steps):
         for i in round_order(len(runs), r):
           times[i].append(runs[i].time_step())
-      rows += [_finish(run, t, inference_steps=inference_steps, peak_flops=peak_flops,
+          if peak is not None:
+            peak.sample()
+      rows += [_finish(run, t, inference_steps=inference_steps, peak=peak,
                        timing="interleaved" if interleave else "sequential")
                for run, t in zip(runs, times)]
   if interleave:
-    first = np.asarray(rows[0]["step_sec_all"])
     for row in rows:
-      row["paired_with"] = methods[0]
-      row["paired_step_ratio"] = float(np.median(np.asarray(row["step_sec_all"]) / first))
+      first = next(r for r in rows if r["input_length"] == row["input_length"])
+      row["paired_with"] = first["method"]
+      row["paired_step_ratio"] = float(np.median(np.asarray(row["step_sec_all"])
+                                                 / np.asarray(first["step_sec_all"])))
+      if row["flops_per_step"] and first["flops_per_step"]:
+        row["flop_ratio"] = row["flops_per_step"] / first["flops_per_step"]
   return rows
 
 
 def paired_lines(rows: Sequence[dict]) -> list[str]:
-  """One line per interleaved row after the first: its paired step ratio to the first."""
-  return [f"{r['method']} / {r['paired_with']}: {r['paired_step_ratio']:.3f} (median over "
-          f"{r['steps']} interleaved rounds of the paired step-time ratio)"
-          for r in rows[1:] if "paired_step_ratio" in r]
+  """One line per interleaved row that is not its length's first: its paired step ratio to the
+  first method, beside the FLOP ratio."""
+  lines, firsts = [], set()
+  for r in rows:
+    if "paired_step_ratio" not in r or r["input_length"] not in firsts:
+      firsts.add(r["input_length"])
+      continue
+    line = (f"{r['method']} / {r['paired_with']} at {r['input_length']} input tokens: step time "
+            f"{r['paired_step_ratio']:.3f} (median over {r['steps']} interleaved rounds)")
+    if r.get("flop_ratio"):
+      line += (f", FLOPs {r['flop_ratio']:.3f}; time / FLOP ratio "
+               f"{r['paired_step_ratio'] / r['flop_ratio']:.3f}")
+    lines.append(line)
+  return lines
 
 
-_COLUMNS = (("method", "method", "{}"), ("devices", "devices", "{}"),
+_COLUMNS = (("method", "method", "{}"), ("input T", "input_length", "{}"),
+            ("devices", "devices", "{}"),
             ("step s (median)", "step_sec_median", "{:.3f}"),
             ("ex/s", "examples_per_sec", "{:.2f}"), ("tok/s", "tokens_per_sec", "{:.0f}"),
             ("GFLOP/step", "flops_per_step", "{:.1f}"), ("MFU", "mfu", "{:.1%}"),
@@ -220,6 +246,8 @@ _COLUMNS = (("method", "method", "{}"), ("devices", "devices", "{}"),
 
 def _cell(row: dict, key: str, fmt: str) -> str:
   value = row.get(key)
+  if key == "mfu" and row.get("mfu_flagged"):
+    return "flagged (>100%)"  # the peak was measured slower than the step ran: not an MFU
   if value is None:
     return "-"
   if key == "flops_per_step":
@@ -348,6 +376,9 @@ def _parse(argv: Sequence[str]):
                            f"{','.join(DEFAULT_METHODS)}; pt100 with --vs=t5x)")
   parser.add_argument("--batch_size", type=int, default=8)
   flags.add_lengths(parser, 128, 16)
+  parser.add_argument("--input_lengths", default=None,
+                      help="comma-separated input lengths, each method at each (with --interleave: "
+                           "all in one interleaved run, ratios paired per length)")
   parser.add_argument("--prompt_length", type=int, default=100,
                       help="length for the methods named without one (prompt_tuning, smop, residual)")
   parser.add_argument("--dropout_rate", type=float, default=0.1)
@@ -381,6 +412,17 @@ def _parse(argv: Sequence[str]):
   return parser.parse_args(argv)
 
 
+def _input_lengths(args) -> list[int]:
+  """--input_lengths (comma-separated) when given, else [--input_length]."""
+  if not args.input_lengths:
+    return [args.input_length]
+  try:
+    return [int(t) for t in args.input_lengths.split(",")]
+  except ValueError:
+    raise ConfigError(f"--input_lengths={args.input_lengths!r} is not a comma-separated list of "
+                      f"integers; e.g. --input_lengths=64,128,256") from None
+
+
 def main(argv: Sequence[str]) -> int:
   args = _parse(argv)
   if args.model is None:
@@ -396,7 +438,8 @@ def main(argv: Sequence[str]) -> int:
   bad = [f"--{k}={v}" for k, v in overrides.items() if v <= 0]
   if bad:
     raise ConfigError(f"{', '.join(bad)}: shape overrides must be positive integers")
-  if min(args.batch_size, args.input_length, args.target_length, args.steps, args.prompt_length,
+  lengths = _input_lengths(args)
+  if min(args.batch_size, *lengths, args.target_length, args.steps, args.prompt_length,
          args.inference_steps) <= 0 or args.warmup < 0:
     raise ConfigError("batch_size, input_length, target_length, prompt_length, steps and "
                       "inference_steps must be positive and warmup >= 0")
@@ -418,27 +461,30 @@ def main(argv: Sequence[str]) -> int:
                       f"devices (--cpu_devices)")
   if args.compilation_cache_dir:
     runtime.enable_compilation_cache(args.compilation_cache_dir)
-  peak = matmul_peak_flops()
-  print(f"float32 matmul peak: {peak / 1e9:.1f} GFLOP/s on {jax.devices()[0]}", flush=True)
+  peak = common.MatmulPeak()
+  print(f"float32 matmul peak: {peak.sample(10) / 1e9:.1f} GFLOP/s on {jax.devices()[0]} (sampled "
+        f"again after every timed step; MFUs divide by the largest sample)", flush=True)
   kwargs = dict(dropout_rate=args.dropout_rate, warmup=args.warmup,
-                inference_steps=args.inference_steps, peak_flops=peak, config_overrides=overrides,
+                inference_steps=args.inference_steps, peak=peak, config_overrides=overrides,
                 dropout_rng=args.dropout_rng)
   shape = (args.model, args.batch_size, args.input_length, args.target_length, args.steps,
            args.prompt_length)
   if args.interleave:
-    rows = bench_methods(methods, *shape, interleave=True, **kwargs)
+    rows = bench_methods(methods, *shape, interleave=True, input_lengths=lengths, **kwargs)
     print(markdown_table(rows) + "".join(line + "\n" for line in paired_lines(rows)), end="",
           flush=True)
   else:
     rows = []
-    for method in methods:  # a row printed as soon as it is measured
-      rows += bench_methods([method], *shape, **kwargs)
+    for method, length in [(m, t) for t in lengths for m in methods]:  # printed when measured
+      rows += bench_methods([method], *shape, input_lengths=[length], **kwargs)
       print(markdown_table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else markdown_table(rows),
             end="\n" if len(rows) > 1 else "", flush=True)
   if args.vs == "peft":
     for row in rows:
-      peft_row = run_peft(row, args.steps, args.warmup, peak, args.peer_malloc)
+      peft_row = run_peft(row, args.steps, args.warmup, peak.max, args.peer_malloc)
       if peft_row is not None:
+        peft_row.update(common.mfu(peft_row["flops_per_step"], peft_row["step_sec_median"],
+                                   peak.max))
         row["peft"] = peft_row
         print(f"PEFT {peft_row['method']} for {row['method']}: {peft_row['step_sec_median']:.3f} s/step; "
               f"spot-jax {peft_row['speedup_of_spot_jax']:.2f}x faster", flush=True)
@@ -451,14 +497,24 @@ def main(argv: Sequence[str]) -> int:
               f"compile+1st {t5x_row['compile_plus_first_step_sec']:.1f} s; spot-jax "
               f"{t5x_row['speedup_of_spot_jax']:.2f}x faster per step, compile+1st "
               f"{row['compile_plus_first_step_sec']:.1f} s", flush=True)
+  for row in rows:  # every MFU over the largest peak of the whole run
+    row.pop("mfu_flagged", None)
+    row.update(common.mfu(row["flops_per_step"], row["step_sec_median"], peak.max),
+               matmul_peak_flops_per_sec=peak.max)
+  flagged = [r["method"] for r in rows if r.get("mfu_flagged")]
+  if flagged:
+    print(f"MFU flagged (above 100% against the largest matmul peak of the run, so the machine's "
+          f"speed moved between the samples and the steps): {', '.join(flagged)}", flush=True)
   meta = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
-          "matmul_peak_flops_per_sec": peak, "argv": list(argv), "rows": rows}
+          "matmul_peak_flops_per_sec": peak.max, "matmul_peak_samples": peak.samples,
+          "argv": list(argv), "rows": rows}
   if args.json:
     with fileio.atomic_open(outputs["--json"], "w", encoding="utf-8") as f:
       json.dump(meta, f, indent=2)
   if args.markdown:
     with fileio.atomic_open(outputs["--markdown"], "w", encoding="utf-8") as f:
-      f.write(f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s; `python -m spot_jax.bench "
+      f.write(f"float32 matmul peak {peak.max / 1e9:.1f} GFLOP/s (largest of {len(peak.samples)} "
+              f"samples); `python -m spot_jax.bench "
               f"{' '.join(argv)}`\n\n" + markdown_table(rows)
               + "".join(f"\n{line}\n" for line in paired_lines(rows)) + _peft_table(rows)
               + _t5x_table(rows))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import sys
 from typing import IO, Any, Iterator, Optional, Sequence
 
@@ -97,16 +96,10 @@ def task_examples(task_name: str, split: str, input_length: int, module: Optiona
 
 
 def get_vocabulary(name: Optional[str]) -> Any:
-  """"byte" (seqio.ByteVocabulary), a SentencePiece model path, or None for T5's (tasks)."""
-  import seqio  # pylint: disable=g-import-not-at-top
-  if name == "byte":
-    return seqio.ByteVocabulary()
-  if name:
-    if "://" not in name and not os.path.isfile(name):
-      raise ConfigError(f"--vocab {name} does not exist; give 'byte' or a SentencePiece model file")
-    return seqio.SentencePieceVocabulary(name)
-  import tasks  # pylint: disable=g-import-not-at-top
-  return tasks.get_vocabulary()
+  """"byte", a SentencePiece model path, or None for T5's: `spot_jax.vocabulary.get` (no
+  TensorFlow; the same ids as seqio's vocabularies)."""
+  from spot_jax import vocabulary  # pylint: disable=g-import-not-at-top
+  return vocabulary.get(name)
 
 
 def tokenize(vocab: Any, texts: Sequence[str], length: int, eos_id: int = 1

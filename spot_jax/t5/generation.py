@@ -1,7 +1,8 @@
 """Model-level generation for `spot_jax.t5.Transformer`: encode once, then search the decoder.
 
 The encoder runs once (through the prompt hook, if the model has one); the decoder runs one
-position per step against an incremental key/value cache in the "cache" collection. The search
+position per step against an incremental key/value cache in the "cache" collection, and reads
+its cross-attention keys and values, projected once per sequence, from `layers.FIXED_KV`. The search
 itself lives in `spot_jax.t5.decoding`. `generate` is jitted with the model and the search
 settings static, so it compiles once per (model, input shape, settings).
 """
@@ -12,9 +13,10 @@ from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import decoding
+from spot_jax.t5 import decoding, layers
 from spot_jax.t5.network import Transformer
 
 Array = jax.Array
@@ -31,34 +33,50 @@ def encode(model: Transformer, params: PyTree, encoder_input_tokens: Array) -> t
 
 def init_cache(model: Transformer, params: PyTree, encoded: Array, encoder_valid: Array,
                max_decode_length: int, prefixes: Optional[PyTree] = None) -> PyTree:
-  """The empty decoder cache for batch B = encoded.shape[0] and `max_decode_length` positions.
+  """The empty decoder cache for batch B = encoded.shape[0] and `max_decode_length` positions."""
+  return init_decoder_state(model, params, encoded, encoder_valid, max_decode_length,
+                            prefixes)[0]
 
-  Built the way t5x does it: one decode-mode call on a [B, L] zero input creates the cache
-  variables (its logits are discarded, so under jit the call costs nothing).
+
+def init_decoder_state(model: Transformer, params: PyTree, encoded: Array, encoder_valid: Array,
+                       max_decode_length: int, prefixes: Optional[PyTree] = None
+                       ) -> tuple[PyTree, PyTree]:
+  """(empty self-attention cache, cross-attention keys/values of `encoded`) for decoding.
+
+  Built the way t5x builds its cache: one decode-mode call on a [B, L] zero input creates the
+  cache variables (its logits are discarded, so under jit they cost nothing). The same call
+  projects the encoder output's keys and values for every decoder layer (`layers.FIXED_KV`):
+  the steps read them instead of projecting [B, T', E] again per generated token.
   """
   dummy = jnp.zeros((encoded.shape[0], max_decode_length), jnp.int32)
   _, variables = model.apply({"params": params}, encoded, encoder_valid, dummy,
                              enable_dropout=False, decode=True,
-                             max_decode_length=max_decode_length, mutable=["cache"],
-                             method=Transformer.decode, prefixes=prefixes)
-  return variables["cache"]
+                             max_decode_length=max_decode_length,
+                             mutable=["cache", layers.FIXED_KV], method=Transformer.decode,
+                             prefixes=prefixes)
+  return variables["cache"], variables[layers.FIXED_KV]
 
 
 def make_tokens_to_logits(model: Transformer, params: PyTree, encoded: Array,
                           encoder_valid: Array, max_decode_length: int,
-                          prefixes: Optional[PyTree] = None
+                          prefixes: Optional[PyTree] = None,
+                          fixed_kv: Optional[PyTree] = None
                           ) -> Callable[[Array, PyTree], tuple[Array, PyTree]]:
   """The one-step decoder function used by `decoding`: ([N, 1] ids, cache) -> ([N, V], cache).
 
   `encoded` [N, T', E] and `encoder_valid` [N, T'] must already have the decoder's batch N
   (repeated per beam for beam search), as must per-row deep `prefixes` (a `DeepPrompt`; None:
-  the model's own deep prompt, if any).
+  the model's own deep prompt, if any) and `fixed_kv` (from `init_decoder_state`; None:
+  projected here from `encoded`, once, outside the step).
   """
+  if fixed_kv is None:
+    fixed_kv = init_decoder_state(model, params, encoded, encoder_valid, max_decode_length,
+                                  prefixes)[1]
 
   def tokens_to_logits(tokens: Array, cache: PyTree) -> tuple[Array, PyTree]:
     logits, variables = model.apply(
-        {"params": params, "cache": cache}, encoded, encoder_valid, tokens,
-        enable_dropout=False, decode=True, max_decode_length=max_decode_length,
+        {"params": params, "cache": cache, layers.FIXED_KV: fixed_kv}, encoded, encoder_valid,
+        tokens, enable_dropout=False, decode=True, max_decode_length=max_decode_length,
         mutable=["cache"], method=Transformer.decode, prefixes=prefixes)
     return logits[:, 0, :], variables["cache"]
 
@@ -148,7 +166,8 @@ def search_settings(model: Transformer, *, max_decode_length: int, method: str =
     rng, temperature, top_k = None, 0.0, 0
   if method != "beam":
     alpha = 0.0
-  dynamic = (rng, jnp.asarray(alpha, jnp.float32), jnp.asarray(temperature, jnp.float32))
+  # numpy scalars: jnp.asarray would compile a conversion of its own at every start-up.
+  dynamic = (rng, np.asarray(alpha, np.float32), np.asarray(temperature, np.float32))
   static = dict(max_decode_length=max_decode_length, method=method, num_beams=num_beams,
                 top_k=top_k, eos_id=eos_id, return_all_beams=return_all_beams)
   return dynamic, static
@@ -185,17 +204,19 @@ def search(model: Transformer, params: PyTree, encoded: Array, encoder_valid: Ar
   """
   batch = encoded.shape[0]
   valid = encoder_valid
-  cache = init_cache(model, params, encoded, valid, max_decode_length, prefixes)
+  cache, fixed_kv = init_decoder_state(model, params, encoded, valid, max_decode_length, prefixes)
   if method == "beam":
-    per_beam = lambda x: x if x.shape[0] == 1 else decoding.expand_beams(x, num_beams)
-    step = make_tokens_to_logits(model, params, decoding.expand_beams(encoded, num_beams),
-                                 decoding.expand_beams(valid, num_beams), max_decode_length,
-                                 jax.tree_util.tree_map(per_beam, prefixes))
+    beams = lambda x: decoding.expand_beams(x, num_beams)
+    per_beam = lambda x: x if x.shape[0] == 1 else beams(x)  # prefixes may lead with 1
+    step = make_tokens_to_logits(model, params, beams(encoded), beams(valid), max_decode_length,
+                                 jax.tree_util.tree_map(per_beam, prefixes),
+                                 jax.tree_util.tree_map(beams, fixed_kv))
     seqs, scores = decoding.beam_search(step, cache, batch_size=batch, num_beams=num_beams,
                                         max_decode_length=max_decode_length, alpha=alpha,
                                         eos_id=eos_id)
     return (seqs, scores) if return_all_beams else (seqs[:, 0], scores[:, 0])
-  step = make_tokens_to_logits(model, params, encoded, valid, max_decode_length, prefixes)
+  step = make_tokens_to_logits(model, params, encoded, valid, max_decode_length, prefixes,
+                               fixed_kv)
   return decoding.temperature_sample(
       step, cache, batch_size=batch, max_decode_length=max_decode_length, rng=rng,
       temperature=0.0 if method == "greedy" else temperature, top_k=top_k, eos_id=eos_id)

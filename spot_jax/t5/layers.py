@@ -20,6 +20,8 @@ Array = jax.Array
 Initializer = Callable[..., Array]
 
 NEG_INF = -1e10
+# The variable collection of keys/values projected once per decoded sequence (cross-attention).
+FIXED_KV = "fixed_kv"
 
 
 def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int],
@@ -260,7 +262,11 @@ class MultiHeadDotProductAttention(nn.Module):
   """T5 attention: no 1/sqrt(D) at run time (it is folded into the query initialiser).
 
   With `decode=True` keys and values are appended to a cache ([B, L, H, D] in the "cache"
-  collection) one position per call, as in t5x's incremental decoding.
+  collection) one position per call, as in t5x's incremental decoding. With `fixed_kv=True`
+  (the decoder's cross-attention while decoding: `inputs_kv` is the same encoder output at every
+  step) the projected keys and values are kept in the FIXED_KV collection: a call with that
+  collection mutable stores them (heads-major [B, H, K, D]), later calls read them instead of
+  projecting the encoder output again at every generated token.
 
   Attributes:
     num_heads: H.
@@ -279,7 +285,7 @@ class MultiHeadDotProductAttention(nn.Module):
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array],
                bias: Optional[Array], *, deterministic: bool, decode: bool = False,
-               prefix: Optional[prefixes.LayerPrefix] = None) -> Array:
+               fixed_kv: bool = False, prefix: Optional[prefixes.LayerPrefix] = None) -> Array:
     """inputs [B, Q, E], [B, K, E]; mask [B, 1, Q, K] bool; bias [1, H, Q, K] -> [B, Q, E].
 
     `prefix` (a deep prompt, see `prefixes`) adds P key/value positions in front of the K
@@ -289,39 +295,26 @@ class MultiHeadDotProductAttention(nn.Module):
     fan_in = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
     query_init = lambda key, shape, dtype: fan_in(key, shape, dtype) / np.sqrt(depth)
     proj = functools.partial(Dense, (heads, depth), ("embed", "joined_kv"), dtype=self.dtype)
-    query = proj(kernel_init=query_init, name="query")(inputs_q)
-    key_proj = proj(kernel_init=fan_in, name="key")
-    value_proj = proj(kernel_init=fan_in, name="value")
-    key = key_proj(inputs_kv)
-    value = value_proj(inputs_kv)
-    query = constrain(query, ("batch", "length", "heads", "kv"))
-    key = constrain(key, ("batch", "length", "heads", "kv"))
-    value = constrain(value, ("batch", "length", "heads", "kv"))
-
-    if decode:
-      initialized = self.has_variable("cache", "cached_key")
-      cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-      cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-      cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-      if initialized:
-        batch, length = cached_key.value.shape[:2]
-        if query.shape[1] != 1:
-          raise ValueError(f"incremental decoding takes one position per call, got {query.shape[1]}")
-        idx = cache_index.value
-        key = jax.lax.dynamic_update_slice(cached_key.value, key, (0, idx, 0, 0))
-        value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, idx, 0, 0))
-        cached_key.value, cached_value.value = key, value
-        cache_index.value = idx + 1
-        visible = (jnp.arange(length) <= idx)[None, None, None, :]
-        mask = visible if mask is None else jnp.logical_and(mask, visible)
-        if bias is not None:
-          bias = jax.lax.dynamic_slice_in_dim(bias, idx, 1, axis=2)
-        if prefix is not None and prefix.bias is not None:
-          prefix = prefix._replace(bias=jax.lax.dynamic_slice_in_dim(prefix.bias, idx, 1, axis=2))
-
     logits_dtype = jnp.float32 if self.float32_logits else self.dtype
     # Heads-major [B, H, T, D] operands: both products are plain batched matmuls.
     to_heads = lambda t: jnp.swapaxes(t, 1, 2)
+    query = proj(kernel_init=query_init, name="query")(inputs_q)
+    query = constrain(query, ("batch", "length", "heads", "kv"))
+    key_proj = proj(kernel_init=fan_in, name="key")
+    value_proj = proj(kernel_init=fan_in, name="value")
+    if fixed_kv and self.has_variable(FIXED_KV, "key"):  # projected once per sequence
+      key, value = self.get_variable(FIXED_KV, "key"), self.get_variable(FIXED_KV, "value")
+    else:
+      key = constrain(key_proj(inputs_kv), ("batch", "length", "heads", "kv"))
+      value = constrain(value_proj(inputs_kv), ("batch", "length", "heads", "kv"))
+      if decode and not fixed_kv:
+        key, value, mask, bias, prefix = self._cached(key, value, mask, bias, prefix,
+                                                      query.shape[1])
+      key, value = to_heads(key).astype(logits_dtype), to_heads(value)
+      if fixed_kv and self.is_mutable_collection(FIXED_KV):
+        self.put_variable(FIXED_KV, "key", key)
+        self.put_variable(FIXED_KV, "value", value)
+
     # The mask enters as an additive -1e10 bias (t5x's mask-to-bias): one [B, H, Q, K] addend
     # that does not depend on the layer, so XLA computes it once per stack.
     addend = None if bias is None else bias.astype(logits_dtype)
@@ -334,32 +327,60 @@ class MultiHeadDotProductAttention(nn.Module):
     # t5x drops attention weights with a mask [B, H, 1, K] shared by all queries, so
     # (weights * mask) . v == weights . (mask^T * v): the same mask (the same random bits, in
     # the same order) is applied to the rows of v, a [B, H, K, D] product instead of [B, H, Q, K].
-    value = Dropout(self.dropout_rate, broadcast_dims=(-1,))(
-        to_heads(value), deterministic=deterministic)
-    out = jnp.swapaxes(attend(to_heads(query).astype(logits_dtype),
-                              to_heads(key).astype(logits_dtype), value, addend), 1, 2)
+    value = Dropout(self.dropout_rate, broadcast_dims=(-1,))(value, deterministic=deterministic)
+    out = jnp.swapaxes(attend(to_heads(query).astype(logits_dtype), key, value, addend), 1, 2)
     out = Dense((inputs_q.shape[-1],), ("joined_kv", "embed"), fan_in, self.dtype,
                 in_axes=2, name="out")(out)
     return constrain(out, ("batch", "length", "embed"))
+
+  def _cached(self, key: Array, value: Array, mask: Optional[Array], bias: Optional[Array],
+              prefix: Optional[prefixes.LayerPrefix], qlen: int):
+    """Incremental decoding: appends this position's key/value [B, 1, H, D] to the cache and
+    returns the cached ones [B, L, H, D] with the mask, bias and prefix bias of this position."""
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+      return key, value, mask, bias, prefix
+    length = cached_key.value.shape[1]
+    if qlen != 1:
+      raise ValueError(f"incremental decoding takes one position per call, got {qlen}")
+    idx = cache_index.value
+    key = jax.lax.dynamic_update_slice(cached_key.value, key, (0, idx, 0, 0))
+    value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, idx, 0, 0))
+    cached_key.value, cached_value.value = key, value
+    cache_index.value = idx + 1
+    visible = (jnp.arange(length) <= idx)[None, None, None, :]
+    mask = visible if mask is None else jnp.logical_and(mask, visible)
+    if bias is not None:
+      bias = jax.lax.dynamic_slice_in_dim(bias, idx, 1, axis=2)
+    if prefix is not None and prefix.bias is not None:
+      prefix = prefix._replace(bias=jax.lax.dynamic_slice_in_dim(prefix.bias, idx, 1, axis=2))
+    return key, value, mask, bias, prefix
 
 
 def _with_prefix(prefix: prefixes.LayerPrefix, key: Array, value: Array, addend: Optional[Array],
                  key_proj: nn.Module, value_proj: nn.Module, qlen: int, logits_dtype: jnp.dtype
                  ) -> tuple[Array, Array, Array]:
-  """Puts a deep prompt's P positions in front of the keys/values [B, K, H, D] and the addend.
+  """Puts a deep prompt's P positions in front of the heads-major keys/values [B, H, K, D].
 
-  Returns keys and values [B, P + K, H, D] and the addend [B', H', Q', P + K]: the prefix's own
+  Returns keys and values [B, H, P + K, D] and the addend [B', H', Q', P + K]: the prefix's own
   position bias (zero without one), NEG_INF where the prefix is not `visible`.
   """
   if prefix.tokens is not None:  # deep prompt tokens: this layer's frozen projections
     p_key, p_value = key_proj(prefix.tokens), value_proj(prefix.tokens)
   else:
-    p_key, p_value = prefix.key, prefix.value
-  batch, klen = key.shape[0], key.shape[1]
-  fit = lambda p, like: jnp.broadcast_to(p.astype(like.dtype), (batch,) + p.shape[1:])
-  key = jnp.concatenate([fit(p_key, key), key], axis=1)
-  value = jnp.concatenate([fit(p_value, value), value], axis=1)
+    p_key, p_value = prefix.key, prefix.value  # [B or 1, P, H, D]
+  batch, klen = key.shape[0], key.shape[2]
   plen = p_key.shape[1]
+
+  def fit(p: Array, like: Array) -> Array:  # [b, P, H, D] -> [B, H, P, D]
+    p = jnp.swapaxes(p.astype(like.dtype), 1, 2)
+    return jnp.broadcast_to(p, (batch,) + p.shape[1:])
+
+  key = jnp.concatenate([fit(p_key, key), key], axis=2)
+  value = jnp.concatenate([fit(p_value, value), value], axis=2)
   p_add = (jnp.zeros((1, 1, qlen, plen), logits_dtype) if prefix.bias is None
            else prefix.bias.astype(logits_dtype))
   if prefix.visible is not None:

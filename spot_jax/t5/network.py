@@ -103,8 +103,10 @@ class DecoderLayer(nn.Module):
                                prefix=prefix)
     y = y + _dropout(cfg)(z, deterministic=deterministic)
     z = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="pre_cross_attention_layer_norm")(y)
+    # While decoding, the encoder output is the same at every step: its keys and values are
+    # projected once per sequence (layers.FIXED_KV), not once per generated token.
     z = attn("encoder_decoder_attention")(z, encoded, cross_mask, None, deterministic=deterministic,
-                                          prefix=cross_prefix)
+                                          prefix=cross_prefix, fixed_kv=decode)
     y = y + _dropout(cfg)(z, deterministic=deterministic)
     z = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="pre_mlp_layer_norm")(y)
     z = layers.MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, dtype, name="mlp")(

@@ -9,7 +9,6 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
@@ -56,7 +55,7 @@ def abstract_params(config: T5Config) -> tuple[dict[str, jax.ShapeDtypeStruct], 
 
 @functools.lru_cache(maxsize=16)
 def _abstract_params(config: T5Config) -> tuple[dict[str, jax.ShapeDtypeStruct], Any]:
-  tokens = jnp.ones((1, 1), jnp.int32)
+  tokens = np.ones((1, 1), np.int32)  # numpy: a jnp array would compile its own fill
   init = lambda: Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens, tokens,
                                           enable_dropout=False)
   boxed = jax.eval_shape(init)["params"]
