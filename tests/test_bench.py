@@ -42,7 +42,7 @@ def test_bench_rows(tmp_path):
 def test_dept_and_residual_smop_rows(tmp_path):
   """Their rows train the papers' parameter counts and cost more FLOPs than PT / SMoP alone."""
   out = tmp_path / "bench.json"
-  assert bench.main(["--config=t5_1_1_test", "--steps=1", "--input_length=16", "--target_length=4",
+  assert bench.main(["--model=t5_1_1_test", "--steps=1", "--input_length=16", "--target_length=4",
                      "--batch_size=2", "--prompt_length=8",
                      "--methods=prompt_tuning,dept,smop,residual_smop", "--warmup=0",
                      "--inference_steps=1", f"--json={out}"]) == 0
@@ -180,7 +180,7 @@ def test_bench_rows_of_attempt_and_mpt(tmp_path):
   """ATTEMPT, an MPT target and MPT's distillation step: the papers' parameter counts, and the
   extra FLOPs each adds to Prompt Tuning of the same length (the distillation's teacher pass)."""
   out = tmp_path / "bench.json"
-  assert bench.main(["--config=t5_1_1_test", "--steps=1", "--input_length=16", "--target_length=4",
+  assert bench.main(["--model=t5_1_1_test", "--steps=1", "--input_length=16", "--target_length=4",
                      "--batch_size=2", "--prompt_length=8", "--warmup=0", "--inference_steps=1",
                      "--methods=prompt_tuning,attempt,mpt,mpt_distill", f"--json={out}"]) == 0
   rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}

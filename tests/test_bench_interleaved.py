@@ -28,7 +28,7 @@ def test_matmul_peak_keeps_every_sample_and_its_maximum():
 
 def test_interleaved_input_lengths_pair_per_length(tmp_path):
   out, md = tmp_path / "bench.json", tmp_path / "bench.md"
-  assert bench.main(["--config=t5_1_1_test", "--steps=2", "--input_lengths=8,16", "--target_length=4",
+  assert bench.main(["--model=t5_1_1_test", "--steps=2", "--input_lengths=8,16", "--target_length=4",
                      "--batch_size=2", "--prompt_length=8", "--methods=prompt_tuning,smop4x5",
                      "--warmup=0", "--inference_steps=1", "--interleave", f"--json={out}",
                      f"--markdown={md}"]) == 0

@@ -17,7 +17,7 @@ from spot_jax.bench import serve, serve_workload
 from spot_jax.errors import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-TINY = ["--config=t5_1_1_test", "--workloads=4x2,2x4,1x8", "--batch_size=4", "--input_length=12",
+TINY = ["--model=t5_1_1_test", "--workloads=4x2,2x4,1x8", "--batch_size=4", "--input_length=12",
         "--target_length=5", "--repeats=1"]
 
 
@@ -122,7 +122,7 @@ def test_end_to_end_processes_write_the_same_predictions(tmp_path):
   from spot_jax.bench import serve_e2e  # pylint: disable=import-outside-toplevel
   out = tmp_path / "e2e.json"
   assert serve_e2e.main(["--workloads=3x2", "--repeats=1", "--cold_start_repeats=0",
-                         "--batch_size=4", f"--work_dir={tmp_path / 'work'}",
+                         "--batch_size=4", f"--output_dir={tmp_path / 'work'}",
                          f"--json={out}"]) == 0
   row = json.loads(out.read_text())["rows"][0]
   assert row["requests"] == 6 and row["identical_predictions"] == 6 and row["warm_equals_cold"]

@@ -250,10 +250,6 @@ def test_last_saved_step_counts_complete_step_directories_only(tmp_path):
 
 # ------------------------------------------------------------------ real local runs (2 processes)
 
-# Until multi-process evaluation is merged (issue 23, the integrator's part), the 2-process runs
-# train without evaluation. To evaluate, set this to "" (smoke.gin then evaluates at step 100 and
-# at the end).
-EVAL = "--gin.train.train.eval_cfg=None"
 # Tracebacks that jax's C++ side prints when a process loses its peer: log files only.
 CRASH_TRACE = ("Terminating process", "Aborted", "*** Check failure", "@     0x", "Fatal Python error")
 
@@ -268,7 +264,7 @@ def _launch(model_dir: pathlib.Path, steps: int, *extra: str, env=None) -> subpr
   """launch/local_cpu.sh with 2 processes on the smoke configuration, from a folder outside the
   repository (relative gin files), checkpointing every 2 steps."""
   args = [f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=4", "--gin.CHECKPOINT_PERIOD=2",
-          "--gin.train.train.log_period=1", EVAL, *extra]
+          "--gin.train.train.log_period=1", *extra]
   env = _env({"GIN_FILES": "gin/test/smoke.gin", "MODEL_DIR": str(model_dir), "NUM_PROCESSES": "2",
               "PORT": str(_free_port()), "HEARTBEAT_TIMEOUT": "10", "PYTHON": sys.executable,
               "EXTRA_ARGS": " ".join(a for a in args if a), "TF_CPP_MIN_LOG_LEVEL": "3",
@@ -376,8 +372,8 @@ def test_ctrl_c_stops_every_process(tmp_path):
 
 
 # ------------------------------------------------------------------ issue 23's acceptance test
-# The integrator's to finish: it needs evaluation under several processes (skipped until EVAL
-# above is "", i.e. until the 2-process runs evaluate).
+# Every 2-process run above evaluates as smoke.gin says (at the end of a 60-step run); this one
+# evaluates every 10 steps and compares with one process.
 
 
 def _eval_metrics(run_dir: pathlib.Path) -> list[dict]:
@@ -392,8 +388,6 @@ def _run_to_end(model_dir: pathlib.Path, steps: int, processes: int, *extra: str
   return subprocess.CompletedProcess(launcher.args, 0, out, err)
 
 
-@pytest.mark.skipif(bool(EVAL), reason="needs evaluation under several processes (issue 23, the "
-                                        "integrator's part); runs once EVAL is set to \"\"")
 def test_two_processes_with_evaluation_equal_one_process_and_a_killed_run_resumes_to_the_same_end(tmp_path):
   evaluate = ("--gin.EVAL_PERIOD=10", "--gin.EVAL_BATCH_SIZE=8", "--gin.EVAL_NUM_EXAMPLES=32",
               "--gin.BEST_METRIC='accuracy'", "--gin.SAVE_PROMPT_STEPS=[10,20]")

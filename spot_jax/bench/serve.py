@@ -1,6 +1,6 @@
 """`python -m spot_jax.bench.serve`: many-task serving, three ways, on the same requests.
 
-  python -m spot_jax.bench.serve --config=t5_1_1_small_like --methods=pt100,smop4x5 \
+  python -m spot_jax.bench.serve --model=t5_1_1_small_like --methods=pt100,smop4x5 \
       --workloads=64x2,8x16,1x128 --tasks=generate,score --vs=peft \
       --json=serve.json --markdown=serve.md
 
@@ -186,7 +186,7 @@ def run_peft(params, config, table, workloads: Sequence[Any], tasks: Sequence[st
     os.makedirs(os.path.join(work, "workloads"))
     for w in workloads:
       serve_workload.write(w, os.path.join(work, "workloads", f"{w.name}.json"))
-    cmd = [sys.executable, "-m", "spot_jax.bench.serve_peft", f"--work_dir={work}",
+    cmd = [sys.executable, "-m", "spot_jax.bench.serve_peft", f"--output_dir={work}",
            f"--workloads={','.join(w.name for w in workloads)}", f"--tasks={','.join(tasks)}",
            f"--method={table.entries[0].source}", f"--batch_size={args.batch_size}",
            f"--target_length={args.target_length}", f"--num_beams={args.num_beams}",
@@ -251,7 +251,7 @@ def goal_lines(rows: Sequence[dict]) -> list[str]:
 
 def _parse(argv: Sequence[str]):
   p = cli.ArgumentParser(prog="spot_jax.bench.serve", description=__doc__.splitlines()[0])
-  p.add_argument("--config", default="t5_1_1_small_like",
+  p.add_argument("--model", default="t5_1_1_small_like",
                  help="a spot_jax.t5 config name (random weights; untied output layer: see above)")
   for name in common.OVERRIDE_FLAGS:
     p.add_argument(f"--{name}", type=int, default=None, help=f"override the config's {name}")
@@ -303,7 +303,7 @@ def main(argv: Sequence[str]) -> int:
   methods, tasks, workload_names, overrides = _check(args)
   outputs = {flag: fileio.output_file(path, flag)
              for flag, path in (("--json", args.json), ("--markdown", args.markdown)) if path}
-  config = common.bench_config(args.config, overrides, dropout_rate=0.0)
+  config = common.bench_config(args.model, overrides, dropout_rate=0.0)
   peft_skipped = peft_missing() if args.vs == "peft" else None
   if peft_skipped:
     print(f"--vs=peft: {peft_skipped}", flush=True)
@@ -343,7 +343,7 @@ def main(argv: Sequence[str]) -> int:
         print("\n".join(_row_lines([peft_row])), flush=True)
   goals = goal_lines(rows)
   print("".join(line + "\n" for line in goals), end="", flush=True)
-  meta = {"argv": list(argv), "config": args.config, "config_overrides": overrides,
+  meta = {"argv": list(argv), "config": args.model, "config_overrides": overrides,
           "shape": {k: getattr(config, k) for k in common.SHAPE_FIELDS},
           "peft_skipped": peft_skipped, "malloc": runtime.applied(), "rows": rows}
   if args.json:

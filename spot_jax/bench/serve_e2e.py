@@ -198,7 +198,7 @@ def main(argv: Sequence[str]) -> int:
   p.add_argument("--input_length", type=int, default=64, help="input tokens (EOS included)")
   p.add_argument("--batch_size", type=int, default=32)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--work_dir", default=None,
+  p.add_argument("--output_dir", default=None,
                  help="a new or empty directory to keep the files in (default: a temporary one)")
   p.add_argument("--json", default=None)
   p.add_argument("--markdown", default=None)
@@ -217,9 +217,9 @@ def main(argv: Sequence[str]) -> int:
   if missing:
     raise ConfigError(f"the PyTorch + PEFT side cannot run: {missing}")
   with tempfile.TemporaryDirectory(prefix="spot_jax_serve_e2e_") as tmp:
-    work = args.work_dir or tmp
-    if args.work_dir and any(fileio.writable_dir(work, "--work_dir").iterdir()):
-      raise ConfigError(f"--work_dir {work} is not empty; give a new or empty directory")
+    work = args.output_dir or tmp
+    if args.output_dir and any(fileio.writable_dir(work, "--output_dir").iterdir()):
+      raise ConfigError(f"--output_dir {work} is not empty; give a new or empty directory")
     setup(work, max(n for n, _ in sizes), args.seed)
     rows = []
     for w in workloads:

@@ -89,7 +89,7 @@ def serve_pass(model, workload, task: str, batch_size: int, target_length: int,
 
 def main(argv: Sequence[str]) -> int:
   p = cli.ArgumentParser(prog="spot_jax.bench.serve_peft", description=__doc__.splitlines()[0])
-  p.add_argument("--work_dir", required=True)
+  p.add_argument("--output_dir", required=True)
   p.add_argument("--workloads", required=True, help="comma-separated PxN names")
   p.add_argument("--tasks", required=True, help="comma-separated: generate, score, beam")
   p.add_argument("--method", default="pt100", help="the spot-jax method the adapters hold")
@@ -101,10 +101,10 @@ def main(argv: Sequence[str]) -> int:
   args = p.parse_args(argv)
   import peft  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
-  workloads = [serve_workload.read(os.path.join(args.work_dir, "workloads", f"{w}.json"))
+  workloads = [serve_workload.read(os.path.join(args.output_dir, "workloads", f"{w}.json"))
                for w in args.workloads.split(",")]
   names = sorted({n for w in workloads for n in w.prompt_names}, key=lambda n: int(n[1:]))
-  model, load_sec = load(args.work_dir, names)
+  model, load_sec = load(args.output_dir, names)
   for workload in workloads:
     for task in args.tasks.split(","):
       run = lambda: serve_pass(model, workload, task, args.batch_size, args.target_length,
