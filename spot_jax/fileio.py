@@ -20,7 +20,7 @@ from typing import IO, Iterator, Optional
 
 import numpy as np
 
-from spot_jax.errors import ConfigError
+from spot_jax.errors import ConfigError, one_line
 
 
 @contextlib.contextmanager
@@ -107,15 +107,9 @@ def read_npy(path: str | os.PathLike, what: str) -> np.ndarray:
   try:
     return np.load(path, allow_pickle=False)
   except (OSError, ValueError, EOFError) as e:
-    why = getattr(e, "strerror", None) or one_line_of(e)
+    why = getattr(e, "strerror", None) or one_line(e)
     raise ConfigError(f"{what} {str(path)!r} is not a readable .npy file ({why}); give an array "
                       f"saved with numpy.save") from None
-
-
-def one_line_of(error: BaseException) -> str:
-  """The first line of an exception's message (its type name if it has none)."""
-  text = str(error).strip()
-  return text.splitlines()[0] if text else type(error).__name__
 
 
 def output_file(path: str | os.PathLike, flag: str) -> pathlib.Path:

@@ -26,6 +26,7 @@ import numpy as np
 
 from spot_jax import cli, fileio
 from spot_jax.cli import flags
+from spot_jax.cli import model_file
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import PROMPT_FILE_RE, RunDir, companion_file
 from spot_jax import backbone as backbone_lib
@@ -117,7 +118,7 @@ def add(args) -> int:
   fileio.writable_dir(args.library, "--library")  # before loading the model
   embed_dim = None
   if args.model:
-    model, _ = settings_lib.load_model(args.model, args.model_binding)
+    model, _ = model_file.load_model(args.model, args.model_binding)
     embed_dim = int(model.config.emb_dim)
     given = settings_lib.model_fingerprint(model, args.checkpoint, found["seed"])
     if found["fingerprint"] is not None and not args.allow_backbone_change:

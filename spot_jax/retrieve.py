@@ -42,7 +42,7 @@ def _parser() -> cli.ArgumentParser:
                       help="how a source prompt becomes an SMoP expert")
   flags.add_output_dir(parser, "where the runs and retrieval.json go (resumable)", required=True)
   parser.add_argument("--verbose", action="store_true", help="the trainer's progress lines")
-  flags.add_run_settings(parser, seed=True)
+  settings_lib.add_flags(parser, seed=True)
   return parser
 
 
@@ -53,7 +53,7 @@ def main(argv: Sequence[str]) -> int:
   flags.positive("--expert_length", args.expert_length)
   options = retrieval.Options(k=args.k, metric=args.similarity, seed=args.seed,
                               expert_length=args.expert_length, compression=args.compression)
-  settings = flags.run_settings(args)
+  settings = settings_lib.from_flags(args)
   settings_lib.check_tasks([args.target_task], args.task_module)
   lib = prompt_library.Library(args.library)
   header = lib.header()

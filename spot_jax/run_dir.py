@@ -301,6 +301,19 @@ class RunDir:
       out += [self.state_path(s) for s in reversed(self.state_steps())]
     return out
 
+  def prompt_params(self, warn: Callable[[str], None] = print) -> Any:
+    """The `prompt/` subtree of the state the exported prompt came from (best/, or the state of
+    the exported step): what a router, an attention network or MPT's factors are read from.
+
+    Raises:
+      ConfigError: no exported prompt, no readable state, or a state without prompt parameters.
+    """
+    _, step = self.exported_prompt()
+    params, source = self.restore_params("best" if step is None else step, warn=warn)
+    if "prompt" not in params:
+      raise ConfigError(f"{source} holds no prompt parameters; give a prompt-tuning run")
+    return params["prompt"]
+
   def restore_params(self, which: Step | None = None, *, prefer_best: bool = True,
                      warn: Callable[[str], None] = print, sharding: Any = None
                      ) -> tuple[Any, pathlib.Path]:

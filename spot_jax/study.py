@@ -39,7 +39,7 @@ def _parser() -> cli.ArgumentParser:
   parser.add_argument("--shard_index", type=int, default=0)
   parser.add_argument("--num_shards", type=int, default=1)
   parser.add_argument("--verbose", action="store_true", help="the trainer's progress lines")
-  flags.add_run_settings(parser)
+  settings_lib.add_flags(parser)
   return parser
 
 
@@ -69,7 +69,7 @@ def main(argv: Sequence[str]) -> int:
     default_sources, default_targets = names.SOURCE_TASKS.values(), names.TARGET_TASKS.values()
   seeds = flags.int_list("--seeds", args.seeds, minimum=0)
   flags.positive("--source_seed", args.source_seed, minimum=0)
-  settings = flags.run_settings(args)
+  settings = settings_lib.from_flags(args)
   if args.source_train_steps is not None and not settings.embedding_step <= args.source_train_steps:
     raise ConfigError(f"--source_train_steps={args.source_train_steps} must be a positive integer >= "
                       f"--embedding_step={settings.embedding_step} (the source embedding is exported then)")

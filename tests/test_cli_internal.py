@@ -41,7 +41,7 @@ PROGRAMS = [
      "is not a directory"),
     ("spot_jax.library", "spot_jax.library:main", "spot_jax.spot.prompt_library:Library.load",
      ["list", "--library={tmp}"], ["list", "--library={tmp}/nolib"], "does not exist"),
-    ("spot_jax.retrieve", "spot_jax.retrieve:main", "spot_jax.cli.flags:run_settings",
+    ("spot_jax.retrieve", "spot_jax.retrieve:main", "spot_jax.spot.settings:from_flags",
      ["--library={tmp}", "--target_task=spot_test_bits_v1", "--output_dir={tmp}/w", *SPOT],
      ["--library={tmp}/nolib", "--target_task=spot_test_bits_v1", "--output_dir={tmp}/w", *SPOT],
      "is empty or missing"),

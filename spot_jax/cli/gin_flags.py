@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 
 from spot_jax import cli
 from spot_jax.cli import distributed
-from spot_jax.cli import flags
+from spot_jax.cli import renamed
 from spot_jax.cli import gin_overrides
 from spot_jax.cli import gin_settings
 from spot_jax.errors import ConfigError
@@ -93,9 +93,9 @@ def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -
   keys = []
   for binding in args.gin_bindings:
     old = binding.partition("=")[0].strip()
-    if old in flags.RENAMED_GIN:
-      raise ConfigError(f"--gin.{old} was renamed {flags.RENAMED_GIN[old]}; use "
-                        f"--gin.{flags.RENAMED_GIN[old]}={binding.partition('=')[2]}")
+    if old in renamed.RENAMED_GIN:
+      raise ConfigError(f"--gin.{old} was renamed {renamed.RENAMED_GIN[old]}; use "
+                        f"--gin.{renamed.RENAMED_GIN[old]}={binding.partition('=')[2]}")
     gin_overrides.parse_override(binding)
     keys.append(gin_overrides.override_key(binding))
   gin_overrides.finalize()

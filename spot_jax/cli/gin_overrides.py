@@ -28,8 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Seque
 import gin
 from gin import config_parser
 
-from spot_jax.cli.runner import one_line
-from spot_jax.errors import ConfigError
+from spot_jax.errors import ConfigError, one_line
 
 MACRO = "gin.macro"
 ConfigKey = tuple[str, str]  # (scope, complete selector), gin's key of one configurable's bindings

@@ -28,8 +28,7 @@ import typing
 from typing import Any, Iterable, Optional
 
 from spot_jax.cli import gin_overrides
-from spot_jax.cli.runner import one_line
-from spot_jax.errors import ConfigError
+from spot_jax.errors import ConfigError, one_line
 
 _NO_VALUE = object()  # a bound value that holds a reference to a configurable: not checked
 

@@ -25,8 +25,8 @@ from typing import Callable, NoReturn, Optional, Sequence
 
 from spot_jax import runtime
 from spot_jax import startup
-from spot_jax.cli import flags
-from spot_jax.errors import ConfigError
+from spot_jax.cli import renamed
+from spot_jax.errors import ConfigError, one_line
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
@@ -42,7 +42,7 @@ class UsageError(ConfigError):
 class ArgumentParser(argparse.ArgumentParser):
   """argparse for `run`: a usage error raises `UsageError` (one line through `run`) instead of
   exiting, every parser (subcommands too) takes `--debug`, and a renamed flag's old spelling
-  (`flags.RENAMED`) is refused with one line naming the new one."""
+  (`renamed.RENAMED`) is refused with one line naming the new one."""
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
@@ -51,22 +51,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
   def parse_known_args(self, args=None, namespace=None):
     argv = list(sys.argv[1:] if args is None else args)
-    message = flags.renamed_flag_message(argv, list(self._option_string_actions))
+    message = renamed.renamed_flag_message(argv, list(self._option_string_actions))
     if message:
       self.error(message)
     return super().parse_known_args(argv, namespace)
 
   def error(self, message: str) -> NoReturn:
     raise UsageError(f"{message} (see --help)")
-
-
-def one_line(error: BaseException) -> str:
-  """The first meaningful line of an exception message (gin and orbax append context lines)."""
-  text = str(error).strip() or type(error).__name__
-  line = text.splitlines()[0].strip()
-  if isinstance(error, KeyError) and line.startswith(("'", '"')):
-    line = line.strip("'\"")
-  return line
 
 
 def error_line(prog: str, message: str) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import sys
 from typing import Optional
 
 import numpy as np
@@ -150,8 +151,8 @@ def source_arrays(source: str, config: Optional[T5Config] = None) -> dict[str, n
   folder = pathlib.Path(source)
   if (folder / peft_io.CONFIG_FILE).is_file():
     return read_adapter(source, config)
-  from spot_jax.serve import prompt_sources  # pylint: disable=g-import-not-at-top
-  params = prompt_sources.prompt_params(folder)
+  from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
+  params = RunDir(folder).prompt_params(warn=lambda line: print(line, file=sys.stderr))
   if "task_cols" not in params or "shared" not in params:
     raise ConfigError(f"{source} is neither a PEFT MPT adapter nor the run of a MultitaskPrompt "
                       f"with a trained shared prompt (its prompt parameters: {sorted(params)}); give "

@@ -165,14 +165,14 @@ def from_run_dir(name: str, path: str, smop_routing: str = "linear", task: int =
     config: the served model (needed for deep prompt runs).
   """
   run_dir = RunDir(path)
-  file, step = run_dir.exported_prompt()
+  file, _ = run_dir.exported_prompt()
   array = read_npy(str(file))
   if deep_lib.is_record(array):
     return from_deep(name, deep_lib.from_record(array, str(file)), config, str(file))
   if array.ndim == 2:
     offset, extra = _exported_offset(file)
     return ServedPrompt(name, array, source=str(file) + extra, offset=offset)
-  params = _prompt_params(run_dir, step)
+  params = run_dir.prompt_params(warn=_warn)
   if "attention" in params:
     return attempt_entry(name, array, params, task, attempt_temperature, f"{file} + attention")
   if "task_cols" in params:  # a multi-task MPT run exports its [K, L, E] folded task prompts
@@ -193,12 +193,6 @@ def from_run_dir(name: str, path: str, smop_routing: str = "linear", task: int =
                       f"{file} + router")
 
 
-def prompt_params(run_dir: str | pathlib.Path) -> dict:
-  """The prompt parameters ({name: array}) of the state a run directory serves."""
-  run = RunDir(run_dir)
-  return _prompt_params(run, run.exported_prompt()[1])
-
-
 def num_tasks(path: str) -> int:
   """How many tasks the prompt at `path` serves (> 1: a multi-task run or MPT adapter)."""
   p = pathlib.Path(path)
@@ -210,23 +204,18 @@ def num_tasks(path: str) -> int:
       return 1
     return int(peft_mpt.read_adapter(str(p))["task_cols"].shape[0])
   run = RunDir(p)
-  file, step = run.exported_prompt()
+  file, _ = run.exported_prompt()
   array = read_npy(str(file))
   if deep_lib.is_record(array) or array.ndim == 2:
     return 1
-  params = _prompt_params(run, step)
+  params = run.prompt_params(warn=_warn)
   if "attention" in params:
     return int(np.shape(params["prompts"])[0])
   return int(array.shape[0]) if "task_cols" in params else 1
 
 
-def _prompt_params(run_dir: RunDir, step: Optional[int]) -> dict:
-  """The prompt subtree of the state the exported prompt came from (best/, or checkpoints/<step>)."""
-  params, source = run_dir.restore_params("best" if step is None else step,
-                                          warn=lambda line: print(line, file=sys.stderr))
-  if "prompt" not in params:
-    raise ConfigError(f"{source} holds no prompt parameters; give a prompt-tuning run")
-  return params["prompt"]
+def _warn(line: str) -> None:
+  print(line, file=sys.stderr)
 
 
 LIBRARY_SEPARATOR = "#"

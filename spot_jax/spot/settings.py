@@ -11,11 +11,13 @@ changing only `--model`, `--checkpoint` and the task names (`spot_jax.cli.flags`
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import pathlib
 from typing import Mapping, Optional, Sequence
 
 from spot_jax import models
+from spot_jax.cli import flags
+from spot_jax.cli import model_file
 from spot_jax.errors import ConfigError
 from spot_jax import backbone as backbone_lib
 
@@ -89,51 +91,6 @@ class RunSettings:
     return backbone_lib.fingerprint(self.model.config, None, seed)
 
 
-def load_model(spec: str, bindings: Sequence[str] = ()) -> tuple[models.EncoderDecoderModel, str]:
-  """The backbone model of a gin model file (its MODEL macro) or of a config name."""
-  if spec.endswith(".gin"):
-    import gin  # pylint: disable=g-import-not-at-top
-    from spot_jax.cli import gin_flags  # pylint: disable=g-import-not-at-top
-    path = next((pathlib.Path(p, spec) for p in gin_flags.search_paths([])
-                 if pathlib.Path(p, spec).is_file()), pathlib.Path(spec))
-    if not path.is_file():
-      raise ConfigError(f"--model {spec!r}: no such gin file; give a file under gin/models/ or "
-                        f"a config name such as t5_1_1_base")
-    from spot_jax.cli import gin_overrides, gin_settings  # pylint: disable=g-import-not-at-top
-    gin.clear_config()
-    for p in gin_flags.search_paths([]):
-      gin.add_config_file_search_path(p)
-    try:
-      gin_overrides.parse_file(str(path), "--model")
-      for binding in bindings:
-        gin_overrides.parse_override(binding, "--model_binding=")
-      try:
-        reference = gin.query_parameter("%MODEL")
-      except ValueError:
-        reference = None
-      if not hasattr(reference, "scoped_configurable_fn"):
-        raise ConfigError(f"--model {spec!r}: the gin file binds no MODEL = @...(); give a "
-                          f"gin/models/ file")
-      gin_settings.check_types(gin_overrides.used_keys([reference.configurable.selector]))
-      try:
-        model = reference.scoped_configurable_fn()
-      except ConfigError as e:
-        raise ConfigError(f"--model {spec!r}: {gin_settings.name_setting(e)}") from None
-    finally:
-      gin.clear_config()
-    if not isinstance(model, models.EncoderDecoderModel):
-      raise ConfigError(f"--model {spec!r}: its MODEL is a {type(model).__name__}, not an "
-                        f"EncoderDecoderModel; give a gin/models/ file")
-    if model.has_prompt:
-      model = dataclasses.replace(model, module=model.module.clone(prompt=None))
-    return model, spec
-  if bindings:
-    raise ConfigError("--model_binding applies to a gin model file; give --model=<file>.gin")
-  from spot_jax import t5  # pylint: disable=g-import-not-at-top
-  config = t5.config_by_name(spec, dropout_rate=0.0)
-  return models.EncoderDecoderModel(t5.Transformer(config)), spec
-
-
 def model_fingerprint(model: models.EncoderDecoderModel, checkpoint: Optional[str],
                       seed: int = 0) -> dict[str, str]:
   if checkpoint:
@@ -149,3 +106,57 @@ def check_tasks(task_names: Sequence[str], module: str) -> None:
     data_lib.get_mixture_or_task(name)
 
 
+def add_flags(parser: argparse.ArgumentParser, seed: bool = False) -> None:
+  """The backbone, data, budget and metric flags of the SPoT layer's runs (study, retrieve);
+  `from_flags` reads them."""
+  flags.add_backbone(parser, seed=seed, seed_help="seed of the runs (and of the random backbone "
+               "without --checkpoint)")
+  parser.add_argument("--task_module", default="tasks",
+                      help="module(s) registering the tasks, comma-separated (default: tasks)")
+  flags.add_lengths(parser, 512, 16)
+  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--train_steps", type=int, default=30000)
+  parser.add_argument("--embedding_step", type=int, default=10000,
+                      help="the early step whose prompt is the task embedding")
+  parser.add_argument("--eval_period", type=int, default=1000)
+  parser.add_argument("--checkpoint_period", type=int, default=None,
+                      help="steps between checkpoints (default: --eval_period)")
+  parser.add_argument("--eval_batch_size", type=int, default=32)
+  parser.add_argument("--eval_num_examples", type=int, default=None)
+  parser.add_argument("--prompt_length", type=int, default=100)
+  parser.add_argument("--learning_rate", type=float, default=0.3)
+  parser.add_argument("--metric", default="accuracy",
+                      help="validation metric selecting the best prompt (default: accuracy)")
+  parser.add_argument("--task_metric", action="append", default=[],
+                      help="per-task metric, TASK=METRIC (repeatable), e.g. "
+                           "spot_glue_stsb_v200=pearson_corrcoef")
+  parser.add_argument("--metric_max", type=float, default=100.0,
+                      help="best possible metric value (errors are metric_max - score)")
+
+
+def from_flags(args: argparse.Namespace) -> RunSettings:
+  """`RunSettings` from the `add_flags` flags, each checked by name."""
+  for flag in ("input_length", "target_length", "batch_size", "eval_batch_size"):
+    flags.positive(f"--{flag}", getattr(args, flag))
+  flags.positive("--eval_num_examples", args.eval_num_examples)
+  for flag in ("learning_rate", "metric_max"):
+    if not getattr(args, flag) > 0:  # NaN fails too
+      raise ConfigError(f"--{flag}={getattr(args, flag)} must be a positive number")
+  flags.positive("--prompt_length", args.prompt_length)
+  if args.input_length < args.prompt_length:
+    raise ConfigError(f"--input_length={args.input_length} is shorter than --prompt_length="
+                      f"{args.prompt_length}; the input length counts real tokens only and must be "
+                      f"at least the prompt length")
+  task_metrics = flags.pairs("--task_metric", args.task_metric, "spot_glue_stsb_v200=pearson_corrcoef")
+  model, name = model_file.load_model(args.model, args.model_binding)
+  return RunSettings(
+      model=model, model_name=name, initial_checkpoint_path=args.checkpoint,
+      task_module=args.task_module,
+      lengths={"inputs": args.input_length, "targets": args.target_length},
+      batch_size=args.batch_size, train_steps=args.train_steps,
+      embedding_step=args.embedding_step, eval_period=args.eval_period,
+      checkpoint_period=args.checkpoint_period,
+      eval_batch_size=args.eval_batch_size, eval_num_examples=args.eval_num_examples,
+      prompt_length=args.prompt_length, learning_rate=args.learning_rate, metric=args.metric,
+      task_metrics=task_metrics, metric_max=args.metric_max,
+      fingerprint=model_fingerprint(model, args.checkpoint, 0))

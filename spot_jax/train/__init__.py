@@ -15,7 +15,7 @@
 """
 from spot_jax.train.checks import (TRAINABLE_ALL, TRAINABLE_PROMPT, CheckpointConfig,
                                    check_finite)
-from spot_jax.train.job import RunResult, TrainResult
+from spot_jax.train.results import RunResult, TrainResult
 from spot_jax.train.loop import train
 from spot_jax.train.runs import RunSpec
 from spot_jax.train.state import TrainState

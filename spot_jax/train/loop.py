@@ -33,7 +33,7 @@ from spot_jax.train import optimizers
 from spot_jax.train import runs as runs_lib
 from spot_jax.train.checks import TRAINABLE_ALL, TRAINABLE_PROMPT, CheckpointConfig
 from spot_jax.train.evaluator import EvalConfig
-from spot_jax.train.job import RunResult, TrainResult
+from spot_jax.train.results import RunResult, TrainResult
 from spot_jax.train.state import TrainState
 from spot_jax.train.step import make_runs_step, make_train_step
 

@@ -1,0 +1,35 @@
+"""Renamed flags and gin macros: an old spelling is refused in one line naming the new one (the
+policy of every program; `spot_jax.cli.runner.ArgumentParser` and `gin_flags` apply it)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+# Old spelling -> new spelling. Refused (never accepted silently) by every parser that defines
+# the new flag and not the old one; see `spot_jax.cli.runner.ArgumentParser`.
+RENAMED = {
+    "--config_name": "--model",
+    "--config": "--model",
+    "--initial_checkpoint_path": "--checkpoint",
+    "--inputs_length": "--input_length",
+    "--targets_length": "--target_length",
+    "--max_decode_length": "--target_length",
+    "--out_dir": "--output_dir",
+    "--work_dir": "--output_dir",
+}
+# Gin macros of the same policy (`--gin.OLD=...` is refused naming the new macro).
+RENAMED_GIN = {
+    "CHECKPOINT_DIR": "MODEL_DIR",  # spot_jax.eval reads a run directory like every program
+}
+
+
+def renamed_flag_message(argv: Sequence[str], defined: Sequence[str]) -> Optional[str]:
+  """The refusal of the first old spelling in `argv` whose new name is in `defined`, or None."""
+  for i, arg in enumerate(argv):
+    old, sep, value = arg.partition("=")
+    new = RENAMED.get(old)
+    if new is None or old in defined or new not in defined:
+      continue
+    if not sep and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+      value, sep = argv[i + 1], "="
+    return f"{old} was renamed {new}; use {new}{sep}{value}"
+  return None
