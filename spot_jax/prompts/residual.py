@@ -32,6 +32,18 @@ ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 }
 
 
+def check_mlp_settings(module: Any, owner: str) -> None:
+  """The reparameterisation MLP's settings of a module (`owner` names it in the errors)."""
+  common.check_positive_int(module.bottleneck, f"{owner}.bottleneck")
+  if module.activation not in ACTIVATIONS:
+    raise ConfigError(f"{owner}.activation {module.activation!r} is unknown; valid: "
+                      f"{', '.join(ACTIVATIONS)}")
+  if not 0.0 <= module.dropout < 1.0:
+    raise ConfigError(f"{owner}.dropout must be in [0, 1), got {module.dropout}")
+  if not module.layer_norm_epsilon > 0:
+    raise ConfigError(f"{owner}.layer_norm_epsilon must be > 0, got {module.layer_norm_epsilon}")
+
+
 def _torch_linear_init(fan_in: int) -> Callable[..., Array]:
   """U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's nn.Linear default, as in the paper's code."""
   bound = 1.0 / np.sqrt(fan_in)
@@ -128,16 +140,8 @@ class ResidualPrompt(nn.Module):
 
   def __post_init__(self):
     common.check_positive_int(self.length, "ResidualPrompt.length")
-    common.check_positive_int(self.bottleneck, "ResidualPrompt.bottleneck")
     placement_lib.check_placement(self.placement)
-    if self.activation not in ACTIVATIONS:
-      raise ConfigError(f"ResidualPrompt.activation {self.activation!r} is unknown; valid: "
-                        f"{', '.join(ACTIVATIONS)}")
-    if not 0.0 <= self.dropout < 1.0:
-      raise ConfigError(f"ResidualPrompt.dropout must be in [0, 1), got {self.dropout}")
-    if not self.layer_norm_epsilon > 0:
-      raise ConfigError(f"ResidualPrompt.layer_norm_epsilon must be > 0, got "
-                        f"{self.layer_norm_epsilon}")
+    check_mlp_settings(self, "ResidualPrompt")
     super().__post_init__()
 
   def _mlp(self, **kwargs: Any) -> ResidualMlp:

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from spot_jax.errors import ConfigError
-from spot_jax.prompts.residual import ACTIVATIONS, ResidualMlp
+from spot_jax.prompts import residual
+from spot_jax.prompts.residual import ResidualMlp
 from spot_jax.prompts.smop import SMoP
 
 Array = jax.Array
@@ -48,17 +49,7 @@ class ResidualSMoP(SMoP):
   layer_norm_epsilon: float = 1e-5
 
   def __post_init__(self):
-    if not isinstance(self.bottleneck, (int, np.integer)) or isinstance(self.bottleneck, bool) \
-        or self.bottleneck < 1:
-      raise ConfigError(f"ResidualSMoP.bottleneck={self.bottleneck!r}; give a positive integer")
-    if self.activation not in ACTIVATIONS:
-      raise ConfigError(f"ResidualSMoP.activation {self.activation!r} is unknown; valid: "
-                        f"{', '.join(ACTIVATIONS)}")
-    if not 0.0 <= self.dropout < 1.0:
-      raise ConfigError(f"ResidualSMoP.dropout={self.dropout}; give a rate in [0, 1)")
-    if not self.layer_norm_epsilon > 0:
-      raise ConfigError(f"ResidualSMoP.layer_norm_epsilon={self.layer_norm_epsilon}; give a "
-                        f"positive number")
+    residual.check_mlp_settings(self, "ResidualSMoP")
     super().__post_init__()
 
   def _mlp(self, **kwargs: Any) -> nn.Module:

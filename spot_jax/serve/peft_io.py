@@ -58,21 +58,41 @@ def export_adapter(prompt: np.ndarray, config: T5Config, output_dir: str, *,
   Raises:
     ConfigError: a prompt that is not [L, E] of the model's width, or an existing output.
   """
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   prompt = np.asarray(prompt, np.float32)
   if prompt.ndim != 2:
     raise ConfigError(f"a PEFT prompt-tuning adapter holds one [L, E] prompt, got shape "
                       f"{prompt.shape} (SMoP prompts need their router, which peft lacks)")
   if prompt.shape[1] != config.emb_dim:
     raise ConfigError(f"the prompt has width {prompt.shape[1]} but the model's is {config.emb_dim}")
+  write_adapter(output_dir, {WEIGHTS_KEY: prompt},
+                adapter_config(prompt.shape[0], config, base_model_name_or_path), overwrite)
+
+
+def write_adapter(output_dir: str, tensors: dict, adapter_cfg: dict, overwrite: bool) -> None:
+  """A peft adapter directory (safetensors weights + adapter_config.json), written staged: an
+  existing `output_dir` is replaced only with `overwrite`, and only once the new one is whole."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   if os.path.exists(output_dir) and not overwrite:
     raise ConfigError(f"{output_dir} exists; pass --overwrite to replace it")
   with fileio.staged_directory(output_dir) as tmp:
     os.makedirs(tmp)
-    save_file({WEIGHTS_KEY: np.ascontiguousarray(prompt)}, os.path.join(tmp, WEIGHTS_FILE),
-              metadata={"format": "pt"})
+    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
+              os.path.join(tmp, WEIGHTS_FILE), metadata={"format": "pt"})
     with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
-      json.dump(adapter_config(prompt.shape[0], config, base_model_name_or_path), f, indent=2)
+      json.dump(adapter_cfg, f, indent=2)
+
+
+def check_base_model(cfg: dict, config: Optional[T5Config], path: str) -> None:
+  """An adapter config made for another model (width, heads, layers) is refused in one line."""
+  if config is None:
+    return
+  want = {"token_dim": config.emb_dim, "num_attention_heads": config.num_heads,
+          "num_layers": config.num_encoder_layers}
+  wrong = [f"{k}={cfg.get(k)} (model: {v})" for k, v in want.items()
+           if cfg.get(k) is not None and cfg.get(k) != v]
+  if wrong:
+    raise ConfigError(f"{path} was made for another base model: {', '.join(wrong)}; give an "
+                      f"adapter trained on this model")
 
 
 def read_adapter(path: str, config: Optional[T5Config] = None) -> np.ndarray:
@@ -109,14 +129,7 @@ def read_adapter(path: str, config: Optional[T5Config] = None) -> np.ndarray:
   if prompt.ndim != 2 or (length, width) != prompt.shape:
     raise ConfigError(f"{path}: {WEIGHTS_KEY} has shape {prompt.shape} but the config says "
                       f"[{length}, {width}]")
-  if config is not None:
-    want = {"token_dim": config.emb_dim, "num_attention_heads": config.num_heads,
-            "num_layers": config.num_encoder_layers}
-    wrong = [f"{k}={cfg.get(k)} (model: {v})" for k, v in want.items()
-             if cfg.get(k) is not None and cfg.get(k) != v]
-    if wrong:
-      raise ConfigError(f"{path} was made for another base model: {', '.join(wrong)}; give an "
-                        f"adapter trained on this model")
+  check_base_model(cfg, config, path)
   if not np.all(np.isfinite(prompt)):
     raise ConfigError(f"{path}: the prompt holds NaN or infinite values")
   return prompt
@@ -244,17 +257,10 @@ def export_prefix_adapter(parts: dict, config: T5Config, output_dir: str, *,
   Raises:
     ConfigError: as `prefix_embeddings`, or an existing output.
   """
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   embeddings = prefix_embeddings(parts, config)
-  if os.path.exists(output_dir) and not overwrite:
-    raise ConfigError(f"{output_dir} exists; pass --overwrite to replace it")
-  with fileio.staged_directory(output_dir) as tmp:
-    os.makedirs(tmp)
-    save_file({WEIGHTS_KEY: np.ascontiguousarray(embeddings)}, os.path.join(tmp, WEIGHTS_FILE),
-              metadata={"format": "pt"})
-    with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
-      json.dump(prefix_adapter_config(embeddings.shape[0], config, base_model_name_or_path), f,
-                indent=2)
+  write_adapter(output_dir, {WEIGHTS_KEY: embeddings},
+                prefix_adapter_config(embeddings.shape[0], config, base_model_name_or_path),
+                overwrite)
 
 
 def read_prefix_embeddings(path: str, config: T5Config) -> np.ndarray:

@@ -19,14 +19,12 @@ sources' U and of their V: AVERAGE_SOURCE_TASKS), "task" (one source task's: EXA
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import sys
 from typing import Optional
 
 import numpy as np
 
-from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
 from spot_jax.serve import peft_io
@@ -75,20 +73,12 @@ def export_adapter(arrays: dict, config: T5Config, output_dir: str, *,
   Raises:
     ConfigError: shapes that do not make an MPT prompt of the model's width, or an existing output.
   """
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   length, embed, k, r = _check(arrays, "the MPT prompt")
   if embed != config.emb_dim:
     raise ConfigError(f"the MPT prompt has width {embed} but the model's is {config.emb_dim}; give a "
                       f"prompt trained for this model")
-  if os.path.exists(output_dir) and not overwrite:
-    raise ConfigError(f"{output_dir} exists; pass --overwrite to replace it")
-  tensors = {KEYS[n]: np.ascontiguousarray(np.asarray(a, np.float32)) for n, a in arrays.items()
-             if n in KEYS}
-  with fileio.staged_directory(output_dir) as tmp:
-    os.makedirs(tmp)
-    save_file(tensors, os.path.join(tmp, peft_io.WEIGHTS_FILE), metadata={"format": "pt"})
-    with open(os.path.join(tmp, peft_io.CONFIG_FILE), "w", encoding="utf-8") as f:
-      json.dump(adapter_config(length, k, r, config, base_model_name_or_path), f, indent=2)
+  peft_io.write_adapter(output_dir, {KEYS[n]: a for n, a in arrays.items() if n in KEYS},
+                        adapter_config(length, k, r, config, base_model_name_or_path), overwrite)
 
 
 def adapter_type(path: str) -> Optional[str]:
@@ -135,14 +125,7 @@ def read_adapter(path: str, config: Optional[T5Config] = None) -> dict[str, np.n
   if said != (length, embed, k, r):
     raise ConfigError(f"{path}: the weights are [L, E, K, r] = {[length, embed, k, r]} but the "
                       f"config says {list(said)}; give an adapter as peft writes it")
-  if config is not None:
-    want = {"token_dim": config.emb_dim, "num_attention_heads": config.num_heads,
-            "num_layers": config.num_encoder_layers}
-    wrong = [f"{n}={cfg.get(n)} (model: {v})" for n, v in want.items()
-             if cfg.get(n) is not None and cfg.get(n) != v]
-    if wrong:
-      raise ConfigError(f"{path} was made for another base model: {', '.join(wrong)}; give an "
-                        f"adapter trained on this model")
+  peft_io.check_base_model(cfg, config, str(path))
   return arrays
 
 
