@@ -13,9 +13,10 @@ and the process's peak host memory (ru_maxrss, cumulative over the rows of one r
 each round times one step of each method (order reversed every other round), and each row reports
 its paired step-time ratio to the first method (the median over the rounds).
 `--compilation_cache_dir` turns on JAX's persistent compilation cache, so a second run of the
-same shape skips compiling. `--vs=peft` / `--vs=t5x` time the PyTorch + PEFT / t5x + prompt-tuning
-counterparts in separate processes (`bench_peft`, `contrib.t5x.bench`). Benchmark in float32 on CPUs without bf16 hardware. Targets for speed
-and memory live here and in docs/benchmarks.md, never in timed tests.
+same shape skips compiling. `--vs=peft` times the PyTorch + PEFT counterparts, `--vs=t5x` t5x's
+train step of prompt-tuning's model and of spot-jax's contrib model (`bench.t5x_peer`), each in a
+separate process (`bench.peft`, `contrib.t5x.bench`). Benchmark in float32 on CPUs without bf16
+hardware. Targets for speed and memory live here and in docs/benchmarks.md, never in timed tests.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import numpy as np
 from spot_jax import backbone as backbone_lib
 from spot_jax import cli, fileio, models, partitioning
 from spot_jax.bench import peft as bench_peft
+from spot_jax.bench import t5x_peer
 from spot_jax.bench import worker as bench_worker
 from spot_jax.cli import distributed
 from spot_jax import runtime
@@ -133,6 +135,18 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
       "devices": jax.device_count(), "dropout_rng": dropout_rng, "malloc": runtime.applied(),
   }
   return _Run(model, step, state, frozen, batch, metrics, row)
+
+
+def prepare_run(method: str, config_name: str, batch_size: int, input_length: int,
+                target_length: int, prompt_length: int, **kwargs) -> _Run:
+  """`method`'s compiled train step under the bench's mesh, after 1 + `warmup` steps.
+
+  For a peer timing spot-jax's step in its own process (`contrib.t5x.bench --spot_jax_step`);
+  `kwargs` are `_prepare`'s (dropout_rate, warmup, seed, config_overrides, dropout_rng).
+  """
+  with _bench_mesh() as shardings:
+    return _prepare(method, config_name, batch_size, input_length, target_length, prompt_length,
+                    shardings, **kwargs)
 
 
 def _finish(run: _Run, times: Sequence[float], *, inference_steps: int,
@@ -269,56 +283,6 @@ def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = N
   return peft_row
 
 
-def run_t5x(row: dict, steps: int, warmup: int, compilation_cache_dir: str = "",
-            peer_malloc: str = "system") -> Optional[dict]:
-  """Times t5x + prompt-tuning on a spot-jax Prompt Tuning row's shape in a separate process.
-
-  Returns None for rows of other methods. Raises `ConfigError` when t5x is not importable.
-  `peer_malloc` as in `run_peft`.
-  """
-  if row["prompt_method"] != "prompt_tuning":
-    return None
-  shape = common.t5x_shape(bench_config(row["config"], row["config_overrides"]))
-  cmd = [sys.executable, "-m", "spot_jax.contrib.t5x.bench", f"--shape={json.dumps(shape)}",
-         f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
-         f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
-         f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}",
-         f"--compilation_cache_dir={compilation_cache_dir or ''}"]
-  if row["dropout_rng"] == "unsafe_rbg":
-    cmd.append("--use_hardware_rng")  # t5x's USE_HARDWARE_RNG: the same RNG for the dropout masks
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=_peer_env(peer_malloc))
-  if proc.returncode != 0:
-    last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-    if proc.returncode == cli.EXIT_USER_ERROR:
-      raise ConfigError(last.split(": error: ", 1)[-1])
-    raise RuntimeError(f"the t5x benchmark failed: {last}")
-  t5x_row = json.loads(proc.stdout.strip().splitlines()[-1])
-  t5x_row["speedup_of_spot_jax"] = t5x_row["step_sec_median"] / row["step_sec_median"]
-  t5x_row["compile_plus_first_step_ratio"] = (row["compile_plus_first_step_sec"]
-                                              / t5x_row["compile_plus_first_step_sec"])
-  return t5x_row
-
-
-def _t5x_table(rows: Sequence[dict]) -> str:
-  """spot-jax and t5x side by side; compile phases are differences of the cumulative timestamps."""
-  pairs = [(r, r["t5x"]) for r in rows if "t5x" in r]
-  if not pairs:
-    return ""
-  lines = ["", "| method | framework | step s (median) | spot-jax speed-up | trace+lower s | XLA compile s | "
-           "first step s | compile+1st s | StableHLO ops | optimized HLO ops | GFLOP/step | peak RSS GiB |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-  for ours, t5x in pairs:
-    for name, r, speedup in (("spot-jax", ours, "1.00x"), ("t5x + prompt-tuning", t5x,
-                                                          f"{t5x['speedup_of_spot_jax']:.2f}x")):
-      lines.append(
-          f"| {ours['method']} | {name} | {r['step_sec_median']:.3f} | {speedup} | {r['lower_sec']:.1f} "
-          f"| {r['compile_sec'] - r['lower_sec']:.1f} | {r['compile_plus_first_step_sec'] - r['compile_sec']:.1f} "
-          f"| {r['compile_plus_first_step_sec']:.1f} | {r['hlo_ops']['stablehlo']:,} "
-          f"| {r['hlo_ops']['optimized_hlo']:,} | {(r['flops_per_step'] or 0) / 1e9:.1f} "
-          f"| {r['peak_host_memory_bytes'] / 2**30:.2f} |")
-  return "\n".join(lines) + "\n"
-
-
 def _peft_table(rows: Sequence[dict]) -> str:
   peft_rows = [r for r in rows if "peft" in r]
   if not peft_rows:
@@ -363,8 +327,10 @@ def _parse(argv: Sequence[str]):
   parser.add_argument("--json", default=None, help="write the result rows to this file")
   parser.add_argument("--markdown", default=None, help="write a Markdown table to this file")
   parser.add_argument("--vs", default="", choices=("", "peft", "t5x"),
-                      help="also time the PyTorch + PEFT counterparts, or t5x + prompt-tuning's for the "
-                           "prompt_tuning rows (separate processes)")
+                      help="also time the PyTorch + PEFT counterparts, or t5x's step of prompt-tuning's "
+                           "model and of spot-jax's contrib model for the prompt_tuning rows "
+                           "(separate processes; with --interleave the t5x process also times "
+                           "spot-jax's step in interleaved rounds)")
   for name in OVERRIDE_FLAGS:
     parser.add_argument(f"--{name}", type=int, default=None,
                         help=f"override the config's {name}" + (" (encoder and decoder)"
@@ -448,13 +414,11 @@ def main(argv: Sequence[str]) -> int:
               f"spot-jax {peft_row['speedup_of_spot_jax']:.2f}x faster", flush=True)
   if args.vs == "t5x":
     for row in rows:
-      t5x_row = run_t5x(row, args.steps, args.warmup, args.compilation_cache_dir, args.peer_malloc)
-      if t5x_row is not None:
-        row["t5x"] = t5x_row
-        print(f"t5x + prompt-tuning for {row['method']}: {t5x_row['step_sec_median']:.3f} s/step, "
-              f"compile+1st {t5x_row['compile_plus_first_step_sec']:.1f} s; spot-jax "
-              f"{t5x_row['speedup_of_spot_jax']:.2f}x faster per step, compile+1st "
-              f"{row['compile_plus_first_step_sec']:.1f} s", flush=True)
+      peers = t5x_peer.run_t5x(row, args.steps, args.warmup, args.compilation_cache_dir,
+                               args.peer_malloc, args.interleave)
+      if peers is not None:
+        row.update(peers)
+        print("".join(line + "\n" for line in t5x_peer.summary_lines(row)), end="", flush=True)
   meta = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
           "matmul_peak_flops_per_sec": peak, "argv": list(argv), "rows": rows}
   if args.json:
@@ -465,7 +429,7 @@ def main(argv: Sequence[str]) -> int:
       f.write(f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s; `python -m spot_jax.bench "
               f"{' '.join(argv)}`\n\n" + markdown_table(rows)
               + "".join(f"\n{line}\n" for line in paired_lines(rows)) + _peft_table(rows)
-              + _t5x_table(rows))
+              + t5x_peer.table(rows))
   return 0
 
 
