@@ -25,7 +25,9 @@ from t5x import trainer as t5x_trainer
 from spot_jax import t5
 from spot_jax.bench import common
 from spot_jax.contrib.t5x import bench as t5x_bench
+from spot_jax.contrib.t5x import optim
 from spot_jax.contrib.t5x import partitioning
+from spot_jax.errors import ConfigError
 
 # Widths no activation shares: E=24, H*D=2*10, MLP=36, V=52; B*T = 2*(9+6) encoder, 2*5 decoder.
 CONFIG = t5.config_by_name("t5_1_1_test", dropout_rate=0.1).replace(
@@ -106,3 +108,23 @@ def test_backbone_bit_identical_after_t5x_steps_and_its_gradients_are_zero(froze
   assert not np.allclose(after["prompt/prompt"], before["prompt/prompt"])
   assert metrics["weight_gradient_rms/prompt/prompt"] > 0.0
   assert np.isfinite(metrics["loss"])
+
+
+def test_an_optimizer_of_the_backbone_is_refused_in_one_line_while_gradients_stop():
+  shapes = {"encoder_input_tokens": (2, 9), "decoder_input_tokens": (2, 5), "decoder_target_tokens": (2, 5)}
+  whole = ("from t5x import adafactor",  # t5x's Adafactor of every parameter
+           "spot_t5x_models.PromptEncoderDecoderModel.optimizer_def = @adafactor.Adafactor()")
+  model = t5x_bench.build_contrib_model(CONFIG, PROMPT_LENGTH, *whole)
+  with pytest.raises(ConfigError) as info:
+    model.get_initial_variables(jax.random.PRNGKey(0), shapes)
+  message = str(info.value)
+  assert "\n" not in message and message.startswith("the optimizer updates ")
+  params = t5x_bench.build_contrib_model(CONFIG, PROMPT_LENGTH).get_initial_variables(
+      jax.random.PRNGKey(0), shapes)["params"]
+  backbone = sorted("/".join(k) for k in traverse_util.flatten_dict(params) if k[0] != "prompt")
+  assert message.startswith(f"the optimizer updates {len(backbone)} backbone parameter(s) ({backbone[0]}, ")
+  assert optim.backbone_paths_updated(model.optimizer_def, params) == backbone
+  # The prompt-only optimizer passes; so does any optimizer without the stop (t5x's own way).
+  unfrozen = t5x_bench.build_contrib_model(
+      CONFIG, PROMPT_LENGTH, *whole, "spot_t5x_models.PromptEncoderDecoderModel.freeze_backbone = False")
+  assert "prompt" in unfrozen.get_initial_variables(jax.random.PRNGKey(0), shapes)["params"]
