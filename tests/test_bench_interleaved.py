@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from spot_jax.bench import common
+from spot_jax.bench import tables
 from spot_jax.bench import train_step as bench
 
 
@@ -17,7 +18,7 @@ def test_mfu_above_100_percent_is_flagged_not_reported():
   assert common.mfu(None, 1.0, 100.0) == {"mfu": None}
   assert common.mfu(50.0, 1.0, None) == {"mfu": None}
   row = {"mfu": None, "mfu_flagged": 1.2}
-  assert bench._cell(row, "mfu", "{:.1%}") == "flagged (>100%)"  # pylint: disable=protected-access
+  assert tables.cell(row, "mfu", "{:.1%}") == "flagged (>100%)"
 
 
 def test_matmul_peak_keeps_every_sample_and_its_maximum():

@@ -1,4 +1,5 @@
-"""`spot_jax.bench --vs=t5x`: t5x + prompt-tuning's step on the same shape (no timing assertions)."""
+"""`spot_jax.bench --vs=t5x`: t5x's step of prompt-tuning's model and of spot-jax's contrib model
+on the same shape (no timing assertions)."""
 import json
 import os
 import subprocess
@@ -44,25 +45,48 @@ def test_vs_t5x_runs_prompt_tunings_model_on_the_same_shape(tmp_path):
   assert t5x["trainable_params"] == ours["trainable_params"] == 4 * 32
   assert t5x["frozen_params"] == ours["frozen_params"]
   assert t5x["speedup_of_spot_jax"] == pytest.approx(t5x["step_sec_median"] / ours["step_sec_median"])
-  for row in (ours, t5x):
+  # spot-jax's contrib model under t5x's Trainer: the same parameters, and XLA's FLOPs of the step
+  # within 1% of spot-jax's own step (t5x's metrics and z-loss; no frozen-weight gradient).
+  contrib = ours["t5x_contrib"]
+  assert (contrib["model"], contrib["framework"]) == ("contrib", "t5x + spot-jax contrib")
+  assert contrib["shape"] == t5x["shape"] and contrib["batch_size"] == t5x["batch_size"] == 2
+  assert (contrib["trainable_params"], contrib["frozen_params"]) == (ours["trainable_params"], ours["frozen_params"])
+  assert ours["flops_per_step"] <= contrib["flops_per_step"] <= 1.01 * ours["flops_per_step"]
+  assert "t5x_process_spot_jax" not in ours and "paired_step_ratio" not in contrib  # not interleaved
+  for row in (ours, t5x, contrib):
     assert row["lower_sec"] < row["compile_sec"] < row["compile_plus_first_step_sec"]
     assert row["hlo_ops"]["stablehlo"] > 0 and row["hlo_ops"]["optimized_hlo"] > 0
     assert row["flops_per_step"] > 0 and row["peak_host_memory_bytes"] > 0
   text = md.read_text()
   assert "| prompt_tuning | t5x + prompt-tuning |" in text and "| prompt_tuning | spot-jax |" in text
+  assert "| prompt_tuning | t5x + spot-jax contrib |" in text
   assert ours["dropout_rng"] == "threefry" and not t5x["use_hardware_rng"]
   assert "threefry" in t5x["prng_impl"]
 
 
 @needs_t5x
-def test_vs_t5x_pairs_unsafe_rbg_with_t5xs_hardware_rng(tmp_path):
+def test_vs_t5x_pairs_unsafe_rbg_with_t5xs_hardware_rng_and_interleaves(tmp_path):
   out = tmp_path / "bench.json"
-  assert bench.main(TINY + ["--methods=prompt_tuning", "--vs=t5x", "--dropout_rate=0.1",
-                            "--dropout_rng=unsafe_rbg", f"--json={out}"]) == 0
+  assert bench.main(TINY + ["--methods=prompt_tuning", "--vs=t5x", "--dropout_rate=0.1", "--steps=2",
+                            "--dropout_rng=unsafe_rbg", "--interleave", f"--json={out}"]) == 0
   row = json.loads(out.read_text())["rows"][0]
   assert row["dropout_rng"] == "unsafe_rbg"
-  assert row["t5x"]["use_hardware_rng"] and "unsafe_rbg" in row["t5x"]["prng_impl"]
-  assert row["t5x"]["final_loss"] > 0
+  for key in ("t5x", "t5x_contrib"):
+    assert row[key]["use_hardware_rng"] and "unsafe_rbg" in row[key]["prng_impl"]
+    assert row[key]["final_loss"] > 0
+  # --interleave: the t5x process also ran spot-jax's own step; each row's paired ratio is the
+  # median over rounds of its step time over that step's in the same round.
+  own = row["t5x_process_spot_jax"]
+  assert own["dropout_rng"] == "unsafe_rbg" and own["paired_step_ratio"] == 1.0
+  # The parent's step, but under t5x's USE_HARDWARE_RNG every key of the process is unsafe_rbg
+  # (the parent's state keys stay threefry): a few key-handling ops differ.
+  assert own["flops_per_step"] == pytest.approx(row["flops_per_step"], rel=1e-2)
+  assert own["trainable_params"] == row["trainable_params"] and own["frozen_params"] == row["frozen_params"]
+  for key in ("t5x", "t5x_contrib"):
+    peer = row[key]
+    assert peer["timing"] == "interleaved" and len(peer["step_sec_all"]) == 2
+    ratios = [t / f for t, f in zip(peer["step_sec_all"], own["step_sec_all"])]
+    assert peer["paired_step_ratio"] == pytest.approx(sum(ratios) / 2)
 
 
 def _without_t5x_env():
@@ -102,9 +126,13 @@ def test_bench_rejects_bad_shape_and_vs_input(capsys, args, message):
   assert len(err) == 1 and err[0].startswith("spot_jax.bench: error: ") and message in err[0]
 
 
-@pytest.mark.parametrize("shape,message", [("{", "--shape is not JSON"), ('{"emb_dim": 8}', "--shape lacks")])
-def test_bench_t5x_rejects_bad_shape(capsys, shape, message):
-  assert cli.run(bench_t5x.main, [f"--shape={shape}"], "spot_jax.contrib.t5x.bench") == 2
+@pytest.mark.parametrize("args,message", [
+    (["--shape={"], "--shape is not JSON"), (['--shape={"emb_dim": 8}'], "--shape lacks"),
+    (["--shape=" + json.dumps({k: 8 for k in common.SHAPE_KEYS}), "--models=pt,contrib"],
+     "--models='pt,contrib': unknown or no model; valid: prompt_tuning, contrib"),
+])
+def test_bench_t5x_rejects_bad_input(capsys, args, message):
+  assert cli.run(bench_t5x.main, args, "spot_jax.contrib.t5x.bench") == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("spot_jax.contrib.t5x.bench: error: ") and message in err[0]
 

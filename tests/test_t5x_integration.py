@@ -1,13 +1,17 @@
 """spot-jax's prompt methods under `python -m t5x.train` (skips with a reason without t5x).
 
 For each method, 5 real t5x.train steps on CPU from the real tiny T5X checkpoint on the local
-synthetic task: only prompt-side parameters change, the prompt is exported at every save, and
-the exported prompt gives the same logits in spot-jax's own model (and runs in spot_jax.eval).
+synthetic task: the checkpoints hold the prompt side only, the prompt is exported at every save,
+and the exported prompt gives the same logits in spot-jax's own model (and runs in
+spot_jax.eval). A run stopped and restarted (its backbone re-read from INITIAL_CHECKPOINT_PATH)
+ends bit-identical to an uninterrupted one. That t5x's step leaves the backbone bit-identical
+and computes no gradient for it: tests/test_t5x_frozen_backbone.py.
 """
 from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -18,14 +22,15 @@ pytest.importorskip("t5x.train", reason="t5x is not importable (install it from 
 
 import gin  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
-import orbax.checkpoint as ocp
 from flax import traverse_util
+from t5x import checkpoints
 
 from spot_jax import eval as spot_eval
 from spot_jax.train import evaluator as evaluator_lib
 from spot_jax import models
 from spot_jax import prompts
 from spot_jax import t5
+from spot_jax.contrib.t5x import checkpointer
 from spot_jax.contrib.t5x import state_fns
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -47,13 +52,19 @@ def _env():
   return env
 
 
-def _t5x_train(method: str, model_dir: pathlib.Path, checkpoint: pathlib.Path, *extra: str):
+def _t5x_train(method: str, model_dir: pathlib.Path, checkpoint: pathlib.Path, *extra: str,
+               steps: int = STEPS):
   cmd = [sys.executable, "-m", "t5x.train", f"--gin_search_paths={REPO}",
          f"--gin_file=gin/t5x/models/t5_1_1_tiny_{method}.gin",
          "--gin_file=gin/t5x/runs/prompt_tune.gin", "--gin_file=gin/t5x/test/synthetic.gin",
          f"--gin.MODEL_DIR='{model_dir}'", f"--gin.INITIAL_CHECKPOINT_PATH='{checkpoint}'",
-         f"--gin.TRAIN_STEPS={STEPS}"] + [f"--gin.{b}" for b in BINDINGS + list(extra)]
+         f"--gin.TRAIN_STEPS={steps}"] + [f"--gin.{b}" for b in BINDINGS + list(extra)]
   return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+
+
+def _checkpoint(run_dir: pathlib.Path, step: int) -> dict:
+  """A checkpoint of the run as t5x reads it ({"target": ..., "state": ...}, NumPy)."""
+  return checkpoints.load_t5x_checkpoint(str(run_dir / f"checkpoint_{step}"))
 
 
 def _model(method: str):
@@ -72,22 +83,24 @@ def _flat(tree):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_t5x_train_updates_only_the_prompt_and_exports_it(method, tiny_checkpoint, tmp_path):
+def test_t5x_train_saves_and_exports_the_prompt_side_only(method, tiny_checkpoint, tmp_path):
   run = _t5x_train(method, tmp_path / "run", tiny_checkpoint)
   assert run.returncode == 0, run.stderr[-3000:]
   run_dir = tmp_path / "run"
-  final = ocp.PyTreeCheckpointer().restore(str(run_dir / f"checkpoint_{STEPS}" / "state"))
-  start = ocp.PyTreeCheckpointer().restore(str(run_dir / "checkpoint_0" / "state"))
+  final = _checkpoint(run_dir, STEPS)
+  start = _checkpoint(run_dir, 0)
   assert int(final["state"]["step"]) == STEPS
 
-  # Backbone: bit-identical to the official checkpoint (spot-jax's strict loader reads it).
+  # Checkpoints: the prompt side and its optimizer state, never the frozen backbone, whose path
+  # the run records for its restarts.
+  for state in (start, final):
+    assert list(state["target"]) == ["prompt"]
+    opt_state = traverse_util.flatten_dict(state["state"]["param_states"], sep="/")
+    assert [k for k, v in opt_state.items() if v is not None and not k.startswith("prompt/")] == []
+  assert (run_dir / checkpointer.BACKBONE_FILE).read_text().strip() == (
+      f'{{"backbone_path": "{tiny_checkpoint}"}}')
   config = t5.config_by_name("t5_1_1_tiny")
-  official = _flat(t5.load_checkpoint(str(tiny_checkpoint), config))
-  trained = _flat(final["target"])
-  backbone = {k: v for k, v in trained.items() if not k.startswith("prompt/")}
-  assert sorted(backbone) == sorted(official)
-  for name, value in official.items():
-    np.testing.assert_array_equal(backbone[name], value, err_msg=name)
+  backbone_params = t5.load_checkpoint(str(tiny_checkpoint), config)
   # Prompt side: every prompt parameter moved in 5 steps.
   before = _flat(start["target"]["prompt"])
   after = _flat(final["target"]["prompt"])
@@ -113,8 +126,8 @@ def test_t5x_train_updates_only_the_prompt_and_exports_it(method, tiny_checkpoin
   batch = {"encoder_input_tokens": jnp.asarray(np.where(np.arange(12) < 9, rng.randint(3, 250, (4, 12)), 0), jnp.int32),
            "decoder_input_tokens": jnp.asarray(rng.randint(3, 250, (4, 5)), jnp.int32),
            "decoder_target_tokens": jnp.asarray(rng.randint(3, 250, (4, 5)), jnp.int32)}
-  t5x_logits = model._compute_logits(final["target"], batch)  # pylint: disable=protected-access
-  backbone_params = t5.load_checkpoint(str(tiny_checkpoint), config)
+  t5x_params = models.merge_params(backbone_params, final["target"])
+  t5x_logits = model._compute_logits(t5x_params, batch)  # pylint: disable=protected-access
   if method == "smop":
     module, prompt_params = model.module, raw
   else:
@@ -128,7 +141,7 @@ def test_t5x_train_updates_only_the_prompt_and_exports_it(method, tiny_checkpoin
 
   if method == "prompt_tuning":
     # t5x's inference path (seqio evaluation under t5x) decodes like spot-jax's model.
-    t5x_tokens = model.predict_batch(final["target"], batch)
+    t5x_tokens = model.predict_batch(t5x_params, batch)
     spot_tokens = spot_model.predict_batch(models.merge_params(backbone_params, prompt_params),
                                            batch["encoder_input_tokens"], max_decode_length=5)
     np.testing.assert_array_equal(np.asarray(t5x_tokens), np.asarray(spot_tokens))
@@ -140,6 +153,40 @@ def test_t5x_train_updates_only_the_prompt_and_exports_it(method, tiny_checkpoin
                                  initial_checkpoint_path=str(tiny_checkpoint),
                                  output_dir=str(tmp_path / "eval"))
     assert "accuracy" in metrics["spot_synthetic_sentiment_v100"]
+
+
+def test_t5x_train_restart_rereads_the_backbone_and_resumes_exactly(tiny_checkpoint, tmp_path):
+  # Both runs see the same batches: a fixed shuffle seed (t5x's default draws one from the clock)
+  # and the dataset position saved with each checkpoint (t5x's save_dataset).
+  dataset = "utils.SaveCheckpointConfig.save_dataset=True"
+  seed = "train/utils.DatasetConfig.seed=0"
+  straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+  for run in (_t5x_train("prompt_tuning", straight, tiny_checkpoint, dataset, seed, steps=4),
+              _t5x_train("prompt_tuning", stopped, tiny_checkpoint, dataset, seed, steps=2),
+              _t5x_train("prompt_tuning", stopped, tiny_checkpoint, dataset, seed, steps=4)):
+    assert run.returncode == 0, run.stderr[-3000:]
+  assert "Initializing parameters from specific T5X checkpoint " + str(stopped / "checkpoint_2") in run.stderr
+  assert f"Restoring from checkpoint: {tiny_checkpoint}/checkpoint" in run.stderr  # the backbone, re-read
+
+  expected, resumed = _checkpoint(straight, 4), _checkpoint(stopped, 4)
+  assert list(resumed["target"]) == ["prompt"] and int(resumed["state"]["step"]) == 4
+  flat_expected = traverse_util.flatten_dict(expected, sep="/")
+  flat_resumed = traverse_util.flatten_dict(resumed, sep="/")
+  assert sorted(flat_resumed) == sorted(flat_expected)
+  for name, value in flat_expected.items():
+    if value is not None:
+      np.testing.assert_array_equal(flat_resumed[name], value, err_msg=name)
+  np.testing.assert_array_equal(np.load(stopped / "prompts" / "prompt_step_4.npy"),
+                                np.load(straight / "prompts" / "prompt_step_4.npy"))
+
+  # Restarting on another backbone is refused, naming the one the run was trained against.
+  moved = tmp_path / "other_backbone" / "checkpoint_3"
+  shutil.copytree(tiny_checkpoint, moved)
+  run = _t5x_train("prompt_tuning", stopped, moved, dataset, seed, steps=5)
+  assert run.returncode != 0
+  assert (f"trained against the backbone {tiny_checkpoint}; INITIAL_CHECKPOINT_PATH is {moved}; "
+          f"valid: INITIAL_CHECKPOINT_PATH='{tiny_checkpoint}'") in run.stderr, run.stderr[-3000:]
+  assert not (stopped / "checkpoint_5").exists()
 
 
 def _state(params: dict, with_opt: bool = True) -> dict:

@@ -16,9 +16,10 @@ its paired step-time ratio to the first method (the median over the rounds) besi
 ratio. `--input_lengths=64,128,256` runs every method at each length (interleaved: all in one
 run, each length's rows paired with the first method at that length).
 `--compilation_cache_dir` turns on JAX's persistent compilation cache, so a second run of the
-same shape skips compiling. `--vs=peft` / `--vs=t5x` time the PyTorch + PEFT / t5x + prompt-tuning
-counterparts in separate processes (`bench_peft`, `contrib.t5x.bench`). Benchmark in float32 on CPUs without bf16 hardware. Targets for speed
-and memory live here and in docs/benchmarks.md, never in timed tests.
+same shape skips compiling. `--vs=peft` times the PyTorch + PEFT counterparts, `--vs=t5x` t5x's
+train step of prompt-tuning's model and of spot-jax's contrib model (`bench.t5x_peer`), each in a
+separate process (`bench.peft`, `contrib.t5x.bench`). Benchmark in float32 on CPUs without bf16
+hardware. Targets for speed and memory live here and in docs/benchmarks.md, never in timed tests.
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -37,7 +37,9 @@ import numpy as np
 
 from spot_jax import backbone as backbone_lib
 from spot_jax import cli, fileio, models, partitioning
-from spot_jax.bench import peft as bench_peft
+from spot_jax.bench import peft_peer
+from spot_jax.bench.tables import markdown_table, paired_lines
+from spot_jax.bench import t5x_peer
 from spot_jax.bench import worker as bench_worker
 from spot_jax.cli import distributed, flags
 from spot_jax import runtime
@@ -138,6 +140,18 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
   return _Run(model, step, state, frozen, batch, metrics, row)
 
 
+def prepare_run(method: str, config_name: str, batch_size: int, input_length: int,
+                target_length: int, prompt_length: int, **kwargs) -> _Run:
+  """`method`'s compiled train step under the bench's mesh, after 1 + `warmup` steps.
+
+  For a peer timing spot-jax's step in its own process (`contrib.t5x.bench --spot_jax_step`);
+  `kwargs` are `_prepare`'s (dropout_rate, warmup, seed, config_overrides, dropout_rng).
+  """
+  with _bench_mesh() as shardings:
+    return _prepare(method, config_name, batch_size, input_length, target_length, prompt_length,
+                    shardings, **kwargs)
+
+
 def _finish(run: _Run, times: Sequence[float], *, inference_steps: int,
             peak: Optional[common.MatmulPeak], timing: str) -> dict:
   """The result row: `run`'s build-time fields, its step times and its inference step."""
@@ -217,155 +231,6 @@ def bench_methods(methods: Sequence[str], config_name: str, batch_size: int, inp
   return rows
 
 
-def paired_lines(rows: Sequence[dict]) -> list[str]:
-  """One line per interleaved row that is not its length's first: its paired step ratio to the
-  first method, beside the FLOP ratio."""
-  lines, firsts = [], set()
-  for r in rows:
-    if "paired_step_ratio" not in r or r["input_length"] not in firsts:
-      firsts.add(r["input_length"])
-      continue
-    line = (f"{r['method']} / {r['paired_with']} at {r['input_length']} input tokens: step time "
-            f"{r['paired_step_ratio']:.3f} (median over {r['steps']} interleaved rounds)")
-    if r.get("flop_ratio"):
-      line += (f", FLOPs {r['flop_ratio']:.3f}; time / FLOP ratio "
-               f"{r['paired_step_ratio'] / r['flop_ratio']:.3f}")
-    lines.append(line)
-  return lines
-
-
-_COLUMNS = (("method", "method", "{}"), ("input T", "input_length", "{}"),
-            ("devices", "devices", "{}"),
-            ("step s (median)", "step_sec_median", "{:.3f}"),
-            ("ex/s", "examples_per_sec", "{:.2f}"), ("tok/s", "tokens_per_sec", "{:.0f}"),
-            ("GFLOP/step", "flops_per_step", "{:.1f}"), ("MFU", "mfu", "{:.1%}"),
-            ("infer s", "inference_step_sec_median", "{:.3f}"), ("compile s", "compile_sec", "{:.1f}"),
-            ("compile+1st s", "compile_plus_first_step_sec", "{:.1f}"),
-            ("trainable", "trainable_params", "{:,}"), ("peak RSS GiB", "peak_host_memory_bytes", "{:.2f}"))
-
-
-def _cell(row: dict, key: str, fmt: str) -> str:
-  value = row.get(key)
-  if key == "mfu" and row.get("mfu_flagged"):
-    return "flagged (>100%)"  # the peak was measured slower than the step ran: not an MFU
-  if value is None:
-    return "-"
-  if key == "flops_per_step":
-    value = value / 1e9
-  if key == "peak_host_memory_bytes":
-    value = value / 2 ** 30
-  return fmt.format(value)
-
-
-def markdown_table(rows: Sequence[dict]) -> str:
-  """The rows as a GitHub Markdown table."""
-  lines = ["| " + " | ".join(c[0] for c in _COLUMNS) + " |",
-           "|" + "|".join("---" for _ in _COLUMNS) + "|"]
-  lines += ["| " + " | ".join(_cell(r, k, f) for _, k, f in _COLUMNS) + " |" for r in rows]
-  return "\n".join(lines) + "\n"
-
-
-PEFT_COUNTERPART = {"prompt_tuning": "pt", "residual": "ptune"}
-
-
-def _peer_env(peer_malloc: str) -> dict:
-  """The environment of a peer's process: this one's, with SPOT_JAX_MALLOC=`peer_malloc`."""
-  return dict(os.environ, **{runtime.ENV: peer_malloc})
-
-
-def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = None,
-             peer_malloc: str = "system") -> Optional[dict]:
-  """Times the PEFT counterpart of a spot-jax row in a separate process; None if it has none.
-
-  `peer_malloc` "keep" has it apply `runtime.keep_heap()` as spot-jax does (glibc's part for
-  PyTorch; both parts for t5x).
-  """
-  method = PEFT_COUNTERPART.get(row["prompt_method"])
-  if method is None:
-    return None
-  shape = bench_peft.hf_shape(bench_config(row["config"], row["config_overrides"]))
-  cmd = [sys.executable, "-m", "spot_jax.bench.peft", f"--method={method}", f"--shape={json.dumps(shape)}",
-         f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
-         f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
-         f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}"]
-  if peak_flops:
-    cmd.append(f"--peak_flops={peak_flops}")
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=_peer_env(peer_malloc))
-  if proc.returncode != 0:
-    raise RuntimeError(f"the PEFT benchmark failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-  peft_row = json.loads(proc.stdout.strip().splitlines()[-1])
-  peft_row["speedup_of_spot_jax"] = peft_row["step_sec_median"] / row["step_sec_median"]
-  return peft_row
-
-
-def run_t5x(row: dict, steps: int, warmup: int, compilation_cache_dir: str = "",
-            peer_malloc: str = "system") -> Optional[dict]:
-  """Times t5x + prompt-tuning on a spot-jax Prompt Tuning row's shape in a separate process.
-
-  Returns None for rows of other methods. Raises `ConfigError` when t5x is not importable.
-  `peer_malloc` as in `run_peft`.
-  """
-  if row["prompt_method"] != "prompt_tuning":
-    return None
-  shape = common.t5x_shape(bench_config(row["config"], row["config_overrides"]))
-  cmd = [sys.executable, "-m", "spot_jax.contrib.t5x.bench", f"--shape={json.dumps(shape)}",
-         f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
-         f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
-         f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}",
-         f"--compilation_cache_dir={compilation_cache_dir or ''}"]
-  if row["dropout_rng"] == "unsafe_rbg":
-    cmd.append("--use_hardware_rng")  # t5x's USE_HARDWARE_RNG: the same RNG for the dropout masks
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=_peer_env(peer_malloc))
-  if proc.returncode != 0:
-    last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-    if proc.returncode == cli.EXIT_USER_ERROR:
-      raise ConfigError(last.split(": error: ", 1)[-1])
-    raise RuntimeError(f"the t5x benchmark failed: {last}")
-  t5x_row = json.loads(proc.stdout.strip().splitlines()[-1])
-  t5x_row["speedup_of_spot_jax"] = t5x_row["step_sec_median"] / row["step_sec_median"]
-  t5x_row["compile_plus_first_step_ratio"] = (row["compile_plus_first_step_sec"]
-                                              / t5x_row["compile_plus_first_step_sec"])
-  return t5x_row
-
-
-def _t5x_table(rows: Sequence[dict]) -> str:
-  """spot-jax and t5x side by side; compile phases are differences of the cumulative timestamps."""
-  pairs = [(r, r["t5x"]) for r in rows if "t5x" in r]
-  if not pairs:
-    return ""
-  lines = ["", "| method | framework | step s (median) | spot-jax speed-up | trace+lower s | XLA compile s | "
-           "first step s | compile+1st s | StableHLO ops | optimized HLO ops | GFLOP/step | peak RSS GiB |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-  for ours, t5x in pairs:
-    for name, r, speedup in (("spot-jax", ours, "1.00x"), ("t5x + prompt-tuning", t5x,
-                                                          f"{t5x['speedup_of_spot_jax']:.2f}x")):
-      lines.append(
-          f"| {ours['method']} | {name} | {r['step_sec_median']:.3f} | {speedup} | {r['lower_sec']:.1f} "
-          f"| {r['compile_sec'] - r['lower_sec']:.1f} | {r['compile_plus_first_step_sec'] - r['compile_sec']:.1f} "
-          f"| {r['compile_plus_first_step_sec']:.1f} | {r['hlo_ops']['stablehlo']:,} "
-          f"| {r['hlo_ops']['optimized_hlo']:,} | {(r['flops_per_step'] or 0) / 1e9:.1f} "
-          f"| {r['peak_host_memory_bytes'] / 2**30:.2f} |")
-  return "\n".join(lines) + "\n"
-
-
-def _peft_table(rows: Sequence[dict]) -> str:
-  peft_rows = [r for r in rows if "peft" in r]
-  if not peft_rows:
-    return ""
-  lines = ["", "| method | spot-jax step s | PEFT method | PEFT step s | spot-jax speed-up | "
-           "spot-jax MFU | PEFT MFU | PEFT MFU at spot-jax's FLOPs | spot-jax peak RSS GiB | "
-           "PEFT peak RSS GiB | malloc (spot-jax / PEFT) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-  for r in peft_rows:
-    p = r["peft"]
-    # PEFT does the same arithmetic: its MFU if XLA's FLOP count of the same step is used.
-    same_flops = {"mfu": r["mfu"] * r["step_sec_median"] / p["step_sec_median"] if r.get("mfu") else None}
-    lines.append(f"| {r['method']} | {r['step_sec_median']:.3f} | {p['method']} | {p['step_sec_median']:.3f} "
-                 f"| {p['speedup_of_spot_jax']:.2f}x | {_cell(r, 'mfu', '{:.1%}')} | {_cell(p, 'mfu', '{:.1%}')} "
-                 f"| {_cell(same_flops, 'mfu', '{:.1%}')} | {r['peak_host_memory_bytes'] / 2**30:.2f} "
-                 f"| {p['peak_host_memory_bytes'] / 2**30:.2f} | {r.get('malloc', '?')} / {p.get('malloc', '?')} |")
-  return "\n".join(lines) + "\n"
-
-
 def _parse(argv: Sequence[str]):
   parser = cli.ArgumentParser(prog="spot_jax.bench", description=__doc__.splitlines()[0])
   flags.add_backbone(parser, required=False, gin_files=False, checkpoint=False, seed=False,
@@ -395,8 +260,10 @@ def _parse(argv: Sequence[str]):
   parser.add_argument("--json", default=None, help="write the result rows to this file")
   parser.add_argument("--markdown", default=None, help="write a Markdown table to this file")
   parser.add_argument("--vs", default="", choices=("", "peft", "t5x"),
-                      help="also time the PyTorch + PEFT counterparts, or t5x + prompt-tuning's for the "
-                           "prompt_tuning rows (separate processes)")
+                      help="also time the PyTorch + PEFT counterparts, or t5x's step of prompt-tuning's "
+                           "model and of spot-jax's contrib model for the prompt_tuning rows "
+                           "(separate processes; with --interleave the t5x process also times "
+                           "spot-jax's step in interleaved rounds)")
   for name in OVERRIDE_FLAGS:
     parser.add_argument(f"--{name}", type=int, default=None,
                         help=f"override the config's {name}" + (" (encoder and decoder)"
@@ -481,7 +348,7 @@ def main(argv: Sequence[str]) -> int:
             end="\n" if len(rows) > 1 else "", flush=True)
   if args.vs == "peft":
     for row in rows:
-      peft_row = run_peft(row, args.steps, args.warmup, peak.max, args.peer_malloc)
+      peft_row = peft_peer.run_peft(row, args.steps, args.warmup, peak.max, args.peer_malloc)
       if peft_row is not None:
         peft_row.update(common.mfu(peft_row["flops_per_step"], peft_row["step_sec_median"],
                                    peak.max))
@@ -490,13 +357,11 @@ def main(argv: Sequence[str]) -> int:
               f"spot-jax {peft_row['speedup_of_spot_jax']:.2f}x faster", flush=True)
   if args.vs == "t5x":
     for row in rows:
-      t5x_row = run_t5x(row, args.steps, args.warmup, args.compilation_cache_dir, args.peer_malloc)
-      if t5x_row is not None:
-        row["t5x"] = t5x_row
-        print(f"t5x + prompt-tuning for {row['method']}: {t5x_row['step_sec_median']:.3f} s/step, "
-              f"compile+1st {t5x_row['compile_plus_first_step_sec']:.1f} s; spot-jax "
-              f"{t5x_row['speedup_of_spot_jax']:.2f}x faster per step, compile+1st "
-              f"{row['compile_plus_first_step_sec']:.1f} s", flush=True)
+      peers = t5x_peer.run_t5x(row, args.steps, args.warmup, args.compilation_cache_dir,
+                               args.peer_malloc, args.interleave)
+      if peers is not None:
+        row.update(peers)
+        print("".join(line + "\n" for line in t5x_peer.summary_lines(row)), end="", flush=True)
   for row in rows:  # every MFU over the largest peak of the whole run
     row.pop("mfu_flagged", None)
     row.update(common.mfu(row["flops_per_step"], row["step_sec_median"], peak.max),
@@ -516,8 +381,8 @@ def main(argv: Sequence[str]) -> int:
       f.write(f"float32 matmul peak {peak.max / 1e9:.1f} GFLOP/s (largest of {len(peak.samples)} "
               f"samples); `python -m spot_jax.bench "
               f"{' '.join(argv)}`\n\n" + markdown_table(rows)
-              + "".join(f"\n{line}\n" for line in paired_lines(rows)) + _peft_table(rows)
-              + _t5x_table(rows))
+              + "".join(f"\n{line}\n" for line in paired_lines(rows)) + peft_peer.table(rows)
+              + t5x_peer.table(rows))
   return 0
 
 

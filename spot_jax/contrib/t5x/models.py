@@ -7,7 +7,14 @@ tree is a T5X checkpoint's plus a `prompt/` subtree. What differs from t5x's own
 - initial variables: spot-jax creates parameters boxed with logical axis names; t5x wants raw
   arrays plus a `params_axes` collection (`<name>_axes`), which is built from those boxes;
 - decoding: the encoder output is longer than the input by the prompt, so prediction uses
-  spot-jax's generation (greedy, beam or sampling), which knows the prompted encoder mask.
+  spot-jax's generation (greedy, beam or sampling), which knows the prompted encoder mask;
+- training: `loss_fn` stops the gradients at every parameter outside the top-level `prompt/`
+  subtree (`freeze_backbone`, on by default). t5x's step still takes `jax.value_and_grad` of the
+  whole tree, but the frozen weights' cotangents are symbolic zeros: JAX emits no backward
+  matmul for them, whatever reads the gradients afterwards (t5x's `WeightMetricsComputer`, an
+  optax gradient clip), and they come out as zeros that the prompt-only `MultiOptimizer`
+  ignores. The optimizer must therefore update only `prompt/` (checked when t5x builds the
+  initial variables).
 
 Training batches must be unpacked (`pack = False`, as in gin/t5x/runs/prompt_tune.gin): a
 soft prompt attaches to one example per row.
@@ -25,6 +32,8 @@ from flax.linen import partitioning as flax_partitioning
 from t5x import models as t5x_models
 
 from spot_jax import models as spot_models
+from spot_jax.contrib.t5x import optim
+from spot_jax.errors import ConfigError
 from spot_jax.t5 import generation
 
 DECODE_METHODS = ("greedy", "beam", "sample")
@@ -48,6 +57,12 @@ def params_and_axes(boxed: Mapping[str, Any]) -> tuple[dict, dict]:
   return traverse_util.unflatten_dict(params), traverse_util.unflatten_dict(axes)
 
 
+def stop_backbone_gradients(params: Mapping[str, Any]) -> dict:
+  """`params` with `jax.lax.stop_gradient` on every top-level subtree except `prompt/`."""
+  return {k: v if k == optim.PROMPT_PREFIX else jax.tree.map(jax.lax.stop_gradient, v)
+          for k, v in params.items()}
+
+
 class PromptEncoderDecoderModel(t5x_models.EncoderDecoderModel):
   """t5x's EncoderDecoderModel for `spot_jax.t5.Transformer` with a prompt module.
 
@@ -56,16 +71,27 @@ class PromptEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     decode_method: "greedy", "beam" or "sample" for inference evaluation.
     num_beams: beams for "beam".
     beam_alpha: beam search length-penalty exponent.
+    freeze_backbone: stop the gradients at every parameter outside `prompt/` in `loss_fn`
+      (the optimizer must then update `prompt/` only, e.g. `optim.prompt_only`); False
+      differentiates the whole tree, as t5x's own models do.
   """
 
   def __init__(self, module: nn.Module, *args, decode_method: str = "greedy", num_beams: int = 4,
-               beam_alpha: float = 0.6, **kwargs):
+               beam_alpha: float = 0.6, freeze_backbone: bool = True, **kwargs):
     if decode_method not in DECODE_METHODS:
       raise ValueError(f"decode_method={decode_method!r}; valid: {', '.join(DECODE_METHODS)}")
     self.decode_method = decode_method
     self.num_beams = num_beams
     self.beam_alpha = beam_alpha
+    self.freeze_backbone = freeze_backbone
     super().__init__(module, *args, **kwargs)
+
+  def loss_fn(self, params: Any, batch: Mapping[str, jnp.ndarray],
+              dropout_rng: Optional[jax.Array]) -> tuple[jnp.ndarray, Any]:
+    """t5x's loss and metrics; with `freeze_backbone` only `prompt/` carries gradients."""
+    if self.freeze_backbone:
+      params = stop_backbone_gradients(params)
+    return super().loss_fn(params, batch, dropout_rng)
 
   def get_initial_variables(self, rng: jax.Array, input_shapes: Mapping[str, Any],
                             input_types: Optional[Mapping[str, Any]] = None
@@ -85,6 +111,14 @@ class PromptEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     variables = self.module.init(rngs, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
                                  batch["decoder_target_tokens"], enable_dropout=False)
     params, axes = params_and_axes(variables["params"])
+    if self.freeze_backbone and self.optimizer_def is not None:
+      updated = optim.backbone_paths_updated(self.optimizer_def, params)
+      if updated:
+        raise ConfigError(
+            f"the optimizer updates {len(updated)} backbone parameter(s) ({', '.join(updated[:3])}"
+            f"{', ...' if len(updated) > 3 else ''}) whose gradients freeze_backbone stops; valid: an "
+            f"optimizer of prompt/ only (spot_t5x_optim.prompt_only, gin/t5x/models/common.gin) or "
+            f"PromptEncoderDecoderModel.freeze_backbone = False")
     return flax.core.freeze({"params": params, "params_axes": axes})
 
   def predict_batch_with_aux(self, params: Any, batch: Mapping[str, jnp.ndarray],
