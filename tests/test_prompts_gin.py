@@ -41,7 +41,7 @@ BACKBONE_FILES = {
                  {"shared_mlp": True, "skip": True, "length": 10}),
     "residual_per_token": (["PROMPT_LENGTH = 10", "BOTTLENECK = 16"], prompts.ResidualPrompt,
                            {"shared_mlp": False}),
-    "dept": (["MAX_INPUT_LENGTH = 32"], prompts.DePT, {"length": 40, "rank": 45, "max_length": 32}),
+    "dept": (["MAX_INPUT_LENGTH = 32", "LEARNING_RATE = 0.3"], prompts.DePT, {"length": 40, "rank": 45, "max_length": 32}),
     "residual_smop": (["BOTTLENECK = 16"], prompts.ResidualSMoP,
                       {"num_prompts": 4, "length": 5, "shared_mlp": True}),
     "prefix_tuning": (["PROMPT_LENGTH = 4"], prompts.PrefixTuning,
@@ -125,7 +125,7 @@ def test_file_builds_a_module_that_creates_its_params(name):
   if deep_method:  # a record of per-layer prefixes or tokens (prompts/deep.py)
     parts = prompts.deep.from_record(exported)
     assert all(v.shape[0] == 2 and module.length in v.shape for v in parts.values()), parts.keys()
-  elif cls is prompts.SMoP:
+  elif issubclass(cls, prompts.SMoP):
     assert exported.shape == (module.num_prompts, module.length, util.TEST_CONFIG.emb_dim)
   else:
     assert exported.shape == (module.length, util.TEST_CONFIG.emb_dim)

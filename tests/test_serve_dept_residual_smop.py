@@ -14,6 +14,7 @@ from spot_jax.serve import mixed, prompt_sources
 from spot_jax.serve.table import PromptTable, ServedPrompt
 from spot_jax.t5 import Transformer, config_by_name, generate
 from spot_jax.t5.generation import search_settings
+from spot_jax import fileio
 from spot_jax.train import checkpointer
 from tests.prompt_train_util import frozen_backbone
 
@@ -127,13 +128,18 @@ def test_inputs_longer_than_an_offset_are_refused(setup):
     ServedPrompt("x", np.ones((2, 8)), offset=np.ones((4, 3)))
 
 
+def _export(run: checkpointer.Checkpointer, name: str, array) -> None:
+  """prompts/<name>.npy of the run, as the trainer's job writes its exports."""
+  fileio.save_npy(run.run_dir.prompts / f"{name}.npy", np.asarray(array, np.float32))
+
+
 def test_run_directories_and_exports_bring_the_offset_and_folded_prompts(setup, tmp_path):
   backbone, modules, params, _, _ = setup
   # a DePT run: the trainer's exports (the offset beside the prompt)
   dept, p = modules["dept_b"], params["dept_b"]
   run = checkpointer.Checkpointer(str(tmp_path / "dept_run"))
-  run.export_prompt("offset_step_5", dept.fold(p)["offset"])
-  run.export_prompt("prompt_step_5", p["prompt"])
+  _export(run, "offset_step_5", dept.fold(p)["offset"])
+  _export(run, "prompt_step_5", p["prompt"])
   run.close()
   want = prompt_sources.from_module("d", dept, p)
   for path in (tmp_path / "dept_run", tmp_path / "dept_run" / "prompts" / "prompt_step_5.npy"):
@@ -145,7 +151,7 @@ def test_run_directories_and_exports_bring_the_offset_and_folded_prompts(setup, 
   rsmop, p = modules["rsmop"], params["rsmop"]
   run = checkpointer.Checkpointer(str(tmp_path / "rsmop_run"))
   run.save_best(7, {"params": {"prompt": p}, "step": np.int32(7)}, "accuracy", 0.5)
-  run.export_prompt("prompt_best", rsmop.export_prompt(p))
+  _export(run, "prompt_best", rsmop.export_prompt(p))
   run.close()
   got = prompt_sources.load("r", str(tmp_path / "rsmop_run"))
   want = prompt_sources.from_module("r", rsmop, p)
@@ -157,8 +163,8 @@ def test_run_directories_and_exports_bring_the_offset_and_folded_prompts(setup, 
 def test_infer_refuses_plain_exports_of_dept_and_long_inputs(setup, tmp_path, capsys):
   _, modules, params, _, _ = setup
   run = checkpointer.Checkpointer(str(tmp_path / "run"))
-  run.export_prompt("offset_best", modules["dept_a"].fold(params["dept_a"])["offset"])
-  run.export_prompt("prompt_best", params["dept_a"]["prompt"])
+  _export(run, "offset_best", modules["dept_a"].fold(params["dept_a"])["offset"])
+  _export(run, "prompt_best", params["dept_a"]["prompt"])
   run.close()
   (tmp_path / "in.txt").write_text("12 13 14\n")
   common = ["--model=t5_1_1_test", f"--prompt=d={tmp_path / 'run'}"]

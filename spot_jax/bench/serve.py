@@ -275,7 +275,6 @@ def _parse(argv: Sequence[str]):
                  help="host memory settings of the PEFT process (see spot_jax.bench --peer_malloc)")
   p.add_argument("--json", default=None, help="write the rows to this file")
   p.add_argument("--markdown", default=None, help="write a Markdown table to this file")
-  p.add_argument("--debug", action="store_true", help="show tracebacks")
   return p.parse_args(argv)
 
 

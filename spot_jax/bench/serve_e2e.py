@@ -202,7 +202,6 @@ def main(argv: Sequence[str]) -> int:
                  help="a new or empty directory to keep the files in (default: a temporary one)")
   p.add_argument("--json", default=None)
   p.add_argument("--markdown", default=None)
-  p.add_argument("--debug", action="store_true")
   args = p.parse_args(argv)
   workloads = args.workloads.split(",")
   sizes = [serve_workload.parse_workload(w) for w in workloads]

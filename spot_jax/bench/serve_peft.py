@@ -97,7 +97,6 @@ def main(argv: Sequence[str]) -> int:
   p.add_argument("--target_length", type=int, default=16)
   p.add_argument("--num_beams", type=int, default=4)
   p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--debug", action="store_true")
   args = p.parse_args(argv)
   import peft  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel

@@ -42,7 +42,6 @@ def main(argv: Sequence[str]) -> int:
   p.add_argument("--max_new_tokens", type=int, default=8)
   p.add_argument("--input_length", type=int, default=64)
   p.add_argument("--batch_size", type=int, default=32)
-  p.add_argument("--debug", action="store_true")
   args = p.parse_args(argv)
   t_main = time.perf_counter()
   import peft  # pylint: disable=import-outside-toplevel
