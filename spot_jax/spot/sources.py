@@ -4,7 +4,7 @@
 one of three ways (gin calls it, e.g. `SOURCES = @sources.library_prompts()`):
 
   references  "LIBRARY_DIR#ENTRY_ID" strings (as `infer --prompt` takes them)
-  retrieval   a `spot_jax.retrieve` report (<work_dir>/retrieval.json): a strategy's chosen
+  retrieval   a `spot_jax.retrieve` report (<output_dir>/retrieval-<key>.json): a strategy's chosen
               entries, or the top `k` of its ranking
   tasks       for each task name, the entry of that task with the best score (MPT's teachers:
               row k is task k's, in the order of TASK_NAMES)
