@@ -3,19 +3,46 @@
   python -m spot_jax.report --study_dir=/runs/study [--output_dir=/runs/study/report] [--similarity=average]
 
 Writes transfer_heatmap.png, similarity_heatmap.png, similarity_vs_transfer.png and report.md
-(see spot_jax/spot/figures.py).
+(see spot_jax/spot/figures.py). A --study_dir that is not a study's folder (missing, a file,
+empty, without results.json, or with a results.json of something else) is a one-line error that
+says what was expected, and nothing is written.
 """
 from __future__ import annotations
 
+import pathlib
 import sys
 from typing import Sequence
 
 from spot_jax import cli
 from spot_jax.cli import flags
+from spot_jax.errors import ConfigError
 from spot_jax.spot import figures
 from spot_jax.spot import similarity
 
 PROG = "spot_jax.report"
+EXPECTED = "give the folder of a `python -m spot_jax.study` run, where it wrote results.json"
+
+
+def check_study_dir(study_dir: str) -> None:
+  """A one-line ConfigError unless `study_dir` is a folder with a results.json.
+
+  What that results.json holds is checked where it is read (`figures.load`).
+  """
+  path = pathlib.Path(study_dir)
+  if not path.exists():
+    raise ConfigError(f"--study_dir {study_dir!r} does not exist; {EXPECTED}")
+  if not path.is_dir():
+    raise ConfigError(f"--study_dir {study_dir!r} is a file, not a folder; {EXPECTED}")
+  if (path / "results.json").is_file():
+    return
+  try:
+    names = sorted(p.name for p in path.iterdir())
+  except OSError as e:
+    raise ConfigError(f"--study_dir {study_dir!r} cannot be read ({e.strerror}); {EXPECTED}") from None
+  if not names:
+    raise ConfigError(f"--study_dir {study_dir!r} is empty; {EXPECTED}")
+  shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+  raise ConfigError(f"--study_dir {study_dir!r} has no results.json (it holds {shown}); {EXPECTED}")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -24,6 +51,7 @@ def main(argv: Sequence[str]) -> int:
   flags.add_output_dir(parser, "where the figures and report.md go (default: <study_dir>/report)")
   parser.add_argument("--similarity", default="average", choices=similarity.METRICS)
   args = parser.parse_args(argv)
+  check_study_dir(args.study_dir)
   result = figures.write(args.study_dir, args.output_dir, args.similarity)
   print(f"wrote {result['out_dir']}/report.md and 3 figures")
   return 0

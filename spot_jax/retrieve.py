@@ -7,11 +7,14 @@
 
 Several strategies may be given, comma-separated (best_of_top_k, weighted_average, mixture,
 smop_experts, smop, generic, baseline). It prints the ranking (the similarities), what each
-strategy chose and its validation score, and writes the same as JSON to <output_dir>/retrieval.json.
+strategy chose and its validation score, and writes the same as JSON to
+<output_dir>/retrieval-<key>.json, where <key> is a short hash of the settings that determine the
+result (target, library content, strategies, k, similarity, seed, model and budgets). Every run is
+kept under <output_dir>/runs/, keyed the same way: a rerun with other settings keeps the earlier
+results, and a rerun with the same settings reuses (or resumes) its runs and trains nothing again.
 """
 from __future__ import annotations
 
-import json
 import sys
 from typing import Sequence
 
@@ -40,7 +43,8 @@ def _parser() -> cli.ArgumentParser:
   parser.add_argument("--expert_length", type=int, default=5, help="tokens per SMoP expert")
   parser.add_argument("--compression", default="mean_pool", choices=experts.COMPRESSIONS,
                       help="how a source prompt becomes an SMoP expert")
-  flags.add_output_dir(parser, "where the runs and retrieval.json go (resumable)", required=True)
+  flags.add_output_dir(parser, "where the runs and the retrieval-<key>.json reports go (kept per "
+                               "settings, resumable)", required=True)
   parser.add_argument("--verbose", action="store_true", help="the trainer's progress lines")
   settings_lib.add_flags(parser, seed=True)
   return parser
@@ -69,10 +73,9 @@ def main(argv: Sequence[str]) -> int:
   for line in problems:
     print(f"{PROG}: warning: {line}", file=sys.stderr)
   work_dir = fileio.writable_dir(args.output_dir, "--output_dir")
-  report = retrieval.retrieve(settings, args.target_task, entries, strategies, work_dir, options)
-  report["library"] = str(lib.root)
-  fileio.atomic_write_bytes(work_dir / "retrieval.json", json.dumps(report, indent=1).encode())
-  print(f"wrote {work_dir / 'retrieval.json'}")
+  report = retrieval.retrieve(settings, args.target_task, entries, strategies, work_dir, options,
+                              library=str(lib.root.resolve()))
+  print(f"wrote {retrieval.write_report(work_dir, report)}")
   return 0
 
 

@@ -6,10 +6,11 @@ with placeholders in args: {run} a trained smoke MODEL_DIR (checkpoints 10 and 2
 copy of it whose every state is truncated, {tmp} an empty scratch directory, {file} a regular
 file, {gin_dir} a folder of broken gin files (syntax.gin: a syntax error on line 2; includes.gin:
 line 1 includes unclosed.gin, whose bracket on line 2 never closes; unknown.gin: line 3 binds a
-parameter train.train does not have). For every row the test asserts: exit status 2; exactly one
-stderr line, `<prog>: error: ...`, containing the fragment (nothing else: the libraries' start-up
-lines are off, spot_jax/startup.py; rows in TRAINS may show their run's warnings first); no
-"Traceback"; and the files of {run} / {damaged} byte-identical afterwards.
+parameter train.train does not have), {foreign} folders that are not a study's (`FOREIGN`). For
+every row the test asserts: exit status 2; exactly one stderr line, `<prog>: error: ...`,
+containing the fragment (nothing else: the libraries' start-up lines are off, spot_jax/startup.py;
+rows in TRAINS may show their run's warnings first); no "Traceback"; and the files of {run} /
+{damaged} / {foreign} byte-identical afterwards.
 
 Rows run together in one process (tests/cli_error_runner.py: each as `python -m` would, with
 its own stdout/stderr) unless marked to run alone; rows that read orbax checkpoints run alone,
@@ -167,6 +168,22 @@ ROWS = [
                                        "--model=t5_1_1_byte_tiny"], "--work_dir was renamed --output_dir", False),
     ("report --out_dir", REPORT, ["--study_dir={tmp}", "--out_dir={tmp}/r"],
      "--out_dir was renamed --output_dir; use --output_dir=", False),
+    # --- spot_jax.report on a folder that is not a study's ------------------------------------
+    ("report missing folder", REPORT, ["--study_dir={tmp}/no_such_study"],
+     "--study_dir '{tmp}/no_such_study' does not exist; give the folder of a `python -m spot_jax.study` run, "
+     "where it wrote results.json", False),
+    ("report on a file", REPORT, ["--study_dir={file}"], "--study_dir '{file}' is a file, not a folder; give the "
+     "folder of a `python -m spot_jax.study` run", False),
+    ("report empty folder", REPORT, ["--study_dir={foreign}/empty"],
+     "--study_dir '{foreign}/empty' is empty; give the folder of a `python -m spot_jax.study` run", False),
+    ("report on a run directory", REPORT, ["--study_dir={run}"],
+     "--study_dir '{run}' has no results.json (it holds ", False),
+    ("report on the demo's results.json", REPORT, ["--study_dir={foreign}/demo"],
+     "'{foreign}/demo/results.json' is not the results.json of a `python -m spot_jax.study` run", False),
+    ("report on a results.json list", REPORT, ["--study_dir={foreign}/list"],
+     "'{foreign}/list/results.json' is not the results.json of a `python -m spot_jax.study` run", False),
+    ("report on a results.json not JSON", REPORT, ["--study_dir={foreign}/not_json"],
+     "results.json '{foreign}/not_json/results.json' is not valid JSON", False),
     # --- list-valued command-line settings, entry by entry --------------------------------------
     ("study seed out of range", STUDY, ["--study_dir={tmp}/s", "--model=t5_1_1_byte_tiny", "--seeds=0,-1"],
      "--seeds='0,-1': entry 1 (-1) must be >= 0", False),
@@ -193,6 +210,16 @@ RUN_WARNING = re.compile(r"^WARNING:absl:")
 STARTUP_NOTE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
                           r"|[IWE]\d{4} [\d:. ]+\d+ [\w.]+:\d+\] .*"
                           r"|WARNING:absl:.*)$")
+
+
+# {foreign}/<name>: an empty folder, and results.json files that are not a study's (the demo's
+# summary, a list, text that is not JSON).
+FOREIGN = {"empty": None,
+           "demo": json.dumps({"chance": {"t": 50.0}, "methods": ["pt"], "targets": ["t"],
+                               "settings": {"seed": 0, "target_steps": 10},
+                               "runs": [{"task": "t", "method": "pt", "role": "target", "accuracy": 50.0,
+                                         "seconds": 1.0}]}),
+           "list": "[]", "not_json": "{rows: 1"}
 
 
 def _prog(module: str) -> str:
@@ -224,8 +251,14 @@ def places(tmp_path_factory):
   (gin_dir / "includes.gin").write_text(f"include '{gin_dir / 'unclosed.gin'}'\n")
   (gin_dir / "unknown.gin").write_text("from __gin__ import dynamic_registration\nfrom spot_jax import train\n"
                                        "train.train.no_such_parameter = 1\n")
+  foreign = root / "foreign"  # folders that are not a study's, for spot_jax.report
+  for name, text in FOREIGN.items():
+    (foreign / name).mkdir(parents=True)
+    if text is not None:
+      (foreign / name / "results.json").write_text(text)
   return {"run": str(run), "damaged": str(damaged), "tmp": str(tmp), "file": str(blocker), "gin_dir": str(gin_dir),
-          "hashes": {str(run): tree_hash(run), str(damaged): tree_hash(damaged)}}
+          "foreign": str(foreign), "hashes": {str(run): tree_hash(run), str(damaged): tree_hash(damaged),
+                                              str(foreign): tree_hash(foreign)}}
 
 
 def _env() -> dict:
@@ -233,7 +266,7 @@ def _env() -> dict:
 
 
 def _fill(arg: str, places: dict) -> str:
-  for key in ("run", "damaged", "tmp", "file", "gin_dir"):
+  for key in ("run", "damaged", "tmp", "file", "gin_dir", "foreign"):
     arg = arg.replace("{" + key + "}", places[key])
   return arg
 
@@ -241,7 +274,7 @@ def _fill(arg: str, places: dict) -> str:
 def _case(row, places) -> dict:
   _, module, args, _, _ = row
   args = [_fill(a, places) for a in args]
-  watched = [places[k] for k in ("run", "damaged") if any(places[k] in a for a in args)]
+  watched = [places[k] for k in ("run", "damaged", "foreign") if any(places[k] in a for a in args)]
   return {"module": module, "args": args, "model_dir": watched[0] if watched else None}
 
 

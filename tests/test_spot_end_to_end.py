@@ -177,9 +177,13 @@ def test_retrieval_runs_every_strategy_and_reports(library_dir, uninterrupted, t
                                      f"--output_dir={work}", *RUN_FLAGS], retrieve_cli.PROG)
   proc = capsys.readouterr()
   assert code == 0, proc.err[-3000:]
-  report = json.loads((work / "retrieval.json").read_text())
+  written = re.findall(r"^wrote (.+)$", proc.out, re.M)
+  assert len(written) == 1, proc.out[-2000:]
+  report = json.loads(pathlib.Path(written[0]).read_text())
+  assert written[0] == str(work / f"retrieval-{report['key']}.json")
   # the ranking is the similarity of the target's early prompt to each library embedding
-  target_emb = np.load(work / "embedding" / "prompts" / "prompt_step_2.npy")
+  assert report["embedding_file"] == str(pathlib.Path(report["embedding_run_dir"]) / "prompts" / "prompt_step_2.npy")
+  target_emb = np.load(report["embedding_file"])
   sims = {s: similarity.similarities(target_emb, [runs.read_record(uninterrupted / "sources" / s).embedding()],
                                      "average")[0] for s in SOURCES}
   ranked = [r["id"] for r in report["ranking"]]
@@ -223,7 +227,7 @@ def test_study_and_retrieve_bad_inputs_exit_2_with_one_line(tmp_path, env, capsy
            ("retrieve", [f"--library={library_dir}", "--target_task=spot_test_bits_v1",
                          f"--output_dir={tmp_path / 'a_file' / 'w'}", *RUN_FLAGS],
             f"--output_dir '{tmp_path / 'a_file' / 'w'}' is not writable (Not a directory)"),
-           ("report", [f"--study_dir={tmp_path / 'nothing'}"], "no results.json"),
+           ("report", [f"--study_dir={tmp_path / 'nothing'}"], "does not exist; give the folder of a"),
            ("report", [f"--study_dir={uninterrupted}", f"--output_dir={tmp_path / 'a_file' / 'r'}"],
             f"--output_dir '{tmp_path / 'a_file' / 'r'}' is not writable (Not a directory)")]
   mains = {"study": study_cli.main, "retrieve": retrieve_cli.main, "report": report_cli.main}

@@ -16,20 +16,29 @@ one strategy turns the top-k into a target run:
                     target run from it
   baseline          Prompt Tuning from the sampled-vocabulary start
 
-Every run is `runs.train_prompt`, i.e. one ordinary trainer run in its own directory under
-`work_dir`; finished runs are reused, so an interrupted retrieval resumes.
+Every run is `runs.train_prompt`, i.e. one ordinary trainer run, in its own directory
+<work_dir>/runs/<label>-<key>, the key being the hash of everything that determines the run
+(`keys.run_key`: task, seed, frozen model, lengths, budgets, metric, method and the values of its
+starting prompt). A finished run is reused, an unfinished one resumes, and a run of other
+settings gets another directory: a retrieval with another k, similarity, library or budget never
+replaces an earlier one's runs, and shares the runs they have in common (the target's embedding
+run, the baseline). The report goes to <work_dir>/retrieval-<key>.json, keyed the same way by
+the retrieval's settings and the library's content (`retrieval_settings`).
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import pathlib
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.spot import experts
+from spot_jax.spot import keys
 from spot_jax.spot import similarity
 from spot_jax.spot.prompt_library import Entry
 from spot_jax.spot.runs import RunOutcome, train_prompt
@@ -37,6 +46,8 @@ from spot_jax.spot.settings import RunSettings
 
 STRATEGIES = ("best_of_top_k", "weighted_average", "mixture", "smop_experts", "smop", "generic",
               "baseline")
+RUNS = "runs"  # <work_dir>/runs/<label>-<run key>: every run of every retrieval in that folder
+REPORT = "retrieval-{key}.json"  # <work_dir>/retrieval-<retrieval key>.json: one per retrieval
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,11 +84,20 @@ class Options:
                         f"{', '.join(experts.COMPRESSIONS)}")
 
 
-def target_embedding(settings: RunSettings, target: str, run_dir: pathlib.Path, seed: int,
+def _train(settings: RunSettings, task: str, work_dir: pathlib.Path, label: str, seed: int, *,
+           init: Optional[np.ndarray] = None, init_note: str = "sampled vocabulary",
+           smop: Optional[dict] = None, evaluate: bool = True, verbose: bool = False) -> RunOutcome:
+  """`train_prompt` in <work_dir>/runs/<label>-<key>: one directory per distinct run (`keys.py`)."""
+  key = keys.run_key(settings, task, seed, init=init, smop=smop, evaluate=evaluate)
+  return train_prompt(settings, task, work_dir / RUNS / f"{label}-{key}", seed, init=init,
+                      init_note=init_note, smop=smop, evaluate=evaluate, verbose=verbose)
+
+
+def target_embedding(settings: RunSettings, target: str, work_dir: pathlib.Path, seed: int,
                      verbose: bool = False) -> RunOutcome:
   """Trains the target's prompt for the early-step budget; its export is the task embedding."""
   short = dataclasses.replace(settings, train_steps=settings.embedding_step)
-  return train_prompt(short, target, run_dir, seed, evaluate=False, verbose=verbose)
+  return _train(short, target, work_dir, "embedding", seed, evaluate=False, verbose=verbose)
 
 
 def rank(embedding: np.ndarray, entries: Sequence[Entry], metric: str,
@@ -109,29 +129,33 @@ def _check_lengths(settings: RunSettings, chosen: Sequence[Ranked]) -> None:
 def run_strategy(strategy: str, settings: RunSettings, target: str, ranked: Sequence[Ranked],
                  all_entries: Sequence[Entry], work_dir: pathlib.Path, options: Options,
                  log: Callable[[str], None] = print) -> dict:
-  """Runs one strategy; returns {"strategy", "score", "chosen", "similarities", "run_dir", ...}."""
+  """Runs one strategy; returns {"strategy", "score", "chosen", "similarities", "run_dir", ...}.
+
+  Every run goes to its own keyed directory under <work_dir>/runs (see `_train`), so the runs
+  of another k, metric or library are others, and the same ones are reused.
+  """
   if strategy not in STRATEGIES:
     raise ConfigError(f"--strategy {strategy!r} is unknown; valid: {', '.join(STRATEGIES)}")
   top = list(ranked[:options.k])
   sims = {r.entry.id: r.similarity for r in top}
-  out_dir = work_dir / strategy
   seed = options.seed
   result = {"strategy": strategy, "chosen": [r.entry.id for r in top], "similarities": sims}
   if strategy == "best_of_top_k":
     _check_lengths(settings, top)
-    tried = {}
+    tried, dirs = {}, {}
     for r in top:
-      run = train_prompt(settings, target, out_dir / r.entry.id, seed, init=r.entry.prompt,
-                         init_note=f"library entry {r.entry.id}")
-      tried[r.entry.id] = run.score
+      run = _train(settings, target, work_dir, f"best_of_top_k.{r.entry.id}", seed, init=r.entry.prompt,
+                   init_note=f"library entry {r.entry.id}")
+      tried[r.entry.id], dirs[r.entry.id] = run.score, run.run_dir
       log(f"  {strategy}: from {r.entry.id} (similarity {r.similarity:.4f}) -> {run.score:.4g}")
     best = max(tried, key=lambda i: tried[i])
-    result.update(score=tried[best], chosen=[best], tried=tried, run_dir=str(out_dir / best))
+    result.update(score=tried[best], chosen=[best], tried=tried, tried_run_dirs=dirs,
+                  run_dir=dirs[best])
   elif strategy == "weighted_average":
     _check_lengths(settings, top)
     init = similarity.weighted_average([r.entry.prompt for r in top], [r.similarity for r in top])
-    run = train_prompt(settings, target, out_dir, seed, init=init,
-                       init_note="weighted average of " + ", ".join(sims))
+    run = _train(settings, target, work_dir, strategy, seed, init=init,
+                 init_note="weighted average of " + ", ".join(sims))
     result.update(score=run.score, run_dir=run.run_dir,
                   alphas={i: s / sum(sims.values()) for i, s in sims.items()})
   elif strategy in ("mixture", "generic"):
@@ -141,31 +165,45 @@ def run_strategy(strategy: str, settings: RunSettings, target: str, ranked: Sequ
       members = sorted({e.task for e in all_entries if e.task != target})
       result.update(chosen=members, similarities={})
     mixture = register_runtime_mixture(f"spot_{strategy}", members)
-    source = train_prompt(settings, mixture, out_dir / "source", seed, evaluate=False)
-    run = train_prompt(settings, target, out_dir / "target", seed, init=source.prompt(),
-                       init_note=f"prompt tuned on {mixture} ({', '.join(sorted(set(members)))})")
-    result.update(score=run.score, run_dir=run.run_dir, mixture=mixture, mixture_tasks=sorted(set(members)))
+    source = _train(settings, mixture, work_dir, f"{strategy}.source", seed, evaluate=False)
+    run = _train(settings, target, work_dir, strategy, seed, init=source.prompt(),
+                 init_note=f"prompt tuned on {mixture} ({', '.join(sorted(set(members)))})")
+    result.update(score=run.score, run_dir=run.run_dir, source_run_dir=source.run_dir,
+                  mixture=mixture, mixture_tasks=sorted(set(members)))
   elif strategy == "smop_experts":
     init = experts.expert_prompts([r.entry.prompt for r in top], options.expert_length,
                                   options.compression)
-    run = train_prompt(settings, target, out_dir / options.compression, seed, init=init,
-                       smop={"num_prompts": len(top), "length": options.expert_length},
-                       init_note=f"SMoP experts from {', '.join(sims)} ({options.compression})")
+    run = _train(settings, target, work_dir, f"{strategy}.{options.compression}", seed, init=init,
+                 smop={"num_prompts": len(top), "length": options.expert_length},
+                 init_note=f"SMoP experts from {', '.join(sims)} ({options.compression})")
     result.update(score=run.score, run_dir=run.run_dir, compression=options.compression)
   elif strategy == "smop":
-    run = train_prompt(settings, target, out_dir, seed,
-                       smop={"num_prompts": len(top), "length": options.expert_length})
+    run = _train(settings, target, work_dir, strategy, seed,
+                 smop={"num_prompts": len(top), "length": options.expert_length})
     result.update(score=run.score, run_dir=run.run_dir, chosen=[], similarities={})
   else:  # baseline
-    run = train_prompt(settings, target, out_dir, seed)
+    run = _train(settings, target, work_dir, strategy, seed)
     result.update(score=run.score, run_dir=run.run_dir, chosen=[], similarities={})
   return result
 
 
+def retrieval_settings(settings: RunSettings, target: str, entries: Sequence[Entry],
+                       strategies: Sequence[str], options: Options, library: str = "") -> dict:
+  """Everything that determines a retrieval's result (its key is the hash of this)."""
+  return {"run": keys.settings_record(settings, target, options.seed),
+          "library": library, "library_content": keys.library_record(entries),
+          "strategies": list(strategies), "options": dataclasses.asdict(options)}
+
+
 def retrieve(settings: RunSettings, target: str, entries: Sequence[Entry], strategies: Sequence[str],
-             work_dir: str | pathlib.Path, options: Options,
+             work_dir: str | pathlib.Path, options: Options, library: str = "",
              log: Callable[[str], None] = print) -> dict:
-  """The whole retrieval: embedding, ranking, then each strategy; returns a JSON-able report."""
+  """The whole retrieval: embedding, ranking, then each strategy; returns a JSON-able report.
+
+  The report's "key" hashes `retrieval_settings`; `write_report` stores it under that key, so a
+  retrieval with other settings in the same `work_dir` keeps the earlier report, and one with
+  the same settings reuses every run (nothing is trained again) and writes the same report.
+  """
   work_dir = pathlib.Path(work_dir)
   for s in strategies:
     if s not in STRATEGIES:
@@ -177,18 +215,29 @@ def retrieve(settings: RunSettings, target: str, entries: Sequence[Entry], strat
   if wrong:
     raise ConfigError(f"library entries {wrong} have embedding size {entries[0].embedding.shape[-1]}, "
                       f"the model's is {settings.embed_dim}; use the library of this model")
-  emb_run = target_embedding(settings, target, work_dir / "embedding", options.seed)
+  recorded = retrieval_settings(settings, target, entries, strategies, options, library)
+  emb_run = target_embedding(settings, target, work_dir, options.seed)
   ranked = rank(emb_run.embedding(), entries, options.metric, exclude_task=target)
-  log(f"target {target}: task embedding = prompt at step {settings.embedding_step}; "
-      f"ranking by {options.metric} similarity:")
+  log(f"target {target}: task embedding = prompt at step {settings.embedding_step} "
+      f"({emb_run.embedding_path}); ranking by {options.metric} similarity:")
   for i, r in enumerate(ranked):
     log(f"  {i + 1}. {r.entry.id} ({r.entry.task}) similarity {r.similarity:.4f}")
   results = [run_strategy(s, settings, target, ranked, entries, work_dir, options, log)
              for s in strategies]
   for res in results:
-    log(f"{res['strategy']}: score {res['score']:.4g} (chose {', '.join(res['chosen']) or '-'})")
-  return {"target": target, "metric": settings.metric_for(target), "similarity": options.metric,
-          "k": options.k, "seed": options.seed,
+    log(f"{res['strategy']}: score {res['score']:.4g} (chose {', '.join(res['chosen']) or '-'}) "
+        f"in {res['run_dir']}")
+  return {"key": keys.digest(recorded), "target": target, "metric": settings.metric_for(target),
+          "similarity": options.metric, "k": options.k, "seed": options.seed,
+          "library": library, "embedding_run_dir": emb_run.run_dir,
+          "embedding_file": str(emb_run.embedding_path),
           "ranking": [{"id": r.entry.id, "task": r.entry.task, "similarity": r.similarity}
                       for r in ranked],
-          "results": results}
+          "results": results, "settings": recorded}
+
+
+def write_report(work_dir: str | pathlib.Path, report: dict) -> pathlib.Path:
+  """Writes `report` to <work_dir>/retrieval-<key>.json (atomically); returns the path."""
+  path = pathlib.Path(work_dir) / REPORT.format(key=report["key"])
+  fileio.atomic_write_bytes(path, json.dumps(report, indent=1).encode())
+  return path

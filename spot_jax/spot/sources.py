@@ -4,7 +4,7 @@
 one of three ways (gin calls it, e.g. `SOURCES = @sources.library_prompts()`):
 
   references  "LIBRARY_DIR#ENTRY_ID" strings (as `infer --prompt` takes them)
-  retrieval   a `spot_jax.retrieve` report (<work_dir>/retrieval.json): a strategy's chosen
+  retrieval   a `spot_jax.retrieve` report (<output_dir>/retrieval-<key>.json): a strategy's chosen
               entries, or the top `k` of its ranking
   tasks       for each task name, the entry of that task with the best score (MPT's teachers:
               row k is task k's, in the order of TASK_NAMES)
@@ -42,7 +42,7 @@ def _from_retrieval(library: str, report_path: str, strategy: Optional[str],
     report = json.loads(pathlib.Path(report_path).read_text(encoding="utf-8"))
   except (OSError, ValueError) as e:
     raise ConfigError(f"{report_path} is not a readable retrieval report ({type(e).__name__}); "
-                      f"give the retrieval.json that `python -m spot_jax.retrieve` wrote") from None
+                      f"give a retrieval-<key>.json that `python -m spot_jax.retrieve` wrote") from None
   lib = Library(library)
   if strategy is not None:
     results = {r.get("strategy"): r for r in report.get("results", [])}
@@ -95,7 +95,7 @@ def library_prompts(library: Optional[str] = None, references: Sequence[str] = (
   ways = [bool(references), retrieval is not None, bool(tasks)]
   if sum(ways) != 1:
     raise ConfigError("library_prompts: give exactly one of references (LIBRARY_DIR#ID, ...), "
-                      "retrieval (a retrieval.json) or tasks (task names)")
+                      "retrieval (a retrieval-<key>.json) or tasks (task names)")
   if (retrieval is not None or tasks) and not library:
     raise ConfigError("library_prompts: retrieval and tasks need the library directory (library=)")
   if isinstance(references, str) or isinstance(tasks, str):
