@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import traverse_util
 from t5x import checkpoints
 
-from spot_jax import eval as spot_eval
+from spot_jax.train import evaluate as spot_eval
 from spot_jax.train import evaluator as evaluator_lib
 from spot_jax import models
 from spot_jax import prompts
@@ -148,7 +148,7 @@ def test_t5x_train_saves_and_exports_the_prompt_side_only(method, tiny_checkpoin
     eval_cfg = evaluator_lib.EvalConfig(mixture_or_task_name="spot_synthetic_sentiment_v100",
                                      task_feature_lengths={"inputs": 32, "targets": 8},
                                      batch_size=8, num_examples=8, module="tasks.synthetic")
-    metrics = spot_eval.evaluate(model=spot_model, eval_cfg=eval_cfg,
+    metrics = spot_eval.evaluate_run(model=spot_model, eval_cfg=eval_cfg,
                                  prompt_file=str(run_dir / "prompts" / f"prompt_step_{STEPS}.npy"),
                                  initial_checkpoint_path=str(tiny_checkpoint),
                                  output_dir=str(tmp_path / "eval"))
