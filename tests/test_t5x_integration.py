@@ -149,9 +149,9 @@ def test_t5x_train_saves_and_exports_the_prompt_side_only(method, tiny_checkpoin
                                      task_feature_lengths={"inputs": 32, "targets": 8},
                                      batch_size=8, num_examples=8, module="tasks.synthetic")
     metrics = spot_eval.evaluate_run(model=spot_model, eval_cfg=eval_cfg,
-                                 prompt_file=str(run_dir / "prompts" / f"prompt_step_{STEPS}.npy"),
-                                 initial_checkpoint_path=str(tiny_checkpoint),
-                                 output_dir=str(tmp_path / "eval"))
+                                     prompt_file=str(run_dir / "prompts" / f"prompt_step_{STEPS}.npy"),
+                                     initial_checkpoint_path=str(tiny_checkpoint),
+                                     output_dir=str(tmp_path / "eval"))
     assert "accuracy" in metrics["spot_synthetic_sentiment_v100"]
 
 
