@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -202,3 +203,24 @@ def test_k_runs_with_length_buckets_equal_the_runs_alone(tmp_path):
     np.testing.assert_allclose(np.load(RunDir(tmp_path / "job" / f"seed_{seed}").prompt_path(5)),
                                np.load(RunDir(tmp_path / f"alone{seed}" / f"seed_{seed}").prompt_path(5)),
                                rtol=0, atol=1e-5)
+
+
+def test_runs_with_no_common_saved_step_start_again_and_keep_what_was_saved(tmp_path, task,
+                                                                            checkpoint):
+  """A job killed between its runs' first saves (run seed_1 saved nothing) restarts every run
+  from step 0; seed_0's saved states are kept, not rewritten, and the job ends where an
+  uninterrupted one does."""
+  model = _model("pt")
+  _train(model, task, tmp_path / "ref", checkpoint, seeds=[0, 1])
+  killed = tmp_path / "killed"
+  _train(model, task, killed, checkpoint, seeds=[0, 1])
+  saved = RunDir(killed / "seed_0").state_path(STEPS)
+  before = {p: p.stat().st_mtime_ns for p in saved.rglob("*") if p.is_file()}
+  for path in (killed / "seed_1").iterdir():  # as if seed_1 had not reached its first save
+    if path.name != "run.json":
+      shutil.rmtree(path) if path.is_dir() else path.unlink()
+  again = _train(model, task, killed, checkpoint, seeds=[0, 1])
+  assert again.runs[1].history and again.runs[1].history[0]  # seed_1 trained from step 0
+  assert {p: p.stat().st_mtime_ns for p in saved.rglob("*") if p.is_file()} == before
+  for got, want in zip(_job_prompts(killed, (0, 1), STEPS), _job_prompts(tmp_path / "ref", (0, 1), STEPS)):
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)

@@ -224,10 +224,12 @@ class Job:
       if not any(steps):
         return None
       common = sorted(set.intersection(*steps), reverse=True)
-      if not common:
+      if not common:  # e.g. killed between the runs' first saves: all start again from step 0
         listing = "; ".join(f"{r.name}: {sorted(s) or 'none'}" for r, s in zip(self.plan.runs, steps))
-        raise ConfigError(f"the runs of {self.plan.model_dir} saved no common step ({listing}); "
-                          f"nothing was changed: restore the missing states or use a new MODEL_DIR")
+        self.log.info(f"the runs of {self.plan.model_dir} saved no common step ({listing}); "
+                      f"starting them all from step 0 (a saved state is kept and not written "
+                      f"again when its step comes round)")
+        return None
       step, states = common[0], []
       try:
         for ck in self.checkpointers:
