@@ -88,7 +88,7 @@ def resolve(model_dir: str, task: str, seed: int, seeds: Optional[Sequence[int]]
   """The job's runs and whether they are stacked (False: one plain run in MODEL_DIR itself).
 
   Raises:
-    ConfigError: an empty list, a duplicate seed or (task, seed) pair, lists of different
+    ConfigError: an empty list, a duplicate seed or run name, lists of different
       lengths, a bad entry or run name; one line naming the setting. Nothing is written.
   """
   if specs is not None:
@@ -128,12 +128,12 @@ def resolve(model_dir: str, task: str, seed: int, seeds: Optional[Sequence[int]]
                         f"'_', '.', '-'")
     runs.append(Run(i, int(spec.seed), run_task, RunDir(pathlib.Path(model_dir) / name),
                     spec.prompt_init, spec.init_note))
-  names = [r.name for r in runs]
-  pairs = [(r.task, r.seed) for r in runs]
-  for what, values in (("run name", names), ("(task, seed) pair", pairs)):
-    dup = _first_duplicate(values)
-    if dup is not None:
-      raise ConfigError(f"the job lists the {what} {dup!r} twice; give each run once")
+  # Runs may share a (task, seed) when they differ otherwise (e.g. SPoT transfers from other
+  # sources, named apart); each needs its own directory.
+  dup = _first_duplicate([r.name for r in runs])
+  if dup is not None:
+    raise ConfigError(f"the job lists the run name {dup!r} twice; give each run once (runs of one "
+                      f"task and seed need names of their own)")
   return runs, True
 
 
