@@ -2,8 +2,8 @@
 
   python -m spot_jax.report --study_dir=/runs/study [--out_dir=/runs/study/report] [--similarity=average]
 
-Writes transfer_heatmap.png, similarity_heatmap.png, similarity_vs_transfer.png and report.md
-(see spot_jax/spot/figures.py).
+Writes transfer_heatmap.png, similarity_heatmap.png, similarity_vs_transfer.png, retrieval.png
+and report.md, every number with its interval over seeds (spot_jax/spot/study_report.py).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 from spot_jax import cli
-from spot_jax.spot import figures
+from spot_jax.spot import study_report
 
 PROG = "spot_jax.report"
 
@@ -23,8 +23,8 @@ def main(argv: Sequence[str]) -> int:
   parser.add_argument("--similarity", default="average", help="average or per_token")
   parser.add_argument("--debug", action="store_true")
   args = parser.parse_args(argv)
-  result = figures.write(args.study_dir, args.out_dir, args.similarity)
-  print(f"wrote {result['out_dir']}/report.md and 3 figures")
+  result = study_report.write(args.study_dir, args.out_dir, args.similarity)
+  print(f"wrote {result['out_dir']}/report.md and 4 figures")
   return 0
 
 

@@ -2,14 +2,15 @@
 
   python -m spot_jax.study --study_dir=/runs/study \
     --model=gin/models/t5_1_1_lm100k_base.gin --initial_checkpoint_path=/ckpts/... \
-    [--sources=a,b,...] [--targets=x,y,...] [--seeds=0,1,2] [--generic] \
-    [--shard_index=0 --num_shards=1]
+    [--sources=a,b,...] [--targets=x,y,...] [--seeds=0,1,2] [--generic] [--retrieval_k=3] \
+    [--one_at_a_time] [--shard_index=0 --num_shards=1]
 
-Defaults: the paper's 16 source and 10 target tasks (tasks.names) and seeds 0,1,2. Resumable:
-rerun the same command after an interruption; finished cells are skipped and a half-finished
-one resumes from its checkpoint. Writes <study_dir>/results.csv and results.json (scores and
-relative error reduction against the prompt-tuning baseline); `python -m spot_jax.report`
-draws them.
+Defaults: the paper's 16 source and 10 target tasks (tasks.names) and seeds 0,1,2. The runs of
+each job (every source; every target x seed; every target x seed from one source; ...) train
+as K runs in one jitted step (spot_jax/spot/grid.py). Resumable: rerun the same command after
+an interruption; finished runs are skipped and a half-finished job resumes from its checkpoints.
+Writes <study_dir>/results.csv and results.json (scores and relative error reduction against
+the same seed's prompt-tuning baseline); `python -m spot_jax.report` draws them with intervals.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Sequence
 
 from spot_jax import cli
 from spot_jax import fileio
+from spot_jax import stats
 from spot_jax.errors import ConfigError
 from spot_jax.spot import settings as settings_lib
 from spot_jax.spot import grid as grid_lib
@@ -30,11 +32,19 @@ def _parser() -> cli.ArgumentParser:
   parser.add_argument("--study_dir", required=True)
   parser.add_argument("--sources", default=None, help="comma-separated source tasks (default: the paper's 16)")
   parser.add_argument("--targets", default=None, help="comma-separated target tasks (default: the paper's 10)")
-  parser.add_argument("--seeds", default="0,1,2", help="comma-separated target-run seeds")
-  parser.add_argument("--source_seed", type=int, default=0)
+  parser.add_argument("--seeds", default="0,1,2", help="comma-separated target-run seeds (distinct)")
+  parser.add_argument("--source_seed", type=int, default=0,
+                      help="seed of the source runs (and of a random backbone, shared by all runs)")
   parser.add_argument("--source_train_steps", type=int, default=None,
                       help="training steps of the source runs (default: --train_steps)")
   parser.add_argument("--generic", action="store_true", help="also generic SPoT (mixture of all sources)")
+  parser.add_argument("--retrieval_k", type=int, default=0,
+                      help="also train SPoT's top-k weighted average and top-k mixture per target "
+                           "and seed (0: not)")
+  parser.add_argument("--similarity", default="average",
+                      help="similarity ranking the sources of the retrieval runs (average or per_token)")
+  parser.add_argument("--one_at_a_time", action="store_true",
+                      help="train every run alone instead of K runs in one step (wall-time comparison)")
   parser.add_argument("--shard_index", type=int, default=0)
   parser.add_argument("--num_shards", type=int, default=1)
   parser.add_argument("--verbose", action="store_true", help="the trainer's progress lines")
@@ -51,9 +61,10 @@ def _names(value, default: Sequence[str]) -> tuple[str, ...]:
 
 def _seeds(value: str) -> tuple[int, ...]:
   try:
-    return tuple(int(v) for v in value.split(",") if v.strip())
+    seeds = [int(v) for v in value.split(",") if v.strip()]
   except ValueError:
     raise ConfigError(f"--seeds {value!r} is malformed; give integers separated by commas, e.g. 0,1,2") from None
+  return tuple(stats.check_seeds(seeds, "--seeds"))
 
 
 def main(argv: Sequence[str]) -> int:
@@ -68,19 +79,20 @@ def main(argv: Sequence[str]) -> int:
     default_sources, default_targets = names.SOURCE_TASKS.values(), names.TARGET_TASKS.values()
   grid = grid_lib.Grid(sources=_names(args.sources, default_sources),
                     targets=_names(args.targets, default_targets), seeds=_seeds(args.seeds),
-                    source_seed=args.source_seed, generic=args.generic,
-                    source_train_steps=args.source_train_steps)
+                       source_seed=args.source_seed, generic=args.generic,
+                       source_train_steps=args.source_train_steps, retrieval_k=args.retrieval_k,
+                       similarity=args.similarity)
   settings = settings_lib.from_args(args)
   if args.source_train_steps is not None and not settings.embedding_step <= args.source_train_steps:
     raise ConfigError(f"--source_train_steps={args.source_train_steps} must be a positive integer >= "
                       f"--embedding_step={settings.embedding_step} (the source embedding is exported then)")
   settings_lib.check_tasks(grid.sources + grid.targets, args.task_module)
-  if not args.initial_checkpoint_path and set(grid.seeds) != {grid.source_seed}:
-    print(f"{PROG}: warning: no --initial_checkpoint_path: each seed draws its own random backbone, "
-          f"so transfers across seeds compare different models (fine for tests only)", file=sys.stderr)
+  if args.one_at_a_time and not args.initial_checkpoint_path:
+    raise ConfigError("--one_at_a_time needs --initial_checkpoint_path: a single run's random "
+                      "backbone follows its own seed, a job's follows --source_seed")
   fileio.writable_dir(args.study_dir, "--study_dir")
   grid_lib.run(settings, args.study_dir, grid, shard_index=args.shard_index, num_shards=args.num_shards,
-            verbose=args.verbose)
+               one_at_a_time=args.one_at_a_time, verbose=args.verbose)
   return 0
 
 
