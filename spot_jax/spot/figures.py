@@ -90,6 +90,13 @@ def text_colour(rgba: Sequence[float]) -> str:
   return "black" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "white"
 
 
+def wrap(caption: str, width_in: float) -> str:
+  """The caption broken into lines that fit `width_in` inches at 7 points."""
+  import textwrap  # pylint: disable=g-import-not-at-top
+  chars = max(30, int(width_in / 0.062))
+  return "\n".join(line for para in caption.split("\n") for line in textwrap.wrap(para, chars) or [""])
+
+
 def _cell_label(value: stats.Interval) -> str:
   if math.isnan(value.mean):
     return ""
@@ -124,11 +131,12 @@ def heatmap(plt, cells: Sequence[Sequence[stats.Interval]], rows: Sequence[str],
   norm = colors.Normalize(lo, hi)
   cell_h = max(CELL_H, 1.6 / len(rows))  # a short grid keeps a colour bar with room for ticks
   left = 0.3 + CHAR_W * max(len(r) for r in rows)
-  bottom = 0.25 + CHAR_W * 0.72 * max(len(c) for c in cols) + 0.2 * (1 + caption.count("\n"))
   width, height = CELL_W * len(cols), cell_h * len(rows)
-  fig_w, fig_h = left + width + 1.2, bottom + height + 0.5
-  fig = plt.figure(figsize=(max(fig_w, 4.0), fig_h))
-  fig_w = max(fig_w, 4.0)
+  fig_w = max(left + width + 1.2, 4.5)
+  caption = wrap(caption, fig_w - 0.2)
+  bottom = 0.25 + CHAR_W * 0.72 * max(len(c) for c in cols) + 0.15 * (1 + caption.count("\n"))
+  fig_h = bottom + height + 0.5
+  fig = plt.figure(figsize=(fig_w, fig_h))
   ax = fig.add_axes((left / fig_w, bottom / fig_h, width / fig_w, height / fig_h))
   cax = fig.add_axes(((left + width + 0.15) / fig_w, bottom / fig_h, 0.15 / fig_w, height / fig_h))
   image = ax.imshow(np.ma.masked_invalid(means), cmap=cmap, norm=norm, aspect="auto")
@@ -164,26 +172,47 @@ def scatter(plt, targets: Sequence[str], points: dict, correlations: dict, short
   cols = min(len(targets), 2)
   rows = math.ceil(len(targets) / cols)
   fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows + 0.5), squeeze=False)
+  fig_h = 3.4 * rows + 0.5
+  caption = wrap(caption, 4.2 * cols - 0.2)
   for ax, t in zip(axes.flat, targets):
     pts = points[t]
     for s, sim, rer in pts:
       ax.errorbar(sim.mean, rer.mean, xerr=sim.half_width if sim.resolved else None,
                   yerr=rer.half_width if rer.resolved else None, fmt="o", ms=4, color="tab:blue",
-                  ecolor="0.6", elinewidth=0.8, capsize=2)
-      ax.annotate(short[s], (sim.mean, rer.mean), xytext=(4, 3), textcoords="offset points",
-                  fontsize=7)
+                  ecolor="0.7", elinewidth=0.8, capsize=2)
     ax.axhline(0.0, color="0.75", lw=0.6, zorder=0)
+    ax.margins(0.18)
+    _label_points(ax, [(short[s], sim.mean, rer.mean) for s, sim, rer in pts])
     ax.set_title(f"{short[t]}\n{describe(correlations[t])}", fontsize=8)
     ax.set_xlabel(f"similarity ({metric})", fontsize=8)
     ax.set_ylabel("relative error reduction", fontsize=8)
     ax.tick_params(labelsize=7)
-    ax.margins(0.18)
   for ax in list(axes.flat)[len(targets):]:
     ax.axis("off")
   fig.suptitle(f"all (target, source) pairs: {describe(correlations['all'])}", fontsize=8)
-  fig.tight_layout(rect=(0, 0.09 / (3.4 * rows + 0.5) + 0.25 / (3.4 * rows + 0.5), 1, 1))
-  fig.text(0.01, 0.01, caption, fontsize=7, va="bottom", ha="left")
+  fig.tight_layout(rect=(0, (0.15 + 0.13 * (1 + caption.count("\n"))) / fig_h, 1, 1))
+  fig.text(0.01, 0.1 / fig_h, caption, fontsize=7, va="bottom", ha="left")
   return fig
+
+
+def _label_points(ax, labels: Sequence[tuple[str, float, float]]) -> None:
+  """Names beside their points, moved down a line while they would overlap a placed one."""
+  placed: list[tuple[float, float, float, float]] = []
+  ax.figure.canvas.draw()  # final limits, so data -> display positions hold
+  to_px = ax.transData.transform
+  line = 7 * ax.figure.dpi / 72 * 1.25
+  for name, x, y in sorted(labels, key=lambda p: (-p[2], p[1])):
+    px, py = to_px((x, y))
+    w = 0.62 * 7 * ax.figure.dpi / 72 * len(name)
+    dy = 3.0
+    for _ in range(len(labels) + 1):
+      box = (px + 4, py + dy, px + 4 + w, py + dy + line)
+      if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
+        break
+      dy -= line
+    placed.append(box)
+    ax.annotate(name, (x, y), xytext=(4, dy * 72 / ax.figure.dpi), textcoords="offset points",
+                fontsize=7)
 
 
 def describe(corr: dict) -> str:
@@ -201,15 +230,15 @@ def retrieval_bars(plt, table: Sequence[dict], caption: str):
   """Share of the oracle's gain kept by each method, with its interval (or the reason for none)."""
   methods = [r for r in table if r["method"] not in ("baseline", "oracle")]
   fig_h = 0.9 + 0.4 * len(methods) + 0.3
-  fig, ax = plt.subplots(figsize=(6.0, fig_h))
+  fig, ax = plt.subplots(figsize=(7.5, fig_h))
   for i, r in enumerate(methods):
     share = r["oracle_gain_kept"]
     xerr = None if not share.resolved else [[share.mean - share.low], [share.high - share.mean]]
     ax.barh(i, share.mean if math.isfinite(share.mean) else 0.0, color="tab:blue", alpha=0.7,
             xerr=xerr, ecolor="0.3", capsize=3)
     label = share.format(2) if share.resolved else f"{share.mean:.2f} ({share.why or 'no interval'})"
-    ax.text(0.02, i, label, va="center", ha="left", fontsize=7, color="black",
-            transform=ax.get_yaxis_transform())
+    ax.text(1.02, i, label, va="center", ha="left", fontsize=7, color="black",
+            transform=ax.get_yaxis_transform(), clip_on=False)
   ax.set_yticks(range(len(methods)), [r["method"] for r in methods], fontsize=8)
   ax.axvline(1.0, color="0.5", lw=0.8, ls="--")
   ax.axvline(0.0, color="0.5", lw=0.8)
@@ -217,6 +246,6 @@ def retrieval_bars(plt, table: Sequence[dict], caption: str):
   ax.set_xlabel("share of the oracle's gain kept", fontsize=8)
   ax.tick_params(labelsize=7)
   ax.set_title("retrieval vs the brute-force oracle", fontsize=9)
-  fig.tight_layout(rect=(0, 0.3 / fig_h, 1, 1))
-  fig.text(0.01, 0.02, caption, fontsize=7, va="bottom", ha="left")
+  fig.tight_layout(rect=(0, 0.3 / fig_h, 0.8, 1))
+  fig.text(0.01, 0.02, wrap(caption, 7.3), fontsize=7, va="bottom", ha="left")
   return fig
