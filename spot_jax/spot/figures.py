@@ -196,23 +196,28 @@ def scatter(plt, targets: Sequence[str], points: dict, correlations: dict, short
 
 
 def _label_points(ax, labels: Sequence[tuple[str, float, float]]) -> None:
-  """Names beside their points, moved down a line while they would overlap a placed one."""
+  """Names beside their points; a name that would overlap a placed one moves to the nearest free
+  line above or below, on the right or the left, joined to its point by a thin leader line."""
   placed: list[tuple[float, float, float, float]] = []
   ax.figure.canvas.draw()  # final limits, so data -> display positions hold
   to_px = ax.transData.transform
-  line = 7 * ax.figure.dpi / 72 * 1.25
+  scale = ax.figure.dpi / 72
+  line = 7 * scale * 1.3
   for name, x, y in sorted(labels, key=lambda p: (-p[2], p[1])):
     px, py = to_px((x, y))
-    w = 0.62 * 7 * ax.figure.dpi / 72 * len(name)
-    dy = 3.0
-    for _ in range(len(labels) + 1):
-      box = (px + 4, py + dy, px + 4 + w, py + dy + line)
+    w = 0.62 * 7 * scale * len(name)
+    offsets = [(4 * scale, -line / 2 + sign * k * line) for k in range(len(labels) + 2)
+               for sign in ((1,) if k == 0 else (1, -1))]
+    offsets = [(dx if side > 0 else -dx - w, dy) for dx, dy in offsets for side in (1, -1)]
+    for dx, dy in offsets:
+      box = (px + dx, py + dy, px + dx + w, py + dy + line)
       if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
         break
-      dy -= line
     placed.append(box)
-    ax.annotate(name, (x, y), xytext=(4, dy * 72 / ax.figure.dpi), textcoords="offset points",
-                fontsize=7)
+    moved = abs(dy + line / 2) > 1
+    ax.annotate(name, (x, y), xytext=(dx / scale, (dy + line / 2) / scale), textcoords="offset points",
+                fontsize=7, va="center",
+                arrowprops=dict(arrowstyle="-", lw=0.4, color="0.45", shrinkA=0, shrinkB=2) if moved else None)
 
 
 def describe(corr: dict) -> str:
