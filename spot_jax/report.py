@@ -2,10 +2,11 @@
 
   python -m spot_jax.report --study_dir=/runs/study [--output_dir=/runs/study/report] [--similarity=average]
 
-Writes transfer_heatmap.png, similarity_heatmap.png, similarity_vs_transfer.png and report.md
-(see spot_jax/spot/figures.py). A --study_dir that is not a study's folder (missing, a file,
-empty, without results.json, or with a results.json of something else) is a one-line error that
-says what was expected, and nothing is written.
+Writes transfer_heatmap.png, similarity_heatmap.png, similarity_vs_transfer.png, retrieval.png
+and report.md, every number with its interval over seeds (spot_jax/spot/study_report.py).
+A --study_dir that is not a study's folder (missing, a file, empty, without results.json, or
+with a results.json of something else) is a one-line error that says what was expected,
+and nothing is written.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from typing import Sequence
 from spot_jax import cli
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
-from spot_jax.spot import figures
 from spot_jax.spot import similarity
+from spot_jax.spot import study_report
 
 PROG = "spot_jax.report"
 EXPECTED = "give the folder of a `python -m spot_jax.study` run, where it wrote results.json"
@@ -26,7 +27,7 @@ EXPECTED = "give the folder of a `python -m spot_jax.study` run, where it wrote 
 def check_study_dir(study_dir: str) -> None:
   """A one-line ConfigError unless `study_dir` is a folder with a results.json.
 
-  What that results.json holds is checked where it is read (`figures.load`).
+  What that results.json holds is checked where it is read (`study_report.load`).
   """
   path = pathlib.Path(study_dir)
   if not path.exists():
@@ -52,8 +53,8 @@ def main(argv: Sequence[str]) -> int:
   parser.add_argument("--similarity", default="average", choices=similarity.METRICS)
   args = parser.parse_args(argv)
   check_study_dir(args.study_dir)
-  result = figures.write(args.study_dir, args.output_dir, args.similarity)
-  print(f"wrote {result['out_dir']}/report.md and 3 figures")
+  result = study_report.write(args.study_dir, args.output_dir, args.similarity)
+  print(f"wrote {result['out_dir']}/report.md and 4 figures")
   return 0
 
 

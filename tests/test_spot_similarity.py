@@ -10,7 +10,7 @@ from scipy import stats
 
 from spot_jax.spot import experts, similarity
 from spot_jax.spot import figures
-from spot_jax.spot import grid
+from spot_jax.spot import results
 
 
 def _cos(a, b):
@@ -122,59 +122,91 @@ def test_expert_compression():
 
 
 def test_relative_error_reduction():
-  assert grid.relative_error_reduction(80.0, 60.0, 100.0) == pytest.approx(0.5)
-  assert grid.relative_error_reduction(50.0, 60.0, 100.0) == pytest.approx(-0.25)
-  assert grid.relative_error_reduction(90.0, 100.0, 100.0) is None
+  assert results.relative_error_reduction(80.0, 60.0, 100.0) == pytest.approx(0.5)
+  assert results.relative_error_reduction(50.0, 60.0, 100.0) == pytest.approx(-0.25)
+  assert results.relative_error_reduction(90.0, 100.0, 100.0) is None
 
 
-def _rows():
+def _rows(seeds=(0, 1, 2), sources="abcd"):
   rs = np.random.RandomState(3)
   rows = []
   for t in ("t1", "t2"):
-    for seed in (0, 1):
+    for seed in seeds:
       base = float(rs.uniform(40, 60))
       rows.append({"target": t, "seed": seed, "init": "baseline", "score": base, "baseline_score": base,
                    "relative_error_reduction": 0.0, "similarity_average": None})
-      for s in ("a", "b", "c", "d"):
+      for s in sources:
         score = float(rs.uniform(30, 80))
         rows.append({"target": t, "seed": seed, "init": s, "score": score, "baseline_score": base,
-                     "relative_error_reduction": grid.relative_error_reduction(score, base, 100.0),
+                     "relative_error_reduction": results.relative_error_reduction(score, base, 100.0),
                      "similarity_average": float(rs.uniform(-1, 1))})
   return rows
 
 
-def test_correlations_match_scipy_on_the_same_points():
-  rows = _rows()
-  got = figures.correlations(rows, "t1", "average")
-  pts = [(r["similarity_average"], r["relative_error_reduction"]) for r in rows
-         if r["target"] == "t1" and r["init"] != "baseline"]
-  x, y = np.array(pts).T
-  assert got["n"] == 8
-  r = np.corrcoef(x, y)[0, 1]
-  assert got["pearson_r"] == pytest.approx(r, abs=1e-12)
-  assert got["pearson_p"] == pytest.approx(stats.pearsonr(x, y)[1], abs=1e-12)
-  assert got["spearman_r"] == pytest.approx(np.corrcoef(stats.rankdata(x), stats.rankdata(y))[0, 1], abs=1e-12)
+def test_correlations_match_scipy_on_the_seed_averaged_points():
+  rows = _rows(sources="abcdef")
+  got = results.correlations(rows, ["t1", "t2"], list("abcdef"), "average")
+  mean = lambda t, s, key: np.mean([r[key] for r in rows if r["target"] == t and r["init"] == s])
+  x = [mean("t1", s, "similarity_average") for s in "abcdef"]
+  y = [mean("t1", s, "relative_error_reduction") for s in "abcdef"]
+  assert got["t1"]["n"] == 6 and got["all"]["n"] == 12
+  assert got["t1"]["pearson"].mean == pytest.approx(np.corrcoef(x, y)[0, 1], abs=1e-12)
+  assert got["t1"]["spearman"].mean == pytest.approx(
+      np.corrcoef(stats.rankdata(x), stats.rankdata(y))[0, 1], abs=1e-12)
+  assert got["t1"]["pearson"].resolved and got["t1"]["pearson"].low <= got["t1"]["pearson"].mean
+  few = results.correlations(_rows(sources="abc"), ["t1"], list("abc"), "average")["t1"]
+  assert few["n"] == 3 and not few["pearson"].resolved and "too few" in few["pearson"].why
+  assert figures.describe(few).endswith("n=3: too few points for an interval")
 
 
 def test_retrieval_table_against_hand_computation():
   rows = _rows()
-  table = {r["method"]: r for r in figures.retrieval_table(rows, ["a", "b", "c", "d"], "average", ks=(1, 3))}
+  table = {r["method"]: r for r in results.retrieval_table(rows, ["a", "b", "c", "d"], "average", ks=(1, 3))}
   cases = {}
   for r in rows:
     cases.setdefault((r["target"], r["seed"]), {})[r["init"]] = r
-  base = np.mean([c["baseline"]["score"] for c in cases.values()])
-  oracle = np.mean([max(c[s]["score"] for s in "abcd") for c in cases.values()])
-  top1 = np.mean([max((c[s] for s in "abcd"), key=lambda r: r["similarity_average"])["score"]
-                  for c in cases.values()])
-  assert table["baseline"]["mean_score"] == pytest.approx(base)
-  assert table["oracle"]["mean_score"] == pytest.approx(oracle)
-  assert table["best_of_top_1"]["mean_score"] == pytest.approx(top1)
-  assert table["best_of_top_1"]["oracle_gain_kept"] == pytest.approx((top1 - base) / (oracle - base))
-  assert table["best_of_top_1"]["search_space_removed"] == pytest.approx(0.75)
-  assert table["best_of_top_3"]["search_space_removed"] == pytest.approx(0.25)
-  assert table["oracle"]["oracle_gain_kept"] == pytest.approx(1.0)
-  assert table["best_of_top_3"]["mean_score"] <= table["oracle"]["mean_score"] + 1e-12
-  assert all(v["cases"] == 4 for v in table.values())
+  keys = sorted(cases)
+  base = [cases[k]["baseline"]["score"] for k in keys]
+  oracle = [max(cases[k][s]["score"] for s in "abcd") for k in keys]
+  top1 = [max((cases[k][s] for s in "abcd"), key=lambda r: r["similarity_average"])["score"] for k in keys]
+  per_seed = [np.mean([v for k, v in zip(keys, top1) if k[1] == seed]) for seed in (0, 1, 2)]
+  assert table["best_of_top_1"]["mean_score"].mean == pytest.approx(np.mean(per_seed))
+  want_half = stats.t.ppf(0.975, 2) * np.std(per_seed, ddof=1) / np.sqrt(3)
+  assert table["best_of_top_1"]["mean_score"].half_width == pytest.approx(want_half)
+  share = (np.mean(top1) - np.mean(base)) / (np.mean(oracle) - np.mean(base))
+  got = table["best_of_top_1"]["oracle_gain_kept"]
+  assert got.mean == pytest.approx(share) and got.resolved and got.low <= share <= got.high
+  assert table["oracle"]["oracle_gain_kept"].mean == pytest.approx(1.0)
+  assert (table["best_of_top_1"]["runs"], table["best_of_top_3"]["runs"], table["oracle"]["runs"]) == (1, 3, 4)
+  assert table["best_of_top_3"]["mean_score"].mean <= table["oracle"]["mean_score"].mean + 1e-12
+  assert all(v["cases"] == 6 for v in table.values())
+  # below MIN_CASES cases: the share without an interval, and why
+  two = {r["method"]: r for r in results.retrieval_table(_rows(seeds=(0, 1))[:10], list("abcd"), "average", ks=(1,))}
+  assert two["best_of_top_1"]["cases"] == 2 and not two["best_of_top_1"]["oracle_gain_kept"].resolved
+
+
+def test_short_names_drop_shared_words_and_say_so():
+  names = ["spot_toy_sentiment_movies_taskless_v100", "spot_toy_topic_taskless_v100",
+           "spot_toy_sentiment_travel_taskless_v100", "spot_toy_sum_taskless_v100"]
+  short, caption = figures.short_names(names)
+  assert list(short.values()) == ["sent_movies", "topic", "sent_travel", "sum"]
+  assert "prefix 'spot_toy_'" in caption and "suffix '_taskless_v100'" in caption
+  assert "sent = sentiment" in caption
+  short, _ = figures.short_names(["a_x", "b_x"])
+  assert short == {"a_x": "a", "b_x": "b"}
+
+
+def test_label_colour_contrasts_with_the_cell():
+  from matplotlib import colormaps  # pylint: disable=g-import-not-at-top
+  assert figures.text_colour((0.0, 0.0, 0.0)) == "white" and figures.text_colour((1.0, 1.0, 1.0)) == "black"
+  rdbu = colormaps["RdBu"]
+  assert figures.text_colour(rdbu(0.0)) == "white" and figures.text_colour(rdbu(1.0)) == "white"  # dark ends
+  assert figures.text_colour(rdbu(0.5)) == "black"  # the light middle
+  for value in np.linspace(0, 1, 11):  # every cell's label has a contrast ratio of at least 4.5
+    rgb = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rdbu(value)[:3]]
+    lum = 0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2]
+    ratio = (lum + 0.05) / 0.05 if figures.text_colour(rdbu(value)) == "black" else 1.05 / (lum + 0.05)
+    assert ratio >= 4.5, (value, ratio)
 
 
 def test_cluster_order_groups_related_tasks():

@@ -1,4 +1,5 @@
-"""One prompt-tuning run of the SPoT layer: an ordinary `train.train(...)` call, read back.
+"""Prompt-tuning runs of the SPoT layer: ordinary `train.train(...)` calls (one run, or K runs
+in one jitted step), read back.
 
 Every run the trainer makes is a SPoT run: its run directory records (`run.json`, see
 `spot_jax.run_dir`) the task, the seed, the frozen model's fingerprint, the best validation
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -134,3 +135,72 @@ def train_prompt(settings: RunSettings, task: str, run_dir: str | pathlib.Path, 
   if outcome is None:
     raise RuntimeError(f"{run_dir}: the trainer returned without recording the run as finished")
   return outcome
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+  """One run of a batched job (`train_runs`).
+
+  Attributes:
+    name: its run directory's name under the job directory.
+    task: its task or mixture.
+    seed: its seed (prompt initialisation, data order, dropout keys).
+    init: its initial prompt [L, E] (None: the sampled-vocabulary start, drawn with `seed`).
+    init_note: how `init` was made, kept in the record.
+  """
+  name: str
+  task: str
+  seed: int
+  init: Optional[np.ndarray] = None
+  init_note: str = "sampled vocabulary"
+
+
+def train_runs(settings: RunSettings, job_dir: str | pathlib.Path, requests: Sequence[RunRequest], *,
+               backbone_seed: int, evaluate: bool = True, verbose: bool = False) -> list[RunOutcome]:
+  """Trains K Prompt Tuning runs of one shape in one jitted step (the trainer's runs API).
+
+  Each run is the ordinary run directory <job_dir>/<name>; finished runs are not trained again
+  (a job resumes from the newest step all its runs saved). Every run of one job is evaluated
+  with one metric: `settings.metric_for` of the first run's task (callers group by metric).
+
+  Args:
+    settings: the shared settings (the job trains `settings.train_steps` steps).
+    job_dir: the job's directory (MODEL_DIR of the trainer).
+    requests: the runs, in job order.
+    backbone_seed: the random backbone's seed when there is no checkpoint (one for all K runs).
+    evaluate: evaluate on the validation split and keep each run's best prompt.
+    verbose: the trainer's progress lines.
+
+  Returns:
+    The outcome of every request, in order.
+  """
+  job_dir = pathlib.Path(job_dir)
+  todo = [r for r in requests if read_record(job_dir / r.name) is None]
+  if todo:
+    first = todo[0].task
+    metric = settings.metric_for(first)
+    prompt = prompt_module(settings)
+    model = dataclasses.replace(settings.model, module=settings.model.module.clone(prompt=prompt))
+    specs = [train_lib.RunSpec(r.seed, r.task, r.name,
+                               None if r.init is None else prompts.from_array(r.init, source=r.init_note),
+                               r.init_note) for r in todo]
+    train_cfg = data_lib.DatasetConfig(first, dict(settings.lengths), batch_size=settings.batch_size,
+                                       seed=backbone_seed, module=settings.task_module)
+    eval_cfg = (evaluator_lib.EvalConfig(first, dict(settings.lengths), batch_size=settings.eval_batch_size,
+                                         num_examples=settings.eval_num_examples,
+                                         module=settings.task_module) if evaluate else None)
+    checkpoint_cfg = train_lib.CheckpointConfig(period=settings.checkpoint_period,
+                                                embedding_step=settings.embedding_step,
+                                                best_metric=metric if evaluate else None)
+    train_lib.train(model=model, train_dataset_cfg=train_cfg, total_steps=settings.train_steps,
+                    model_dir=str(job_dir),
+                    optimizer=optimizers.adafactor(learning_rate=settings.learning_rate),
+                    eval_cfg=eval_cfg, eval_period=settings.eval_period,
+                    checkpoint_cfg=checkpoint_cfg,
+                    initial_checkpoint_path=settings.initial_checkpoint_path, seed=backbone_seed,
+                    verbose=verbose, runs=specs)
+  outcomes = [read_record(job_dir / r.name) for r in requests]
+  missing = [r.name for r, o in zip(requests, outcomes) if o is None]
+  if missing:
+    raise RuntimeError(f"{job_dir}: the trainer returned without recording {missing} as finished")
+  return outcomes

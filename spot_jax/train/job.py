@@ -226,9 +226,8 @@ class Job:
       common = sorted(set.intersection(*steps), reverse=True)
       if not common:  # e.g. killed between the runs' first saves: all start again from step 0
         listing = "; ".join(f"{r.name}: {sorted(s) or 'none'}" for r, s in zip(self.plan.runs, steps))
-        self.log.info(f"the runs of {self.plan.model_dir} saved no common step ({listing}); "
-                      f"starting them all from step 0 (a saved state is kept and not written "
-                      f"again when its step comes round)")
+        self.log.info(f"the runs of {self.plan.model_dir} saved no common step ({listing}); all "
+                      f"start from step 0 (a saved state is kept, not written again)")
         return None
       step, states = common[0], []
       try:
