@@ -149,7 +149,8 @@ def main(argv: Sequence[str]) -> int:
   served = run_backbone.resolve(  # --model's, or the one the run directories recorded
       [p for _, p in specs], checkpoint=args.checkpoint, seed=args.seed,
       config=flags.model_config(args.model, args.model_binding, dropout_rate=0.0) if args.model
-      else None, allow_backbone_change=args.allow_backbone_change)
+      else None, allow_backbone_change=args.allow_backbone_change,
+      weights_used=not (args.export_peft or args.export_npy or args.export_peft_mpt))
   config = served.config
   if args.export_peft_mpt:
     return _export_mpt(args, specs, config)

@@ -77,12 +77,14 @@ ROWS = [
     ("train negative steps", TRAIN, [*RUN, "--gin.TRAIN_STEPS=-5"], "TRAIN_STEPS must be a positive integer", False),
     ("train batch size 0", TRAIN, [*RUN, "--gin.BATCH_SIZE=0"], "BATCH_SIZE must be a positive integer", False),
     ("train prompt length 0", TRAIN, [*RUN, "--gin.prompts.PromptTuning.length=0"], "length", False),
-    ("train keep 0", TRAIN, [*RUN, "--gin.CHECKPOINTS_TO_KEEP=0"], "CheckpointConfig.keep=0", False),
+    ("train keep 0", TRAIN, [*RUN, "--gin.CHECKPOINTS_TO_KEEP=0"], "CHECKPOINTS_TO_KEEP must be a positive integer, got 0",
+     False),
     ("train inputs shorter than prompt", TRAIN, [*RUN, "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 12}"],
      "shorter than the prompt", False),
     ("train missing initial checkpoint", TRAIN, [*RUN, "--gin.INITIAL_CHECKPOINT_PATH='{tmp}/nope'"],
      "does not exist", False),
-    ("train MODEL_DIR under a file", TRAIN, [*SMOKE, "--gin.MODEL_DIR='{file}/run'"], "is not writable", False),
+    ("train MODEL_DIR under a file", TRAIN, [*SMOKE, "--gin.MODEL_DIR='{file}/run'"],
+     "MODEL_DIR '{file}/run': '{file}' is a file, not a directory", False),
     # --- spot_jax.train: gin text, types and lists ---------------------------------------------
     ("train gin syntax error in a file", TRAIN, [*RUN, "--gin_file={gin_dir}/syntax.gin"],
      "--gin_file={gin_dir}/syntax.gin, line 2 (BATCH_SIZE = 8 16): Expected newline", False),
@@ -154,6 +156,9 @@ ROWS = [
     ("infer another checkpoint", INFER, ["--prompt={run}", "--checkpoint={ckpt}", "--input={file}",
                                          "--output={tmp}/o.jsonl"],
      "--prompt {run} was trained against frozen model {fp0} (random:0), not {fp_ckpt} given now", False),
+    ("infer export on another config", INFER, ["--prompt={run}", "--model=t5_1_1_test", "--export_npy={tmp}/p.npy"],
+     "--prompt {run} was trained against frozen model {fp0} (random:0), whose config differs from --model's; give "
+     "the --model it was trained with, or --allow_backbone_change", False),
     ("infer runs of two backbones", INFER, ["--prompt=a={run}", "--prompt=b={tmp}/other_run", "--input={file}",
                                             "--output={tmp}/o.jsonl"],
      "--prompt {run} was trained against frozen model {fp0} (random:0) and --prompt {tmp}/other_run against "

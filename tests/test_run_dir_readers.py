@@ -151,6 +151,11 @@ def test_every_reader_names_the_same_state_and_prompt(run, tmp_path, monkeypatch
                  infer_cli.PROG)
   assert code == 0, capsys.readouterr().err
   _arrays_equal(np.load(exported), best_prompt)
+  # an export reads the config only: the run's --model without its backbone's seed is fine
+  code = cli.run(infer_cli.main, [f"--prompt={run.name}", "--model=t5_1_1_byte_tiny", "--seed=1",
+                                  f"--export_npy={tmp_path / 'again.npy'}"], infer_cli.PROG)
+  assert code == 0, capsys.readouterr().err
+  _arrays_equal(np.load(tmp_path / "again.npy"), best_prompt)
   assert tree_hash(run) == before
 
 

@@ -158,7 +158,8 @@ def _check_agree(runs: Sequence[tuple[str, RunRecord]]) -> None:
 
 
 def resolve(paths: Sequence[str], *, config: Optional[T5Config], checkpoint: Optional[str] = None,
-            seed: int = 0, allow_backbone_change: bool = False) -> ServedBackbone:
+            seed: int = 0, allow_backbone_change: bool = False,
+            weights_used: bool = True) -> ServedBackbone:
   """The backbone served for `--prompt` values `paths` (see the module docstring).
 
   Args:
@@ -166,6 +167,8 @@ def resolve(paths: Sequence[str], *, config: Optional[T5Config], checkpoint: Opt
     config: --model's config (dropout off), or None when --model was not given.
     checkpoint, seed: --checkpoint and --seed.
     allow_backbone_change: serve runs on a backbone other than the one they recorded.
+    weights_used: False for exports, which read the config only: a run is then refused only
+      when it recorded another config (a --model without the run's --checkpoint is fine).
 
   Raises:
     ConfigError: no --model and no run directory with a record; runs recording different
@@ -189,7 +192,20 @@ def resolve(paths: Sequence[str], *, config: Optional[T5Config], checkpoint: Opt
     if checkpoint is None:  # exactly the recorded backbone: nothing to compare
       return served
   if runs and not allow_backbone_change:
+    if not weights_used:
+      _check_configs(runs, served.config)
+      return served
     current = served.fingerprint()
     for where, record in runs:
       backbone_lib.check_same(record.fingerprint, current, f"--prompt {where}", OVERRIDE_FLAG)
   return served
+
+
+def _check_configs(runs: Sequence[tuple[str, RunRecord]], config: T5Config) -> None:
+  """Each run recorded `config` (the weight-defining fields; an export reads nothing else)."""
+  given = backbone_lib.config_hash(config)
+  for where, record in runs:
+    if record.fingerprint.get("config") != given:
+      raise ConfigError(f"--prompt {where} was trained against frozen model "
+                        f"{backbone_lib.describe(record.fingerprint)}, whose config differs from "
+                        f"--model's; give the --model it was trained with, or {OVERRIDE_FLAG}")
