@@ -1,5 +1,7 @@
 """`python -m spot_jax.infer`: serve soft prompts on a frozen T5.
 
+  # A run directory alone: its recorded backbone and vocabulary (no --model, no --vocab)
+  python -m spot_jax.infer --prompt=/runs/rte_pt --input=in.txt --output=out.jsonl
   # Predictions (JSONL: input, prompt, prediction, score) for a file of inputs; rows name
   # their prompt ("prompt" field) or use --default_prompt / the only prompt given.
   python -m spot_jax.infer --model=t5_1_1_lm100k_base --checkpoint=/ckpts/checkpoint_1100000 \
@@ -18,9 +20,13 @@ sources and attention network; MPT runs are folded; prefix tuning and P-tuning v
 their per-layer prefixes), a .npy [L, E] prompt, a PEFT prompt-tuning, prefix-tuning or
 multitask-prompt-tuning adapter directory, or a SPoT prompt library entry
 `LIBRARY_DIR#ENTRY_ID` (its best prompt; refused unless it was trained against the served
-backbone). A multi-task run or adapter serves each task as NAME/<k>. Without
---checkpoint the backbone is the random one of --seed (what a smoke run trains against).
-See docs/serving.md.
+backbone). A multi-task run or adapter serves each task as NAME/<k>.
+
+Run directories record their backbone and vocabulary (run.json): without --model, infer serves
+on the recorded config, checkpoint and vocabulary (spot_jax.serve.run_backbone); a --model or
+--checkpoint other than the recorded one is refused unless --allow_backbone_change. With
+--model and no --checkpoint the backbone is the random one of --seed (what a smoke run trains
+against). See docs/serving.md.
 """
 from __future__ import annotations
 
@@ -29,7 +35,6 @@ import json
 import os
 import pathlib
 import sys
-import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -45,7 +50,13 @@ PROG = "spot_jax.infer"
 def _parser() -> cli.ArgumentParser:
   p = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
   a = p.add_argument
-  flags.add_backbone(p, seed_help="seed of the random backbone (no --checkpoint) and of sampling")
+  flags.add_backbone(p, required=False, model_help="the frozen backbone: a config name or a gin "
+                     "model file (default: the one the --prompt run directories recorded)",
+                     checkpoint_help="the frozen backbone's checkpoint (default: the runs' "
+                     "recorded one with no --model, else the random backbone of --seed)",
+                     seed_help="seed of the random backbone (no --checkpoint) and of sampling")
+  a("--allow_backbone_change", action="store_true", help="serve run directories on the "
+    "--model/--checkpoint given, although they recorded another frozen backbone")
   a("--prompt", action="append", default=[], metavar="NAME=PATH", help="a prompt (repeatable)")
   a("--smop_routing", default="linear", help="routing of SMoP runs: linear, top2, gumbel, "
     "stochastic or single")
@@ -57,8 +68,8 @@ def _parser() -> cli.ArgumentParser:
   a("--split", default="validation")
   a("--task_module", default=None, help="module registering --task (e.g. tasks.synthetic)")
   a("--num_examples", type=int, default=None, help="serve at most this many task examples")
-  a("--vocab", default=None,
-    help="'byte', a SentencePiece model, or T5's (default; SPOT_JAX_VOCAB)")
+  a("--vocab", default=None, help="'byte' or a SentencePiece model (default: the runs' recorded "
+    "vocabulary, else T5's: SPOT_JAX_VOCAB)")
   flags.add_output(p, "predictions JSONL (interpretation: JSON) to write")
   a("--default_prompt", default=None, help="prompt of inputs that name none")
   flags.add_lengths(p, 128, 32, target_help="decoded tokens per prediction (EOS included); "
@@ -105,22 +116,6 @@ def _prompt_specs(values: Sequence[str]) -> list[tuple[str, str]]:
   return specs
 
 
-def _label_tokens(vocab, labels: Sequence[str], length: int) -> np.ndarray:
-  """[N, length] tokens of the --label strings, each checked (empty, repeated, too long)."""
-  from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
-  rows = []
-  for i, label in enumerate(labels):
-    if not label.strip() or label in labels[:i]:
-      what = "is empty" if not label.strip() else "repeats an earlier label"
-      raise ConfigError(f"--label entry {i} ({label!r}) {what}; give distinct class labels")
-    tokens, cut = inputs.tokenize(vocab, [label], length)
-    if cut:
-      raise ConfigError(f"--label entry {i} ({label!r}) is longer than --target_length={length} "
-                        f"tokens (EOS included); raise --target_length")
-    rows.append(tokens[0])
-  return np.stack(rows)
-
-
 def _check_numbers(args) -> None:
   """Every numeric flag in its range, by name."""
   for flag in ("batch_size", "input_length", "target_length", "num_beams", "top_tokens",
@@ -134,53 +129,34 @@ def _check_numbers(args) -> None:
     raise ConfigError(f"--alpha={args.alpha} must be a finite number")
 
 
-class _Phases:
-  """Wall-clock marks of one command (`--timing`): one stderr line at the end."""
-
-  def __init__(self, on: bool):
-    from spot_jax import runtime  # pylint: disable=g-import-not-at-top
-    self.on, self._last, self.parts = on, time.perf_counter(), []
-    start = runtime.seconds_since_start() if on else None
-    if start is not None:
-      self.parts.append(("process start to main", start))
-
-  def mark(self, name: str) -> None:
-    now = time.perf_counter()
-    self.parts.append((name, now - self._last))
-    self._last = now
-
-  def report(self, first_prediction: Optional[float]) -> None:
-    if not self.on:
-      return
-    line = ", ".join(f"{name} {sec:.2f} s" for name, sec in self.parts)
-    if first_prediction is not None:
-      line += f"; first prediction {first_prediction:.2f} s after process start"
-    print(f"{PROG}: timing: {line}", file=sys.stderr, flush=True)
-
-
 def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
   distributed.setup(args)  # several processes serve one mesh; each writes nothing but process 0
   _check_numbers(args)
-  phases = _Phases(args.timing)
+  from spot_jax.serve import predict  # pylint: disable=g-import-not-at-top
+  phases = predict.Phases(PROG, args.timing)
   if args.compilation_cache_dir:
     from spot_jax import runtime  # pylint: disable=g-import-not-at-top
     runtime.enable_compilation_cache(args.compilation_cache_dir)
   from spot_jax.serve import table as table_lib  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import prompt_sources  # pylint: disable=g-import-not-at-top
-  config = flags.model_config(args.model, args.model_binding, dropout_rate=0.0)
+  from spot_jax.serve import prompt_sources, run_backbone  # pylint: disable=g-import-not-at-top
   modes = [m for m in ("interpret", "export_peft", "export_npy", "export_peft_mpt")
            if getattr(args, m)]
   if len(modes) > 1:
     raise ConfigError(f"give one of --interpret, --export_peft, --export_npy, --export_peft_mpt, "
                       f"not {len(modes)}")
   specs = _prompt_specs(args.prompt)
+  served = run_backbone.resolve(  # --model's, or the one the run directories recorded
+      [p for _, p in specs], checkpoint=args.checkpoint, seed=args.seed,
+      config=flags.model_config(args.model, args.model_binding, dropout_rate=0.0) if args.model
+      else None, allow_backbone_change=args.allow_backbone_change,
+      weights_used=not (args.export_peft or args.export_npy or args.export_peft_mpt))
+  config = served.config
   if args.export_peft_mpt:
     return _export_mpt(args, specs, config)
-  fingerprint = None
-  if any(prompt_sources.library_reference(p) for _, p in specs):  # entries must match the served model
-    from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
-    fingerprint = backbone_lib.fingerprint(config, args.checkpoint, args.seed)
+  fingerprint = None  # library entries must match the served model
+  if any(prompt_sources.library_reference(p) for _, p in specs):
+    fingerprint = served.fingerprint()
   # A multi-task run (ATTEMPT targets, MPT tasks) serves one entry per task, NAME/<task index>.
   entries = [e for n, p in specs for e in prompt_sources.load_all(
       n, p, smop_routing=args.smop_routing, config=config, fingerprint=fingerprint,
@@ -190,8 +166,8 @@ def main(argv: Sequence[str]) -> int:
   if args.export_peft or args.export_npy:
     return _export(args, table, config)
   if args.interpret:
-    return _interpret(args, table, config)
-  return _predict(args, table, config, phases)
+    return _interpret(args, table, served)
+  return _predict(args, table, served, phases)
 
 
 def _single(table, what: str):
@@ -255,28 +231,27 @@ def _export(args, table, config) -> int:
   return 0
 
 
-def _backbone(args, config) -> tuple[Any, Any]:
+def _backbone(served) -> tuple[Any, Any]:
   """(frozen params, mesh to place the serving arrays on, or None: one process)."""
   import jax  # pylint: disable=g-import-not-at-top
-  if args.checkpoint and jax.process_count() == 1:
-    # Straight onto the device: no mesh, no abstract init of its own.
-    from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
-    from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
-    backbone_lib.check_initial_checkpoint(args.checkpoint)
-    return checkpoints.load_checkpoint(backbone_lib.resolve_checkpoint_path(args.checkpoint),
-                                       config), None
-  from spot_jax import models, partitioning  # pylint: disable=g-import-not-at-top
   from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
+  if served.checkpoint and jax.process_count() == 1:
+    # Straight onto the device: no mesh, no abstract init of its own.
+    from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
+    backbone_lib.check_initial_checkpoint(served.checkpoint)
+    return checkpoints.load_checkpoint(backbone_lib.resolve_checkpoint_path(served.checkpoint),
+                                       served.config), None
+  from spot_jax import models, partitioning  # pylint: disable=g-import-not-at-top
   from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  model = models.EncoderDecoderModel(Transformer(config))
+  model = models.EncoderDecoderModel(Transformer(served.config))
   mesh = partitioning.create_mesh(1)
   note = lambda line: print(line, file=sys.stderr)
-  params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), None, args.seed,
-                                         mesh, partitioning.logical_rules(), info=note)
+  params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), served.checkpoint,
+                                         served.seed, mesh, partitioning.logical_rules(), info=note)
   return params, mesh
 
 
-def _interpret(args, table, config) -> int:
+def _interpret(args, table, served) -> int:
   from spot_jax.serve import interpret  # pylint: disable=g-import-not-at-top
   deep = [e.name for e in table.entries if e.deep]
   if deep:
@@ -284,15 +259,16 @@ def _interpret(args, table, config) -> int:
                       f"(per-layer keys and values, no vocabulary neighbours)")
   if args.output:
     fileio.output_file(args.output, "--output")
-  if args.checkpoint:
+  if served.checkpoint:
     from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
     from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
-    backbone_lib.check_initial_checkpoint(args.checkpoint)
-    embedding = checkpoints.load_embedding(backbone_lib.resolve_checkpoint_path(args.checkpoint), config)
+    backbone_lib.check_initial_checkpoint(served.checkpoint)
+    embedding = checkpoints.load_embedding(backbone_lib.resolve_checkpoint_path(served.checkpoint),
+                                           served.config)
   else:
     from spot_jax import partitioning  # pylint: disable=g-import-not-at-top
-    embedding = partitioning.fetch(_backbone(args, config)[0]["token_embedder"]["embedding"])
-  vocab = _vocab_or_none(args.vocab)
+    embedding = partitioning.fetch(_backbone(served)[0]["token_embedder"]["embedding"])
+  vocab = _vocab_or_none(served, args.vocab)
   records = [r for e in table.entries
              for r in interpret.interpret(e, embedding, args.top_tokens, vocab)]
   if args.output:
@@ -303,17 +279,16 @@ def _interpret(args, table, config) -> int:
   return 0
 
 
-def _vocab_or_none(name: Optional[str]):
-  from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
+def _vocab_or_none(served, name: Optional[str]):
   try:
-    return inputs.get_vocabulary(name)
+    return served.vocabulary(name)
   except ConfigError:
     raise
   except Exception:  # pylint: disable=broad-except  (no vocabulary reachable: show ids)
     return None
 
 
-def _predict(args, table, config, phases: _Phases) -> int:
+def _predict(args, table, served, phases) -> int:
   import jax  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from spot_jax.serve import inputs, predict, server as server_lib
@@ -329,17 +304,18 @@ def _predict(args, table, config, phases: _Phases) -> int:
   else:
     examples = inputs.read_examples(args.input)
     names = _resolve_prompts(args, table, examples)  # before the (slow) vocabulary import
-    vocab = inputs.get_vocabulary(args.vocab)
+    vocab = served.vocabulary(args.vocab)  # --vocab's, the runs' recorded one, or T5's
+  config = served.config
   if vocab.vocab_size > config.vocab_size:
     raise ConfigError(f"the vocabulary has {vocab.vocab_size} ids but the model's table has "
                       f"{config.vocab_size}; give the model's vocabulary (--vocab)")
   tokens = _tokens(args, vocab, examples)
   phases.mark("inputs and vocabulary")
-  labels = _label_tokens(vocab, args.label, args.target_length) if args.label else None
+  labels = inputs.label_tokens(vocab, args.label, args.target_length) if args.label else None
   settings = server_lib.DecodeSettings(args.target_length, args.method, args.num_beams,
                                        args.alpha, args.temperature, args.top_k, args.seed)
   from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  params, mesh = _backbone(args, config)
+  params, mesh = _backbone(served)
   srv = server_lib.Server(Transformer(config), params, table, placement=args.placement,
                           settings=settings, mesh=mesh if jax.process_count() > 1 else None)
   phases.mark("backbone")

@@ -37,7 +37,7 @@ import os
 import re
 import sys
 import tempfile
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 VERBOSE_ENV = "SPOT_JAX_VERBOSE"
 TF_LOG_ENV = "TF_CPP_MIN_LOG_LEVEL"
@@ -124,7 +124,12 @@ def stderr_filtered(noise: Callable[[bytes], bool]) -> Iterator[None]:
 
 
 class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
-  """Finds `tensorflow` as usual, and runs its import under `stderr_filtered`."""
+  """Finds `tensorflow` as usual, and runs its import under `stderr_filtered`.
+
+  It stays installed until TensorFlow is actually imported: libraries probe for it first
+  (etils' paths call `importlib.util.find_spec("tensorflow")` when orbax reads a checkpoint),
+  and a probe must not use up the one filtered import.
+  """
 
   def __init__(self, level: int):
     self._level = level
@@ -132,24 +137,27 @@ class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
   def find_spec(self, name, path, target=None):
     if name != "tensorflow":
       return None
-    sys.meta_path.remove(self)  # one import; also keeps the lookup below from finding us
     for finder in sys.meta_path:
-      spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+      if finder is self or not hasattr(finder, "find_spec"):
+        continue
+      spec = finder.find_spec(name, path, target)
       if spec is not None:
         break
     else:
       return None
     if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-      spec.loader = _FilteredLoader(spec.loader, below(self._level))
+      spec.loader = _FilteredLoader(spec.loader, below(self._level), self)
     return spec
 
 
 class _FilteredLoader(importlib.abc.Loader):
-  """A loader that runs another's `exec_module` with stderr filtered."""
+  """A loader that runs another's `exec_module` with stderr filtered (once: it then removes
+  `finder`, the `_QuietTensorFlowImport` that made it, from sys.meta_path)."""
 
-  def __init__(self, loader, noise: Callable[[bytes], bool]):
+  def __init__(self, loader, noise: Callable[[bytes], bool], finder: Optional[Any] = None):
     self._loader = loader
     self._noise = noise
+    self._finder = finder
 
   def create_module(self, spec):
     return self._loader.create_module(spec)
@@ -157,6 +165,8 @@ class _FilteredLoader(importlib.abc.Loader):
   def exec_module(self, module):
     # The module's spec must name the real loader (importlib.resources and pkgutil read it).
     module.__spec__.loader = module.__loader__ = self._loader
+    if self._finder in sys.meta_path:
+      sys.meta_path.remove(self._finder)
     with stderr_filtered(self._noise):
       self._loader.exec_module(module)
 

@@ -71,9 +71,12 @@ def main(cases_file: str, results_file: str) -> None:
   from spot_jax import startup  # pylint: disable=g-import-not-at-top
   startup.quiet()  # as `python -m spot_jax.<prog>` does before anything loads TensorFlow
   from spot_jax import runtime  # pylint: disable=g-import-not-at-top
-  # A command's fast exit (`runtime.exit_now`: os._exit, e.g. infer's) would end this runner and
-  # every later case with it; here it exits as the interpreter's normal exit does, by SystemExit.
-  runtime.exit_now = sys.exit
+
+  def exit_now(status: int) -> None:  # infer's os._exit would end this runner with its case
+    sys.stdout.flush(), sys.stderr.flush()
+    raise SystemExit(status)
+
+  runtime.exit_now = exit_now
   cases = json.loads(pathlib.Path(cases_file).read_text())
   results = []
   for case in cases:

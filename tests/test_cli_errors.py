@@ -6,11 +6,14 @@ with placeholders in args: {run} a trained smoke MODEL_DIR (checkpoints 10 and 2
 copy of it whose every state is truncated, {tmp} an empty scratch directory, {file} a regular
 file, {gin_dir} a folder of broken gin files (syntax.gin: a syntax error on line 2; includes.gin:
 line 1 includes unclosed.gin, whose bracket on line 2 never closes; unknown.gin: line 3 binds a
-parameter train.train does not have), {foreign} folders that are not a study's (`FOREIGN`). For
-every row the test asserts: exit status 2; exactly one stderr line, `<prog>: error: ...`,
-containing the fragment (nothing else: the libraries' start-up lines are off, spot_jax/startup.py;
-rows in TRAINS may show their run's warnings first); no "Traceback"; and the files of {run} /
-{damaged} / {foreign} byte-identical afterwards.
+parameter train.train does not have), {foreign} folders that are not a study's (`FOREIGN`),
+{fp0} / {fp1} / {fp_test} the fingerprint ids of the random t5_1_1_byte_tiny backbones of seeds 0
+(the run's) and 1 and of t5_1_1_test's of seed 0, {ckpt} a t5_1_1_byte_tiny checkpoint (other
+weights than the run's) and {fp_ckpt} its description. For every row the test asserts: exit
+status 2; exactly one stderr line, `<prog>: error: ...`, containing the fragment (nothing else:
+the libraries' start-up lines are off, spot_jax/startup.py; rows in TRAINS may show their run's
+warnings first); no "Traceback"; and the files of {run} / {damaged} / {foreign} byte-identical
+afterwards.
 
 Rows run together in one process (tests/cli_error_runner.py: each as `python -m` would, with
 its own stdout/stderr) unless marked to run alone; rows that read orbax checkpoints run alone,
@@ -18,6 +21,7 @@ so the teardown of a real process is checked too. To add an entry point's cases,
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -26,8 +30,14 @@ import shutil
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
+from spot_jax import backbone as backbone_lib
+from spot_jax.run_dir import RunDir
+from spot_jax.t5 import checkpoints, config_by_name
+from tests.prompt_train_util import frozen_backbone
 from tests.cli_error_runner import tree_hash
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -69,12 +79,14 @@ ROWS = [
     ("train negative steps", TRAIN, [*RUN, "--gin.TRAIN_STEPS=-5"], "TRAIN_STEPS must be a positive integer", False),
     ("train batch size 0", TRAIN, [*RUN, "--gin.BATCH_SIZE=0"], "BATCH_SIZE must be a positive integer", False),
     ("train prompt length 0", TRAIN, [*RUN, "--gin.prompts.PromptTuning.length=0"], "length", False),
-    ("train keep 0", TRAIN, [*RUN, "--gin.CHECKPOINTS_TO_KEEP=0"], "CHECKPOINTS_TO_KEEP must be a positive integer, got 0", False),
+    ("train keep 0", TRAIN, [*RUN, "--gin.CHECKPOINTS_TO_KEEP=0"], "CHECKPOINTS_TO_KEEP must be a positive integer, got 0",
+     False),
     ("train inputs shorter than prompt", TRAIN, [*RUN, "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 12}"],
      "shorter than the prompt", False),
     ("train missing initial checkpoint", TRAIN, [*RUN, "--gin.INITIAL_CHECKPOINT_PATH='{tmp}/nope'"],
      "does not exist", False),
-    ("train MODEL_DIR under a file", TRAIN, [*SMOKE, "--gin.MODEL_DIR='{file}/run'"], "is a file, not a directory", False),
+    ("train MODEL_DIR under a file", TRAIN, [*SMOKE, "--gin.MODEL_DIR='{file}/run'"],
+     "MODEL_DIR '{file}/run': '{file}' is a file, not a directory", False),
     # --- spot_jax.train: gin text, types and lists ---------------------------------------------
     ("train gin syntax error in a file", TRAIN, [*RUN, "--gin_file={gin_dir}/syntax.gin"],
      "--gin_file={gin_dir}/syntax.gin, line 2 (BATCH_SIZE = 8 16): Expected newline", False),
@@ -113,6 +125,10 @@ ROWS = [
     ("train every state damaged", TRAIN, [*SMOKE, "--gin.MODEL_DIR='{damaged}'", "--gin.train.train.eval_cfg=None",
                                           "--gin.TRAIN_STEPS=30", "--gin.CHECKPOINT_PERIOD=10"],
      "no readable training state in", ALONE),
+    ("train restart on another backbone", TRAIN, [*RUN, "--gin.INITIAL_CHECKPOINT_PATH='{ckpt}'"],
+     "{run} was trained against frozen model {fp0} (random:0), not {fp_ckpt} given now; give the backbone "
+     "it was trained with (config and checkpoint), or --gin.ALLOW_BACKBONE_CHANGE=True to move the prompt on "
+     "purpose", ALONE),
     ("train diverges", TRAIN, [*FRESH, "--gin.LEARNING_RATE=1e400", "--gin.TRAIN_STEPS=5", "--gin.SAVE_PROMPT_STEPS=[]"],
      "at step 1; nothing from step 1 on was saved and no checkpoint had been written", ALONE),
     # --- spot_jax.eval -----------------------------------------------------------------------
@@ -127,8 +143,31 @@ ROWS = [
      "--gin.CHECKPOINT_DIR was renamed MODEL_DIR; use --gin.MODEL_DIR='{run}'", False),
     ("eval string for an integer", EVALUATE, [*EVAL, "--gin.MODEL_DIR='{run}'", "--gin.EVAL_BATCH_SIZE='8'"],
      "EVAL_BATCH_SIZE='8' (evaluator.EvalConfig.batch_size): must be an integer, got '8'", False),
+    ("eval another backbone", EVALUATE, [*EVAL, "--gin.MODEL_DIR='{run}'", "--gin.RANDOM_SEED=1"],
+     "{run} was trained against frozen model {fp0} (random:0), not {fp1} (random:1) given now; give the backbone "
+     "it was trained with (config and checkpoint), or --gin.ALLOW_BACKBONE_CHANGE=True", False),
     ("eval gin syntax error in a file", EVALUATE, [*EVAL, "--gin_file={gin_dir}/syntax.gin"],
      "--gin_file={gin_dir}/syntax.gin, line 2", False),
+    # --- spot_jax.infer and library add: another backbone than the run recorded ------------------
+    ("infer another backbone", INFER, ["--prompt={run}", "--model=t5_1_1_test", "--input={file}", "--output={tmp}/o.jsonl"],
+     "--prompt {run} was trained against frozen model {fp0} (random:0), not {fp_test} (random:0) given now; give "
+     "the backbone it was trained with (config and checkpoint), or --allow_backbone_change", False),
+    ("infer another random backbone", INFER, ["--prompt={run}", "--model=t5_1_1_byte_tiny", "--seed=1",
+                                              "--input={file}", "--output={tmp}/o.jsonl"],
+     "--prompt {run} was trained against frozen model {fp0} (random:0), not {fp1} (random:1)", False),
+    ("infer another checkpoint", INFER, ["--prompt={run}", "--checkpoint={ckpt}", "--input={file}",
+                                         "--output={tmp}/o.jsonl"],
+     "--prompt {run} was trained against frozen model {fp0} (random:0), not {fp_ckpt} given now", False),
+    ("infer export on another config", INFER, ["--prompt={run}", "--model=t5_1_1_test", "--export_npy={tmp}/p.npy"],
+     "--prompt {run} was trained against frozen model {fp0} (random:0), whose config differs from --model's; give "
+     "the --model it was trained with, or --allow_backbone_change", False),
+    ("infer runs of two backbones", INFER, ["--prompt=a={run}", "--prompt=b={tmp}/other_run", "--input={file}",
+                                            "--output={tmp}/o.jsonl"],
+     "--prompt {run} was trained against frozen model {fp0} (random:0) and --prompt {tmp}/other_run against "
+     "{fp1} (random:1); serve them in separate calls", False),
+    ("library add another backbone", LIBRARY, ["add", "--library={tmp}/lib", "--run_dir={run}", "--model=t5_1_1_test"],
+     "--run_dir '{run}' was trained against frozen model {fp0} (random:0), not {fp_test} (random:0) given now; "
+     "give the backbone it was trained with (config and checkpoint), or --allow_backbone_change", False),
     # --- spot_jax.convert ----------------------------------------------------------------------
     ("convert no flags", CONVERT, [], "give exactly one of --hf_dir (HF -> T5X) or --checkpoint (T5X/orbax -> HF)", False),
     ("convert hf_dir missing", CONVERT, ["--hf_dir={tmp}/absent", "--output_dir={tmp}/out"], "is not a directory", False),
@@ -251,14 +290,29 @@ def places(tmp_path_factory):
   (gin_dir / "includes.gin").write_text(f"include '{gin_dir / 'unclosed.gin'}'\n")
   (gin_dir / "unknown.gin").write_text("from __gin__ import dynamic_registration\nfrom spot_jax import train\n"
                                        "train.train.no_such_parameter = 1\n")
+  other_run = RunDir(tmp / "other_run")  # the run's record on another random backbone (seed 1)
+  record = RunDir(run).read_record()
+  other_run.path.mkdir()
+  shutil.copytree(run / "prompts", other_run.prompts)
+  other_backbone = backbone_lib.record(config_by_name("t5_1_1_byte_tiny"), None, 1, None)
+  other_run.write_record(dataclasses.replace(record, seed=1, backbone=other_backbone))
+  fps = {name: backbone_lib.fingerprint(config_by_name(model), None, seed)["id"]
+         for name, model, seed in (("fp0", "t5_1_1_byte_tiny", 0), ("fp1", "t5_1_1_byte_tiny", 1),
+                                   ("fp_test", "t5_1_1_test", 0))}
+  assert record.fingerprint["id"] == fps["fp0"]
+  ckpt = root / "byte_tiny_checkpoint"  # the run's model with other weights
+  weights = jax.tree_util.tree_map(np.asarray, frozen_backbone(config_by_name("t5_1_1_byte_tiny"), 1))
+  checkpoints.save_checkpoint(weights, str(ckpt), format="t5x")
+  fps.update(ckpt=str(ckpt), fp_ckpt=backbone_lib.describe(
+      backbone_lib.fingerprint(config_by_name("t5_1_1_byte_tiny"), str(ckpt), 0)))
   foreign = root / "foreign"  # folders that are not a study's, for spot_jax.report
   for name, text in FOREIGN.items():
     (foreign / name).mkdir(parents=True)
     if text is not None:
       (foreign / name / "results.json").write_text(text)
   return {"run": str(run), "damaged": str(damaged), "tmp": str(tmp), "file": str(blocker), "gin_dir": str(gin_dir),
-          "foreign": str(foreign), "hashes": {str(run): tree_hash(run), str(damaged): tree_hash(damaged),
-                                              str(foreign): tree_hash(foreign)}}
+          "foreign": str(foreign), **fps, "hashes": {str(run): tree_hash(run), str(damaged): tree_hash(damaged),
+                                                     str(foreign): tree_hash(foreign)}}
 
 
 def _env() -> dict:
@@ -266,7 +320,8 @@ def _env() -> dict:
 
 
 def _fill(arg: str, places: dict) -> str:
-  for key in ("run", "damaged", "tmp", "file", "gin_dir", "foreign"):
+  for key in ("run", "damaged", "tmp", "file", "gin_dir", "foreign", "fp0", "fp1", "fp_test", "ckpt",
+              "fp_ckpt"):
     arg = arg.replace("{" + key + "}", places[key])
   return arg
 

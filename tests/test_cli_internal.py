@@ -177,3 +177,18 @@ def test_asking_for_the_start_up_lines_shows_them():
   lines = verbose.stderr.splitlines()
   assert verbose.returncode == 2 and lines[-1].startswith("tasks: error: "), verbose.stderr
   assert any(ABSL_LINE.match(l) for l in lines[:-1]), verbose.stderr
+
+
+def test_a_probe_for_tensorflow_does_not_use_up_the_quiet_import():
+  """etils asks `importlib.util.find_spec("tensorflow")` when orbax reads a checkpoint (eval and
+  infer read one before seqio imports TensorFlow); the real import after it is still quiet."""
+  env = _env_without_log_settings()
+  plain = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, capture_output=True,
+                         text=True, timeout=600)
+  if not any(ABSL_LINE.match(l) for l in plain.stderr.splitlines()):
+    pytest.skip("TensorFlow prints no start-up lines on this machine")
+  code = ("from spot_jax import startup; startup.quiet(); import importlib.util; "
+          "assert importlib.util.find_spec('tensorflow') is not None; import tensorflow")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]

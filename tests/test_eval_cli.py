@@ -1,13 +1,17 @@
-"""`python -m spot_jax.eval` reproduces the trainer's own evaluation of the saved prompt."""
+"""`python -m spot_jax.eval` reproduces the trainer's own evaluation of the saved prompt, and falls
+back past a damaged newest state as the trainer does (without moving anything)."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import pathlib
 import subprocess
 import sys
 
 import pytest
+
+from tests.cli_error_runner import tree_hash
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TASK = "spot_synthetic_sentiment_v100"
@@ -28,7 +32,8 @@ def _predictions(path: pathlib.Path) -> list[str]:
 def trained(tmp_path_factory) -> pathlib.Path:
   run = tmp_path_factory.mktemp("smoke")
   proc = _run("spot_jax.train", [*COMMON, f"--gin.MODEL_DIR='{run}'", "--gin.TRAIN_STEPS=30",
-                                 "--gin.EVAL_PERIOD=30", "--gin.EVAL_NUM_EXAMPLES=32"])
+                                 "--gin.EVAL_PERIOD=30", "--gin.CHECKPOINT_PERIOD=10",
+                                 "--gin.EVAL_NUM_EXAMPLES=32"])
   assert proc.returncode == 0, proc.stderr[-3000:]
   return run
 
@@ -63,3 +68,25 @@ def test_eval_needs_exactly_one_source(trained, tmp_path):
   assert proc.returncode == 2
   assert "Traceback" not in proc.stderr
   assert "exactly one of MODEL_DIR" in proc.stderr
+
+
+def test_eval_falls_back_past_a_damaged_newest_state(trained, tmp_path):
+  """The newest state (checkpoints/30) truncated: eval evaluates checkpoints/20 and says so in one
+  stderr warning naming both; exit 0; unlike the trainer it moves nothing (the run is read-only)."""
+  run = tmp_path / "run"
+  shutil.copytree(trained, run)
+  assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["20", "30"]
+  for f in (run / "checkpoints" / "30").glob("default/ocdbt.process_0/d/*"):
+    os.truncate(f, 10)
+  before = tree_hash(run)
+  out = tmp_path / "out"
+  proc = _run("spot_jax.eval", _eval_args(out, f"--gin.MODEL_DIR='{run}'") +
+              ["--gin.CHECKPOINT_STEP='latest'"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stderr.splitlines()
+  assert len(lines) == 1, proc.stderr[-3000:]
+  assert lines[0].startswith(f"warning: the training state {run / 'checkpoints' / '30'} cannot be read ("), lines[0]
+  assert lines[0].endswith(f"; used {run / 'checkpoints' / '20'} instead"), lines[0]
+  assert "warning" not in proc.stdout
+  assert json.loads((out / "metrics.json").read_text())["source"] == str(run / "checkpoints" / "20")
+  assert tree_hash(run) == before

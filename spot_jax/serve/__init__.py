@@ -4,14 +4,17 @@
                Residual SMoP, ATTEMPT with its attention network, DePT with its input offset,
                deep prompts' per-layer prefixes) stacked
   mixed        jitted decoding / scoring of batches whose rows each name their prompt
-  sources      prompts from modules, .npy files, run directories and PEFT adapters
+  prompt_sources  prompts from modules, .npy files, run directories, PEFT adapters, libraries
+  run_backbone the served backbone and vocabulary: --model's, or the one the run directories
+               recorded (run.json), refusing another backbone than recorded
   ensemble     N prompts of one task in one batched pass; majority vote or mean log-probs
   server       a frozen backbone + table; fixed-size jitted calls, counted
-  predict      batches examples through a server into JSONL records and a summary
+  predict      batches examples through a server into JSONL records and a summary; Phases
   interpret    nearest vocabulary tokens of every prompt token (cosine similarity)
   peft_io      Hugging Face PEFT prompt-tuning adapters and google-research/prompt-tuning .npy
   peft_mpt     PEFT MULTITASK_PROMPT_TUNING adapters <-> MPT prompts; MPT targets' start
-  inputs       text / JSONL / stdin / seqio inputs; outputs written atomically as JSONL
+  inputs       text / JSONL / stdin / seqio inputs, class labels' tokens; outputs written
+               atomically as JSONL
 
 The command line is `python -m spot_jax.infer` (see docs/serving.md).
 """

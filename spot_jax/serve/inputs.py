@@ -116,6 +116,21 @@ def tokenize(vocab: Any, texts: Sequence[str], length: int, eos_id: int = 1
   return out, truncated
 
 
+def label_tokens(vocab: Any, labels: Sequence[str], length: int) -> np.ndarray:
+  """[N, length] tokens of the --label strings, each checked (empty, repeated, too long)."""
+  rows = []
+  for i, label in enumerate(labels):
+    if not label.strip() or label in labels[:i]:
+      what = "is empty" if not label.strip() else "repeats an earlier label"
+      raise ConfigError(f"--label entry {i} ({label!r}) {what}; give distinct class labels")
+    tokens, cut = tokenize(vocab, [label], length)
+    if cut:
+      raise ConfigError(f"--label entry {i} ({label!r}) is longer than --target_length={length} "
+                        f"tokens (EOS included); raise --target_length")
+    rows.append(tokens[0])
+  return np.stack(rows)
+
+
 def decode(vocab: Any, ids: np.ndarray, eos_id: int = 1) -> str:
   """Text of a decoded row (stops at EOS; 0 is padding)."""
   row = [int(t) for t in ids]

@@ -20,6 +20,35 @@ from spot_jax.serve.server import Server
 Progress = Callable[[int, int, float], None]
 
 
+class Phases:
+  """Wall-clock marks of one command (`infer --timing`): one stderr line at the end.
+
+  Attributes:
+    on: whether to report at all.
+    parts: (phase, seconds) marked so far.
+  """
+
+  def __init__(self, prog: str, on: bool):
+    from spot_jax import runtime  # pylint: disable=g-import-not-at-top
+    self.prog, self.on, self._last, self.parts = prog, on, time.perf_counter(), []
+    start = runtime.seconds_since_start() if on else None
+    if start is not None:
+      self.parts.append(("process start to main", start))
+
+  def mark(self, name: str) -> None:
+    now = time.perf_counter()
+    self.parts.append((name, now - self._last))
+    self._last = now
+
+  def report(self, first_prediction: Optional[float]) -> None:
+    if not self.on:
+      return
+    line = ", ".join(f"{name} {sec:.2f} s" for name, sec in self.parts)
+    if first_prediction is not None:
+      line += f"; first prediction {first_prediction:.2f} s after process start"
+    print(f"{self.prog}: timing: {line}", file=sys.stderr, flush=True)
+
+
 class Predictor:
   """Runs examples through a server.
 

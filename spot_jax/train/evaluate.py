@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 from typing import Any, Optional, Union
 
 import flax.linen as nn
@@ -85,7 +86,8 @@ def evaluate_run(*, model: models.EncoderDecoderModel, eval_cfg: EvalConfig,
   lengths = eval_cfg.task_feature_lengths
   dummy = model.dummy_batch(lengths["inputs"], lengths["targets"])
   if run_dir is not None:  # read before the backbone: a bad state fails fast
-    trained, source = run_dir.restore_params(step, prefer_best=use_best, warn=print,
+    warn = lambda line: print(line, file=sys.stderr)  # stdout holds the metrics
+    trained, source = run_dir.restore_params(step, prefer_best=use_best, warn=warn,
                                              sharding=partitioning.replicated(mesh))
   backbone, _ = backbone_lib.load_backbone(model, dummy, initial_checkpoint_path, seed, mesh, rules)
   with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
