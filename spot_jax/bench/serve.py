@@ -5,7 +5,7 @@
       --json=serve.json --markdown=serve.md
 
 A workload PxN is a queue of P * N requests (P prompts, N requests each, shuffled; see
-`serve_workload`) on a random T5 of the `--config` shape (default T5-small's: 6+6 layers, d_model
+`serve_workload`) on a random T5 of the `--model` shape (default T5-small's: 6+6 layers, d_model
 512, 8 heads of 64, with T5.1.1's gated-GELU MLP and untied output layer; a random model with
 T5's tied output layer echoes the decoder's start token, so every greedy answer would be padding
 and the prediction checks would compare nothing), served
