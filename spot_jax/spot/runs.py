@@ -64,6 +64,20 @@ class RunOutcome:
     return np.load(self.embedding_path, allow_pickle=False)
 
 
+def _configs(settings: RunSettings, task: str, seed: int, metric: str, evaluate: bool):
+  """(training data, evaluation, checkpoints) of this layer's runs of `task` (K runs: the
+  first run's; each run's own task and seed replace them)."""
+  lengths = dict(settings.lengths)
+  train_cfg = data_lib.DatasetConfig(task, lengths, batch_size=settings.batch_size, seed=seed,
+                                     module=settings.task_module)
+  eval_cfg = (evaluator_lib.EvalConfig(task, lengths, batch_size=settings.eval_batch_size,
+                                       num_examples=settings.eval_num_examples,
+                                       module=settings.task_module) if evaluate else None)
+  checkpoint_cfg = train_lib.CheckpointConfig(period=settings.checkpoint_period,
+                                              embedding_step=settings.embedding_step,
+                                              best_metric=metric if evaluate else None)
+  return train_cfg, eval_cfg, checkpoint_cfg
+
 def read_record(run_dir: str | pathlib.Path) -> Optional[RunOutcome]:
   """The finished run's outcome, or None when `run_dir` holds no finished run."""
   rd = RunDir(run_dir)
@@ -117,14 +131,7 @@ def train_prompt(settings: RunSettings, task: str, run_dir: str | pathlib.Path, 
   prompt = prompt_module(settings, init, smop)
   model = dataclasses.replace(settings.model, module=settings.model.module.clone(prompt=prompt))
   metric = settings.metric_for(task)
-  train_cfg = data_lib.DatasetConfig(task, dict(settings.lengths), batch_size=settings.batch_size,
-                                     seed=seed, module=settings.task_module)
-  eval_cfg = (evaluator_lib.EvalConfig(task, dict(settings.lengths), batch_size=settings.eval_batch_size,
-                                       num_examples=settings.eval_num_examples,
-                                       module=settings.task_module) if evaluate else None)
-  checkpoint_cfg = train_lib.CheckpointConfig(period=settings.checkpoint_period,
-                                              embedding_step=settings.embedding_step,
-                                              best_metric=metric if evaluate else None)
+  train_cfg, eval_cfg, checkpoint_cfg = _configs(settings, task, seed, metric, evaluate)
   train_lib.train(model=model, train_dataset_cfg=train_cfg, total_steps=settings.train_steps,
                   model_dir=str(run_dir),
                   optimizer=optimizers.adafactor(learning_rate=settings.learning_rate),
@@ -184,14 +191,7 @@ def train_runs(settings: RunSettings, job_dir: str | pathlib.Path, requests: Seq
     specs = [train_lib.RunSpec(r.seed, r.task, r.name,
                                None if r.init is None else prompts.from_array(r.init, source=r.init_note),
                                r.init_note) for r in todo]
-    train_cfg = data_lib.DatasetConfig(first, dict(settings.lengths), batch_size=settings.batch_size,
-                                       seed=backbone_seed, module=settings.task_module)
-    eval_cfg = (evaluator_lib.EvalConfig(first, dict(settings.lengths), batch_size=settings.eval_batch_size,
-                                         num_examples=settings.eval_num_examples,
-                                         module=settings.task_module) if evaluate else None)
-    checkpoint_cfg = train_lib.CheckpointConfig(period=settings.checkpoint_period,
-                                                embedding_step=settings.embedding_step,
-                                                best_metric=metric if evaluate else None)
+    train_cfg, eval_cfg, checkpoint_cfg = _configs(settings, first, backbone_seed, metric, evaluate)
     train_lib.train(model=model, train_dataset_cfg=train_cfg, total_steps=settings.train_steps,
                     model_dir=str(job_dir),
                     optimizer=optimizers.adafactor(learning_rate=settings.learning_rate),
