@@ -82,6 +82,19 @@ def write_adapter(output_dir: str, tensors: dict, adapter_cfg: dict, overwrite: 
       json.dump(adapter_cfg, f, indent=2)
 
 
+def read_config(path: str) -> dict:
+  """An adapter directory's adapter_config.json, a JSON object (else one line naming it)."""
+  file = pathlib.Path(path) / CONFIG_FILE
+  try:
+    cfg = json.loads(file.read_text(encoding="utf-8"))
+  except (OSError, ValueError) as e:
+    raise ConfigError(f"{file} is not readable JSON ({type(e).__name__}); give a PEFT adapter "
+                      f"directory") from None
+  if not isinstance(cfg, dict):
+    raise ConfigError(f"{file} is not a JSON object; give a PEFT adapter directory")
+  return cfg
+
+
 def check_base_model(cfg: dict, config: Optional[T5Config], path: str) -> None:
   """An adapter config made for another model (width, heads, layers) is refused in one line."""
   if config is None:
@@ -107,13 +120,7 @@ def read_adapter(path: str, config: Optional[T5Config] = None) -> np.ndarray:
       or an adapter made for another base model.
   """
   folder = pathlib.Path(path)
-  try:
-    cfg = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-  except (OSError, ValueError) as e:
-    raise ConfigError(f"{folder / CONFIG_FILE} is not readable JSON ({type(e).__name__}); give a "
-                      f"PEFT adapter directory") from None
-  if not isinstance(cfg, dict):
-    raise ConfigError(f"{folder / CONFIG_FILE} is not a JSON object; give a PEFT adapter directory")
+  cfg = read_config(path)
   peft_type = cfg.get("peft_type")
   if peft_type != "PROMPT_TUNING":
     raise ConfigError(f"{path} is a {peft_type} adapter; only PROMPT_TUNING adapters hold a soft "
@@ -270,14 +277,9 @@ def read_prefix_embeddings(path: str, config: T5Config) -> np.ndarray:
     ConfigError: a missing/malformed file, another peft type or task, or another base model.
   """
   folder = pathlib.Path(path)
-  try:
-    cfg = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-  except (OSError, ValueError) as e:
-    raise ConfigError(f"{folder / CONFIG_FILE} is not readable JSON ({type(e).__name__}); give a "
-                      f"PEFT adapter directory") from None
-  if not isinstance(cfg, dict) or cfg.get("peft_type") != PREFIX_TUNING:
-    got = cfg.get("peft_type") if isinstance(cfg, dict) else None
-    raise ConfigError(f"{path} is a {got} adapter, not {PREFIX_TUNING}")
+  cfg = read_config(path)
+  if cfg.get("peft_type") != PREFIX_TUNING:
+    raise ConfigError(f"{path} is a {cfg.get('peft_type')} adapter, not {PREFIX_TUNING}")
   if cfg.get("task_type") not in (None, "SEQ_2_SEQ_LM") or \
       cfg.get("num_transformer_submodules", 2) != 2:
     raise ConfigError(f"{path} is a {cfg.get('task_type')} prefix adapter with "

@@ -98,15 +98,10 @@ def read_adapter(path: str, config: Optional[T5Config] = None) -> dict[str, np.n
       or an adapter made for another base model.
   """
   folder = pathlib.Path(path)
-  try:
-    cfg = json.loads((folder / peft_io.CONFIG_FILE).read_text(encoding="utf-8"))
-  except (OSError, ValueError) as e:
-    raise ConfigError(f"{folder / peft_io.CONFIG_FILE} is not readable JSON ({type(e).__name__}); "
-                      f"give a PEFT adapter directory") from None
-  if not isinstance(cfg, dict) or cfg.get("peft_type") != PEFT_TYPE:
-    kind = cfg.get("peft_type") if isinstance(cfg, dict) else None
-    raise ConfigError(f"{path} is a {kind} adapter, not {PEFT_TYPE}; give a multitask "
-                      f"prompt-tuning adapter")
+  cfg = peft_io.read_config(str(folder))
+  if cfg.get("peft_type") != PEFT_TYPE:
+    raise ConfigError(f"{path} is a {cfg.get('peft_type')} adapter, not {PEFT_TYPE}; give a "
+                      f"multitask prompt-tuning adapter")
   if cfg.get("task_type") not in (None, "SEQ_2_SEQ_LM"):
     raise ConfigError(f"{path} is a {cfg.get('task_type')} adapter; a T5 prompt is SEQ_2_SEQ_LM")
   if cfg.get("num_transformer_submodules", 1) != 1:
