@@ -17,6 +17,7 @@ import pytest
 from spot_jax import backbone as backbone_lib
 from spot_jax import prompts
 from spot_jax.serve import peft_mpt, prompt_sources
+from spot_jax.run_dir import RunDir
 from spot_jax.serve.table import PromptTable
 from spot_jax.spot import prompt_library
 from spot_jax.t5 import config_by_name
@@ -84,7 +85,7 @@ def _reference_and_killed_run(args, ref_dir: pathlib.Path, run_dir: pathlib.Path
 def _same_final_state(a: pathlib.Path, b: pathlib.Path, steps: int) -> None:
   name = f"prompt_step_{steps}.npy"
   np.testing.assert_allclose(np.load(b / "prompts" / name), np.load(a / "prompts" / name), rtol=0, atol=1e-6)
-  pa, pb = prompt_sources.prompt_params(a), prompt_sources.prompt_params(b)
+  pa, pb = RunDir(a).prompt_params(), RunDir(b).prompt_params()
   for path_value in zip(*(sorted(_flat(p).items()) for p in (pa, pb))):
     (ka, va), (kb, vb) = path_value
     assert ka == kb
@@ -120,7 +121,7 @@ def test_attempt_multitask_trains_resumes_and_serves(tmp_path, library):
   sources = np.stack([prompt_library.Library(library).get(i).prompt
                       for i in ("parity.p0", "sentiment.p0", "extra.p0")])
   module = prompts.Attempt(sources, num_targets=2, bottleneck=16)
-  params = prompt_sources.prompt_params(tmp_path / "ref")
+  params = RunDir(tmp_path / "ref").prompt_params()
   served = PromptTable(prompt_sources.load_all("att", str(tmp_path / "ref")), CONFIG.emb_dim)
   want = PromptTable([prompt_sources.from_module(f"att/{k}", module, params, task=k) for k in (0, 1)],
                      CONFIG.emb_dim)
@@ -152,7 +153,7 @@ def test_mpt_distills_resumes_then_adapts_a_target_and_serves(tmp_path, library)
                    f"--gin.MODEL_DIR='{tmp_path / 'target'}'"])
   assert target.returncode == 0, target.stderr[-3000:]
   source = peft_mpt.source_arrays(str(tmp_path / "source"))
-  state = prompt_sources.prompt_params(tmp_path / "target")
+  state = RunDir(tmp_path / "target").prompt_params()
   assert sorted(state) == ["shared", "task_cols", "task_rows"] and state["task_cols"].shape == (1, LENGTH, 1)
   assert not np.array_equal(state["shared"], source["shared"])  # it trained from there
   assert np.abs(state["shared"] - source["shared"]).max() < 5.0
