@@ -186,23 +186,26 @@ def bar_chart(s: Summary, path: pathlib.Path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   width = 0.8 / max(len(s.methods), 1)
-  fig, ax = plt.subplots(figsize=(2.4 * len(s.targets) + 2.5, 4.6))
+  fig, ax = plt.subplots(figsize=(2.0 * len(s.targets) + 3.6, 4.4))
   for j, method in enumerate(s.methods):
     xs = [i + (j - (len(s.methods) - 1) / 2) * width for i in range(len(s.targets))]
     ivs = [s.interval(t, method) for t in s.targets]
-    errs = [0.0 if math.isnan(iv.half_width) else iv.half_width for iv in ivs]
-    ax.bar(xs, [iv.mean for iv in ivs], width, yerr=errs, capsize=3, label=METHOD_NAMES[method],
+    means = [iv.mean for iv in ivs]
+    # The bar spans the interval, drawn inside the 0-100 scale an accuracy lives on.
+    lows = [0.0 if not iv.resolved else m - max(iv.low, 0.0) for m, iv in zip(means, ivs)]
+    highs = [0.0 if not iv.resolved else min(iv.high, 100.0) - m for m, iv in zip(means, ivs)]
+    ax.bar(xs, means, width, yerr=[lows, highs], capsize=3, label=METHOD_NAMES[method],
            error_kw={"elinewidth": 1.2})
   for i, target in enumerate(s.targets):
     ax.hlines(s.chance[target], i - 0.45, i + 0.45, colors="black", linestyles="dashed",
               label="chance" if i == 0 else None)
   ax.set_xticks(range(len(s.targets)), s.targets, fontsize=10)
   ax.set_ylabel("validation accuracy (%)", fontsize=10)
-  ax.set_ylim(0, 119)
+  ax.set_ylim(0, 102)
   ax.set_yticks(range(0, 101, 20))
-  ax.legend(loc="upper center", ncol=min(len(s.methods) + 1, 6), fontsize=9, frameon=False)
-  ax.set_title(f"Prompt methods on the embedded toy T5: mean of {len(s.seeds)} seeds, "
-               f"95% interval", fontsize=11)
+  ax.grid(axis="y", alpha=0.3)
+  ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+  ax.set_title(f"Mean of {len(s.seeds)} seeds with 95% intervals (toy T5)", fontsize=11)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
