@@ -50,8 +50,8 @@ from spot_jax.demo import spot_sources
 from spot_jax.errors import ConfigError
 
 DEFAULT_SEEDS = 5
-QUICK = dict(source_steps=100, target_steps=50)
-FULL = dict(source_steps=500, target_steps=300, batch_size=32)
+QUICK = dict(source_steps=60, target_steps=30)
+FULL = dict(source_steps=400, target_steps=200, batch_size=16)
 
 
 def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str]:

@@ -60,13 +60,13 @@ class Settings:
     eval_examples: validation examples scored at the end of every run.
     embedding_step: the step whose prompt is a run's task embedding (sources and targets).
   """
-  source_steps: int = 200
-  target_steps: int = 100
+  source_steps: int = 120
+  target_steps: int = 60
   prompt_length: int = 20
-  batch_size: int = 16
+  batch_size: int = 8
   learning_rate: float = 0.3
-  warmup_steps: int = 0
-  final_learning_rate: Optional[float] = None
+  warmup_steps: int = 6
+  final_learning_rate: Optional[float] = 0.03
   input_length: int = 40
   source_input_length: int = 48
   target_length: int = 6
@@ -133,13 +133,15 @@ def build_model(method: str, settings: Settings, vocab_rows: int) -> models.Enco
       module=t5.Transformer(config, prompt=_prompt_module(method, settings, vocab_rows)))
 
 
+def _digest(array: np.ndarray) -> str:
+  return hashlib.sha256(np.ascontiguousarray(array, np.float32).tobytes()).hexdigest()
+
+
 def job_dir(runs_dir: pathlib.Path, method: str, settings: Settings,
             members: Sequence[Member]) -> pathlib.Path:
   """<runs_dir>/<method>-<digest of the settings, the runs and their initial prompts>."""
   key = {"method": method, "settings": dataclasses.asdict(settings),
-         "runs": [[m.task, m.seed, m.init_note,
-                   None if m.init is None else hashlib.sha256(
-                       np.ascontiguousarray(m.init, np.float32).tobytes()).hexdigest()]
+         "runs": [[m.task, m.seed, m.init_note, None if m.init is None else _digest(m.init)]
                   for m in members]}
   digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
   return runs_dir / f"{method}-{digest}"
@@ -190,9 +192,15 @@ def run_job(method: str, members: Sequence[Member], settings: Settings, runs_dir
     started = time.time()
     lengths = {"inputs": settings.source_input_length if source else settings.input_length,
                "targets": settings.target_length}
+    # Runs starting from the same prompt share one initialiser: the trainer compiles the prompt's
+    # initialisation once per initialiser, not once per run.
+    inits = {}
+    for m in members:
+      if m.init is not None:
+        inits.setdefault(_digest(m.init), prompts.from_array(m.init, source=m.init_note))
     specs = [train_lib.RunSpec(
         m.seed, suite.task_name(m.task, taskless=True), name=m.name,
-        prompt_init=None if m.init is None else prompts.from_array(m.init, source=m.init_note),
+        prompt_init=None if m.init is None else inits[_digest(m.init)],
         init_note=m.init_note or "sampled vocabulary") for m in members]
     first = specs[0].task
     lr = learning_rate_schedule(settings, steps)
