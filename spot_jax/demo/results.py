@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import pathlib
 from typing import Mapping, Optional, Sequence
 

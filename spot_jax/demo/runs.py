@@ -17,7 +17,7 @@ import json
 import pathlib
 import shutil
 import time
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 

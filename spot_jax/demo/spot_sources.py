@@ -16,14 +16,12 @@ import dataclasses
 import pathlib
 from typing import Mapping, Sequence
 
-import numpy as np
-
+from spot_jax.demo.runs import METRIC, Member, Outcome
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import RunDir
 from spot_jax.spot import prompt_library
 from spot_jax.spot import retrieval
 from spot_jax.spot import runs as spot_runs
-from spot_jax.demo.runs import METRIC, Member, Outcome
 
 SIMILARITY = "average"
 
@@ -116,7 +114,3 @@ def unrelated_members(entries: Sequence[prompt_library.Entry], unrelated: Mappin
   return [Member(t, s, by_id[unrelated[t][0]].prompt, f"unrelated source {unrelated[t][0]} (control)")
           for t in targets for s in seeds]
 
-
-def ranks_related_first(choices: Mapping[tuple[str, int], Choice]) -> np.ndarray:
-  """1.0 where retrieval's top source is related, else 0.0, in the order of `choices`."""
-  return np.array([1.0 if c.related else 0.0 for c in choices.values()])
