@@ -1,7 +1,8 @@
 r"""`python -m spot_jax.demo`: every prompt method, really learning, on the embedded toy T5, with seeds.
 
-  1. prompt-tune the 8 source tasks (one job: 8 runs in one jitted step) and add their prompts
-     and task embeddings (each run's prompt at the embedding step) to a prompt library
+  1. prompt-tune the 8 source tasks (one job: 8 runs in one jitted step; seed: one more than the
+     largest target seed) and add their prompts and task embeddings (each run's prompt at the
+     embedding step) to a prompt library
   2. Prompt Tuning on each target, 5 seeds (one job for every target and seed); seed s's prompt
      at the embedding step is the target's task embedding
   3. retrieval ranks the library by similarity to it: SPoT's run of seed s starts from the most
@@ -179,13 +180,15 @@ def main(argv: Sequence[str]) -> Optional[int]:
 
   sources, choices, entries = [], {}, []
   if needs_library:
-    src = job(runs.SOURCE, [runs.Member(t, seeds[0]) for t in suite.SOURCES]).outcomes
-    sources = src
-    library_dir = out / "libraries" / runs.job_dir(runs_dir, runs.SOURCE, settings,
-                                                   [runs.Member(t, seeds[0]) for t in suite.SOURCES]).name
+    # One seed no target run uses: the 8 sources share one initial prompt (their embeddings
+    # differ by what they learned), and no target seed shares it (a shared start would make that
+    # seed's task embedding look similar to every source).
+    source_members = [runs.Member(t, max(seeds) + 1) for t in suite.SOURCES]
+    sources = job(runs.SOURCE, source_members).outcomes
+    library_dir = out / "libraries" / runs.job_dir(runs_dir, runs.SOURCE, settings, source_members).name
     if args.fresh and library_dir.exists():
       shutil.rmtree(library_dir)
-    entries = spot_sources.build_library(library_dir, src)
+    entries = spot_sources.build_library(library_dir, sources)
   outcomes = list(job("pt", [runs.Member(t, s) for t in targets for s in seeds]).outcomes)
   if needs_library:
     choices = spot_sources.choose(entries, outcomes, suite.RELATED)
