@@ -200,12 +200,20 @@ def _one_line_error(capsys, main, argv, prog):
     (["--targets=sentiment_hotel"], "unknown target task 'sentiment_hotel'"),
     (["--target_steps=0"], "--target_steps must be a positive integer"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--seeds="], "--seeds is empty; give at least one seed"),
+    (["--seeds=0,1,0"], "--seeds: entry 2 (0) repeats entry 0; seeds must be distinct"),
+    (["--seeds=0,-1"], "--seeds: entry 1 (-1) must be a non-negative integer"),
+    (["--seeds=0,x"], "--seeds: entry 1 ('x') must be a non-negative integer"),
+    (["--seeds=0,1", "--seed_offset=5"], "give --seeds or --seed_offset, not both"),
+    (["--seed_offset=-5"], "--seed_offset must be a non-negative integer, got -5"),
+    (["--num_seeds=0"], "--num_seeds must be a positive integer, got 0"),
 ])
 def test_demo_bad_input_is_one_line(capsys, tmp_path, argv, expected):
   from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
-  line = _one_line_error(capsys, main, argv + [f"--output_dir={tmp_path}"], "spot_jax.demo")
+  out = tmp_path / "out"
+  line = _one_line_error(capsys, main, argv + [f"--output_dir={out}"], "spot_jax.demo")
   assert expected in line
-  assert not any(tmp_path.iterdir())  # nothing was written before the error
+  assert not out.exists() and not any(tmp_path.iterdir())  # nothing was written before the error
 
 
 @needs_model
@@ -248,27 +256,85 @@ def test_demo_run_from_a_fresh_process_prints_no_tensorflow_log_lines(tmp_path):
   # TensorFlow's "did not fully read the dataset being cached" warning, and a machine without a
   # CUDA driver gets a cuInit error, both in the middle of the progress lines.
   proc = _demo_in_a_fresh_process(["--methods=pt", "--targets=category", "--target_steps=3",
-                                   "--compilation_cache=none", f"--output_dir={tmp_path}"],
+                                   "--seeds=0", "--compilation_cache=none", f"--output_dir={tmp_path}"],
                                   None, timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
   results = json.loads((tmp_path / "results.json").read_text())
-  assert [(r["task"], r["method"]) for r in results["runs"]] == [("category", "pt")]
+  assert list(results["cells"]) == ["category/pt"] and results["seeds"] == [0]
   log = proc.stdout + proc.stderr
   assert "cache_dataset_ops" not in log and "cuInit" not in log, log[-2000:]
   assert not [l for l in log.splitlines() if l[:5] in ("W0000", "E0000")], log[-2000:]
 
 
-def test_demo_report_table_json_markdown_and_chart(tmp_path):
+def test_demo_report_tables_verdicts_claims_and_chart(tmp_path):
+  from scipy import stats as scipy_stats  # pylint: disable=g-import-not-at-top
   from spot_jax.demo import results  # pylint: disable=g-import-not-at-top
-  runs = [{"task": "sum", "method": "pt", "role": "target", "accuracy": 54.0, "seconds": 9.9},
-          {"task": "sum", "method": "spot", "role": "target", "accuracy": 72.5, "seconds": 10.2},
-          {"task": "addition", "method": "pt", "role": "source", "accuracy": 80.0, "seconds": 20.0}]
-  rows = results.table_rows(runs, ["sum"], ["pt", "spot"], {"sum": 10.2})
-  assert rows == [["target", "chance", "Prompt Tuning", "SPoT"], ["sum", "10.2", "54.0 (10s)", "72.5 (10s)"]]
-  summary = {"settings": {"seed": 0, "target_steps": 100}, "methods": ["pt", "spot"], "targets": ["sum"],
-             "chance": {"sum": 10.2}, "runs": runs}
-  paths = results.write(tmp_path, summary, rows)
-  assert json.loads(paths[0].read_text())["runs"] == runs
+  pt, spot, smop = [80.0, 82.0, 84.0], [85.0, 88.0, 90.0], [70.0, 90.0, 84.0]
+  choices = {("sum", s): {"target": "sum", "seed": s, "source": src, "similarity": 0.5,
+                          "related": src == "addition", "ranking": [[src, 0.5]] * 8}
+             for s, src in ((0, "addition"), (1, "addition"), (2, "length"))}
+  summary = results.Summary(["sum"], ["pt", "spot", "smop"], [0, 1, 2], {"sum": 10.2},
+                            {("sum", "pt"): pt, ("sum", "spot"): spot, ("sum", "smop"): smop},
+                            [("addition", 61.0)], choices, {"pt": 9.5, "spot": None, "smop": 8.0})
+  t = scipy_stats.t.ppf(0.975, 2)
+  half = lambda xs: t * np.std(xs, ddof=1) / np.sqrt(len(xs))
+  rows = results.accuracy_rows(summary)
+  assert rows[0] == ["target", "chance", "Prompt Tuning", "SPoT", "SMoP 4x5"]
+  assert rows[1] == ["sum", "10.2", f"82.0 ± {half(pt):.1f}", f"87.7 ± {half(spot):.1f}",
+                     f"81.3 ± {half(smop):.1f}"]
+  diff = np.subtract(spot, pt)  # [5, 6, 6]: its interval lies above 0
+  assert results.verdict_rows(summary)[1] == [
+      "sum", f"+{diff.mean():.1f} ± {half(diff):.1f} better",
+      f"-{-np.mean(np.subtract(smop, pt)):.1f} ± {half(np.subtract(smop, pt)):.1f} not resolved"]
+  assert results.source_rows(summary)[1] == ["sum", "addition*", "addition*", "length", "2/3"]
+  claims = {(r[0][:10], r[1]): r[4] for r in results.claim_rows(summary)[1:]}
+  assert claims[("SPoT beats", "sum")] == "holds" and claims[("SMoP 4x5 (", "sum")] == "not resolved"
+  assert claims[("task embed", "all")] == "not resolved"  # 2 of 3 related: n too small
+  paths = results.write(tmp_path, summary, {"target_steps": 100})
+  saved = json.loads(paths[0].read_text())
+  assert saved["cells"]["sum/spot"]["scores"] == spot and saved["cells"]["sum/spot"]["verdict_vs_pt"] == "better"
+  assert saved["cells"]["sum/pt"]["interval"]["mean"] == pytest.approx(82.0)
   md = paths[1].read_text()
-  assert "| sum | 10.2 | 54.0 (10s) | 72.5 (10s) |" in md and "| addition | 80.0 | 20 |" in md
+  assert f"| sum | 10.2 | 82.0 ± {half(pt):.1f} |" in md and "| sum | addition* | addition* | length | 2/3 |" in md
   assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_model
+def test_seeded_demo_from_real_runs_retrieves_spot_sources_and_reuses_them(tmp_path, capsys):
+  """A very short real demo: 8 sources, Prompt Tuning and SPoT on one target with 2 seeds."""
+  from spot_jax import stats  # pylint: disable=g-import-not-at-top
+  from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
+  from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import prompt_library, similarity  # pylint: disable=g-import-not-at-top
+  argv = ["--targets=sum", "--methods=pt,spot", "--seeds=3,4", "--source_steps=4", "--target_steps=4",
+          f"--output_dir={tmp_path}"]
+  assert main(argv) == 0
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert saved["seeds"] == [3, 4] and sorted(saved["cells"]) == ["sum/pt", "sum/spot"]
+  jobs = {p.name.split("-")[0]: p for p in (tmp_path / "runs").iterdir()}
+  assert sorted(jobs) == ["pt", "source", "spot"]
+  # the table's numbers are the runs' own records, and the verdict is the paired one
+  for method in ("pt", "spot"):
+    scores = [RunDir(jobs[method] / f"sum.seed_{s}").read_record().score for s in (3, 4)]
+    assert saved["cells"][f"sum/{method}"]["scores"] == pytest.approx(scores, abs=0.01)
+  assert saved["cells"]["sum/spot"]["verdict_vs_pt"] == stats.paired_verdict(
+      saved["cells"]["sum/pt"]["scores"], saved["cells"]["sum/spot"]["scores"])
+  # SPoT's source is retrieval's: the library entry most similar to the seed's early PT prompt
+  library, = (tmp_path / "libraries").iterdir()
+  entries, problems = prompt_library.Library(library).load()
+  assert not problems and sorted(e.id for e in entries) == sorted(suite.SOURCES)
+  for choice in saved["retrieval"]:
+    seed = choice["seed"]
+    embedding = np.load(RunDir(jobs["pt"] / f"sum.seed_{seed}").embedding_prompt()[0])
+    sims = similarity.similarities(embedding, [e.embedding for e in entries], "average")
+    assert choice["source"] == entries[int(np.argmax(sims))].id
+    assert choice["related"] == (choice["source"] in suite.RELATED["sum"])
+    record = RunDir(jobs["spot"] / f"sum.seed_{seed}").read_record()
+    assert record.finished and record.init.startswith(f"retrieved library entry {choice['source']} ")
+  out = capsys.readouterr().out
+  assert "SPoT's source per seed" in out and "paired by seed" in out
+  # a rerun trains nothing and prints the same tables
+  assert main(argv) == 0
+  assert "finished earlier, reused" in capsys.readouterr().out
+  again = json.loads((tmp_path / "results.json").read_text())
+  assert again["cells"] == saved["cells"] and again["retrieval"] == saved["retrieval"]

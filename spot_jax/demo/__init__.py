@@ -1,5 +1,7 @@
-"""The demo (`python -m spot_jax.demo`): sources, targets and every prompt method on the toy T5.
+"""The demo (`python -m spot_jax.demo`): sources, targets and every prompt method on the toy T5, seeded.
 
-`runs` builds and executes each run through `trainer.train`; `report` writes the table, JSON
-and chart. Nothing here changes the trainer.
+`runs` trains each method's runs (every target, every seed) as K runs in one trainer call and
+reads their scores back from run.json; `spot_sources` is SPoT's pipeline (a prompt library of
+the source prompts, retrieval by task embedding); `results` writes the seeded tables, verdicts,
+claims, JSON and chart. Nothing here changes the trainer.
 """

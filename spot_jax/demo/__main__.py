@@ -1,17 +1,25 @@
-r"""`python -m spot_jax.demo`: every prompt method, really learning, on the embedded toy T5.
+r"""`python -m spot_jax.demo`: every prompt method, really learning, on the embedded toy T5, with seeds.
 
-  1. prompt-tune the source tasks SPoT needs (tasks.embedded.RELATED of each target)
-  2. prompt-tune each target with Prompt Tuning, SPoT (started from the prompt of the related
-     source that scored best), SMoP (4 prompts x 5 tokens) and Residual Prompt Tuning
-  3. print a table (validation accuracy and wall time per method and target) and write
-     results.json, results.md and results.png to --output_dir
+  1. prompt-tune the 8 source tasks (one job: 8 runs in one jitted step; seed: one more than the
+     largest target seed) and add their prompts and task embeddings (each run's prompt at the
+     embedding step) to a prompt library
+  2. Prompt Tuning on each target, 5 seeds (one job for every target and seed); seed s's prompt
+     at the embedding step is the target's task embedding
+  3. retrieval ranks the library by similarity to it: SPoT's run of seed s starts from the most
+     similar source's prompt (the suite's RELATED map only checks the choice); then SMoP
+     (4 prompts x 5 tokens), Residual Prompt Tuning and, as a control, SPoT from an unrelated
+     source, one job per method
+  4. print the mean and 95% interval over seeds per target and method, each method's paired
+     verdict against Prompt Tuning (better / worse / not resolved), the sources retrieval chose
+     and the claims table; write results.json, results.md and results.png to --output_dir
 
-Every run is an ordinary trainer run in <output_dir>/runs/<name>. Rerunning with the same
-flags reuses the finished runs (same numbers, seconds); --fresh trains everything again.
+Every run is an ordinary trainer run in <output_dir>/runs/<method>-<digest>/<task>.seed_<s> whose
+run.json holds its score. Rerunning with the same flags reuses the finished runs (the same
+tables, seconds); --fresh trains everything again.
 
-  python -m spot_jax.demo                                   # about 3 minutes on 2 CPU cores
-  python -m spot_jax.demo --quick                           # fewer steps, the same compiles
-  python -m spot_jax.demo --full --output_dir=/tmp/demo_full  # more steps
+  python -m spot_jax.demo                          # seeds 0-4, about 5 minutes on 2 CPU cores
+  python -m spot_jax.demo --seed_offset=5          # another seed set: seeds 5-9
+  python -m spot_jax.demo --seeds=0,1,2 --quick    # fewer steps, the same compiles
   python -m spot_jax.demo --methods=pt,spot --targets=sentiment_travel
 """
 from __future__ import annotations
@@ -30,12 +38,15 @@ from spot_jax import cli
 from spot_jax.cli import flags
 from spot_jax import embedded
 from spot_jax import fileio
-from spot_jax.demo import runs
+from spot_jax import stats
 from spot_jax.demo import results as results_lib
+from spot_jax.demo import runs
+from spot_jax.demo import spot_sources
 from spot_jax.errors import ConfigError
 
-QUICK = dict(source_steps=100, target_steps=50)
-FULL = dict(source_steps=500, target_steps=300, batch_size=32)
+DEFAULT_SEEDS = 5
+QUICK = dict(source_steps=60, target_steps=30)
+FULL = dict(source_steps=400, target_steps=200, batch_size=16)
 
 
 def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str]:
@@ -50,10 +61,26 @@ def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str
   return list(dict.fromkeys(chosen))
 
 
-def _writable(path: str) -> pathlib.Path:
-  out = fileio.writable_dir(path, "--output_dir")
-  (out / "runs").mkdir(exist_ok=True)
-  return out
+def _seeds(args) -> list[int]:
+  """--seeds (a comma list), else --num_seeds seeds from --seed_offset; checked before any write."""
+  if args.seeds is not None:
+    if args.seed_offset is not None:
+      raise ConfigError("give --seeds or --seed_offset, not both")
+    if not args.seeds.strip():
+      return stats.check_seeds([], "--seeds")
+    values = []
+    for i, text in enumerate(v.strip() for v in args.seeds.split(",")):
+      try:
+        values.append(int(text))
+      except ValueError:
+        raise ConfigError(f"--seeds: entry {i} ({text!r}) must be a non-negative integer") from None
+    return stats.check_seeds(values, "--seeds")
+  offset = 0 if args.seed_offset is None else args.seed_offset
+  if offset < 0:
+    raise ConfigError(f"--seed_offset must be a non-negative integer, got {offset}")
+  if args.num_seeds < 1:
+    raise ConfigError(f"--num_seeds must be a positive integer, got {args.num_seeds}")
+  return list(range(offset, offset + args.num_seeds))
 
 
 def _parser() -> cli.ArgumentParser:
@@ -61,12 +88,17 @@ def _parser() -> cli.ArgumentParser:
   p = cli.ArgumentParser(prog="spot_jax.demo", description=__doc__.splitlines()[0])
   flags.add_output_dir(p, "where runs and results go (default ./spot_demo)", default="spot_demo")
   p.add_argument("--methods", default=",".join(runs.METHODS),
-                 help=f"comma list of {', '.join(runs.METHODS + runs.EXTRA_METHODS)} (spot_unrelated: "
-                      f"SPoT from an unrelated source, a control)")
+                 help=f"comma list of {', '.join(runs.METHODS)} (pt always runs: the baseline and "
+                      f"the target's task embedding; spot_unrelated: SPoT from an unrelated source, "
+                      f"a control)")
   p.add_argument("--targets", default=",".join(suite.TARGETS),
                  help=f"comma list of {', '.join(suite.TARGETS + suite.HARD_TARGETS)} (the last two: "
                       f"skills the toy backbone only half-learned)")
-  p.add_argument("--seed", type=int, default=0, help="seed of every run")
+  p.add_argument("--seeds", default=None, help="comma list of distinct non-negative seeds (default "
+                                               "--num_seeds seeds from --seed_offset)")
+  p.add_argument("--seed_offset", type=int, default=None, help="the first seed (default 0)")
+  p.add_argument("--num_seeds", type=int, default=DEFAULT_SEEDS,
+                 help=f"how many seeds from --seed_offset (default {DEFAULT_SEEDS})")
   speed = p.add_mutually_exclusive_group()
   speed.add_argument("--quick", action="store_true", help=f"fewer steps: {QUICK}")
   speed.add_argument("--full", action="store_true", help=f"more steps: {FULL}")
@@ -78,84 +110,103 @@ def _parser() -> cli.ArgumentParser:
   return p
 
 
-def main(argv: Sequence[str]) -> Optional[int]:
-  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
-  args = _parser().parse_args(argv)
-  methods = _choices(args.methods, runs.METHODS + runs.EXTRA_METHODS, "method", "--methods")
-  targets = _choices(args.targets, suite.TARGETS + suite.HARD_TARGETS, "target task", "--targets")
-  changes = dict(QUICK if args.quick else FULL if args.full else {}, seed=args.seed)
+def _settings(args) -> runs.Settings:
+  changes = dict(QUICK if args.quick else FULL if args.full else {})
   for name in ("source_steps", "target_steps"):
     if getattr(args, name) is not None:
       if getattr(args, name) <= 0:
         raise ConfigError(f"--{name} must be a positive integer, got {getattr(args, name)}")
       changes[name] = getattr(args, name)
-  settings = dataclasses.replace(runs.Settings(), **changes)
+  return dataclasses.replace(runs.Settings(), **changes)
+
+
+def _cache(args, out: pathlib.Path) -> None:
+  if args.compilation_cache == "none":
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_compilation_cache_dir", args.compilation_cache or str(out / "jax_cache"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def main(argv: Sequence[str]) -> Optional[int]:
+  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
+  args = _parser().parse_args(argv)
+  chosen = _choices(args.methods, runs.METHODS, "method", "--methods")
+  methods = ["pt"] + [m for m in chosen if m != "pt"]
+  targets = _choices(args.targets, suite.TARGETS + suite.HARD_TARGETS, "target task", "--targets")
+  seeds = _seeds(args)
+  settings = _settings(args)
   if not os.path.isdir(embedded.CHECKPOINT_PATH):
     raise ConfigError(f"the embedded toy model is missing at {embedded.CHECKPOINT_PATH}; "
                       f"make it with `python -m spot_jax.embedded.pretrain`")
-  out = _writable(args.output_dir)
-  if args.compilation_cache != "none":
-    import jax  # pylint: disable=g-import-not-at-top
-    jax.config.update("jax_compilation_cache_dir", args.compilation_cache or str(out / "jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
+  out = fileio.writable_dir(args.output_dir, "--output_dir")
+  runs_dir = out / "runs"
+  runs_dir.mkdir(exist_ok=True)
+  _cache(args, out)
   # seqio's advice about uncached function datasets and long sequence lengths does not apply to
   # these small in-memory tasks; keep the progress display readable.
   logging.getLogger("absl").setLevel(logging.ERROR)
   started = time.time()
   vocab_rows = suite.get_vocabulary().vocab_size - suite.EXTRA_IDS
-  sources = sorted({s for t in targets for s in suite.RELATED[t]}) if "spot" in methods else []
-  if "spot_unrelated" in methods:
-    sources = sorted(set(sources) | {suite.UNRELATED[t][0] for t in targets})
-  total = len(sources) + len(targets) * len(methods)
+  needs_library = bool({"spot", "spot_unrelated"} & set(methods))
+  jobs = len(methods) + needs_library
+  print(f"spot_jax.demo: {len(targets)} targets x {len(methods)} methods x {len(seeds)} seeds "
+        f"(seeds {', '.join(map(str, seeds))})" + (f" + {len(suite.SOURCES)} source prompts"
+                                                   if needs_library else "")
+        + f" in {jobs} jobs on the embedded {embedded.CONFIG_NAME}, {settings.source_steps} source / "
+        f"{settings.target_steps} target steps; runs in {runs_dir}", flush=True)
   done = [0]
-  results: list[dict] = []
-  print(f"spot_jax.demo: {total} prompt runs ({len(sources)} sources, {len(targets)} targets x "
-        f"{len(methods)} methods) on the embedded {embedded.CONFIG_NAME}, {settings.source_steps} "
-        f"source / {settings.target_steps} target steps, seed {settings.seed}; runs in {out / 'runs'}",
-        flush=True)
+  seconds: dict[str, Optional[float]] = {}
 
-  def run(spec: runs.RunSpec) -> dict:
+  def job(method: str, members: Sequence[runs.Member]) -> runs.JobResult:
     done[0] += 1
-    run_dir = out / "runs" / spec.name
-    prefix = f"[{done[0]:2d}/{total}] {spec.name:<32}"
-    print(f"{prefix} training ...", end="", flush=True)
-    if args.fresh and run_dir.exists():
-      shutil.rmtree(run_dir)
-    result = runs.finished_result(run_dir, spec, settings)
-    reused = result is not None
-    if result is None:
-      result = runs.execute(spec, settings, run_dir, vocab_rows)
-    print(f"\r{prefix} accuracy {result['accuracy']:5.1f}%  {result['seconds']:5.1f}s"
-          f"{'  (finished earlier, reused)' if reused else ''}"
-          f"{'  from ' + result['init_from'] if result['init_from'] else ''}"
+    label = f"[{done[0]}/{jobs}] {runs.METHOD_NAMES.get(method, 'sources')}: {len(members)} runs"
+    print(f"{label} training ...", end="", flush=True)
+    result = runs.run_job(method, members, settings, runs_dir, vocab_rows, fresh=args.fresh)
+    seconds[method] = None if result.seconds is None else round(result.seconds, 1)
+    accs = [o.accuracy for o in result.outcomes]
+    took = "finished earlier, reused" if result.seconds is None else f"{result.seconds:.0f}s"
+    print(f"\r{label}, accuracy {min(accs):.1f}-{max(accs):.1f}%  ({took})"
           f"   [{time.time() - started:.0f}s elapsed]", flush=True)
-    results.append(result)
     return result
 
-  best_source = {}
-  source_results = {s: run(runs.RunSpec(s, "pt", "source")) for s in sources}
-  for target in targets:
-    if "spot" in methods:
-      related = suite.RELATED[target]  # the best related source; ties go to the first listed
-      best_source[target] = max(related, key=lambda s: (source_results[s]["accuracy"], -related.index(s)))
-    for method in methods:
-      source = {"spot": best_source.get(target), "spot_unrelated": suite.UNRELATED[target][0]}.get(method)
-      init_from = str(out / "runs" / f"source_{source}") if source else None
-      run(runs.RunSpec(target, method, "target", init_from))
+  sources, choices, entries = [], {}, []
+  if needs_library:
+    # One seed no target run uses: the 8 sources share one initial prompt (their embeddings
+    # differ by what they learned), and no target seed shares it (a shared start would make that
+    # seed's task embedding look similar to every source).
+    source_members = [runs.Member(t, max(seeds) + 1) for t in suite.SOURCES]
+    sources = job(runs.SOURCE, source_members).outcomes
+    library_dir = out / "libraries" / runs.job_dir(runs_dir, runs.SOURCE, settings, source_members).name
+    if args.fresh and library_dir.exists():
+      shutil.rmtree(library_dir)
+    entries = spot_sources.build_library(library_dir, sources)
+  outcomes = list(job("pt", [runs.Member(t, s) for t in targets for s in seeds]).outcomes)
+  if needs_library:
+    choices = spot_sources.choose(entries, outcomes, suite.RELATED)
+  for method in methods[1:]:
+    if method == "spot":
+      members = spot_sources.spot_members(choices, entries, targets, seeds)
+    elif method == "spot_unrelated":
+      members = spot_sources.unrelated_members(entries, suite.UNRELATED, targets, seeds)
+    else:
+      members = [runs.Member(t, s) for t in targets for s in seeds]
+    outcomes += job(method, members).outcomes
 
   chance = {t: round(suite.TASKS[t].chance, 1) for t in targets}
-  rows = results_lib.table_rows(results, targets, methods, chance)
-  summary = {"settings": dataclasses.asdict(settings), "methods": methods, "targets": targets,
-             "chance": chance, "spot_source": best_source, "runs": results,
-             "wall_seconds": round(time.time() - started, 1)}
-  paths = results_lib.write(out, summary, rows)
+  summary = results_lib.summarize(outcomes, targets, methods, seeds, chance, sources,
+                                  {k: c.to_json() for k, c in choices.items()}, seconds)
+  paths = results_lib.write(out, summary, dataclasses.asdict(settings))
   print()
-  print(results_lib.plain(rows))
-  print("\nvalidation accuracy % (run wall time); SPoT sources: "
-        + (", ".join(f"{t} <- {s}" for t, s in best_source.items()) or "none"))
-  print(f"demo took {time.time() - started:.0f}s; wrote {', '.join(str(p) for p in paths)}")
+  print(f"validation accuracy %, mean ± 95% interval over {len(seeds)} seeds:")
+  print(results_lib.plain(results_lib.accuracy_rows(summary)))
+  print("\neach method minus Prompt Tuning, paired by seed, and the verdict:")
+  print(results_lib.plain(results_lib.verdict_rows(summary)))
+  if choices:
+    print("\nSPoT's source per seed, chosen by retrieval (* = in the suite's RELATED map):")
+    print(results_lib.plain(results_lib.source_rows(summary)))
+  print(f"\ndemo took {time.time() - started:.0f}s; wrote {', '.join(str(p) for p in paths)}")
   return 0
 
 

@@ -1,24 +1,167 @@
-"""The demo's results: a console/Markdown table, JSON and a bar chart PNG."""
+"""The demo's seeded results: tables with intervals, paired verdicts, claims, JSON and a PNG.
+
+Every number is a mean over seeds with its Student-t 95% interval (`spot_jax.stats`); every
+comparison with Prompt Tuning is a verdict from the paired per-seed differences (the same seed's
+runs share their data order), so it says "better", "worse" or "not resolved", never a bare gap.
+"""
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
-from spot_jax.demo.runs import METHOD_NAMES
+import numpy as np
+
+from spot_jax import stats
+from spot_jax.demo.runs import METHOD_NAMES, Outcome
+
+BASELINE = "pt"
+HOLDS, DOES_NOT_HOLD = "holds", "does not hold"
 
 
-def table_rows(results: Sequence[Mapping], targets: Sequence[str], methods: Sequence[str],
-               chance: Mapping[str, float]) -> list[list[str]]:
-  """Header + one row per target: chance, then "accuracy (seconds)" per method."""
-  by_key = {(r["task"], r["method"]): r for r in results if r["role"] == "target"}
-  rows = [["target", "chance"] + [METHOD_NAMES[m] for m in methods]]
-  for target in targets:
-    row = [target, f"{chance[target]:.1f}"]
-    for method in methods:
-      r = by_key.get((target, method))
-      row.append("-" if r is None else f"{r['accuracy']:.1f} ({r['seconds']:.0f}s)")
-    rows.append(row)
+@dataclasses.dataclass
+class Summary:
+  """Everything one demo measured (targets only; sources are listed apart).
+
+  Attributes:
+    targets, methods, seeds: as run (methods start with "pt").
+    chance: accuracy of the majority label per target (%).
+    scores: (target, method) -> accuracies in seed order.
+    sources: (source, accuracy) of the library's source prompts.
+    choices: (target, seed) -> retrieval's choice as JSON (`spot_sources.Choice.to_json`).
+    seconds: method -> the job's wall time in this process (None: reused).
+  """
+  targets: list[str]
+  methods: list[str]
+  seeds: list[int]
+  chance: dict[str, float]
+  scores: dict[tuple[str, str], list[float]]
+  sources: list[tuple[str, float]]
+  choices: dict[tuple[str, int], dict]
+  seconds: dict[str, Optional[float]]
+
+  def interval(self, target: str, method: str) -> stats.Interval:
+    return stats.interval(self.scores[(target, method)])
+
+  def difference(self, target: str, method: str, baseline: str = BASELINE) -> stats.Interval:
+    return stats.paired_difference(self.scores[(target, baseline)], self.scores[(target, method)])
+
+  def verdict(self, target: str, method: str, baseline: str = BASELINE) -> str:
+    return stats.verdict(self.difference(target, method, baseline))
+
+  def to_json(self) -> dict:
+    cells = {f"{t}/{m}": {"scores": self.scores[(t, m)], "interval": self.interval(t, m).to_json(),
+                          **({} if m == BASELINE else {
+                              "difference_vs_pt": self.difference(t, m).to_json(),
+                              "verdict_vs_pt": self.verdict(t, m)})}
+             for t in self.targets for m in self.methods}
+    return {"targets": self.targets, "methods": self.methods, "seeds": self.seeds,
+            "chance": self.chance, "cells": cells,
+            "sources": [{"task": s, "accuracy": a} for s, a in self.sources],
+            "retrieval": [self.choices[k] for k in sorted(self.choices)],
+            "claims": [dict(zip(CLAIM_COLUMNS, row)) for row in claim_rows(self)[1:]],
+            "job_seconds": self.seconds}
+
+
+def summarize(outcomes: Sequence[Outcome], targets: Sequence[str], methods: Sequence[str],
+              seeds: Sequence[int], chance: Mapping[str, float], sources: Sequence[Outcome],
+              choices: Mapping[tuple[str, int], dict], seconds: Mapping[str, Optional[float]]) -> Summary:
+  """Scores per (target, method) in seed order, from the runs' records."""
+  by_key = {(o.task, o.method, o.seed): o.accuracy for o in outcomes}
+  scores = {}
+  for t in targets:
+    for m in methods:
+      missing = [s for s in seeds if (t, m, s) not in by_key]
+      if missing:
+        raise RuntimeError(f"no finished {m} run of {t} for seeds {missing}")
+      scores[(t, m)] = [by_key[(t, m, s)] for s in seeds]
+  return Summary(list(targets), list(methods), list(seeds), dict(chance), scores,
+                 [(o.task, o.accuracy) for o in sources], dict(choices), dict(seconds))
+
+
+# --- tables ---------------------------------------------------------------------------------------
+
+
+def accuracy_rows(s: Summary) -> list[list[str]]:
+  """Header + one row per target: chance, then mean ± 95% interval per method."""
+  rows = [["target", "chance"] + [METHOD_NAMES[m] for m in s.methods]]
+  for t in s.targets:
+    rows.append([t, f"{s.chance[t]:.1f}"] + [s.interval(t, m).format() for m in s.methods])
+  return rows
+
+
+def verdict_rows(s: Summary) -> list[list[str]]:
+  """Header + one row per target: each method's paired difference from Prompt Tuning, verdict."""
+  others = [m for m in s.methods if m != BASELINE]
+  rows = [["target"] + [f"{METHOD_NAMES[m]} - PT" for m in others]]
+  for t in s.targets:
+    rows.append([t] + [f"{_signed(s.difference(t, m))} {s.verdict(t, m)}" for m in others])
+  return rows
+
+
+def _signed(iv: stats.Interval) -> str:
+  text = iv.format()
+  return text if text.startswith("-") or text == "n/a" else "+" + text
+
+
+def source_rows(s: Summary) -> list[list[str]]:
+  """Header + one row per target: the source retrieval chose for each seed (* = in RELATED)."""
+  if not s.choices:
+    return []
+  rows = [["target"] + [f"seed {seed}" for seed in s.seeds] + ["related"]]
+  for t in s.targets:
+    picks = [s.choices[(t, seed)] for seed in s.seeds]
+    rows.append([t] + [p["source"] + ("*" if p["related"] else "") for p in picks]
+                + [f"{sum(p['related'] for p in picks)}/{len(picks)}"])
+  return rows
+
+
+CLAIM_COLUMNS = ("claim", "target", "measured", "seeds", "verdict")
+_PAIRED_CLAIMS = (
+    ("spot", "pt", "SPoT beats Prompt Tuning on a related target (retrieved source)", "better"),
+    ("spot_unrelated", "pt", "SPoT from an unrelated source does not beat Prompt Tuning", "not better"),
+    ("spot", "spot_unrelated", "the retrieved source beats an unrelated one", "better"),
+    ("smop", "pt", "SMoP 4x5 (5 prompt tokens per input) matches or beats 20-token Prompt Tuning",
+     "not worse"),
+    ("residual", "pt", "Residual PT ends higher than Prompt Tuning at the same steps", "better"),
+)
+
+
+def _claim_verdict(verdict: str, wanted: str) -> str:
+  """A paired verdict read against what the claim predicts."""
+  if wanted == "better":
+    return {stats.BETTER: HOLDS, stats.WORSE: DOES_NOT_HOLD}.get(verdict, stats.UNRESOLVED)
+  if wanted == "not better":  # only a resolved loss shows it; a resolved win refutes it
+    return {stats.WORSE: HOLDS, stats.BETTER: DOES_NOT_HOLD}.get(verdict, stats.UNRESOLVED)
+  # "not worse": a resolved win shows it; a resolved loss refutes it; a tie is not an equivalence
+  return {stats.BETTER: HOLDS, stats.WORSE: DOES_NOT_HOLD}.get(verdict, stats.UNRESOLVED)
+
+
+def claim_rows(s: Summary) -> list[list[str]]:
+  """Header + one row per (claim, target) the demo measures, and retrieval's ranking claim."""
+  rows = [list(CLAIM_COLUMNS)]
+  n = str(len(s.seeds))
+  for method, base, text, wanted in _PAIRED_CLAIMS:
+    if method not in s.methods or base not in s.methods:
+      continue
+    for t in s.targets:
+      diff = s.difference(t, method, base)
+      rows.append([text, t, f"{_signed(diff)} points", n,
+                   _claim_verdict(stats.verdict(diff), wanted)])
+  if s.choices:
+    from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
+    hits = np.array([1.0 if c["related"] else 0.0 for c in s.choices.values()])
+    chance = float(np.mean([len(suite.RELATED[c["target"]]) / len(c["ranking"])
+                            for c in s.choices.values()]))
+    share = stats.interval(100 * hits)
+    verdict = (HOLDS if share.resolved and share.low > 100 * chance else
+               DOES_NOT_HOLD if share.resolved and share.high < 100 * chance else stats.UNRESOLVED)
+    rows.append(["task embeddings rank a related source first (top-1 of the library)", "all",
+                 f"{share.format()}% of {len(hits)} target runs (chance {100 * chance:.0f}%)", n,
+                 verdict])
+  rows.append(["retrieval keeps most of the oracle's gain", "-", "see docs/spot.md (the study)",
+               "-", "-"])
   return rows
 
 
@@ -33,44 +176,57 @@ def plain(rows: Sequence[Sequence[str]]) -> str:
   return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def bar_chart(results: Sequence[Mapping], targets: Sequence[str], methods: Sequence[str],
-              chance: Mapping[str, float], path: pathlib.Path) -> None:
-  """Grouped bars of validation accuracy per target and method, chance as a tick line."""
+# --- the chart and the files ----------------------------------------------------------------------
+
+
+def bar_chart(s: Summary, path: pathlib.Path) -> None:
+  """Grouped bars: mean accuracy per target and method, 95% interval error bars, chance."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  by_key = {(r["task"], r["method"]): r["accuracy"] for r in results if r["role"] == "target"}
-  width = 0.8 / max(len(methods), 1)
-  fig, ax = plt.subplots(figsize=(2.2 * len(targets) + 2, 4))
-  for j, method in enumerate(methods):
-    xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(targets))]
-    ax.bar(xs, [by_key.get((t, method), 0.0) for t in targets], width, label=METHOD_NAMES[method])
-  for i, target in enumerate(targets):
-    ax.hlines(chance[target], i - 0.45, i + 0.45, colors="black", linestyles="dashed",
+  width = 0.8 / max(len(s.methods), 1)
+  fig, ax = plt.subplots(figsize=(2.0 * len(s.targets) + 3.6, 4.4))
+  for j, method in enumerate(s.methods):
+    xs = [i + (j - (len(s.methods) - 1) / 2) * width for i in range(len(s.targets))]
+    ivs = [s.interval(t, method) for t in s.targets]
+    means = [iv.mean for iv in ivs]
+    # The bar spans the interval, drawn inside the 0-100 scale an accuracy lives on.
+    lows = [0.0 if not iv.resolved else m - max(iv.low, 0.0) for m, iv in zip(means, ivs)]
+    highs = [0.0 if not iv.resolved else min(iv.high, 100.0) - m for m, iv in zip(means, ivs)]
+    ax.bar(xs, means, width, yerr=[lows, highs], capsize=3, label=METHOD_NAMES[method],
+           error_kw={"elinewidth": 1.2})
+  for i, target in enumerate(s.targets):
+    ax.hlines(s.chance[target], i - 0.45, i + 0.45, colors="black", linestyles="dashed",
               label="chance" if i == 0 else None)
-  ax.set_xticks(range(len(targets)), targets)
-  ax.set_ylabel("validation accuracy (%)")
-  ax.set_ylim(0, 112)
-  ax.legend(loc="upper center", ncol=len(methods) + 1, fontsize=8)
-  ax.set_title("Prompt methods on the embedded toy T5")
+  ax.set_xticks(range(len(s.targets)), s.targets, fontsize=10)
+  ax.set_ylabel("validation accuracy (%)", fontsize=10)
+  ax.set_ylim(0, 102)
+  ax.set_yticks(range(0, 101, 20))
+  ax.grid(axis="y", alpha=0.3)
+  ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+  ax.set_title(f"Mean of {len(s.seeds)} seeds with 95% intervals (toy T5)", fontsize=11)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
 
 
-def write(output_dir: pathlib.Path, summary: Mapping, rows: Sequence[Sequence[str]]) -> list[pathlib.Path]:
+def write(output_dir: pathlib.Path, s: Summary, recipe: Mapping) -> list[pathlib.Path]:
   """results.json, results.md and results.png in `output_dir`; returns their paths."""
   paths = [output_dir / "results.json", output_dir / "results.md", output_dir / "results.png"]
-  paths[0].write_text(json.dumps(summary, indent=1, sort_keys=True))
-  sources = [r for r in summary["runs"] if r["role"] == "source"]
+  paths[0].write_text(json.dumps({"recipe": dict(recipe), **s.to_json()}, indent=1, sort_keys=True))
+  seeds = ", ".join(str(x) for x in s.seeds)
   text = ["# spot-jax demo results", "",
-          f"Validation accuracy (%) of each method on each target (wall time of the run), "
-          f"seed {summary['settings']['seed']}, {summary['settings']['target_steps']} target steps.", "",
-          markdown(rows)]
-  if sources:
-    text += ["Source prompts (SPoT starts each target from its best related source):", "",
-             markdown([["source", "accuracy", "seconds"]] +
-                      [[r["task"], f"{r['accuracy']:.1f}", f"{r['seconds']:.0f}"] for r in sources])]
+          f"Validation accuracy (%) per target and method: mean ± 95% interval (Student t) over "
+          f"seeds {seeds}; {recipe['target_steps']} target steps.", "", markdown(accuracy_rows(s)),
+          "Each method minus Prompt Tuning, paired by seed (mean ± 95% interval) and the verdict:",
+          "", markdown(verdict_rows(s))]
+  if s.choices:
+    text += ["The source retrieval chose for each SPoT run (* = in the suite's RELATED map, a "
+             "check only):", "", markdown(source_rows(s))]
+  if s.sources:
+    text += ["Source prompts in the library:", "",
+             markdown([["source", "accuracy"]] + [[t, f"{a:.1f}"] for t, a in s.sources])]
+  text += ["Claims:", "", markdown(claim_rows(s))]
   paths[1].write_text("\n".join(text))
-  bar_chart(summary["runs"], summary["targets"], summary["methods"], summary["chance"], paths[2])
+  bar_chart(s, paths[2])
   return paths

@@ -1,144 +1,225 @@
-"""The demo's runs: each one an ordinary `trainer.train` run on the embedded toy T5.
+"""The demo's runs: K seeded runs per trainer call on the embedded toy T5, read back from run.json.
 
-A `RunSpec` names a task and a prompt method; `execute` trains it in its own run directory
-(checkpoints, exported prompts, TensorBoard, evaluation outputs, as any trainer run) and writes
-`demo_result.json` there when it finishes. A rerun of the demo reuses a run directory whose
-`demo_result.json` matches the spec, so finished runs are not trained twice (`--fresh` deletes
-them first).
+A `Job` is one `train.train(..., runs=[RunSpec, ...])` call: one prompt method, every seed of
+one or more tasks stacked along the trainer's runs axis (one jitted step for all of them). Each
+run is an ordinary run directory `<runs_dir>/<method>-<digest>/<task>.seed_<s>` whose `run.json`
+(`spot_jax.run_dir.RunRecord`) holds what the demo reports: the task, the seed, the best
+validation accuracy (`score`), how the prompt was initialised (`init`) and the task-embedding
+step. The digest names the method, the settings and the runs (tasks, seeds, initial prompts), so
+a rerun with the same flags finds its finished runs and trains nothing, an interrupted job
+resumes from its own checkpoints, and other flags never collide with them.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-import os
 import pathlib
 import shutil
 import time
-from typing import Optional
+from typing import Callable, Optional, Sequence
+
+import numpy as np
 
 from spot_jax import data as data_lib
 from spot_jax import embedded
-from spot_jax.train import evaluator as evaluator_lib
 from spot_jax import models
-from spot_jax.train import optimizers
 from spot_jax import prompts
 from spot_jax import t5
 from spot_jax import train as train_lib
+from spot_jax.run_dir import RunDir, RunRecord
+from spot_jax.train import evaluator as evaluator_lib
+from spot_jax.train import optimizers
 
-METHODS = ("pt", "spot", "smop", "residual")
-# A control, not run by default: SPoT started from an unrelated source's prompt.
-EXTRA_METHODS = ("spot_unrelated",)
+# Every method runs by default; "pt" always runs (the baseline of every verdict, and its early
+# prompt is the target's task embedding for SPoT's retrieval).
+METHODS = ("pt", "spot", "smop", "residual", "spot_unrelated")
 METHOD_NAMES = {"pt": "Prompt Tuning", "spot": "SPoT", "smop": "SMoP 4x5",
-                "residual": "Residual PT", "spot_unrelated": "SPoT (unrelated source)"}
+                "residual": "Residual PT", "spot_unrelated": "SPoT unrelated"}
+SOURCE = "source"  # the method name of the source prompts' job (Prompt Tuning on the sources)
 TASK_MODULE = "tasks.embedded"
-RESULT_FILE = "demo_result.json"
+METRIC = "accuracy"
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """What every run of one demo shares.
+  """The recipe every run of one demo shares (docs/embedded.md: the sweep that chose it).
 
   Attributes:
     source_steps: training steps of a source prompt.
     target_steps: training steps of a target prompt (every method).
     prompt_length: tokens of the Prompt Tuning, SPoT and Residual prompts (SMoP: 4 x 5).
-    batch_size: training batch size.
-    learning_rate: Adafactor's constant learning rate (Prompt Tuning's recipe).
-    input_length, target_length: task feature lengths in tokens (prompt excluded).
-    eval_examples: validation examples scored at the end of a run.
-    seed: seed of every run (prompt initialisation and data order).
+    batch_size: training batch size of each run.
+    learning_rate: Adafactor's peak learning rate.
+    warmup_steps: linear warm-up from 0 to the peak.
+    final_learning_rate: linear decay from the peak to this at the last step (None: none;
+      with no warm-up either, the constant rate of Prompt Tuning's recipe).
+    input_length: target tasks' input length in tokens (the longest target input is 37).
+    source_input_length: the sources' input length (paraphrase inputs reach 48).
+    target_length: output length in tokens (the longest label is 4 tokens and EOS).
+    eval_examples: validation examples scored at the end of every run.
+    embedding_step: the step whose prompt is a run's task embedding (sources and targets).
   """
-  source_steps: int = 200
-  target_steps: int = 100
+  source_steps: int = 120
+  target_steps: int = 60
   prompt_length: int = 20
-  batch_size: int = 16
+  batch_size: int = 8
   learning_rate: float = 0.3
-  input_length: int = 48
-  target_length: int = 8
+  warmup_steps: int = 6
+  final_learning_rate: Optional[float] = 0.03
+  input_length: int = 40
+  source_input_length: int = 48
+  target_length: int = 6
   eval_examples: int = 200
-  seed: int = 0
+  embedding_step: int = 10
 
 
 @dataclasses.dataclass(frozen=True)
-class RunSpec:
-  """One run.
+class Member:
+  """One run of a job.
 
   Attributes:
     task: a key of `tasks.embedded.TASKS` (its taskless variant is trained).
-    method: one of METHODS.
-    role: "source" or "target".
-    init_from: SPoT only: the source run directory whose exported prompt starts this one.
-      ("spot_unrelated": the first of tasks.embedded.UNRELATED[task], a control).
+    seed: the run's seed (prompt initialisation and data order).
+    init: the initial prompt [L, E] (SPoT), or None for the method's own initialiser.
+    init_note: how `init` was chosen (kept in run.json's `init`).
   """
   task: str
-  method: str
-  role: str
-  init_from: Optional[str] = None
+  seed: int
+  init: Optional[np.ndarray] = dataclasses.field(default=None, compare=False)
+  init_note: str = ""
 
   @property
   def name(self) -> str:
-    return f"source_{self.task}" if self.role == "source" else f"{self.task}_{self.method}"
+    return f"{self.task}.seed_{self.seed}"
 
 
-def _prompt_module(spec: RunSpec, settings: Settings, vocab_rows: int):
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """A finished run, as its run.json records it."""
+  task: str
+  seed: int
+  method: str
+  accuracy: float
+  init: str
+  run_dir: str
+
+
+def learning_rate_schedule(settings: Settings, steps: int):
+  """The constant rate, or warm-up then linear decay over `steps`."""
+  if not settings.warmup_steps and settings.final_learning_rate is None:
+    return settings.learning_rate
+  final = settings.learning_rate if settings.final_learning_rate is None else settings.final_learning_rate
+  warmup = min(settings.warmup_steps, steps - 1)
+  return optimizers.warmup_linear_decay(settings.learning_rate, warmup, max(steps - warmup, 1),
+                                        end_value=final)
+
+
+def _prompt_module(method: str, settings: Settings, vocab_rows: int):
   sampled = prompts.sampled_vocab(num_most_frequent=vocab_rows)
-  if spec.method == "pt":
+  if method in ("pt", SOURCE, "spot", "spot_unrelated"):  # SPoT: each run's RunSpec.prompt_init
     return prompts.PromptTuning(length=settings.prompt_length, prompt_init=sampled)
-  if spec.method in ("spot", "spot_unrelated"):
-    path = prompts.exported_prompt_path(spec.init_from)
-    return prompts.PromptTuning(length=settings.prompt_length, prompt_init=prompts.from_file(path))
-  if spec.method == "smop":
+  if method == "smop":
     return prompts.SMoP(num_prompts=4, length=5, prompt_init=sampled)
-  if spec.method == "residual":
+  if method == "residual":
     return prompts.ResidualPrompt(length=settings.prompt_length, bottleneck=128, prompt_init=sampled)
-  raise ValueError(f"unknown method {spec.method!r}; valid: {', '.join(METHODS + EXTRA_METHODS)}")
+  raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
 
 
-def build_model(spec: RunSpec, settings: Settings, vocab_rows: int) -> models.EncoderDecoderModel:
-  """The frozen toy T5 with the run's prompt method (dropout off)."""
+def build_model(method: str, settings: Settings, vocab_rows: int) -> models.EncoderDecoderModel:
+  """The frozen toy T5 with the method's prompt (dropout off)."""
   config = t5.config_by_name(embedded.CONFIG_NAME, dropout_rate=0.0)
   return models.EncoderDecoderModel(
-      module=t5.Transformer(config, prompt=_prompt_module(spec, settings, vocab_rows)))
+      module=t5.Transformer(config, prompt=_prompt_module(method, settings, vocab_rows)))
 
 
-def _fingerprint(spec: RunSpec, settings: Settings) -> dict:
-  return {"spec": dataclasses.asdict(spec), "settings": dataclasses.asdict(settings)}
+def _digest(array: np.ndarray) -> str:
+  return hashlib.sha256(np.ascontiguousarray(array, np.float32).tobytes()).hexdigest()
 
 
-def finished_result(run_dir: pathlib.Path, spec: RunSpec, settings: Settings) -> Optional[dict]:
-  """The recorded result of a finished run with the same spec and settings, else None."""
-  try:
-    result = json.loads((run_dir / RESULT_FILE).read_text())
-  except (OSError, ValueError):
-    return None
-  return result if result.get("fingerprint") == _fingerprint(spec, settings) else None
+def job_dir(runs_dir: pathlib.Path, method: str, settings: Settings,
+            members: Sequence[Member]) -> pathlib.Path:
+  """<runs_dir>/<method>-<digest of the settings, the runs and their initial prompts>."""
+  key = {"method": method, "settings": dataclasses.asdict(settings),
+         "runs": [[m.task, m.seed, m.init_note, None if m.init is None else _digest(m.init)]
+                  for m in members]}
+  digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+  return runs_dir / f"{method}-{digest}"
 
 
-def execute(spec: RunSpec, settings: Settings, run_dir: pathlib.Path, vocab_rows: int) -> dict:
-  """Trains and evaluates one run in `run_dir` (started afresh); returns its result."""
+def _finished(path: pathlib.Path, members: Sequence[Member], steps: int) -> Optional[list[RunRecord]]:
+  """Every member's record when all finished `steps` steps, else None."""
+  records = []
+  for m in members:
+    record = RunDir(path / m.name).read_record()
+    if record is None or not record.finished or record.train_steps != steps or record.score is None:
+      return None
+    records.append(record)
+  return records
+
+
+@dataclasses.dataclass
+class JobResult:
+  """A job's outcomes (member order) and its wall time in this process (None: reused)."""
+  path: pathlib.Path
+  outcomes: list[Outcome]
+  seconds: Optional[float]
+
+
+def run_job(method: str, members: Sequence[Member], settings: Settings, runs_dir: pathlib.Path,
+            vocab_rows: int, fresh: bool = False,
+            log: Callable[[str], None] = lambda line: None) -> JobResult:
+  """Trains `members` as K runs in one trainer call (or reuses them); returns their records.
+
+  Args:
+    method: one of METHODS, or SOURCE (Prompt Tuning on source tasks).
+    members: the runs; every run keeps its own seed, task, data stream and directory.
+    settings: the recipe.
+    runs_dir: the parent of the job directory.
+    vocab_rows: the vocabulary rows the sampled-vocabulary initialiser draws from.
+    fresh: delete the job's directory first.
+    log: progress lines.
+  """
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
-  if run_dir.exists():
-    shutil.rmtree(run_dir)  # an unfinished or different run: start afresh, deterministically
-  task = suite.task_name(spec.task, taskless=True)
-  lengths = {"inputs": settings.input_length, "targets": settings.target_length}
-  steps = settings.source_steps if spec.role == "source" else settings.target_steps
-  started = time.time()
-  result = train_lib.train(
-      model=build_model(spec, settings, vocab_rows),
-      train_dataset_cfg=data_lib.DatasetConfig(task, lengths, batch_size=settings.batch_size,
-                                               seed=settings.seed, module=TASK_MODULE),
-      total_steps=steps, model_dir=str(run_dir),
-      optimizer=optimizers.adafactor(learning_rate=settings.learning_rate),
-      eval_cfg=evaluator_lib.EvalConfig(task, lengths, split="validation", batch_size=100,
-                                     num_examples=settings.eval_examples, module=TASK_MODULE),
-      eval_period=steps, checkpoint_cfg=train_lib.CheckpointConfig(period=steps),
-      initial_checkpoint_path=embedded.CHECKPOINT_PATH, seed=settings.seed, verbose=False)
-  seconds = time.time() - started
-  metrics = result.eval_history[-1][1][task]
-  out = {"name": spec.name, "task": spec.task, "method": spec.method, "role": spec.role,
-         "init_from": os.path.basename(spec.init_from) if spec.init_from else None,
-         "accuracy": round(float(metrics["accuracy"]), 2), "seconds": round(seconds, 1),
-         "steps": steps, "final_loss": round(float(result.history[-1]["loss"]), 4),
-         "run_dir": str(run_dir), "fingerprint": _fingerprint(spec, settings)}
-  (run_dir / RESULT_FILE).write_text(json.dumps(out, indent=1))
-  return out
+  path = job_dir(runs_dir, method, settings, members)
+  source = method == SOURCE
+  steps = settings.source_steps if source else settings.target_steps
+  if fresh and path.exists():
+    shutil.rmtree(path)
+  records = _finished(path, members, steps)
+  seconds = None
+  if records is None:
+    started = time.time()
+    lengths = {"inputs": settings.source_input_length if source else settings.input_length,
+               "targets": settings.target_length}
+    # Runs starting from the same prompt share one initialiser: the trainer compiles the prompt's
+    # initialisation once per initialiser, not once per run.
+    inits = {}
+    for m in members:
+      if m.init is not None:
+        inits.setdefault(_digest(m.init), prompts.from_array(m.init, source=m.init_note))
+    specs = [train_lib.RunSpec(
+        m.seed, suite.task_name(m.task, taskless=True), name=m.name,
+        prompt_init=None if m.init is None else inits[_digest(m.init)],
+        init_note=m.init_note or "sampled vocabulary") for m in members]
+    first = specs[0].task
+    lr = learning_rate_schedule(settings, steps)
+    train_lib.train(
+        model=build_model(method, settings, vocab_rows),
+        train_dataset_cfg=data_lib.DatasetConfig(first, lengths, batch_size=settings.batch_size,
+                                                 module=TASK_MODULE),
+        total_steps=steps, model_dir=str(path),
+        optimizer=optimizers.adafactor(learning_rate=lr),
+        eval_cfg=evaluator_lib.EvalConfig(first, lengths, split="validation", batch_size=100,
+                                          num_examples=settings.eval_examples, module=TASK_MODULE),
+        eval_period=steps,
+        checkpoint_cfg=train_lib.CheckpointConfig(period=steps, best_metric=METRIC,
+                                                  embedding_step=min(settings.embedding_step, steps)),
+        initial_checkpoint_path=embedded.CHECKPOINT_PATH, verbose=False, runs=specs)
+    seconds = time.time() - started
+    records = _finished(path, members, steps)
+    if records is None:
+      raise RuntimeError(f"{path}: the trainer returned without recording every run as finished")
+  outcomes = [Outcome(m.task, m.seed, method, round(float(r.score), 2), r.init, str(path / m.name))
+              for m, r in zip(members, records)]
+  return JobResult(path, outcomes, seconds)

@@ -1,0 +1,116 @@
+"""SPoT's own pipeline in the demo: a source-prompt library and retrieval by task embedding.
+
+  1. every source prompt (one ordinary run each) enters a prompt library
+     (`spot_jax.spot.prompt_library`) with its task embedding: its prompt at the embedding step;
+  2. the target's task embedding for seed s is the prompt of its Prompt Tuning run of seed s at
+     the same step (`RunDir.embedding_prompt`: the step the run's record names);
+  3. retrieval (`spot_jax.spot.retrieval.rank`, cosine of average tokens) ranks the library; the
+     most similar source's best prompt starts the SPoT run of that seed.
+
+The suite's RELATED map plays no part in the choice: `Choice.related` only checks it afterwards.
+The control "spot_unrelated" starts from the best prompt of UNRELATED[target][0].
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Mapping, Sequence
+
+from spot_jax.demo.runs import METRIC, Member, Outcome
+from spot_jax.errors import ConfigError
+from spot_jax.run_dir import RunDir
+from spot_jax.spot import prompt_library
+from spot_jax.spot import retrieval
+from spot_jax.spot import runs as spot_runs
+
+SIMILARITY = "average"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """What retrieval picked for one (target, seed).
+
+  Attributes:
+    target, seed: the target run it starts.
+    source: the chosen library entry (a source task key).
+    similarity: its similarity to the target's task embedding.
+    ranking: every (source, similarity), most similar first.
+    related: whether `source` is in the suite's RELATED[target] (a check, not the choice).
+  """
+  target: str
+  seed: int
+  source: str
+  similarity: float
+  ranking: tuple[tuple[str, float], ...]
+  related: bool
+
+  def to_json(self) -> dict:
+    return {"target": self.target, "seed": self.seed, "source": self.source,
+            "similarity": round(self.similarity, 6), "related": self.related,
+            "ranking": [[s, round(v, 6)] for s, v in self.ranking]}
+
+
+def build_library(root: pathlib.Path, sources: Sequence[Outcome]) -> list[prompt_library.Entry]:
+  """Adds each finished source run to the library at `root` (once); returns its entries.
+
+  Entry ids are the sources' task keys; a rerun finds them there and adds nothing.
+  """
+  library = prompt_library.Library(root)
+  present = set(library.ids())
+  for source in sources:
+    if source.task in present:
+      continue
+    run = spot_runs.read_record(source.run_dir)
+    if run is None:
+      raise RuntimeError(f"{source.run_dir}: the source run is not finished")
+    library.add(entry_id=source.task, task=run.task, run_id=pathlib.Path(run.run_dir).name,
+                seed=run.seed, fingerprint=run.fingerprint, prompt=run.prompt(),
+                embedding=run.embedding(), score=run.score, metric=run.metric or METRIC,
+                embedding_step=_embedding_step(run))
+  entries, problems = library.load()
+  if problems:
+    raise ConfigError(f"the demo's library {root} has damaged entries ({problems[0]}); delete "
+                      f"{root} and run the demo again")
+  return entries
+
+
+def _embedding_step(run: spot_runs.RunOutcome) -> int:
+  return RunDir(run.run_dir).embedding_prompt()[1]
+
+
+def choose(entries: Sequence[prompt_library.Entry], targets_pt: Sequence[Outcome],
+           related: Mapping[str, Sequence[str]]) -> dict[tuple[str, int], Choice]:
+  """Retrieval's source for every Prompt Tuning target run (its early prompt is the embedding)."""
+  out = {}
+  for pt in targets_pt:
+    run = spot_runs.read_record(pt.run_dir)
+    if run is None:
+      raise RuntimeError(f"{pt.run_dir}: the Prompt Tuning run is not finished")
+    ranked = retrieval.rank(run.embedding(), entries, SIMILARITY, exclude_task=run.task)
+    top = ranked[0]
+    out[(pt.task, pt.seed)] = Choice(
+        pt.task, pt.seed, top.entry.id, top.similarity,
+        tuple((r.entry.id, r.similarity) for r in ranked), top.entry.id in related[pt.task])
+  return out
+
+
+def spot_members(choices: Mapping[tuple[str, int], Choice], entries: Sequence[prompt_library.Entry],
+                 targets: Sequence[str], seeds: Sequence[int]) -> list[Member]:
+  """SPoT's runs: seed s of each target starts from the best prompt retrieval chose for it."""
+  by_id = {e.id: e for e in entries}
+  out = []
+  for target in targets:
+    for seed in seeds:
+      c = choices[(target, seed)]
+      out.append(Member(target, seed, by_id[c.source].prompt,
+                        f"retrieved library entry {c.source} (similarity {c.similarity:.4f})"))
+  return out
+
+
+def unrelated_members(entries: Sequence[prompt_library.Entry], unrelated: Mapping[str, Sequence[str]],
+                      targets: Sequence[str], seeds: Sequence[int]) -> list[Member]:
+  """The control: every seed of a target starts from UNRELATED[target][0]'s best prompt."""
+  by_id = {e.id: e for e in entries}
+  return [Member(t, s, by_id[unrelated[t][0]].prompt, f"unrelated source {unrelated[t][0]} (control)")
+          for t in targets for s in seeds]
+
