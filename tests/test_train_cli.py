@@ -71,7 +71,7 @@ def _bad_cases(tmp: pathlib.Path, mismatched: str):
       "feature length shorter than prompt": (
           [*SMOKE, run, "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 12}"],
           "shorter than the prompt"),
-      "unwritable MODEL_DIR": ([*SMOKE, f"--gin.MODEL_DIR='{blocker / 'run'}'"], "is not writable"),
+      "unwritable MODEL_DIR": ([*SMOKE, f"--gin.MODEL_DIR='{blocker / 'run'}'"], "is a file, not a directory"),
       "missing MODEL_DIR": (SMOKE, "MODEL_DIR"),
       "missing gin file": (["--gin_file=gin/runs/no_such_run.gin"], "not found"),
   }
