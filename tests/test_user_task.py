@@ -199,7 +199,7 @@ def test_gin_files_and_includes_resolve_from_any_directory_quietly(tmp_path, mon
   gin.clear_config()
   # A file found nowhere is still one error naming where it was looked for.
   args = gin_flags.parse_args(["--gin_file=gin/test/nothing.gin"], "t", "")
-  with pytest.raises(FileNotFoundError, match=rf"gin file 'gin/test/nothing.gin' not found in \['{tmp_path}'"):
+  with pytest.raises(ConfigError, match=rf"--gin_file=gin/test/nothing.gin: not found in \['{tmp_path}'"):
     gin_flags.parse_gin(args)
 
 
