@@ -125,12 +125,7 @@ def read_adapter(path: str, config: Optional[T5Config] = None) -> np.ndarray:
   if peft_type != "PROMPT_TUNING":
     raise ConfigError(f"{path} is a {peft_type} adapter; only PROMPT_TUNING adapters hold a soft "
                       f"prompt")
-  if cfg.get("task_type") not in (None, "SEQ_2_SEQ_LM"):
-    raise ConfigError(f"{path} is a {cfg.get('task_type')} adapter; a T5 prompt is SEQ_2_SEQ_LM")
-  if cfg.get("num_transformer_submodules", 1) != 1:
-    raise ConfigError(f"{path} has num_transformer_submodules="
-                      f"{cfg.get('num_transformer_submodules')} (a decoder prompt as well); "
-                      f"spot-jax prompts are encoder-only (1)")
+  check_encoder_prompt(cfg, path)
   prompt = _read_weights(folder)
   length, width = cfg.get("num_virtual_tokens"), cfg.get("token_dim")
   if prompt.ndim != 2 or (length, width) != prompt.shape:
@@ -142,7 +137,26 @@ def read_adapter(path: str, config: Optional[T5Config] = None) -> np.ndarray:
   return prompt
 
 
+def check_encoder_prompt(cfg: dict, path: str) -> None:
+  """An input-prompt adapter's config is a seq2seq one with an encoder-side prompt only."""
+  if cfg.get("task_type") not in (None, "SEQ_2_SEQ_LM"):
+    raise ConfigError(f"{path} is a {cfg.get('task_type')} adapter; a T5 prompt is SEQ_2_SEQ_LM")
+  if cfg.get("num_transformer_submodules", 1) != 1:
+    raise ConfigError(f"{path} has num_transformer_submodules="
+                      f"{cfg.get('num_transformer_submodules')} (a decoder prompt as well); "
+                      f"spot-jax prompts are encoder-only (1)")
+
+
 def _read_weights(folder: pathlib.Path) -> np.ndarray:
+  tensors = read_tensors(folder)
+  if WEIGHTS_KEY not in tensors:
+    raise ConfigError(f"{folder}: the weights hold {sorted(tensors)} but no {WEIGHTS_KEY!r}; only "
+                      f"prompt-tuning adapters can be read")
+  return np.asarray(tensors[WEIGHTS_KEY], np.float32)
+
+
+def read_tensors(folder: pathlib.Path) -> dict:
+  """An adapter directory's tensors by name (adapter_model.safetensors, else adapter_model.bin)."""
   safetensors_file, bin_file = folder / WEIGHTS_FILE, folder / "adapter_model.bin"
   try:
     if safetensors_file.exists():
@@ -159,10 +173,7 @@ def _read_weights(folder: pathlib.Path) -> np.ndarray:
   except Exception as e:  # pylint: disable=broad-except
     raise ConfigError(f"{folder}: the adapter weights are unreadable ({type(e).__name__}); give "
                       f"a PEFT adapter directory") from None
-  if WEIGHTS_KEY not in tensors:
-    raise ConfigError(f"{folder}: the weights hold {sorted(tensors)} but no {WEIGHTS_KEY!r}; only "
-                      f"prompt-tuning adapters can be read")
-  return np.asarray(tensors[WEIGHTS_KEY], np.float32)
+  return tensors
 
 
 def initializer(path: str, config: Optional[T5Config] = None) -> initializers.Initializer:

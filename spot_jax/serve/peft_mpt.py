@@ -102,17 +102,8 @@ def read_adapter(path: str, config: Optional[T5Config] = None) -> dict[str, np.n
   if cfg.get("peft_type") != PEFT_TYPE:
     raise ConfigError(f"{path} is a {cfg.get('peft_type')} adapter, not {PEFT_TYPE}; give a "
                       f"multitask prompt-tuning adapter")
-  if cfg.get("task_type") not in (None, "SEQ_2_SEQ_LM"):
-    raise ConfigError(f"{path} is a {cfg.get('task_type')} adapter; a T5 prompt is SEQ_2_SEQ_LM")
-  if cfg.get("num_transformer_submodules", 1) != 1:
-    raise ConfigError(f"{path} has num_transformer_submodules={cfg.get('num_transformer_submodules')}"
-                      f" (a decoder prompt as well); spot-jax prompts are encoder-only (1)")
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  try:
-    tensors = load_file(str(folder / peft_io.WEIGHTS_FILE))
-  except Exception as e:  # pylint: disable=broad-except
-    raise ConfigError(f"{folder}: {peft_io.WEIGHTS_FILE} is unreadable ({type(e).__name__}); give a "
-                      f"PEFT adapter directory") from None
+  peft_io.check_encoder_prompt(cfg, str(path))
+  tensors = peft_io.read_tensors(folder)
   arrays = {n: np.asarray(tensors[key], np.float32) for n, key in KEYS.items() if key in tensors}
   length, embed, k, r = _check(arrays, str(path))
   said = (cfg.get("num_virtual_tokens"), cfg.get("token_dim"), cfg.get("num_tasks", 1),
