@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 from typing import IO, Iterator, Optional
@@ -21,6 +22,9 @@ from typing import IO, Iterator, Optional
 import numpy as np
 
 from spot_jax.errors import ConfigError, one_line
+
+# A name that is one folder or file name on every platform: a run's folder, a library entry's id.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 @contextlib.contextmanager

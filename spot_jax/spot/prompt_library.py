@@ -24,7 +24,6 @@ import io
 import json
 import os
 import pathlib
-import re
 from typing import Iterator, Optional
 
 import numpy as np
@@ -35,7 +34,6 @@ from spot_jax import backbone as backbone_lib
 
 FORMAT = "spot_jax.library/1"
 ENTRY_FORMAT = "spot_jax.library.entry/1"
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +151,7 @@ class Library:
       embedding_step: the embedding's training step.
       embed_dim: the frozen model's embedding size, when known (checked against the arrays).
     """
-    if not isinstance(entry_id, str) or not _ID.match(entry_id):
+    if not isinstance(entry_id, str) or not fileio.SAFE_NAME.match(entry_id):
       raise ConfigError(f"entry id {entry_id!r} is not valid; use letters, digits, '_', '.', '-' "
                         f"(starting with a letter or digit, at most 128 characters)")
     prompt, embedding = np.asarray(prompt, np.float32), np.asarray(embedding, np.float32)
@@ -201,7 +199,7 @@ class Library:
     """Removes an entry (its json first, so a crash never leaves a half entry in use)."""
     with self._locked():
       path = self._entry_path(entry_id)
-      if not _ID.match(str(entry_id)) or not path.exists():
+      if not fileio.SAFE_NAME.match(str(entry_id)) or not path.exists():
         raise ConfigError(f"no entry {entry_id!r} in {str(self.root)!r}; valid: "
                           f"{', '.join(self.ids()) or '(the library is empty)'}")
       path.unlink()
@@ -262,7 +260,7 @@ class Library:
   def get(self, entry_id: str) -> Entry:
     header = self.header()
     path = self._entry_path(entry_id)
-    if header is None or not _ID.match(str(entry_id)) or not path.is_file():
+    if header is None or not fileio.SAFE_NAME.match(str(entry_id)) or not path.is_file():
       raise ConfigError(f"no entry {entry_id!r} in {str(self.root)!r}; valid: "
                         f"{', '.join(self.ids()) or '(the library is empty)'}")
     try:

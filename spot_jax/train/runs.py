@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import re
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -30,7 +29,6 @@ from spot_jax.run_dir import RunDir
 
 JOB_RECORD = "job.json"
 JOB_FORMAT = "spot_jax.job/1"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +121,7 @@ def resolve(model_dir: str, task: str, seed: int, seeds: Optional[Sequence[int]]
   for i, spec in enumerate(specs):
     run_task = spec.task or task
     name = spec.name or (f"{run_task}.seed_{spec.seed}" if spec.task else f"seed_{spec.seed}")
-    if not _NAME.match(name):
+    if not fileio.SAFE_NAME.match(name):
       raise ConfigError(f"run name {name!r} is not a valid directory name; use letters, digits, "
                         f"'_', '.', '-'")
     runs.append(Run(i, int(spec.seed), run_task, RunDir(pathlib.Path(model_dir) / name),
