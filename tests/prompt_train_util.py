@@ -147,3 +147,24 @@ def make_eval_loss(model: Transformer) -> Callable[[Any, Any, dict[str, Any]], j
     return cross_entropy(logits, batch["decoder_target_tokens"])
 
   return jax.jit(loss)
+
+
+def model_adam_steps(model: Any, frozen: dict[str, Any], prompt: Any, batch: dict[str, Any],
+                     steps: int, learning_rate: float = 0.05):
+  """Adam on `prompt` through `model.loss_fn` (an EncoderDecoderModel: its own loss, metrics and
+  extra features such as task_index), dropout off, one batch; yields (prompt, loss, metrics,
+  gradients) after each of `steps` steps."""
+  tx = optax.adam(learning_rate)
+
+  @jax.jit
+  def step(p, opt):
+    (loss, metrics), g = jax.value_and_grad(
+        lambda q: model.loss_fn({**frozen, "prompt": q}, batch, None, enable_dropout=False),
+        has_aux=True)(p)
+    updates, opt = tx.update(g, opt, p)
+    return optax.apply_updates(p, updates), opt, loss, metrics, g
+
+  opt = tx.init(prompt)
+  for _ in range(steps):
+    prompt, opt, loss, metrics, grads = step(prompt, opt)
+    yield prompt, loss, metrics, grads

@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -22,6 +20,7 @@ from spot_jax.serve.table import PromptTable
 from spot_jax.spot import prompt_library
 from spot_jax.t5 import config_by_name
 from tests.test_train_cli import _env, _losses
+from tests.kill_util import kill_at_checkpoint  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PARITY, SENTIMENT = "spot_synthetic_parity_v100", "spot_synthetic_sentiment_v100"
@@ -63,14 +62,7 @@ def _reference_and_killed_run(args, ref_dir: pathlib.Path, run_dir: pathlib.Path
                             stderr=subprocess.STDOUT if out is not subprocess.DEVNULL else out, text=True)
   ref = start(ref_dir, subprocess.PIPE)
   proc = start(run_dir, subprocess.DEVNULL)
-  deadline = time.time() + 600
-  while not (run_dir / "checkpoints" / str(period)).is_dir():
-    assert proc.poll() is None, "training ended before it could be killed"
-    assert time.time() < deadline, "no checkpoint appeared"
-    time.sleep(0.02)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=60)
-  assert not (run_dir / "prompts" / f"prompt_step_{steps}.npy").exists(), "killed too late"
+  kill_at_checkpoint(proc, run_dir, period, steps, timeout=600)
   out, _ = ref.communicate(timeout=900)
   assert ref.returncode == 0, out[-3000:]
   resumed = _train([*args, f"--gin.MODEL_DIR='{run_dir}'"])

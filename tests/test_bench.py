@@ -11,13 +11,22 @@ from spot_jax import cli
 from spot_jax.bench import train_step as bench
 from spot_jax import runtime
 
+# The tiny shape every in-process bench test runs at (plus its own flags).
+TINY = ["--model=t5_1_1_test", "--target_length=4", "--batch_size=2", "--warmup=0",
+        "--inference_steps=1"]
+
+
+def run_tiny(tmp_path, *flags: str):
+  """`spot_jax.bench` in this process at the tiny shape with `flags`, writing JSON and Markdown;
+  -> (the JSON, the Markdown file's path)."""
+  out, md = tmp_path / "bench.json", tmp_path / "bench.md"
+  assert bench.main([*TINY, *flags, f"--json={out}", f"--markdown={md}"]) == 0
+  return json.loads(out.read_text()), md
+
 
 def test_bench_rows(tmp_path):
-  out, md = tmp_path / "bench.json", tmp_path / "bench.md"
-  assert bench.main(["--model=t5_1_1_test", "--steps=2", "--input_length=16", "--target_length=4",
-                     "--batch_size=2", "--prompt_length=8", "--methods=prompt_tuning,smop4x5,model_tuning",
-                     "--warmup=0", "--inference_steps=1", f"--json={out}", f"--markdown={md}"]) == 0
-  meta = json.loads(out.read_text())
+  meta, md = run_tiny(tmp_path, "--steps=2", "--input_length=16", "--prompt_length=8",
+                      "--methods=prompt_tuning,smop4x5,model_tuning")
   rows = {r["method"]: r for r in meta["rows"]}
   assert set(rows) == {"prompt_tuning", "smop4x5", "model_tuning"}
   assert rows["prompt_tuning"]["trainable_params"] == 8 * 32
@@ -41,12 +50,9 @@ def test_bench_rows(tmp_path):
 
 def test_dept_and_residual_smop_rows(tmp_path):
   """Their rows train the papers' parameter counts and cost more FLOPs than PT / SMoP alone."""
-  out = tmp_path / "bench.json"
-  assert bench.main(["--model=t5_1_1_test", "--steps=1", "--input_length=16", "--target_length=4",
-                     "--batch_size=2", "--prompt_length=8",
-                     "--methods=prompt_tuning,dept,smop,residual_smop", "--warmup=0",
-                     "--inference_steps=1", f"--json={out}"]) == 0
-  rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+  meta, _ = run_tiny(tmp_path, "--steps=1", "--input_length=16", "--prompt_length=8",
+                     "--methods=prompt_tuning,dept,smop,residual_smop")
+  rows = {r["method"]: r for r in meta["rows"]}
   e = 32
   assert rows["dept"]["trainable_params"] == 8 * e + 16 * 30 + 30 * e  # m E + s r + r E, s = 16
   mlp = 2 * e * 128 + 128 + 3 * e  # Residual's MLP at the bench's bottleneck 128
@@ -57,12 +63,9 @@ def test_dept_and_residual_smop_rows(tmp_path):
 
 
 def test_interleaved_rows_pair_each_round(tmp_path):
-  out, md = tmp_path / "bench.json", tmp_path / "bench.md"
-  assert bench.main(["--model=t5_1_1_test", "--steps=3", "--input_length=16", "--target_length=4",
-                     "--batch_size=2", "--prompt_length=8", "--methods=prompt_tuning,smop4x5,prompt_tuning",
-                     "--warmup=0", "--inference_steps=1", "--interleave", f"--json={out}",
-                     f"--markdown={md}"]) == 0
-  rows = json.loads(out.read_text())["rows"]
+  meta, md = run_tiny(tmp_path, "--steps=3", "--input_length=16", "--prompt_length=8",
+                      "--methods=prompt_tuning,smop4x5,prompt_tuning", "--interleave")
+  rows = meta["rows"]
   assert [r["method"] for r in rows] == ["prompt_tuning", "smop4x5", "prompt_tuning"]
   first = np.asarray(rows[0]["step_sec_all"])
   for row in rows:
@@ -126,12 +129,9 @@ def test_bench_command_line_error_is_one_line():
 
 def test_vs_peft_reports_the_counterparts(tmp_path):
   pytest.importorskip("peft")
-  out, md = tmp_path / "bench.json", tmp_path / "bench.md"
-  assert bench.main(["--model=t5_1_1_test", "--steps=1", "--input_length=8", "--target_length=4",
-                     "--batch_size=2", "--prompt_length=4", "--methods=prompt_tuning,residual10,smop4x5",
-                     "--warmup=0", "--inference_steps=1", "--vs=peft", f"--json={out}",
-                     f"--markdown={md}", "--peer_malloc=keep"]) == 0
-  rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+  meta, md = run_tiny(tmp_path, "--steps=1", "--input_length=8", "--prompt_length=4",
+                      "--methods=prompt_tuning,residual10,smop4x5", "--vs=peft", "--peer_malloc=keep")
+  rows = {r["method"]: r for r in meta["rows"]}
   assert "peft" not in rows["smop4x5"]
   pt, ptune = rows["prompt_tuning"]["peft"], rows["residual10"]["peft"]
   assert (pt["method"], ptune["method"]) == ("pt", "ptune")
@@ -139,7 +139,7 @@ def test_vs_peft_reports_the_counterparts(tmp_path):
   assert ptune["prompt_length"] == 10 and ptune["trainable_params"] > 10 * 32
   assert pt["speedup_of_spot_jax"] == pytest.approx(pt["step_sec_median"] / rows["prompt_tuning"]["step_sec_median"])
   assert "| prompt_tuning |" in md.read_text() and "PEFT step s" in md.read_text()
-  peak = json.loads(out.read_text())["matmul_peak_flops_per_sec"]
+  peak = meta["matmul_peak_flops_per_sec"]
   for row in (pt, ptune):  # torch's own FLOP count of a train step, and the MFU against the same peak
     assert row["flops_per_step"] > 0
     assert row["mfu"] == pytest.approx(row["flops_per_step"] / row["step_sec_median"] / peak)
@@ -179,11 +179,9 @@ def test_cpu_devices_runs_the_data_parallel_mesh(tmp_path):
 def test_bench_rows_of_attempt_and_mpt(tmp_path):
   """ATTEMPT, an MPT target and MPT's distillation step: the papers' parameter counts, and the
   extra FLOPs each adds to Prompt Tuning of the same length (the distillation's teacher pass)."""
-  out = tmp_path / "bench.json"
-  assert bench.main(["--model=t5_1_1_test", "--steps=1", "--input_length=16", "--target_length=4",
-                     "--batch_size=2", "--prompt_length=8", "--warmup=0", "--inference_steps=1",
-                     "--methods=prompt_tuning,attempt,mpt,mpt_distill", f"--json={out}"]) == 0
-  rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+  meta, _ = run_tiny(tmp_path, "--steps=1", "--input_length=16", "--prompt_length=8",
+                     "--methods=prompt_tuning,attempt,mpt,mpt_distill")
+  rows = {r["method"]: r for r in meta["rows"]}
   e, m, r = 32, 8, 100  # t5_1_1_test width; bench ATTEMPT: 6 sources, attention width 100
   assert rows["attempt"]["trainable_params"] == m * e + 2 * e * r + 2 * e
   assert rows["mpt"]["trainable_params"] == m * e + (m + e)  # P* and u, v (rank 1)

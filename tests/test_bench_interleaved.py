@@ -1,7 +1,6 @@
 """`python -m spot_jax.bench`: an MFU is never reported above 100% (the matmul peak is sampled
 through the run), and one interleaved run pairs methods at several input lengths with their
 FLOP ratio beside the time ratio (no timing asserted)."""
-import json
 
 import numpy as np
 import pytest
@@ -9,6 +8,7 @@ import pytest
 from spot_jax.bench import common
 from spot_jax.bench import tables
 from spot_jax.bench import train_step as bench
+from tests.test_bench import run_tiny
 
 
 def test_mfu_above_100_percent_is_flagged_not_reported():
@@ -28,12 +28,8 @@ def test_matmul_peak_keeps_every_sample_and_its_maximum():
 
 
 def test_interleaved_input_lengths_pair_per_length(tmp_path):
-  out, md = tmp_path / "bench.json", tmp_path / "bench.md"
-  assert bench.main(["--model=t5_1_1_test", "--steps=2", "--input_lengths=8,16", "--target_length=4",
-                     "--batch_size=2", "--prompt_length=8", "--methods=prompt_tuning,smop4x5",
-                     "--warmup=0", "--inference_steps=1", "--interleave", f"--json={out}",
-                     f"--markdown={md}"]) == 0
-  meta = json.loads(out.read_text())
+  meta, md = run_tiny(tmp_path, "--steps=2", "--input_lengths=8,16", "--prompt_length=8",
+                      "--methods=prompt_tuning,smop4x5", "--interleave")
   rows = meta["rows"]
   assert [(r["method"], r["input_length"]) for r in rows] == [
       ("prompt_tuning", 8), ("smop4x5", 8), ("prompt_tuning", 16), ("smop4x5", 16)]

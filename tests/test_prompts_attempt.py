@@ -190,23 +190,10 @@ def test_trains_only_targets_and_attention_and_loss_falls():
   model = models.EncoderDecoderModel(Transformer(config, prompt=prompts.Attempt(sources, 2, bottleneck=8)))
   backbone = util.frozen_backbone(config)
   prompt = util.create_prompt_params(model.module, backbone)
-  import optax  # pylint: disable=g-import-not-at-top
-  tx = optax.adam(0.05)
   batch = {k: jnp.asarray(v) for k, v in util.synthetic_batch(0, batch=8).items()}
   batch["task_index"] = jnp.asarray([0, 1] * 4, jnp.int32)
-
-  @jax.jit
-  def step(p, opt):
-    (loss, _), g = jax.value_and_grad(
-        lambda q: model.loss_fn({**backbone, "prompt": q}, batch, None, enable_dropout=False),
-        has_aux=True)(p)
-    updates, opt = tx.update(g, opt, p)
-    return optax.apply_updates(p, updates), opt, loss, g
-
-  opt = tx.init(prompt)
   losses = []
-  for _ in range(15):
-    prompt, opt, loss, grads = step(prompt, opt)
+  for prompt, loss, _, grads in util.model_adam_steps(model, backbone, prompt, batch, 15):
     losses.append(float(loss))
   assert losses[-1] < losses[0] - 0.5, losses
   assert all(np.any(np.asarray(g)) for g in jax.tree_util.tree_leaves(grads))

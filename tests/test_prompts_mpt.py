@@ -4,12 +4,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from spot_jax import models, prompts
 from spot_jax.errors import ConfigError
-from spot_jax.prompts import mpt
 from spot_jax.spot import distill
 from spot_jax.t5 import Transformer
 from tests import prompt_train_util as util
@@ -168,20 +166,8 @@ def test_distillation_trains_the_student_towards_its_teachers():
   teachers = np.random.RandomState(7).normal(0, 1, (K, L, CONFIG.emb_dim)).astype(np.float32)
   model = _distill_model(teachers, weight=5.0)
   student = util.create_prompt_params(model.module, backbone)
-  tx = optax.adam(0.05)
-  batch = _batch(batch=12)
-
-  @jax.jit
-  def step(p, opt):
-    (loss, metrics), g = jax.value_and_grad(
-        lambda q: model.loss_fn({**backbone, "prompt": q}, batch, None, enable_dropout=False),
-        has_aux=True)(p)
-    updates, opt = tx.update(g, opt, p)
-    return optax.apply_updates(p, updates), opt, metrics
-
-  opt, first = tx.init(student), None
-  for _ in range(25):
-    student, opt, metrics = step(student, opt)
+  first = None
+  for _, _, metrics, _ in util.model_adam_steps(model, backbone, student, _batch(batch=12), 25):
     first = first or {k: float(v) for k, v in metrics.items() if np.ndim(v) == 0}
   assert float(metrics["distill_hidden"]) < 0.7 * first["distill_hidden"]
   assert float(metrics["distill_kl"]) < 0.7 * first["distill_kl"]

@@ -16,12 +16,17 @@ NP_ACT = {"relu": lambda x: np.maximum(x, 0), "tanh": np.tanh,
           "sigmoid": lambda x: 1 / (1 + np.exp(-x))}
 
 
+def random_mlp(rs: np.random.RandomState, lead: tuple, embed: int, width: int) -> dict:
+  """Trained-looking residual MLP parameters with leading axes `lead` (one MLP per prompt or
+  token), the LayerNorm away from (1, 0)."""
+  f = lambda *shape: rs.normal(0, 0.5, lead + shape).astype(np.float32)
+  return {"down_kernel": f(embed, width), "down_bias": f(width), "up_kernel": f(width, embed),
+          "up_bias": f(embed), "layer_norm_scale": 1.0 + f(embed), "layer_norm_bias": f(embed)}
+
+
 def _params(shared: bool, seed: int = 0) -> dict:
   rs = np.random.RandomState(seed)
-  lead = () if shared else (L,)
-  f = lambda *shape: rs.normal(0, 0.5, lead + shape).astype(np.float32)
-  mlp = {"down_kernel": f(E, M), "down_bias": f(M), "up_kernel": f(M, E), "up_bias": f(E),
-         "layer_norm_scale": 1.0 + f(E), "layer_norm_bias": f(E)}
+  mlp = random_mlp(rs, () if shared else (L,), E, M)
   return {"prompt": rs.normal(0, 1, (L, E)).astype(np.float32), "mlp": mlp}
 
 

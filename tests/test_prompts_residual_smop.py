@@ -13,6 +13,7 @@ from spot_jax.t5 import Transformer
 from tests import bucketing_util, prompt_train_util as util
 from tests.test_bucketing import BUCKETS, WINDOW, _cfg, task_name  # pylint: disable=unused-import
 from tests.test_prompts_residual import _reference as residual_reference
+from tests.test_prompts_residual import random_mlp
 
 K, L, M, E = 3, 2, 6, util.TEST_CONFIG.emb_dim
 
@@ -20,10 +21,7 @@ K, L, M, E = 3, 2, 6, util.TEST_CONFIG.emb_dim
 def _params(shared: bool, seed: int = 0) -> dict:
   """Trained-looking parameters (LayerNorm away from (1, 0), a router that routes)."""
   rs = np.random.RandomState(seed)
-  lead = () if shared else (K,)
-  f = lambda *shape: rs.normal(0, 0.5, lead + shape).astype(np.float32)
-  mlp = {"down_kernel": f(E, M), "down_bias": f(M), "up_kernel": f(M, E), "up_bias": f(E),
-         "layer_norm_scale": 1.0 + f(E), "layer_norm_bias": f(E)}
+  mlp = random_mlp(rs, () if shared else (K,), E, M)
   return {"prompts": rs.normal(0, 1, (K, L, E)).astype(np.float32), "mlp": mlp,
           "router": {"kernel": rs.normal(0, 3, (E, K)).astype(np.float32)}}
 

@@ -16,7 +16,7 @@ from spot_jax.t5 import Transformer, config_by_name, generate
 from spot_jax.t5.generation import search_settings
 from spot_jax import fileio
 from spot_jax.train import checkpointer
-from tests.prompt_train_util import frozen_backbone
+from tests.serve_util import mixed_setup
 
 CONFIG = config_by_name("t5_1_1_test", dropout_rate=0.0)
 DECODE = 6
@@ -34,7 +34,6 @@ def _trained_looking(module, backbone, seed):
 
 @pytest.fixture(scope="module")
 def setup():
-  backbone = frozen_backbone(CONFIG, 0)
   init = initializers.uniform(2.0)
   modules = {
       "pt": PromptTuning(3, prompt_init=init),
@@ -45,14 +44,7 @@ def setup():
       "smop": SMoP(num_prompts=2, length=3, prompt_init=init,
                    router_init=jax.nn.initializers.normal(3.0)),
   }
-  params = {n: _trained_looking(m, backbone, i + 1) for i, (n, m) in enumerate(modules.items())}
-  table = PromptTable([prompt_sources.from_module(n, m, params[n]) for n, m in modules.items()],
-                      CONFIG.emb_dim)
-  rng = np.random.RandomState(0)
-  tokens = rng.randint(2, CONFIG.vocab_size, size=(10, WIDTH)).astype(np.int32)
-  for row, n in enumerate([10, 4, 7, 2, 10, 5, 8, 3, 6, 9]):
-    tokens[row, n:] = 0
-  return backbone, modules, params, table, tokens
+  return mixed_setup(CONFIG, modules, _trained_looking, [10, 4, 7, 2, 10, 5, 8, 3, 6, 9], WIDTH)
 
 
 def test_table_holds_folded_forms(setup):

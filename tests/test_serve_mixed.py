@@ -9,11 +9,11 @@ import pytest
 
 from spot_jax.prompts import PromptTuning, ResidualPrompt, SMoP, initializers
 from spot_jax.serve import mixed
-from spot_jax.serve import prompt_sources
 from spot_jax.serve.table import PromptTable, ServedPrompt
 from spot_jax.t5 import Transformer, config_by_name, generate
 from spot_jax.t5.generation import search_settings
-from tests.prompt_train_util import create_prompt_params, frozen_backbone
+from tests.prompt_train_util import create_prompt_params
+from tests.serve_util import mixed_setup
 
 CONFIG = config_by_name("t5_1_1_test", dropout_rate=0.0)
 DECODE = 6
@@ -25,7 +25,6 @@ def _prompt_params(module, backbone, seed):
 
 @pytest.fixture(scope="module")
 def setup():
-  backbone = frozen_backbone(CONFIG, 0)
   init = initializers.uniform(2.0)
   modules = {
       "pt": PromptTuning(3, prompt_init=init),
@@ -33,14 +32,7 @@ def setup():
       "smop": SMoP(num_prompts=3, length=2, prompt_init=init,
                    router_init=jax.nn.initializers.normal(3.0)),
   }
-  params = {n: _prompt_params(m, backbone, i + 1) for i, (n, m) in enumerate(modules.items())}
-  table = PromptTable([prompt_sources.from_module(n, m, params[n]) for n, m in modules.items()],
-                      CONFIG.emb_dim)
-  rng = np.random.RandomState(0)
-  tokens = rng.randint(2, CONFIG.vocab_size, size=(9, 10)).astype(np.int32)
-  for row, n in enumerate([10, 4, 7, 2, 10, 5, 8, 3, 6]):
-    tokens[row, n:] = 0
-  return backbone, modules, params, table, tokens
+  return mixed_setup(CONFIG, modules, _prompt_params, [10, 4, 7, 2, 10, 5, 8, 3, 6], 10)
 
 
 def _reference(backbone, module, prompt_params, row):

@@ -22,33 +22,18 @@ from spot_jax.errors import ConfigError  # noqa: E402
 from spot_jax.prompts import ResidualPrompt, initializers  # noqa: E402
 from spot_jax.serve import peft_io  # noqa: E402
 from spot_jax.t5 import Transformer, checkpoints, config_by_name  # noqa: E402
+from tests.peft_util import peft_base, padded_batch  # noqa: E402
 from tests.prompt_train_util import create_prompt_params, frozen_backbone  # noqa: E402
 
 TOL = 1e-4
 LENGTH = 4
 
 
-def _batch(vocab):
-  rng = np.random.RandomState(3)
-  enc = rng.randint(2, vocab, size=(3, 9))
-  enc[1, 6:] = 0
-  enc[2, 3:] = 0
-  tgt = rng.randint(2, vocab, size=(3, 5))
-  tgt[0, 3:] = 0
-  dec_in = np.concatenate([np.zeros((3, 1), np.int64), tgt[:, :-1]], axis=1)
-  return enc, dec_in, tgt
-
-
 @pytest.fixture(scope="module", params=["t5_1_1_test", "t5_test"])
 def exported(request, tmp_path_factory):
   """(name, config, backbone, residual module, its params, folded prompt, hf dir, adapter dir)."""
   name = request.param
-  config = config_by_name(name, dropout_rate=0.0)
-  root = tmp_path_factory.mktemp(name)
-  backbone = jax.tree_util.tree_map(np.asarray, frozen_backbone(config, 0))
-  checkpoints.save_checkpoint(backbone, str(root / "checkpoint_0"), format="t5x")
-  assert convert.main(["--checkpoint", str(root / "checkpoint_0"), "--model", name,
-                       "--output_dir", str(root / "hf")]) == 0
+  config, root, backbone, _ = peft_base(name, tmp_path_factory)
   module = ResidualPrompt(LENGTH, bottleneck=8, prompt_init=initializers.uniform(1.0))
   params = create_prompt_params(Transformer(config, prompt=module), frozen_backbone(config, 0))
   # What a run exports (trainer._export: the effective, folded prompt), then the command line.
@@ -75,7 +60,7 @@ def test_converted_config_and_tying(exported):
 
 def test_peft_logits_equal_spot_jax(exported):
   _, config, backbone, module, params, folded, hf_dir, adapter_dir = exported
-  enc, dec_in, tgt = _batch(config.vocab_size)
+  enc, dec_in, tgt = padded_batch(config.vocab_size)
   # spot-jax: the unfolded Residual module on the original (T5X) parameters.
   logits = Transformer(config, prompt=module).apply(
       {"params": {**backbone, "prompt": params}}, jnp.asarray(enc), jnp.asarray(dec_in),

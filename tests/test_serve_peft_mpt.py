@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,38 +14,28 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from spot_jax import cli, convert, infer, prompts  # noqa: E402
+from spot_jax import cli, infer  # noqa: E402
 from spot_jax.errors import ConfigError  # noqa: E402
 from spot_jax.prompts import MultitaskPrompt  # noqa: E402
 from spot_jax.serve import peft_io, peft_mpt, prompt_sources  # noqa: E402
-from spot_jax.t5 import Transformer, checkpoints, config_by_name  # noqa: E402
-from tests.prompt_train_util import frozen_backbone  # noqa: E402
+from spot_jax.t5 import Transformer  # noqa: E402
+from tests.peft_util import peft_base, padded_batch  # noqa: E402
+from tests.prompt_train_util import create_prompt_params, frozen_backbone  # noqa: E402
 
 TOL = 1e-4
 L, K, R = 4, 3, 2
 
 
 def _batch(vocab):
-  rng = np.random.RandomState(3)
-  enc = rng.randint(2, vocab, size=(4, 9))
-  enc[1, 6:] = 0
-  enc[2, 3:] = 0
-  tgt = rng.randint(2, vocab, size=(4, 5))
-  tgt[0, 3:] = 0
-  dec_in = np.concatenate([np.zeros((4, 1), np.int64), tgt[:, :-1]], axis=1)
-  return enc, dec_in, tgt, np.array([2, 0, 1, 2])
+  """A padded batch of 4 rows and each row's task."""
+  return padded_batch(vocab, rows=4) + (np.array([2, 0, 1, 2]),)
 
 
 @pytest.fixture(scope="module", params=["t5_1_1_test", "t5_test"])
 def exported(request, tmp_path_factory):
   """(config, backbone, module, params, hf dir, adapter dir)."""
   name = request.param
-  config = config_by_name(name, dropout_rate=0.0)
-  root = tmp_path_factory.mktemp(name)
-  backbone = jax.tree_util.tree_map(np.asarray, frozen_backbone(config, 0))
-  checkpoints.save_checkpoint(backbone, str(root / "checkpoint_0"), format="t5x")
-  assert convert.main(["--checkpoint", str(root / "checkpoint_0"), "--model", name,
-                       "--output_dir", str(root / "hf")]) == 0
+  config, root, backbone, _ = peft_base(name, tmp_path_factory)
   rs = np.random.RandomState(1)
   params = {"shared": rs.normal(0, 1, (L, config.emb_dim)).astype(np.float32),
             "task_cols": rs.normal(0, 1, (K, L, R)).astype(np.float32),
@@ -136,7 +125,6 @@ def test_target_starts_like_peft(exported, factors, peft_init):
            for part in ("shared", "task_cols", "task_rows")}
   target = MultitaskPrompt(L, num_tasks=1, rank=R, shared_init=start["shared"],
                            cols_init=start["task_cols"], rows_init=start["task_rows"])
-  from tests.prompt_train_util import create_prompt_params  # pylint: disable=g-import-not-at-top
   params = create_prompt_params(Transformer(config, prompt=target), frozen_backbone(config, 0))
   base = transformers.T5ForConditionalGeneration.from_pretrained(str(hf_dir))
   pc = peft.MultitaskPromptTuningConfig(

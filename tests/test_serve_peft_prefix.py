@@ -20,6 +20,7 @@ from spot_jax.errors import ConfigError  # noqa: E402
 from spot_jax.prompts import deep  # noqa: E402
 from spot_jax.serve import peft_io  # noqa: E402
 from spot_jax.t5 import Transformer, config_by_name, generate, hf_export  # noqa: E402
+from tests.peft_util import padded_batch  # noqa: E402
 from tests.prompt_train_util import frozen_backbone  # noqa: E402
 
 TOL = 1e-4
@@ -36,14 +37,7 @@ CONFIGS = {
 
 
 def _batch(vocab):
-  rng = np.random.RandomState(3)
-  enc = rng.randint(2, vocab, size=(3, 9))
-  enc[1, 6:] = 0
-  enc[2, 3:] = 0
-  tgt = rng.randint(2, vocab, size=(3, 6))
-  tgt[0, 4:] = 0
-  dec_in = np.concatenate([np.zeros((3, 1), np.int64), tgt[:, :-1]], axis=1)
-  return enc, dec_in, tgt
+  return padded_batch(vocab, target_length=6, target_padding=4)
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))

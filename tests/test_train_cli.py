@@ -4,14 +4,13 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 import pytest
+from tests.kill_util import kill_at_checkpoint  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SMOKE = ["--gin_file=gin/test/smoke.gin"]
@@ -95,14 +94,7 @@ def test_sigkill_then_restart_resumes_exactly(tmp_path):
   run_dir = tmp_path / "killed"
   args = _cmd(*common, f"--gin.MODEL_DIR='{run_dir}'")
   proc = subprocess.Popen(args, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.time() + 300
-  while not (run_dir / "checkpoints" / "20").is_dir():
-    assert proc.poll() is None, "training ended before it could be killed"
-    assert time.time() < deadline, "no checkpoint appeared"
-    time.sleep(0.02)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=60)
-  assert not (run_dir / "prompts" / "prompt_step_300.npy").exists(), "killed too late to test resuming"
+  kill_at_checkpoint(proc, run_dir, 20, 300)
 
   resumed = _run([*common, f"--gin.MODEL_DIR='{run_dir}'"])
   assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-import signal
 import subprocess
-import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +18,7 @@ from spot_jax import cli, infer, models, partitioning, prompts
 from spot_jax import backbone as backbone_lib
 from spot_jax.t5 import Transformer, config_by_name, generate
 from tests.test_train_cli import REPO, _cmd, _env, _losses, _run
+from tests.kill_util import kill_at_checkpoint  # noqa: E402
 
 MODEL = ["--gin_file=gin/models/t5_1_1_byte_tiny.gin"]
 RUN = ["--gin_file=gin/runs/prompt_tune.gin"]
@@ -45,14 +44,7 @@ CONFIG = config_by_name("t5_1_1_byte_tiny", dropout_rate=0.0)
 def _train_killed_then_resumed(args: list[str], run_dir: pathlib.Path) -> subprocess.CompletedProcess:
   proc = subprocess.Popen(_cmd(*args, f"--gin.MODEL_DIR='{run_dir}'"), cwd=REPO, env=_env(),
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.time() + 300
-  while not (run_dir / "checkpoints" / "20").is_dir():
-    assert proc.poll() is None, "training ended before it could be killed"
-    assert time.time() < deadline, "no checkpoint appeared"
-    time.sleep(0.02)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=60)
-  assert not (run_dir / "prompts" / "prompt_step_300.npy").exists(), "killed too late to test resuming"
+  kill_at_checkpoint(proc, run_dir, 20, 300)
   return _run([*args, f"--gin.MODEL_DIR='{run_dir}'"])
 
 

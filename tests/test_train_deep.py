@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from spot_jax import cli, infer
 from spot_jax.prompts import deep
 from tests.test_train_cli import REPO, _cmd, _env, _losses, _run
+from tests.kill_util import kill_at_checkpoint  # noqa: E402
 
 STEPS = 100
 METHODS = {
@@ -57,14 +56,7 @@ def test_trains_from_its_gin_file_and_resumes_exactly_after_sigkill(reference_ru
   run_dir = tmp_path / "killed"
   proc = subprocess.Popen(_cmd(*_args(method, run_dir)), cwd=REPO, env=_env(),
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.time() + 300
-  while not (run_dir / "checkpoints" / "10").is_dir():
-    assert proc.poll() is None, "training ended before it could be killed"
-    assert time.time() < deadline, "no checkpoint appeared"
-    time.sleep(0.02)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=60)
-  assert not (run_dir / "prompts" / f"prompt_step_{STEPS}.npy").exists(), "killed too late"
+  kill_at_checkpoint(proc, run_dir, 10, STEPS)
   resumed = _run(_args(method, run_dir))
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "resumed from" in resumed.stdout

@@ -12,10 +12,8 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -28,6 +26,7 @@ from spot_jax.run_dir import RunDir
 from spot_jax.t5 import Transformer, config_by_name, save_checkpoint
 from spot_jax.train import evaluator as evaluator_lib
 from tests import local_tasks
+from tests.kill_util import kill_when  # noqa: E402
 
 SEEDS = (0, 1, 2)
 STEPS = 8
@@ -158,13 +157,8 @@ def test_sigkill_of_a_k_run_job_resumes_exactly(tmp_path):
   _finish([*common, f"--gin.MODEL_DIR='{tmp_path / 'ref'}'"])
   job = tmp_path / "killed"
   proc = _cli([*common, f"--gin.MODEL_DIR='{job}'"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.time() + 600
-  while not list(job.glob("seed_*/checkpoints/20")):  # killed while the K states of step 20 are saved
-    assert proc.poll() is None, "the job ended before it could be killed"
-    assert time.time() < deadline, "no checkpoint appeared"
-    time.sleep(0.01)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=60)
+  # Killed while the K states of step 20 are saved.
+  kill_when(proc, lambda: bool(list(job.glob("seed_*/checkpoints/20"))), timeout=600, poll=0.01)
   assert not (job / "seed_0" / "prompts" / f"prompt_step_{steps}.npy").exists(), "killed too late"
   out = _finish([*common, f"--gin.MODEL_DIR='{job}'"])
   assert "resumed 3 runs" in out and not re.search(r"^step 1/", out, re.M)
