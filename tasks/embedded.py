@@ -232,6 +232,8 @@ TARGETS = ("sentiment_travel", "sentiment_sports", "category", "sum")
 # committed 800-step backbone only half-learned nli (48%) and paraphrase (55%), so prompts on
 # them stay near chance with the demo's budgets (see docs/embedded.md).
 HARD_TARGETS = ("nli_sports", "paraphrase_travel")
+# The 8 taskless sources mixed (MPT's distillation in the demo trains one prompt on all of them).
+SOURCE_MIXTURE = f"spot_toy_sources_taskless_{VERSION}"
 # The tasks whose text the committed SentencePiece vocabulary was trained on (spot_jax/embedded/toy_data.py).
 # Pinned: tasks added later must not change the vocabulary, or `python -m spot_jax.embedded.pretrain`
 # would no longer reproduce the committed model. New tasks reuse this text's words and fields.
@@ -327,10 +329,13 @@ def _register(task: ToyTask, taskless: bool) -> None:
 
 
 def register_all() -> None:
-  """Registers every task and its taskless variant (idempotent)."""
+  """Registers every task and its taskless variant, and SOURCE_MIXTURE (idempotent)."""
   for task in TASKS.values():
     _register(task, taskless=False)
     _register(task, taskless=True)
+  if SOURCE_MIXTURE not in seqio.MixtureRegistry.names():
+    # Every split has the same size per task, so equal rates are examples-proportional.
+    seqio.MixtureRegistry.add(SOURCE_MIXTURE, [(task_name(k, taskless=True), 1.0) for k in SOURCES])
 
 
 register_all()

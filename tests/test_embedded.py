@@ -207,6 +207,7 @@ def _one_line_error(capsys, main, argv, prog):
     (["--seeds=0,1", "--seed_offset=5"], "give --seeds or --seed_offset, not both"),
     (["--seed_offset=-5"], "--seed_offset must be a non-negative integer, got -5"),
     (["--num_seeds=0"], "--num_seeds must be a positive integer, got 0"),
+    (["--methods=pt,all"], "--methods=all stands alone; give 'all' or a comma list of methods"),
 ])
 def test_demo_bad_input_is_one_line(capsys, tmp_path, argv, expected):
   from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
@@ -245,8 +246,9 @@ def _demo_in_a_fresh_process(argv, tf_log_level, timeout):
 def test_demo_command_line_error_from_a_fresh_process(tmp_path):
   proc = _demo_in_a_fresh_process(["--methods=lora", f"--output_dir={tmp_path}"], "3", timeout=300)
   lines = [l for l in proc.stderr.splitlines() if l.startswith("spot_jax.demo")]
-  assert proc.returncode == 2 and lines == ["spot_jax.demo: error: unknown method 'lora' in --methods (entry 0); "
-                                            "valid: pt, spot, smop, residual, spot_unrelated"], proc.stderr
+  assert proc.returncode == 2 and lines == [
+      "spot_jax.demo: error: unknown method 'lora' in --methods (entry 0); valid: pt, spot, smop, "
+      "residual, spot_unrelated, prefix, ptuning_v2, dept, residual_smop, attempt, mpt, all"], proc.stderr
   assert "Traceback" not in proc.stderr
 
 
@@ -338,3 +340,48 @@ def test_seeded_demo_from_real_runs_retrieves_spot_sources_and_reuses_them(tmp_p
   assert "finished earlier, reused" in capsys.readouterr().out
   again = json.loads((tmp_path / "results.json").read_text())
   assert again["cells"] == saved["cells"] and again["retrieval"] == saved["retrieval"]
+
+
+@needs_model
+def test_demo_successors_run_from_the_library_and_enter_the_tables(tmp_path, capsys):
+  """The successors on request: every one trains (ATTEMPT and MPT from the demo's library), each
+  run is an ordinary run directory, and the tables, claims and job times name them."""
+  from spot_jax import prompts  # pylint: disable=g-import-not-at-top
+  from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
+  from spot_jax.demo import runs as demo_runs  # pylint: disable=g-import-not-at-top
+  from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import prompt_library  # pylint: disable=g-import-not-at-top
+  methods = ["pt", "prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt"]
+  assert main(["--targets=category", f"--methods={','.join(methods)}", "--seeds=0,1",
+               "--source_steps=3", "--target_steps=3", f"--output_dir={tmp_path}"]) == 0
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert saved["methods"] == methods
+  assert sorted(saved["cells"]) == sorted(f"category/{m}" for m in methods)
+  jobs = {p.name.split("-")[0]: p for p in (tmp_path / "runs").iterdir()}
+  assert sorted(jobs) == sorted(methods + ["source", "mpt_source"])
+  for method in methods:
+    for seed in (0, 1):
+      record = RunDir(jobs[method] / f"category.seed_{seed}").read_record()
+      assert record.finished and record.score is not None, (method, seed)
+  # ATTEMPT's frozen sources are the library's best source prompts, in the suite's order
+  library, = (tmp_path / "libraries").iterdir()
+  entries, _ = prompt_library.Library(library).load()
+  by_id = {e.id: e.prompt for e in entries}
+  run = RunDir(jobs["attempt"] / "category.seed_0")
+  module = prompts.Attempt(np.stack([by_id[k] for k in suite.SOURCES]), bottleneck=100)
+  candidates = prompts.effective_prompt(module, run.prompt_params())
+  np.testing.assert_array_equal(candidates[:len(suite.SOURCES)],
+                                np.stack([by_id[k] for k in suite.SOURCES]))
+  # MPT's distillation trained the shared prompt of all 8 sources; each target started from it
+  distilled = RunDir(jobs["mpt_source"] / f"sources.seed_2").prompt_params()
+  assert distilled["task_cols"].shape[0] == len(suite.SOURCES)
+  # DePT's offset trains at its own rate: both parameter groups moved
+  dept = RunDir(jobs["dept"] / "category.seed_0").prompt_params()
+  assert np.any(np.asarray(dept["offset"]["b"]) != 0)
+  claims = [c["claim"] for c in saved["claims"]]
+  assert any(c.startswith("Prefix tuning") for c in claims) and any(c.startswith("MPT") for c in claims)
+  assert not any(c.startswith("ATTEMPT (an attentional mixture") for c in claims)  # SPoT did not run
+  out = capsys.readouterr().out
+  assert "MPT distillation" in out and "job wall times" in out
+  for name in (demo_runs.METHOD_NAMES[m] for m in methods):
+    assert name in out

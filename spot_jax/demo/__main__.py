@@ -17,10 +17,15 @@ Every run is an ordinary trainer run in <output_dir>/runs/<method>-<digest>/<tas
 run.json holds its score. Rerunning with the same flags reuses the finished runs (the same
 tables, seconds); --fresh trains everything again.
 
-  python -m spot_jax.demo                          # seeds 0-4, about 5 minutes on 2 CPU cores
+  python -m spot_jax.demo                          # seeds 0-4, about 4 minutes on 2 CPU cores
   python -m spot_jax.demo --seed_offset=5          # another seed set: seeds 5-9
   python -m spot_jax.demo --seeds=0,1,2 --quick    # fewer steps, the same compiles
   python -m spot_jax.demo --methods=pt,spot --targets=sentiment_travel
+  python -m spot_jax.demo --methods=all            # the default methods and the successors
+  python -m spot_jax.demo --methods=pt,prefix,ptuning_v2,dept,residual_smop,attempt,mpt
+
+The successors (prefix tuning, P-tuning v2, DePT, Residual SMoP, ATTEMPT, MPT; see
+spot_jax/demo/successors.py) run only when named: each adds one job (MPT two).
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ from spot_jax import stats
 from spot_jax.demo import results as results_lib
 from spot_jax.demo import runs
 from spot_jax.demo import spot_sources
+from spot_jax.demo import successors
 from spot_jax.errors import ConfigError
 
 DEFAULT_SEEDS = 5
@@ -88,9 +94,10 @@ def _parser() -> cli.ArgumentParser:
   p = cli.ArgumentParser(prog="spot_jax.demo", description=__doc__.splitlines()[0])
   flags.add_output_dir(p, "where runs and results go (default ./spot_demo)", default="spot_demo")
   p.add_argument("--methods", default=",".join(runs.METHODS),
-                 help=f"comma list of {', '.join(runs.METHODS)} (pt always runs: the baseline and "
-                      f"the target's task embedding; spot_unrelated: SPoT from an unrelated source, "
-                      f"a control)")
+                 help=f"comma list of {', '.join(runs.METHODS + runs.SUCCESSORS)}, or 'all' (default "
+                      f"{','.join(runs.METHODS)}; pt always runs: the baseline and the target's task "
+                      f"embedding; spot_unrelated: SPoT from an unrelated source, a control; the "
+                      f"successors run only when named)")
   p.add_argument("--targets", default=",".join(suite.TARGETS),
                  help=f"comma list of {', '.join(suite.TARGETS + suite.HARD_TARGETS)} (the last two: "
                       f"skills the toy backbone only half-learned)")
@@ -129,10 +136,29 @@ def _cache(args, out: pathlib.Path) -> None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def _successor_plan(method: str, settings: runs.Settings, vocab_rows: int, entries: Sequence,
+                    seeds: Sequence[int], job) -> Optional[runs.Plan]:
+  """A successor's plan (MPT's after its distillation job); None for the default methods."""
+  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
+  if method not in runs.SUCCESSORS:
+    return None
+  sources = successors.source_prompts(entries, suite.SOURCES) if entries else None
+  mpt_source = None
+  if method == "mpt":
+    distilled = job(successors.MPT_SOURCE, successors.distill_members(max(seeds) + 1),
+                    successors.distill_plan(settings, vocab_rows, sources))
+    mpt_source = successors.run_dir(distilled)
+  return successors.plan(method, settings, vocab_rows, sources=sources, mpt_source=mpt_source)
+
+
 def main(argv: Sequence[str]) -> Optional[int]:
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   args = _parser().parse_args(argv)
-  chosen = _choices(args.methods, runs.METHODS, "method", "--methods")
+  valid = runs.METHODS + runs.SUCCESSORS
+  chosen = list(valid) if args.methods.strip() == "all" else _choices(
+      args.methods, valid + ("all",), "method", "--methods")
+  if "all" in chosen:
+    raise ConfigError("--methods=all stands alone; give 'all' or a comma list of methods")
   methods = ["pt"] + [m for m in chosen if m != "pt"]
   targets = _choices(args.targets, suite.TARGETS + suite.HARD_TARGETS, "target task", "--targets")
   seeds = _seeds(args)
@@ -149,8 +175,8 @@ def main(argv: Sequence[str]) -> Optional[int]:
   logging.getLogger("absl").setLevel(logging.ERROR)
   started = time.time()
   vocab_rows = suite.get_vocabulary().vocab_size - suite.EXTRA_IDS
-  needs_library = bool({"spot", "spot_unrelated"} & set(methods))
-  jobs = len(methods) + needs_library
+  needs_library = bool({"spot", "spot_unrelated", *successors.NEEDS_LIBRARY} & set(methods))
+  jobs = len(methods) + needs_library + ("mpt" in methods)
   print(f"spot_jax.demo: {len(targets)} targets x {len(methods)} methods x {len(seeds)} seeds "
         f"(seeds {', '.join(map(str, seeds))})" + (f" + {len(suite.SOURCES)} source prompts"
                                                    if needs_library else "")
@@ -159,16 +185,20 @@ def main(argv: Sequence[str]) -> Optional[int]:
   done = [0]
   seconds: dict[str, Optional[float]] = {}
 
-  def job(method: str, members: Sequence[runs.Member]) -> runs.JobResult:
+  def job(method: str, members: Sequence[runs.Member],
+          job_plan: Optional[runs.Plan] = None) -> runs.JobResult:
     done[0] += 1
-    label = f"[{done[0]}/{jobs}] {runs.METHOD_NAMES.get(method, 'sources')}: {len(members)} runs"
+    name = runs.METHOD_NAMES.get(method, "MPT distillation" if method == successors.MPT_SOURCE
+                                 else "sources")
+    label = f"[{done[0]}/{jobs}] {name}: {len(members)} runs"
     print(f"{label} training ...", end="", flush=True)
-    result = runs.run_job(method, members, settings, runs_dir, vocab_rows, fresh=args.fresh)
+    result = runs.run_job(method, members, settings, runs_dir, vocab_rows, fresh=args.fresh,
+                          job_plan=job_plan)
     seconds[method] = None if result.seconds is None else round(result.seconds, 1)
-    accs = [o.accuracy for o in result.outcomes]
+    accs = [o.accuracy for o in result.outcomes if o.accuracy is not None]
     took = "finished earlier, reused" if result.seconds is None else f"{result.seconds:.0f}s"
-    print(f"\r{label}, accuracy {min(accs):.1f}-{max(accs):.1f}%  ({took})"
-          f"   [{time.time() - started:.0f}s elapsed]", flush=True)
+    scores = f", accuracy {min(accs):.1f}-{max(accs):.1f}%" if accs else ""
+    print(f"\r{label}{scores}  ({took})   [{time.time() - started:.0f}s elapsed]", flush=True)
     return result
 
   sources, choices, entries = [], {}, []
@@ -192,7 +222,8 @@ def main(argv: Sequence[str]) -> Optional[int]:
       members = spot_sources.unrelated_members(entries, suite.UNRELATED, targets, seeds)
     else:
       members = [runs.Member(t, s) for t in targets for s in seeds]
-    outcomes += job(method, members).outcomes
+    outcomes += job(method, members, _successor_plan(method, settings, vocab_rows, entries, seeds,
+                                                     job)).outcomes
 
   chance = {t: round(suite.TASKS[t].chance, 1) for t in targets}
   summary = results_lib.summarize(outcomes, targets, methods, seeds, chance, sources,
@@ -206,6 +237,9 @@ def main(argv: Sequence[str]) -> Optional[int]:
   if choices:
     print("\nSPoT's source per seed, chosen by retrieval (* = in the suite's RELATED map):")
     print(results_lib.plain(results_lib.source_rows(summary)))
+  if results_lib.time_rows(summary):
+    print("\njob wall times (this process):")
+    print(results_lib.plain(results_lib.time_rows(summary)))
   print(f"\ndemo took {time.time() - started:.0f}s; wrote {', '.join(str(p) for p in paths)}")
   return 0
 

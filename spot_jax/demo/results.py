@@ -125,6 +125,19 @@ _PAIRED_CLAIMS = (
     ("smop", "pt", "SMoP 4x5 (5 prompt tokens per input) matches or beats 20-token Prompt Tuning",
      "not worse"),
     ("residual", "pt", "Residual PT ends higher than Prompt Tuning at the same steps", "better"),
+    # The successors (on request): each against the method it set out to improve.
+    ("prefix", "pt", "Prefix tuning (20 keys and values in every attention) beats 20-token "
+     "Prompt Tuning", "better"),
+    ("ptuning_v2", "pt", "P-tuning v2 (20 tokens in every encoder layer) beats 20-token Prompt "
+     "Tuning", "better"),
+    ("dept", "pt", "DePT (10 tokens + rank-8 offsets, about the same parameters) matches or beats "
+     "20-token Prompt Tuning", "not worse"),
+    ("residual_smop", "smop", "Residual SMoP beats SMoP 4x5", "better"),
+    ("attempt", "spot", "ATTEMPT (an attentional mixture of the 8 sources) beats SPoT (one "
+     "retrieved source)", "better"),
+    ("attempt", "pt", "ATTEMPT beats Prompt Tuning", "better"),
+    ("mpt", "spot", "MPT (a prompt distilled from the 8 sources) beats SPoT", "better"),
+    ("mpt", "pt", "MPT beats Prompt Tuning", "better"),
 )
 
 
@@ -165,6 +178,19 @@ def claim_rows(s: Summary) -> list[list[str]]:
   return rows
 
 
+def time_rows(s: Summary) -> list[list[str]]:
+  """Header + one row per job this process trained: its wall time, and per run."""
+  runs_per_job = len(s.targets) * len(s.seeds)
+  rows = [["job", "runs", "wall s", "wall s per run"]]
+  for job, seconds in s.seconds.items():
+    if seconds is None:
+      continue
+    n = len(s.sources) if job == "source" else 1 if job == "mpt_source" else runs_per_job
+    name = {"source": "sources", "mpt_source": "MPT distillation"}.get(job, METHOD_NAMES.get(job, job))
+    rows.append([name, str(n), f"{seconds:.0f}", f"{seconds / max(n, 1):.1f}"])
+  return rows if len(rows) > 1 else []
+
+
 def markdown(rows: Sequence[Sequence[str]]) -> str:
   lines = ["| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])]
   lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
@@ -193,8 +219,10 @@ def bar_chart(s: Summary, path: pathlib.Path) -> None:
     # The bar spans the interval, drawn inside the 0-100 scale an accuracy lives on.
     lows = [0.0 if not iv.resolved else m - max(iv.low, 0.0) for m, iv in zip(means, ivs)]
     highs = [0.0 if not iv.resolved else min(iv.high, 100.0) - m for m, iv in zip(means, ivs)]
+    # More methods than the default colour cycle's 10 (--methods=all): tab20's distinct colours.
+    color = plt.get_cmap("tab20")(j) if len(s.methods) > 10 else None
     ax.bar(xs, means, width, yerr=[lows, highs], capsize=3, label=METHOD_NAMES[method],
-           error_kw={"elinewidth": 1.2})
+           color=color, error_kw={"elinewidth": 1.2})
   for i, target in enumerate(s.targets):
     ax.hlines(s.chance[target], i - 0.45, i + 0.45, colors="black", linestyles="dashed",
               label="chance" if i == 0 else None)
@@ -227,6 +255,9 @@ def write(output_dir: pathlib.Path, s: Summary, recipe: Mapping) -> list[pathlib
     text += ["Source prompts in the library:", "",
              markdown([["source", "accuracy"]] + [[t, f"{a:.1f}"] for t, a in s.sources])]
   text += ["Claims:", "", markdown(claim_rows(s))]
+  if time_rows(s):
+    text += ["Jobs trained by this process (every job's runs share one jitted step):", "",
+             markdown(time_rows(s))]
   paths[1].write_text("\n".join(text))
   bar_chart(s, paths[2])
   return paths

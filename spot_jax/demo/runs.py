@@ -17,7 +17,7 @@ import json
 import pathlib
 import shutil
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -34,8 +34,12 @@ from spot_jax.train import optimizers
 # Every method runs by default; "pt" always runs (the baseline of every verdict, and its early
 # prompt is the target's task embedding for SPoT's retrieval).
 METHODS = ("pt", "spot", "smop", "residual", "spot_unrelated")
+# The successors run on request (`--methods=...` or `--methods=all`; `spot_jax.demo.successors`).
+SUCCESSORS = ("prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt")
 METHOD_NAMES = {"pt": "Prompt Tuning", "spot": "SPoT", "smop": "SMoP 4x5",
-                "residual": "Residual PT", "spot_unrelated": "SPoT unrelated"}
+                "residual": "Residual PT", "spot_unrelated": "SPoT unrelated",
+                "prefix": "Prefix tuning", "ptuning_v2": "P-tuning v2", "dept": "DePT 10+r8",
+                "residual_smop": "Residual SMoP 4x5", "attempt": "ATTEMPT", "mpt": "MPT"}
 SOURCE = "source"  # the method name of the source prompts' job (Prompt Tuning on the sources)
 TASK_MODULE = "tasks.embedded"
 METRIC = "accuracy"
@@ -100,7 +104,7 @@ class Outcome:
   task: str
   seed: int
   method: str
-  accuracy: float
+  accuracy: Optional[float]
   init: str
   run_dir: str
 
@@ -126,11 +130,44 @@ def _prompt_module(method: str, settings: Settings, vocab_rows: int):
   raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
 
 
-def build_model(method: str, settings: Settings, vocab_rows: int) -> models.EncoderDecoderModel:
+def _plain_model(module: t5.Transformer) -> models.EncoderDecoderModel:
+  return models.EncoderDecoderModel(module=module)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What a job trains besides its runs and the recipe (`plan` for the default methods; the
+  successors' in `spot_jax.demo.successors`).
+
+  Attributes:
+    prompt: the prompt module every run of the job trains.
+    optimizer: learning-rate schedule -> optax transformation.
+    key: more content for the job's digest (a successor's recipe, its frozen sources' digest).
+    model: the backbone module -> the trained model (MPT's distillation student wraps it).
+    train_task: the training task or mixture of a single-run job (None: each run's own task).
+    task_names: the mixture's tasks, for the `task_index` feature (None: no such feature).
+    evaluate: evaluate every run at its end and keep the best (False: the last state, no score).
+  """
+  prompt: Any
+  optimizer: Callable[[Any], Any] = lambda lr: optimizers.adafactor(learning_rate=lr)
+  key: Optional[Mapping[str, Any]] = None
+  model: Callable[[t5.Transformer], models.EncoderDecoderModel] = _plain_model
+  train_task: Optional[str] = None
+  task_names: Optional[Sequence[str]] = None
+  evaluate: bool = True
+
+
+def plan(method: str, settings: Settings, vocab_rows: int) -> Plan:
+  """The default methods' plan: their prompt module and Adafactor."""
+  return Plan(prompt=_prompt_module(method, settings, vocab_rows))
+
+
+def build_model(method: str, settings: Settings, vocab_rows: int,
+                job_plan: Optional[Plan] = None) -> models.EncoderDecoderModel:
   """The frozen toy T5 with the method's prompt (dropout off)."""
+  job_plan = job_plan or plan(method, settings, vocab_rows)
   config = t5.config_by_name(embedded.CONFIG_NAME, dropout_rate=0.0)
-  return models.EncoderDecoderModel(
-      module=t5.Transformer(config, prompt=_prompt_module(method, settings, vocab_rows)))
+  return job_plan.model(t5.Transformer(config, prompt=job_plan.prompt))
 
 
 def _digest(array: np.ndarray) -> str:
@@ -138,21 +175,25 @@ def _digest(array: np.ndarray) -> str:
 
 
 def job_dir(runs_dir: pathlib.Path, method: str, settings: Settings,
-            members: Sequence[Member]) -> pathlib.Path:
-  """<runs_dir>/<method>-<digest of the settings, the runs and their initial prompts>."""
+            members: Sequence[Member], extra: Optional[Mapping[str, Any]] = None) -> pathlib.Path:
+  """<runs_dir>/<method>-<digest of the settings, the runs, their initial prompts and `extra`>."""
   key = {"method": method, "settings": dataclasses.asdict(settings),
          "runs": [[m.task, m.seed, m.init_note, None if m.init is None else _digest(m.init)]
                   for m in members]}
+  if extra:  # absent for the default methods: their digests stay those of earlier demos
+    key["plan"] = dict(extra)
   digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
   return runs_dir / f"{method}-{digest}"
 
 
-def _finished(path: pathlib.Path, members: Sequence[Member], steps: int) -> Optional[list[RunRecord]]:
-  """Every member's record when all finished `steps` steps, else None."""
+def _finished(path: pathlib.Path, members: Sequence[Member], steps: int,
+              scored: bool = True) -> Optional[list[RunRecord]]:
+  """Every member's record when all finished `steps` steps (with a score if `scored`), else None."""
   records = []
   for m in members:
     record = RunDir(path / m.name).read_record()
-    if record is None or not record.finished or record.train_steps != steps or record.score is None:
+    if record is None or not record.finished or record.train_steps != steps \
+        or (scored and record.score is None):
       return None
     records.append(record)
   return records
@@ -167,59 +208,69 @@ class JobResult:
 
 
 def run_job(method: str, members: Sequence[Member], settings: Settings, runs_dir: pathlib.Path,
-            vocab_rows: int, fresh: bool = False,
+            vocab_rows: int, fresh: bool = False, job_plan: Optional[Plan] = None,
             log: Callable[[str], None] = lambda line: None) -> JobResult:
   """Trains `members` as K runs in one trainer call (or reuses them); returns their records.
 
   Args:
-    method: one of METHODS, or SOURCE (Prompt Tuning on source tasks).
+    method: one of METHODS, a successor's name, or SOURCE (Prompt Tuning on source tasks).
     members: the runs; every run keeps its own seed, task, data stream and directory.
     settings: the recipe.
     runs_dir: the parent of the job directory.
     vocab_rows: the vocabulary rows the sampled-vocabulary initialiser draws from.
     fresh: delete the job's directory first.
+    job_plan: the prompt, optimizer and model (None: `plan(method, ...)`).
     log: progress lines.
   """
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
-  path = job_dir(runs_dir, method, settings, members)
-  source = method == SOURCE
+  job_plan = job_plan or plan(method, settings, vocab_rows)
+  path = job_dir(runs_dir, method, settings, members, job_plan.key)
+  source = method == SOURCE or job_plan.train_task is not None
   steps = settings.source_steps if source else settings.target_steps
   if fresh and path.exists():
     shutil.rmtree(path)
-  records = _finished(path, members, steps)
+  records = _finished(path, members, steps, scored=job_plan.evaluate)
   seconds = None
   if records is None:
     started = time.time()
-    lengths = {"inputs": settings.source_input_length if source else settings.input_length,
-               "targets": settings.target_length}
-    # Runs starting from the same prompt share one initialiser: the trainer compiles the prompt's
-    # initialisation once per initialiser, not once per run.
-    inits = {}
-    for m in members:
-      if m.init is not None:
-        inits.setdefault(_digest(m.init), prompts.from_array(m.init, source=m.init_note))
-    specs = [train_lib.RunSpec(
-        m.seed, suite.task_name(m.task, taskless=True), name=m.name,
-        prompt_init=None if m.init is None else inits[_digest(m.init)],
-        init_note=m.init_note or "sampled vocabulary") for m in members]
-    first = specs[0].task
-    lr = learning_rate_schedule(settings, steps)
-    train_lib.train(
-        model=build_model(method, settings, vocab_rows),
-        train_dataset_cfg=data_lib.DatasetConfig(first, lengths, batch_size=settings.batch_size,
-                                                 module=TASK_MODULE),
-        total_steps=steps, model_dir=str(path),
-        optimizer=optimizers.adafactor(learning_rate=lr),
-        eval_cfg=evaluator_lib.EvalConfig(first, lengths, split="validation", batch_size=100,
-                                          num_examples=settings.eval_examples, module=TASK_MODULE),
-        eval_period=steps,
-        checkpoint_cfg=train_lib.CheckpointConfig(period=steps, best_metric=METRIC,
-                                                  embedding_step=min(settings.embedding_step, steps)),
-        initial_checkpoint_path=embedded.CHECKPOINT_PATH, verbose=False, runs=specs)
+    _train(job_plan, members, settings, path, steps, source, suite, vocab_rows, method)
     seconds = time.time() - started
-    records = _finished(path, members, steps)
+    records = _finished(path, members, steps, scored=job_plan.evaluate)
     if records is None:
       raise RuntimeError(f"{path}: the trainer returned without recording every run as finished")
-  outcomes = [Outcome(m.task, m.seed, method, round(float(r.score), 2), r.init, str(path / m.name))
-              for m, r in zip(members, records)]
+  outcomes = [Outcome(m.task, m.seed, method, None if r.score is None else round(float(r.score), 2),
+                      r.init, str(path / m.name)) for m, r in zip(members, records)]
   return JobResult(path, outcomes, seconds)
+
+
+def _train(job_plan: Plan, members: Sequence[Member], settings: Settings, path: pathlib.Path,
+           steps: int, source: bool, suite: Any, vocab_rows: int, method: str) -> None:
+  """One trainer call: the members as K runs of one jitted step."""
+  lengths = {"inputs": settings.source_input_length if source else settings.input_length,
+             "targets": settings.target_length}
+  # Runs starting from the same prompt share one initialiser: the trainer compiles the prompt's
+  # initialisation once per initialiser, not once per run.
+  inits = {}
+  for m in members:
+    if m.init is not None:
+      inits.setdefault(_digest(m.init), prompts.from_array(m.init, source=m.init_note))
+  specs = [train_lib.RunSpec(
+      m.seed, job_plan.train_task or suite.task_name(m.task, taskless=True), name=m.name,
+      prompt_init=None if m.init is None else inits[_digest(m.init)],
+      init_note=m.init_note or "sampled vocabulary") for m in members]
+  first = specs[0].task
+  eval_cfg = None
+  if job_plan.evaluate:
+    eval_cfg = evaluator_lib.EvalConfig(first, lengths, split="validation", batch_size=100,
+                                        num_examples=settings.eval_examples, module=TASK_MODULE)
+  train_lib.train(
+      model=build_model(method, settings, vocab_rows, job_plan),
+      train_dataset_cfg=data_lib.DatasetConfig(first, lengths, batch_size=settings.batch_size,
+                                               module=TASK_MODULE, task_names=job_plan.task_names),
+      total_steps=steps, model_dir=str(path),
+      optimizer=job_plan.optimizer(learning_rate_schedule(settings, steps)),
+      eval_cfg=eval_cfg, eval_period=steps,
+      checkpoint_cfg=train_lib.CheckpointConfig(
+          period=steps, best_metric=METRIC if job_plan.evaluate else None,
+          embedding_step=min(settings.embedding_step, steps)),
+      initial_checkpoint_path=embedded.CHECKPOINT_PATH, verbose=False, runs=specs)

@@ -1,0 +1,165 @@
+"""The successor methods in the demo (`--methods=...,prefix,dept,...` or `--methods=all`).
+
+Each is the same kind of job as the default methods (every target x seed as K runs of one
+jitted step, ordinary run directories), with its own prompt module and, for DePT, optimizer:
+
+  prefix         prefix tuning: 20 key and value prefixes in every attention of both stacks
+                 (encoder self, decoder self, cross), as PEFT places them, N(0, 1) init
+  ptuning_v2     P-tuning v2: 20 prompt tokens in every encoder layer, sampled vocabulary
+  dept           DePT: 10 prompt tokens plus a rank-8 offset of the 40 input positions (1,280 +
+                 1,344 parameters against 20-token Prompt Tuning's 2,560), the offset at its own
+                 learning rate
+  residual_smop  Residual SMoP: SMoP's 4 x 5 prompts through one shared bottleneck-128 MLP
+  attempt        ATTEMPT: a per-input attentional mixture of the library's 8 frozen source
+                 prompts and a trained 20-token target prompt
+  mpt            MPT: a 20-token prompt shared by the 8 sources times rank-1 task factors,
+                 distilled from the library's source prompts on the source mixture (one more job),
+                 then each target starts from the shared prompt and the average factors (as
+                 PEFT's AVERAGE_SOURCE_TASKS)
+
+ATTEMPT and MPT read the source prompts from the demo's library, as SPoT does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import pathlib
+from typing import Optional, Sequence
+
+import numpy as np
+
+from spot_jax import prompts
+from spot_jax.prompts import dept as dept_lib
+from spot_jax.run_dir import RunDir
+from spot_jax.demo import runs
+from spot_jax.spot import distill
+from spot_jax.train import optimizers
+
+SUCCESSORS = runs.SUCCESSORS
+NEEDS_LIBRARY = ("attempt", "mpt")
+MPT_SOURCE = "mpt_source"  # the method name of MPT's distillation job (one run on the sources)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """The successors' own settings (the rest is `runs.Settings`, shared with every method)."""
+  # Prefix tuning: keys and values start N(0, std) (PEFT's embedding table default).
+  prefix_init_std: float = 1.0
+  # DePT: m prompt tokens and rank r (m E + r (s + E) parameters, s the input length); the
+  # offset's peak learning rate (the prompt's is the recipe's; the same warm-up and decay shape).
+  dept_length: int = 10
+  dept_rank: int = 8
+  dept_offset_learning_rate: float = 0.03
+  # Residual SMoP's MLP width (the demo's Residual PT uses the same).
+  residual_bottleneck: int = 128
+  # ATTEMPT's attention network width (the paper's 100).
+  attempt_bottleneck: int = 100
+  # MPT: the task factors' rank and lambda on the distillation terms (the paper's 1 and 0.9).
+  mpt_rank: int = 1
+  mpt_distill_weight: float = 0.9
+
+
+def _digest(array: np.ndarray) -> str:
+  return hashlib.sha256(np.ascontiguousarray(array, np.float32).tobytes()).hexdigest()[:16]
+
+
+def _key(method: str, recipe: Recipe, **more) -> dict:
+  return {"successor": method, "recipe": dataclasses.asdict(recipe), **more}
+
+
+def source_prompts(entries: Sequence, order: Sequence[str]) -> np.ndarray:
+  """The library's best source prompts stacked in `order`: [S, L, E] float32."""
+  by_id = {e.id: e for e in entries}
+  return np.stack([np.asarray(by_id[k].prompt, np.float32) for k in order])
+
+
+def _dept_optimizer(settings: runs.Settings, recipe: Recipe):
+  scale = recipe.dept_offset_learning_rate / settings.learning_rate
+
+  def build(lr):  # the offset's schedule: the prompt's, scaled to its own peak
+    second = (lambda step: lr(step) * scale) if callable(lr) else lr * scale
+    return optimizers.two_learning_rates(optimizer=optimizers.adafactor, learning_rate=lr,
+                                         second_learning_rate=second,
+                                         second_subtrees=(dept_lib.OFFSET,))
+  return build
+
+
+def plan(method: str, settings: runs.Settings, vocab_rows: int, recipe: Recipe = Recipe(),
+         sources: Optional[np.ndarray] = None, mpt_source: Optional[str] = None) -> runs.Plan:
+  """A successor's job plan.
+
+  Args:
+    method: one of SUCCESSORS.
+    settings: the demo's recipe.
+    vocab_rows: the rows the sampled-vocabulary initialiser draws from.
+    recipe: the successors' settings.
+    sources: ATTEMPT's frozen source prompts [S, L, E] (`source_prompts`).
+    mpt_source: MPT's distillation run directory (`distill_plan`'s job's run).
+  """
+  sampled = prompts.sampled_vocab(num_most_frequent=vocab_rows)
+  length = settings.prompt_length
+  if method == "prefix":
+    from spot_jax.prompts import prefix_tuning  # pylint: disable=g-import-not-at-top
+    return runs.Plan(prompts.PrefixTuning(length=length, prefix_init=prefix_tuning.normal(
+        recipe.prefix_init_std)), key=_key(method, recipe))
+  if method == "ptuning_v2":
+    return runs.Plan(prompts.PTuningV2(length=length, prompt_init=sampled), key=_key(method, recipe))
+  if method == "dept":
+    return runs.Plan(prompts.DePT(length=recipe.dept_length, max_length=settings.input_length,
+                                  rank=recipe.dept_rank, prompt_init=sampled),
+                     optimizer=_dept_optimizer(settings, recipe), key=_key(method, recipe))
+  if method == "residual_smop":
+    return runs.Plan(prompts.ResidualSMoP(num_prompts=4, length=5, bottleneck=recipe.residual_bottleneck,
+                                          prompt_init=sampled), key=_key(method, recipe))
+  if method == "attempt":
+    if sources is None:
+      raise ValueError("attempt needs the library's source prompts")
+    return runs.Plan(prompts.Attempt(source_prompts=sources, bottleneck=recipe.attempt_bottleneck,
+                                     prompt_init=sampled),
+                     key=_key(method, recipe, sources=_digest(sources)))
+  if method == "mpt":
+    if mpt_source is None:
+      raise ValueError("mpt needs its distillation run")
+    start = mpt_start(mpt_source)
+    init = {n: prompts.from_array(v, source=f"{mpt_source} ({n})") for n, v in start.items()}
+    return runs.Plan(prompts.MultitaskPrompt(length=length, rank=recipe.mpt_rank,
+                                             shared_init=init["shared"], cols_init=init["task_cols"],
+                                             rows_init=init["task_rows"]),
+                     key=_key(method, recipe, shared=_digest(start["shared"])))
+  raise ValueError(f"unknown successor {method!r}; valid: {', '.join(SUCCESSORS)}")
+
+
+def mpt_start(distill_run: str) -> dict[str, np.ndarray]:
+  """A target's start from MPT's distillation run: its shared prompt P* [L, E] and the source
+  tasks' average factors U [1, L, r] and V [1, r, E] (PEFT's AVERAGE_SOURCE_TASKS)."""
+  params = RunDir(distill_run).prompt_params()
+  return {"shared": np.asarray(params["shared"], np.float32),
+          "task_cols": np.asarray(params["task_cols"], np.float32).mean(axis=0, keepdims=True),
+          "task_rows": np.asarray(params["task_rows"], np.float32).mean(axis=0, keepdims=True)}
+
+
+def distill_plan(settings: runs.Settings, vocab_rows: int, teachers: np.ndarray,
+                 recipe: Recipe = Recipe()) -> runs.Plan:
+  """MPT's source training: the shared prompt and the 8 sources' factors, distilled from the
+  library's source prompts (`teachers`, in `tasks.embedded.SOURCES` order) on the source mixture."""
+  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
+  names = [suite.task_name(k, taskless=True) for k in suite.SOURCES]
+  student = prompts.MultitaskPrompt(length=settings.prompt_length, num_tasks=len(names),
+                                    rank=recipe.mpt_rank,
+                                    shared_init=prompts.sampled_vocab(num_most_frequent=vocab_rows))
+
+  def model(module):
+    return distill.PromptDistillationModel(module=module, teacher_prompts=teachers,
+                                           distill_weight=recipe.mpt_distill_weight)
+
+  return runs.Plan(student, model=model, train_task=suite.SOURCE_MIXTURE, task_names=names,
+                   evaluate=False, key=_key("mpt_distill", recipe, teachers=_digest(teachers)))
+
+
+def distill_members(seed: int) -> list[runs.Member]:
+  """The distillation job's one run (the sources' seed)."""
+  return [runs.Member("sources", seed)]
+
+
+def run_dir(result: runs.JobResult) -> str:
+  return str(pathlib.Path(result.outcomes[0].run_dir))
