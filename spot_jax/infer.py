@@ -95,7 +95,8 @@ def _parser() -> cli.ArgumentParser:
   distributed.add_arguments(p)
   a("--compilation_cache_dir", default=None,
     help="JAX's persistent compilation cache: a later run of the same shapes loads the compiled "
-         "decoder instead of compiling it")
+         "decoder instead of compiling it (default: $SPOT_JAX_COMPILATION_CACHE, else "
+         "~/.cache/spot_jax/jax, at most 1 GiB; 'none' turns it off)")
   a("--timing", action="store_true", help="print where the time went (stderr), from process start")
   return p
 
@@ -135,9 +136,16 @@ def main(argv: Sequence[str]) -> int:
   _check_numbers(args)
   from spot_jax.serve import predict  # pylint: disable=g-import-not-at-top
   phases = predict.Phases(PROG, args.timing)
-  if args.compilation_cache_dir:
-    from spot_jax import runtime  # pylint: disable=g-import-not-at-top
-    runtime.enable_compilation_cache(args.compilation_cache_dir)
+  from spot_jax import runtime  # pylint: disable=g-import-not-at-top
+  cache = args.compilation_cache_dir
+  if cache is None:  # the default cache: serving goes on without it where it cannot be written
+    cache = runtime.default_serving_cache()
+    try:
+      runtime.enable_compilation_cache(cache, max_bytes=runtime.SERVING_CACHE_MAX_BYTES)
+    except ConfigError as e:
+      print(f"{PROG}: note: no compilation cache ({e})", file=sys.stderr)
+  elif cache.strip().lower() != "none":
+    runtime.enable_compilation_cache(cache, max_bytes=runtime.SERVING_CACHE_MAX_BYTES)
   from spot_jax.serve import table as table_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.serve import prompt_sources, run_backbone  # pylint: disable=g-import-not-at-top
   modes = [m for m in ("interpret", "export_peft", "export_npy", "export_peft_mpt")

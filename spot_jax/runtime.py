@@ -93,8 +93,9 @@ def applied() -> str:
   return _applied or "system"
 
 
-def enable_compilation_cache(cache_dir: Optional[str]) -> None:
-  """Turns on JAX's persistent compilation cache in `cache_dir` (every entry kept); None: off.
+def enable_compilation_cache(cache_dir: Optional[str], max_bytes: Optional[int] = None) -> None:
+  """Turns on JAX's persistent compilation cache in `cache_dir` (every entry kept, or the most
+  recently used up to `max_bytes`); None: off.
 
   A later process compiling the same step (a study's next run, a restart, each length bucket
   of a rerun) then loads the executable instead of compiling it.
@@ -108,6 +109,24 @@ def enable_compilation_cache(cache_dir: Optional[str]) -> None:
   jax.config.update("jax_compilation_cache_dir", str(cache_dir))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  if max_bytes is not None:
+    jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
+
+
+SERVING_CACHE_ENV = "SPOT_JAX_COMPILATION_CACHE"
+SERVING_CACHE_MAX_BYTES = 1 << 30  # least recently used entries go beyond this
+
+
+def default_serving_cache() -> Optional[str]:
+  """The persistent compilation cache `spot_jax.infer` uses unless told otherwise:
+  $SPOT_JAX_COMPILATION_CACHE, else $XDG_CACHE_HOME/spot_jax/jax (~/.cache/spot_jax/jax);
+  None when that variable is "none" or no home is known."""
+  value = os.environ.get(SERVING_CACHE_ENV)
+  if value is not None:
+    return None if value.strip().lower() in ("", "none") else value
+  base = os.environ.get("XDG_CACHE_HOME") or (os.path.join(os.path.expanduser("~"), ".cache")
+                                               if os.path.expanduser("~") != "~" else None)
+  return None if base is None else os.path.join(base, "spot_jax", "jax")
 
 
 def seconds_since_start() -> Optional[float]:

@@ -9,6 +9,10 @@ import pytest
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_T5 = REPO_ROOT.parent / "shared" / "fixtures" / "t5"
 
+# `spot_jax.infer` keeps a persistent compilation cache in ~/.cache by default; the tests (and the
+# programs they start) run without it unless a test asks for one, and never write to the home.
+os.environ["SPOT_JAX_COMPILATION_CACHE"] = "none"
+
 
 @pytest.fixture(scope="session")
 def t5_fixtures() -> pathlib.Path:

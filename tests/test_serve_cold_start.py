@@ -71,3 +71,33 @@ def test_timing_and_compilation_cache(run_dir):
     outputs.append(out.read_text())
   assert any(cache.iterdir())  # the decoder's executable was stored, then read
   assert outputs[0] == outputs[1]
+
+
+def test_infer_keeps_a_compilation_cache_by_default(run_dir, tmp_path):
+  """Without --compilation_cache_dir: $SPOT_JAX_COMPILATION_CACHE, else $XDG_CACHE_HOME/spot_jax/jax;
+  "none" (the variable or the flag) keeps nothing; an unwritable default is a note, not an error."""
+  base = {k: v for k, v in os.environ.items() if k != "SPOT_JAX_COMPILATION_CACHE"}
+  base.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+
+  def infer(env, *extra):
+    out = tmp_path / "pred.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "spot_jax.infer", *_infer(run_dir, f"--output={out}",
+                                                                          *extra)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc, out.read_text()
+
+  _, reference = infer({**base, "SPOT_JAX_COMPILATION_CACHE": "none"})
+  named = tmp_path / "named"
+  _, got = infer({**base, "SPOT_JAX_COMPILATION_CACHE": str(named)})
+  assert got == reference and any(named.iterdir())
+  xdg = tmp_path / "xdg"
+  _, got = infer({**base, "XDG_CACHE_HOME": str(xdg)})
+  assert got == reference and any((xdg / "spot_jax" / "jax").iterdir())
+  off = tmp_path / "off"
+  infer({**base, "XDG_CACHE_HOME": str(off)}, "--compilation_cache_dir=none")
+  assert not off.exists()
+  blocker = tmp_path / "a_file"
+  blocker.write_text("x")
+  proc, got = infer({**base, "SPOT_JAX_COMPILATION_CACHE": str(blocker / "cache")})
+  assert got == reference and "note: no compilation cache" in proc.stderr

@@ -82,7 +82,7 @@ def infer_command(work: str, prompts: Sequence[str], requests: str, output: str,
          *[f"--prompt={p}" for p in prompts], f"--input={requests}", f"--output={output}",
          f"--target_length={args.target_length}", f"--input_length={args.input_length}",
          f"--batch_size={args.batch_size}", "--timing"]
-  return cmd + ([f"--compilation_cache_dir={cache}"] if cache else [])
+  return cmd + [f"--compilation_cache_dir={cache or 'none'}"]  # none: not infer's default cache
 
 
 def peft_command(work: str, requests: str, output: str, args) -> list[str]:
