@@ -10,6 +10,7 @@ and the MLP is discarded: the folded prompt is what is exported and served.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -108,32 +109,41 @@ class ResidualMlp(nn.Module):
     return y + prompt if self.skip else y
 
 
-class ResidualPrompt(nn.Module):
-  """A prompt P [L, E] reparameterised as P' = LayerNorm(MLP(P)) + P, then combined.
-
-  Parameters (under the backbone's `prompt/` subtree):
-    prompt [L, E] float32, axes ("prompt", "prompt_embed"); mlp/... (see ResidualMlp).
+class MlpSettings(nn.Module):
+  """The reparameterisation MLP's settings, keyword-only, for the modules that run one
+  (`ResidualPrompt`, `ResidualSMoP`); checked by `check_mlp_settings`.
 
   Attributes:
-    length: L (>= 1).
-    bottleneck: m, the MLP's hidden width (the paper's T5-Base runs used a few hundred; its
-      reference code defaults to 800).
+    bottleneck: m, the MLP's hidden width.
     activation: a name in ACTIVATIONS ("relu" in the paper).
-    dropout: dropout rate inside the MLP, in [0, 1).
-    shared_mlp: one MLP for all tokens (default) or one per token.
+    dropout: dropout rate inside the MLP, in [0, 1) (training only).
+    shared_mlp: one MLP for all tokens (prompts) or one per token (prompt).
     skip: keep the residual connection (False is the paper's no-skip ablation).
     layer_norm_epsilon: LayerNorm epsilon.
-    prompt_init: initialiser of P (the paper's code samples vocabulary rows).
-    placement: "prefix", "after_bos" or "suffix".
-    dtype: optional activation dtype; must equal the backbone's (None follows it).
   """
-  length: int
+  _: dataclasses.KW_ONLY
   bottleneck: int = 400
   activation: str = "relu"
   dropout: float = 0.0
   shared_mlp: bool = True
   skip: bool = True
   layer_norm_epsilon: float = 1e-5
+
+
+class ResidualPrompt(MlpSettings):
+  """A prompt P [L, E] reparameterised as P' = LayerNorm(MLP(P)) + P, then combined.
+
+  Parameters (under the backbone's `prompt/` subtree):
+    prompt [L, E] float32, axes ("prompt", "prompt_embed"); mlp/... (see ResidualMlp).
+
+  Attributes (and `MlpSettings`'s, by keyword: the paper's T5-Base runs used bottlenecks of a
+  few hundred, its reference code defaults to 800; `shared_mlp=False`: one MLP per token):
+    length: L (>= 1).
+    prompt_init: initialiser of P (the paper's code samples vocabulary rows).
+    placement: "prefix", "after_bos" or "suffix".
+    dtype: optional activation dtype; must equal the backbone's (None follows it).
+  """
+  length: int
   prompt_init: initializers.Initializer = initializers.sampled_vocab()
   placement: str = "prefix"
   dtype: Optional[Any] = None

@@ -26,27 +26,16 @@ from spot_jax.prompts.smop import SMoP
 Array = jax.Array
 
 
-class ResidualSMoP(SMoP):
+class ResidualSMoP(SMoP, residual.MlpSettings):
   """SMoP (every attribute of `SMoP`) whose k prompts pass through a residual MLP.
 
   Parameters (under the backbone's `prompt/` subtree): SMoP's `prompts [k, l, E]` and
   `router/kernel [E, k]`, plus `mlp/...` (ResidualMlp's; with `shared_mlp=False` every kernel
   has a leading "prompts" axis of size k).
 
-  Attributes (beyond SMoP's):
-    bottleneck: m, the MLP's hidden width.
-    activation: a name in `residual.ACTIVATIONS`.
-    dropout: dropout rate inside the MLP, in [0, 1) (training only).
-    shared_mlp: one MLP for all k prompts (True) or one per prompt (False).
-    skip: keep the residual connection (False: the no-skip ablation).
-    layer_norm_epsilon: LayerNorm epsilon.
+  Attributes: SMoP's, and `residual.MlpSettings`'s by keyword (`shared_mlp`: one MLP for all k
+  prompts, or one per prompt).
   """
-  bottleneck: int = 400
-  activation: str = "relu"
-  dropout: float = 0.0
-  shared_mlp: bool = True
-  skip: bool = True
-  layer_norm_epsilon: float = 1e-5
 
   def __post_init__(self):
     residual.check_mlp_settings(self, "ResidualSMoP")
