@@ -109,6 +109,17 @@ class ResidualMlp(nn.Module):
     return y + prompt if self.skip else y
 
 
+def fold_inputs(params: Any, key: str, owner: str) -> tuple[dict, Array]:
+  """A fold's parameter subtree unboxed, and its `key` array (the prompt or prompts) in float32;
+  a ConfigError naming what is missing when the subtree lacks it or the MLP."""
+  params = nn.meta.unbox(params)
+  missing = {key, "mlp"} - set(params)
+  if missing:
+    raise ConfigError(f"{owner}.fold: the parameter subtree lacks {sorted(missing)}; pass the "
+                      f"`prompt` subtree of a {owner} model")
+  return params, jnp.asarray(params[key], jnp.float32)
+
+
 class MlpSettings(nn.Module):
   """The reparameterisation MLP's settings, keyword-only, for the modules that run one
   (`ResidualPrompt`, `ResidualSMoP`); checked by `check_mlp_settings`.
@@ -175,12 +186,7 @@ class ResidualPrompt(MlpSettings):
     Args:
       params: this module's parameter subtree ({"prompt": ..., "mlp": {...}}), boxed or not.
     """
-    params = nn.meta.unbox(params)
-    missing = {"prompt", "mlp"} - set(params)
-    if missing:
-      raise ConfigError(f"ResidualPrompt.fold: the parameter subtree lacks {sorted(missing)}; "
-                        f"pass the `prompt` subtree of a ResidualPrompt model")
-    prompt = jnp.asarray(params["prompt"], jnp.float32)
+    params, prompt = fold_inputs(params, "prompt", "ResidualPrompt")
     folded = self._mlp(parent=None).apply({"params": params["mlp"]}, prompt, True)
     return {"prompt": folded}
 

@@ -15,10 +15,8 @@ from typing import Any, Callable
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from spot_jax.errors import ConfigError
 from spot_jax.prompts import residual
 from spot_jax.prompts.residual import ResidualMlp
 from spot_jax.prompts.smop import SMoP
@@ -69,12 +67,7 @@ class ResidualSMoP(SMoP, residual.MlpSettings):
     Args:
       params: this module's parameter subtree ({"prompts", "mlp", ["router"]}), boxed or not.
     """
-    params = nn.meta.unbox(params)
-    missing = {"prompts", "mlp"} - set(params)
-    if missing:
-      raise ConfigError(f"ResidualSMoP.fold: the parameter subtree lacks {sorted(missing)}; pass "
-                        f"the `prompt` subtree of a ResidualSMoP model")
-    prompts = jnp.asarray(params["prompts"], jnp.float32)
+    params, prompts = residual.fold_inputs(params, "prompts", "ResidualSMoP")
     mlp = self._mlp(parent=None)
     folded = self._run_mlp(lambda p, d: mlp.apply({"params": params["mlp"]}, p, d), prompts, True)
     return {k: v for k, v in params.items() if k != "mlp"} | {"prompts": folded}
