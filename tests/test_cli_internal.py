@@ -55,6 +55,8 @@ PROGRAMS = [
      ["--output_dir={tmp}/demo"], ["--methods=lora", "--output_dir={tmp}/demo"], "unknown method 'lora'"),
     ("spot_jax.bench", "spot_jax.bench.train_step:main", "spot_jax.bench.train_step:config_by_name",
      ["--methods=pt100"], ["--methods=lora"], "entry 0 ('lora') is unknown"),
+    ("spot_jax.bench.jobs", "spot_jax.bench.jobs:main", "spot_jax.bench.jobs:measure",
+     ["--runs=1", "--repeats=1"], ["--runs=0,2"], "--runs='0,2': entry 0 (0) must be >= 1"),
     ("spot_jax.bench.lengths", "spot_jax.bench.lengths:main", "spot_jax.bench.lengths:config_by_name",
      [], ["--method=pt1000"], "unknown method 'pt1000'"),
     ("spot_jax.bench.peft", "spot_jax.bench.peft:main", "spot_jax.bench.worker:parse",
@@ -93,7 +95,7 @@ def _run_in_process(prog: str, main_spec: str, argv: list[str]) -> int:
 
 
 def test_every_program_is_listed_once():
-  assert len({p[0] for p in PROGRAMS}) == len(PROGRAMS) == 15
+  assert len({p[0] for p in PROGRAMS}) == len(PROGRAMS) == 16
 
 
 def _plant_bug(monkeypatch, spec: str) -> list:
