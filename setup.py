@@ -38,6 +38,7 @@ setuptools.setup(
     extras_require={
         "test": [
             "pytest>=8",
+            "pytest-xdist>=3.5",  # .ci/run: two workers, one test file each at a time
             "torch==2.13.0",
             "transformers>=4.45,<6",
             "peft==0.21.2",  # PEFT adapter interop tests (tests/test_serve_peft.py)
