@@ -137,15 +137,17 @@ def main(argv: Sequence[str]) -> int:
   from spot_jax.serve import predict  # pylint: disable=g-import-not-at-top
   phases = predict.Phases(PROG, args.timing)
   from spot_jax import runtime  # pylint: disable=g-import-not-at-top
-  cache = args.compilation_cache_dir
-  if cache is None:  # the default cache: serving goes on without it where it cannot be written
-    cache = runtime.default_serving_cache()
-    try:
-      runtime.enable_compilation_cache(cache, max_bytes=runtime.SERVING_CACHE_MAX_BYTES)
-    except ConfigError as e:
-      print(f"{PROG}: note: no compilation cache ({e})", file=sys.stderr)
-  elif cache.strip().lower() != "none":
-    runtime.enable_compilation_cache(cache, max_bytes=runtime.SERVING_CACHE_MAX_BYTES)
+  default = args.compilation_cache_dir is None
+  cache = runtime.default_serving_cache() if default else args.compilation_cache_dir
+  try:
+    if cache and cache.strip().lower() != "none":
+      runtime.enable_compilation_cache(cache, max_bytes=runtime.SERVING_CACHE_MAX_BYTES,
+                                       what="--compilation_cache_dir")
+  except ConfigError as e:
+    if not default:
+      raise
+    # The default cache: serving goes on without it where it cannot be written.
+    print(f"{PROG}: note: no compilation cache ({e})", file=sys.stderr)
   from spot_jax.serve import table as table_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.serve import prompt_sources, run_backbone  # pylint: disable=g-import-not-at-top
   modes = [m for m in ("interpret", "export_peft", "export_npy", "export_peft_mpt")

@@ -93,7 +93,8 @@ def applied() -> str:
   return _applied or "system"
 
 
-def enable_compilation_cache(cache_dir: Optional[str], max_bytes: Optional[int] = None) -> None:
+def enable_compilation_cache(cache_dir: Optional[str], max_bytes: Optional[int] = None,
+                             what: str = "COMPILATION_CACHE_DIR") -> None:
   """Turns on JAX's persistent compilation cache in `cache_dir` (every entry kept, or the most
   recently used up to `max_bytes`); None: off.
 
@@ -105,7 +106,7 @@ def enable_compilation_cache(cache_dir: Optional[str], max_bytes: Optional[int] 
   import jax  # pylint: disable=g-import-not-at-top
   from spot_jax import fileio  # pylint: disable=g-import-not-at-top
   if "://" not in str(cache_dir):
-    cache_dir = str(fileio.writable_dir(cache_dir, "COMPILATION_CACHE_DIR"))
+    cache_dir = str(fileio.writable_dir(cache_dir, what))
   jax.config.update("jax_compilation_cache_dir", str(cache_dir))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -124,8 +125,8 @@ def default_serving_cache() -> Optional[str]:
   value = os.environ.get(SERVING_CACHE_ENV)
   if value is not None:
     return None if value.strip().lower() in ("", "none") else value
-  base = os.environ.get("XDG_CACHE_HOME") or (os.path.join(os.path.expanduser("~"), ".cache")
-                                               if os.path.expanduser("~") != "~" else None)
+  home = os.path.expanduser("~")  # "~" itself when no home is known
+  base = os.environ.get("XDG_CACHE_HOME") or (None if home == "~" else os.path.join(home, ".cache"))
   return None if base is None else os.path.join(base, "spot_jax", "jax")
 
 

@@ -38,8 +38,7 @@ GOAL_RUNS, GOAL_RATIO = 5, 2.0  # issue 25: 5 toy runs in at most 2x the wall ti
 def _worker(k: int, task: str, out_dir: str) -> dict:
   """Trains K runs in this process; -> the trainer call's wall seconds and the runs' scores."""
   from spot_jax.demo import runs  # pylint: disable=g-import-not-at-top
-  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
-  vocab_rows = suite.get_vocabulary().vocab_size - suite.EXTRA_IDS
+  vocab_rows = runs.sampled_vocab_rows()
   members = [runs.Member(task, seed) for seed in range(k)]
   started = time.perf_counter()
   result = runs.run_job("pt", members, runs.Settings(), pathlib.Path(out_dir), vocab_rows)
@@ -48,8 +47,7 @@ def _worker(k: int, task: str, out_dir: str) -> dict:
 
 
 def _run_worker(k: int, task: str, work: str) -> dict:
-  out_dir = os.path.join(work, f"k{k}-{len(os.listdir(work))}")
-  os.makedirs(out_dir)
+  out_dir = tempfile.mkdtemp(prefix=f"k{k}-", dir=work)
   env = {**os.environ, "SPOT_JAX_COMPILATION_CACHE": "none"}
   proc = subprocess.run([sys.executable, "-m", "spot_jax.bench.jobs", "--worker", f"--k={k}",
                          f"--task={task}", f"--work_dir={out_dir}"],

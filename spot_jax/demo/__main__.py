@@ -33,7 +33,6 @@ import dataclasses
 import difflib
 import logging
 import os
-import pathlib
 import shutil
 import sys
 import time
@@ -43,6 +42,7 @@ from spot_jax import cli
 from spot_jax.cli import flags
 from spot_jax import embedded
 from spot_jax import fileio
+from spot_jax import runtime
 from spot_jax import stats
 from spot_jax.demo import results as results_lib
 from spot_jax.demo import runs
@@ -127,15 +127,6 @@ def _settings(args) -> runs.Settings:
   return dataclasses.replace(runs.Settings(), **changes)
 
 
-def _cache(args, out: pathlib.Path) -> None:
-  if args.compilation_cache == "none":
-    return
-  import jax  # pylint: disable=g-import-not-at-top
-  jax.config.update("jax_compilation_cache_dir", args.compilation_cache or str(out / "jax_cache"))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
 def _successor_plan(method: str, settings: runs.Settings, vocab_rows: int, entries: Sequence,
                     seeds: Sequence[int], job) -> Optional[runs.Plan]:
   """A successor's plan (MPT's after its distillation job); None for the default methods."""
@@ -145,7 +136,7 @@ def _successor_plan(method: str, settings: runs.Settings, vocab_rows: int, entri
   sources = successors.source_prompts(entries, suite.SOURCES) if entries else None
   mpt_source = None
   if method == "mpt":
-    distilled = job(successors.MPT_SOURCE, successors.distill_members(max(seeds) + 1),
+    distilled = job(runs.MPT_SOURCE, successors.distill_members(max(seeds) + 1),
                     successors.distill_plan(settings, vocab_rows, sources))
     mpt_source = successors.run_dir(distilled)
   return successors.plan(method, settings, vocab_rows, sources=sources, mpt_source=mpt_source)
@@ -169,12 +160,14 @@ def main(argv: Sequence[str]) -> Optional[int]:
   out = fileio.writable_dir(args.output_dir, "--output_dir")
   runs_dir = out / "runs"
   runs_dir.mkdir(exist_ok=True)
-  _cache(args, out)
+  if args.compilation_cache != "none":
+    runtime.enable_compilation_cache(args.compilation_cache or str(out / "jax_cache"),
+                                     what="--compilation_cache")
   # seqio's advice about uncached function datasets and long sequence lengths does not apply to
   # these small in-memory tasks; keep the progress display readable.
   logging.getLogger("absl").setLevel(logging.ERROR)
   started = time.time()
-  vocab_rows = suite.get_vocabulary().vocab_size - suite.EXTRA_IDS
+  vocab_rows = runs.sampled_vocab_rows()
   needs_library = bool({"spot", "spot_unrelated", *successors.NEEDS_LIBRARY} & set(methods))
   jobs = len(methods) + needs_library + ("mpt" in methods)
   print(f"spot_jax.demo: {len(targets)} targets x {len(methods)} methods x {len(seeds)} seeds "
@@ -188,9 +181,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   def job(method: str, members: Sequence[runs.Member],
           job_plan: Optional[runs.Plan] = None) -> runs.JobResult:
     done[0] += 1
-    name = runs.METHOD_NAMES.get(method, "MPT distillation" if method == successors.MPT_SOURCE
-                                 else "sources")
-    label = f"[{done[0]}/{jobs}] {name}: {len(members)} runs"
+    label = f"[{done[0]}/{jobs}] {runs.JOB_NAMES[method]}: {len(members)} runs"
     print(f"{label} training ...", end="", flush=True)
     result = runs.run_job(method, members, settings, runs_dir, vocab_rows, fresh=args.fresh,
                           job_plan=job_plan)

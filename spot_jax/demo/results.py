@@ -14,7 +14,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from spot_jax import stats
-from spot_jax.demo.runs import METHOD_NAMES, Outcome
+from spot_jax.demo.runs import JOB_NAMES, METHOD_NAMES, MPT_SOURCE, SOURCE, Outcome
 
 BASELINE = "pt"
 HOLDS, DOES_NOT_HOLD = "holds", "does not hold"
@@ -185,9 +185,8 @@ def time_rows(s: Summary) -> list[list[str]]:
   for job, seconds in s.seconds.items():
     if seconds is None:
       continue
-    n = len(s.sources) if job == "source" else 1 if job == "mpt_source" else runs_per_job
-    name = {"source": "sources", "mpt_source": "MPT distillation"}.get(job, METHOD_NAMES.get(job, job))
-    rows.append([name, str(n), f"{seconds:.0f}", f"{seconds / max(n, 1):.1f}"])
+    n = len(s.sources) if job == SOURCE else 1 if job == MPT_SOURCE else runs_per_job
+    rows.append([JOB_NAMES.get(job, job), str(n), f"{seconds:.0f}", f"{seconds / max(n, 1):.1f}"])
   return rows if len(rows) > 1 else []
 
 

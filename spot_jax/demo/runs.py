@@ -41,6 +41,9 @@ METHOD_NAMES = {"pt": "Prompt Tuning", "spot": "SPoT", "smop": "SMoP 4x5",
                 "prefix": "Prefix tuning", "ptuning_v2": "P-tuning v2", "dept": "DePT 10+r8",
                 "residual_smop": "Residual SMoP 4x5", "attempt": "ATTEMPT", "mpt": "MPT"}
 SOURCE = "source"  # the method name of the source prompts' job (Prompt Tuning on the sources)
+MPT_SOURCE = "mpt_source"  # the method name of MPT's distillation job (one run on the sources)
+# How the progress lines and the job-time table name each job.
+JOB_NAMES = {**METHOD_NAMES, SOURCE: "sources", MPT_SOURCE: "MPT distillation"}
 TASK_MODULE = "tasks.embedded"
 METRIC = "accuracy"
 
@@ -109,6 +112,13 @@ class Outcome:
   run_dir: str
 
 
+def sampled_vocab_rows() -> int:
+  """The rows of the toy vocabulary the sampled-vocabulary initialiser draws from (its pieces,
+  not the sentinels)."""
+  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
+  return suite.get_vocabulary().vocab_size - suite.EXTRA_IDS
+
+
 def learning_rate_schedule(settings: Settings, steps: int):
   """The constant rate, or warm-up then linear decay over `steps`."""
   if not settings.warmup_steps and settings.final_learning_rate is None:
@@ -170,7 +180,8 @@ def build_model(method: str, settings: Settings, vocab_rows: int,
   return job_plan.model(t5.Transformer(config, prompt=job_plan.prompt))
 
 
-def _digest(array: np.ndarray) -> str:
+def array_digest(array: np.ndarray) -> str:
+  """SHA-256 of the array as contiguous float32 (what names an initial prompt in a job's key)."""
   return hashlib.sha256(np.ascontiguousarray(array, np.float32).tobytes()).hexdigest()
 
 
@@ -178,7 +189,7 @@ def job_dir(runs_dir: pathlib.Path, method: str, settings: Settings,
             members: Sequence[Member], extra: Optional[Mapping[str, Any]] = None) -> pathlib.Path:
   """<runs_dir>/<method>-<digest of the settings, the runs, their initial prompts and `extra`>."""
   key = {"method": method, "settings": dataclasses.asdict(settings),
-         "runs": [[m.task, m.seed, m.init_note, None if m.init is None else _digest(m.init)]
+         "runs": [[m.task, m.seed, m.init_note, None if m.init is None else array_digest(m.init)]
                   for m in members]}
   if extra:  # absent for the default methods: their digests stay those of earlier demos
     key["plan"] = dict(extra)
@@ -222,7 +233,6 @@ def run_job(method: str, members: Sequence[Member], settings: Settings, runs_dir
     job_plan: the prompt, optimizer and model (None: `plan(method, ...)`).
     log: progress lines.
   """
-  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   job_plan = job_plan or plan(method, settings, vocab_rows)
   path = job_dir(runs_dir, method, settings, members, job_plan.key)
   source = method == SOURCE or job_plan.train_task is not None
@@ -233,7 +243,7 @@ def run_job(method: str, members: Sequence[Member], settings: Settings, runs_dir
   seconds = None
   if records is None:
     started = time.time()
-    _train(job_plan, members, settings, path, steps, source, suite, vocab_rows, method)
+    _train(job_plan, members, settings, path, steps, source, vocab_rows, method)
     seconds = time.time() - started
     records = _finished(path, members, steps, scored=job_plan.evaluate)
     if records is None:
@@ -244,8 +254,9 @@ def run_job(method: str, members: Sequence[Member], settings: Settings, runs_dir
 
 
 def _train(job_plan: Plan, members: Sequence[Member], settings: Settings, path: pathlib.Path,
-           steps: int, source: bool, suite: Any, vocab_rows: int, method: str) -> None:
+           steps: int, source: bool, vocab_rows: int, method: str) -> None:
   """One trainer call: the members as K runs of one jitted step."""
+  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   lengths = {"inputs": settings.source_input_length if source else settings.input_length,
              "targets": settings.target_length}
   # Runs starting from the same prompt share one initialiser: the trainer compiles the prompt's
@@ -253,10 +264,10 @@ def _train(job_plan: Plan, members: Sequence[Member], settings: Settings, path: 
   inits = {}
   for m in members:
     if m.init is not None:
-      inits.setdefault(_digest(m.init), prompts.from_array(m.init, source=m.init_note))
+      inits.setdefault(array_digest(m.init), prompts.from_array(m.init, source=m.init_note))
   specs = [train_lib.RunSpec(
       m.seed, job_plan.train_task or suite.task_name(m.task, taskless=True), name=m.name,
-      prompt_init=None if m.init is None else inits[_digest(m.init)],
+      prompt_init=None if m.init is None else inits[array_digest(m.init)],
       init_note=m.init_note or "sampled vocabulary") for m in members]
   first = specs[0].task
   eval_cfg = None

@@ -22,7 +22,6 @@ ATTEMPT and MPT read the source prompts from the demo's library, as SPoT does.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import pathlib
 from typing import Optional, Sequence
 
@@ -35,9 +34,7 @@ from spot_jax.demo import runs
 from spot_jax.spot import distill
 from spot_jax.train import optimizers
 
-SUCCESSORS = runs.SUCCESSORS
 NEEDS_LIBRARY = ("attempt", "mpt")
-MPT_SOURCE = "mpt_source"  # the method name of MPT's distillation job (one run on the sources)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,10 +54,6 @@ class Recipe:
   # MPT: the task factors' rank and lambda on the distillation terms (the paper's 1 and 0.9).
   mpt_rank: int = 1
   mpt_distill_weight: float = 0.9
-
-
-def _digest(array: np.ndarray) -> str:
-  return hashlib.sha256(np.ascontiguousarray(array, np.float32).tobytes()).hexdigest()[:16]
 
 
 def _key(method: str, recipe: Recipe, **more) -> dict:
@@ -116,7 +109,7 @@ def plan(method: str, settings: runs.Settings, vocab_rows: int, recipe: Recipe =
       raise ValueError("attempt needs the library's source prompts")
     return runs.Plan(prompts.Attempt(source_prompts=sources, bottleneck=recipe.attempt_bottleneck,
                                      prompt_init=sampled),
-                     key=_key(method, recipe, sources=_digest(sources)))
+                     key=_key(method, recipe, sources=runs.array_digest(sources)))
   if method == "mpt":
     if mpt_source is None:
       raise ValueError("mpt needs its distillation run")
@@ -125,8 +118,8 @@ def plan(method: str, settings: runs.Settings, vocab_rows: int, recipe: Recipe =
     return runs.Plan(prompts.MultitaskPrompt(length=length, rank=recipe.mpt_rank,
                                              shared_init=init["shared"], cols_init=init["task_cols"],
                                              rows_init=init["task_rows"]),
-                     key=_key(method, recipe, shared=_digest(start["shared"])))
-  raise ValueError(f"unknown successor {method!r}; valid: {', '.join(SUCCESSORS)}")
+                     key=_key(method, recipe, shared=runs.array_digest(start["shared"])))
+  raise ValueError(f"unknown successor {method!r}; valid: {', '.join(runs.SUCCESSORS)}")
 
 
 def mpt_start(distill_run: str) -> dict[str, np.ndarray]:
@@ -153,7 +146,7 @@ def distill_plan(settings: runs.Settings, vocab_rows: int, teachers: np.ndarray,
                                            distill_weight=recipe.mpt_distill_weight)
 
   return runs.Plan(student, model=model, train_task=suite.SOURCE_MIXTURE, task_names=names,
-                   evaluate=False, key=_key("mpt_distill", recipe, teachers=_digest(teachers)))
+                   evaluate=False, key=_key("mpt_distill", recipe, teachers=runs.array_digest(teachers)))
 
 
 def distill_members(seed: int) -> list[runs.Member]:
