@@ -385,3 +385,20 @@ def test_demo_successors_run_from_the_library_and_enter_the_tables(tmp_path, cap
   assert "MPT distillation" in out and "job wall times" in out
   for name in (demo_runs.METHOD_NAMES[m] for m in methods):
     assert name in out
+
+
+def test_successor_job_keys_hold_their_own_settings_only():
+  """Changing one successor's setting changes that method's job key and no other's (so a rerun
+  retrains it alone); every successor has settings, and an unknown one is refused."""
+  from spot_jax.demo import runs as demo_runs  # pylint: disable=g-import-not-at-top
+  from spot_jax.demo import successors  # pylint: disable=g-import-not-at-top
+  settings = demo_runs.Settings()
+  assert sorted(successors.RECIPE) == sorted(demo_runs.SUCCESSORS)
+  changed = {**successors.RECIPE, "dept": {**successors.RECIPE["dept"], "rank": 4}}
+  for method in ("prefix", "ptuning_v2", "dept", "residual_smop"):
+    before = successors.plan(method, settings, 100).key
+    after = successors.plan(method, settings, 100, recipe=changed).key
+    assert (before != after) == (method == "dept"), method
+  assert successors.plan("dept", settings, 100, recipe=changed).prompt.rank == 4
+  with pytest.raises(ValueError, match="unknown successor 'lora'; valid: prefix, ptuning_v2"):
+    successors.plan("lora", settings, 100)

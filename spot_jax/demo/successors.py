@@ -21,9 +21,9 @@ ATTEMPT and MPT read the source prompts from the demo's library, as SPoT does.
 """
 from __future__ import annotations
 
-import dataclasses
 import pathlib
-from typing import Optional, Sequence
+import types
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -37,27 +37,26 @@ from spot_jax.train import optimizers
 NEEDS_LIBRARY = ("attempt", "mpt")
 
 
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-  """The successors' own settings (the rest is `runs.Settings`, shared with every method)."""
-  # Prefix tuning: keys and values start N(0, std) (PEFT's embedding table default).
-  prefix_init_std: float = 1.0
-  # DePT: m prompt tokens and rank r (m E + r (s + E) parameters, s the input length); the
-  # offset's peak learning rate (the prompt's is the recipe's; the same warm-up and decay shape).
-  dept_length: int = 10
-  dept_rank: int = 8
-  dept_offset_learning_rate: float = 0.03
-  # Residual SMoP's MLP width (the demo's Residual PT uses the same).
-  residual_bottleneck: int = 128
-  # ATTEMPT's attention network width (the paper's 100).
-  attempt_bottleneck: int = 100
-  # MPT: the task factors' rank and lambda on the distillation terms (the paper's 1 and 0.9).
-  mpt_rank: int = 1
-  mpt_distill_weight: float = 0.9
+# Each successor's own settings. A job's key holds its method's entry only, so changing one
+# method's setting retrains that method alone (the rest of the recipe is `runs.Settings`).
+RECIPE: Mapping[str, Mapping[str, float]] = types.MappingProxyType({
+    # Prefix tuning: keys and values start N(0, init_std) (PEFT's embedding table default).
+    "prefix": {"init_std": 1.0},
+    "ptuning_v2": {},
+    # DePT: `length` prompt tokens and rank r (m E + r (s + E) parameters, s the input length);
+    # the offset's peak learning rate (the prompt's is the recipe's; the same warm-up and decay).
+    "dept": {"length": 10, "rank": 8, "offset_learning_rate": 0.03},
+    # Residual SMoP's MLP width (the demo's Residual PT uses the same).
+    "residual_smop": {"bottleneck": 128},
+    # ATTEMPT's attention network width (the paper's 100).
+    "attempt": {"bottleneck": 100},
+    # MPT: the task factors' rank and lambda on the distillation terms (the paper's 1 and 0.9).
+    "mpt": {"rank": 1, "distill_weight": 0.9},
+})
 
 
-def _key(method: str, recipe: Recipe, **more) -> dict:
-  return {"successor": method, "recipe": dataclasses.asdict(recipe), **more}
+def _key(method: str, own: Mapping[str, float], **more) -> dict:
+  return {"successor": method, "recipe": dict(own), **more}
 
 
 def source_prompts(entries: Sequence, order: Sequence[str]) -> np.ndarray:
@@ -66,8 +65,8 @@ def source_prompts(entries: Sequence, order: Sequence[str]) -> np.ndarray:
   return np.stack([np.asarray(by_id[k].prompt, np.float32) for k in order])
 
 
-def _dept_optimizer(settings: runs.Settings, recipe: Recipe):
-  scale = recipe.dept_offset_learning_rate / settings.learning_rate
+def _dept_optimizer(settings: runs.Settings, offset_learning_rate: float):
+  scale = offset_learning_rate / settings.learning_rate
 
   def build(lr):  # the offset's schedule: the prompt's, scaled to its own peak
     second = (lambda step: lr(step) * scale) if callable(lr) else lr * scale
@@ -77,49 +76,54 @@ def _dept_optimizer(settings: runs.Settings, recipe: Recipe):
   return build
 
 
-def plan(method: str, settings: runs.Settings, vocab_rows: int, recipe: Recipe = Recipe(),
+def plan(method: str, settings: runs.Settings, vocab_rows: int,
+         recipe: Mapping[str, Mapping[str, float]] = RECIPE,
          sources: Optional[np.ndarray] = None, mpt_source: Optional[str] = None) -> runs.Plan:
   """A successor's job plan.
 
   Args:
-    method: one of SUCCESSORS.
+    method: one of runs.SUCCESSORS.
     settings: the demo's recipe.
     vocab_rows: the rows the sampled-vocabulary initialiser draws from.
-    recipe: the successors' settings.
+    recipe: the successors' own settings (`RECIPE`'s keys and fields).
     sources: ATTEMPT's frozen source prompts [S, L, E] (`source_prompts`).
     mpt_source: MPT's distillation run directory (`distill_plan`'s job's run).
   """
+  if method not in recipe:
+    raise ValueError(f"unknown successor {method!r}; valid: {', '.join(runs.SUCCESSORS)}")
+  own = recipe[method]
   sampled = prompts.sampled_vocab(num_most_frequent=vocab_rows)
   length = settings.prompt_length
   if method == "prefix":
     from spot_jax.prompts import prefix_tuning  # pylint: disable=g-import-not-at-top
     return runs.Plan(prompts.PrefixTuning(length=length, prefix_init=prefix_tuning.normal(
-        recipe.prefix_init_std)), key=_key(method, recipe))
+        own["init_std"])), key=_key(method, own))
   if method == "ptuning_v2":
-    return runs.Plan(prompts.PTuningV2(length=length, prompt_init=sampled), key=_key(method, recipe))
+    return runs.Plan(prompts.PTuningV2(length=length, prompt_init=sampled), key=_key(method, own))
   if method == "dept":
-    return runs.Plan(prompts.DePT(length=recipe.dept_length, max_length=settings.input_length,
-                                  rank=recipe.dept_rank, prompt_init=sampled),
-                     optimizer=_dept_optimizer(settings, recipe), key=_key(method, recipe))
+    return runs.Plan(prompts.DePT(length=own["length"], max_length=settings.input_length,
+                                  rank=own["rank"], prompt_init=sampled),
+                     optimizer=_dept_optimizer(settings, own["offset_learning_rate"]),
+                     key=_key(method, own))
   if method == "residual_smop":
-    return runs.Plan(prompts.ResidualSMoP(num_prompts=4, length=5, bottleneck=recipe.residual_bottleneck,
-                                          prompt_init=sampled), key=_key(method, recipe))
+    return runs.Plan(prompts.ResidualSMoP(num_prompts=4, length=5, bottleneck=own["bottleneck"],
+                                          prompt_init=sampled), key=_key(method, own))
   if method == "attempt":
     if sources is None:
       raise ValueError("attempt needs the library's source prompts")
-    return runs.Plan(prompts.Attempt(source_prompts=sources, bottleneck=recipe.attempt_bottleneck,
+    return runs.Plan(prompts.Attempt(source_prompts=sources, bottleneck=own["bottleneck"],
                                      prompt_init=sampled),
-                     key=_key(method, recipe, sources=runs.array_digest(sources)))
+                     key=_key(method, own, sources=runs.array_digest(sources)))
   if method == "mpt":
     if mpt_source is None:
       raise ValueError("mpt needs its distillation run")
     start = mpt_start(mpt_source)
     init = {n: prompts.from_array(v, source=f"{mpt_source} ({n})") for n, v in start.items()}
-    return runs.Plan(prompts.MultitaskPrompt(length=length, rank=recipe.mpt_rank,
+    return runs.Plan(prompts.MultitaskPrompt(length=length, rank=own["rank"],
                                              shared_init=init["shared"], cols_init=init["task_cols"],
                                              rows_init=init["task_rows"]),
-                     key=_key(method, recipe, shared=runs.array_digest(start["shared"])))
-  raise ValueError(f"unknown successor {method!r}; valid: {', '.join(runs.SUCCESSORS)}")
+                     key=_key(method, own, shared=runs.array_digest(start["shared"])))
+  raise ValueError(f"successor {method!r} has settings but no plan")
 
 
 def mpt_start(distill_run: str) -> dict[str, np.ndarray]:
@@ -132,21 +136,21 @@ def mpt_start(distill_run: str) -> dict[str, np.ndarray]:
 
 
 def distill_plan(settings: runs.Settings, vocab_rows: int, teachers: np.ndarray,
-                 recipe: Recipe = Recipe()) -> runs.Plan:
+                 recipe: Mapping[str, Mapping[str, float]] = RECIPE) -> runs.Plan:
   """MPT's source training: the shared prompt and the 8 sources' factors, distilled from the
   library's source prompts (`teachers`, in `tasks.embedded.SOURCES` order) on the source mixture."""
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   names = [suite.task_name(k, taskless=True) for k in suite.SOURCES]
   student = prompts.MultitaskPrompt(length=settings.prompt_length, num_tasks=len(names),
-                                    rank=recipe.mpt_rank,
+                                    rank=recipe["mpt"]["rank"],
                                     shared_init=prompts.sampled_vocab(num_most_frequent=vocab_rows))
 
   def model(module):
     return distill.PromptDistillationModel(module=module, teacher_prompts=teachers,
-                                           distill_weight=recipe.mpt_distill_weight)
+                                           distill_weight=recipe["mpt"]["distill_weight"])
 
   return runs.Plan(student, model=model, train_task=suite.SOURCE_MIXTURE, task_names=names,
-                   evaluate=False, key=_key("mpt_distill", recipe, teachers=runs.array_digest(teachers)))
+                   evaluate=False, key=_key("mpt_distill", recipe["mpt"], teachers=runs.array_digest(teachers)))
 
 
 def distill_members(seed: int) -> list[runs.Member]:
