@@ -106,6 +106,11 @@ class RunRecord:
                         f"version, or damaged") from None
 
 
+def _under(*parts: str, doc: str) -> property:
+  """A path of the layout, below the run directory."""
+  return property(lambda self: self.path.joinpath(*parts), doc=doc)
+
+
 class RunDir:
   """A run directory (see the module docstring for its layout).
 
@@ -122,35 +127,15 @@ class RunDir:
   def __fspath__(self) -> str:
     return str(self.path)
 
-  # --- paths ------------------------------------------------------------------------------
+  # --- paths (the layout of the module docstring) -----------------------------------------
 
-  @property
-  def checkpoints(self) -> pathlib.Path:
-    return self.path / "checkpoints"
-
-  @property
-  def best(self) -> pathlib.Path:
-    return self.path / "best"
-
-  @property
-  def prompts(self) -> pathlib.Path:
-    return self.path / "prompts"
-
-  @property
-  def eval_logs(self) -> pathlib.Path:
-    return self.path / "eval"
-
-  @property
-  def tensorboard(self) -> pathlib.Path:
-    return self.path / "tensorboard"
-
-  @property
-  def record_path(self) -> pathlib.Path:
-    return self.path / RECORD
-
-  @property
-  def metric_path(self) -> pathlib.Path:
-    return self.best / "metric.json"
+  checkpoints = _under("checkpoints", doc="checkpoints/: the training states")
+  best = _under("best", doc="best/: the best evaluation's state and its metric")
+  metric_path = _under("best", "metric.json", doc="best/metric.json: the best evaluation's metric")
+  prompts = _under("prompts", doc="prompts/: the exported prompts and companions")
+  eval_logs = _under("eval", doc="eval/: seqio's evaluation logs")
+  tensorboard = _under("tensorboard", doc="tensorboard/: TensorBoard events")
+  record_path = _under(RECORD, doc="run.json: the run's record")
 
   def state_path(self, step: int) -> pathlib.Path:
     """checkpoints/<step> (a training state)."""
