@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spot_jax.errors import ConfigError
-from spot_jax.prompts import common, initializers, placement as placement_lib
+from spot_jax.prompts import common, initializers
 
 Array = jax.Array
 LAYER_NORM_EPSILON = 1e-5  # PyTorch's nn.LayerNorm default, as in the paper's code
@@ -58,7 +58,7 @@ def attention_query(pooled: Array, down: Array, up: Array, scale: Array, bias: A
   return (y - mean) * jax.lax.rsqrt(var + LAYER_NORM_EPSILON) * scale + bias
 
 
-class Attempt(nn.Module):
+class Attempt(common.TaskIndexed):
   """ATTEMPT's input-dependent mixture of frozen source prompts and trainable target prompts.
 
   Parameters (under the backbone's `prompt/` subtree):
@@ -74,20 +74,14 @@ class Attempt(nn.Module):
     temperature: softmax temperature T; None uses E * e.
     prompt_init: initialiser of the [K, m, E] targets; None starts every target as the first
       source prompt (the paper's code).
-    default_task: the target of rows without a task index.
-    placement: "prefix", "after_bos" or "suffix".
-    dtype: optional activation dtype; must equal the backbone's (None follows it).
+    and, by keyword, `common.TaskIndexed`'s: default_task (the target of rows without a task
+      index), placement, dtype.
   """
   source_prompts: Any
   num_targets: int = 1
   bottleneck: int = 100
   temperature: Optional[float] = None
   prompt_init: Optional[initializers.Initializer] = None
-  default_task: int = 0
-  placement: str = "prefix"
-  dtype: Optional[Any] = None
-
-  task_indexed = True  # the backbone hands it each row's task_index
 
   def __post_init__(self):
     sources = common.Constant(self.source_prompts)
@@ -99,12 +93,10 @@ class Attempt(nn.Module):
     object.__setattr__(self, "source_prompts", sources)
     k = common.check_positive_int(self.num_targets, "Attempt.num_targets")
     common.check_positive_int(self.bottleneck, "Attempt.bottleneck")
-    placement_lib.check_placement(self.placement)
+    self.check_task_settings(k, "Attempt")
     if self.temperature is not None and not self.temperature > 0:
       raise ConfigError(f"Attempt.temperature={self.temperature!r}; give a positive number or "
                         f"None (E * e, the paper's)")
-    if not isinstance(self.default_task, int) or not 0 <= self.default_task < k:
-      raise ConfigError(f"Attempt.default_task={self.default_task!r}; valid: 0..{k - 1}")
     super().__post_init__()
 
   @property
@@ -126,13 +118,9 @@ class Attempt(nn.Module):
     first = self.source_prompts.value[0]
     return lambda rng, shape, embedding: jnp.broadcast_to(jnp.asarray(first), shape)
 
-  @nn.compact
-  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool,
-               task_index: Optional[Array] = None) -> tuple[Array, Array]:
-    """embedded [B, T, E], tokens [B, T] (0 = pad), task_index [B] or None
-    -> (x [B, m + T, E], valid [B, m + T])."""
-    del deterministic  # ATTEMPT has no randomness
-    common.check_dtype(self.dtype, embedded, "Attempt")
+  def row_prompts(self, embedded: Array, valid: Array, task_index: Array,
+                  embedding: Array) -> Array:
+    """Each row's mixture of the sources and its target prompt: [B, m, E]."""
     sources = self.source_prompts.value
     embed = embedded.shape[-1]
     if sources.shape[2] != embed:
@@ -143,18 +131,13 @@ class Attempt(nn.Module):
                                   ("prompts", "prompt", "prompt_embed"), embedding)
     net = AttentionNetwork(r, name="attention")
     down, up, scale, bias = net(embed)
-    valid = tokens > 0
-    batch = embedded.shape[0]
-    if task_index is None:
-      task_index = jnp.full((batch,), self.default_task, jnp.int32)
     target = jnp.asarray(targets)[task_index]  # [B, m, E]; parameters may come in as NumPy
     weights = mixture_weights(common.max_pool(embedded, valid), jnp.asarray(sources), target,
                               down, up, scale, bias, self.resolved_temperature())
     self.sow("intermediates", "attention_weights", jnp.mean(weights, axis=0))
     self.sow("intermediates", "attention_entropy", jnp.mean(
         -jnp.sum(weights * jnp.log(jnp.maximum(weights, 1e-30)), axis=-1)))
-    prompt = mix(weights, jnp.asarray(sources), target)
-    return placement_lib.combine(prompt, embedded, valid, self.placement)
+    return mix(weights, jnp.asarray(sources), target)
 
   def export_prompt(self, params: Any) -> np.ndarray:
     """The candidates [S + K, m, E] float32: the sources, then the target prompts."""

@@ -1,6 +1,7 @@
 """Pieces shared by the prompt modules: setting checks and embedding-aware parameters."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any, Optional, Sequence
 
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spot_jax.errors import ConfigError
+from spot_jax.prompts import placement as placement_lib
 from spot_jax.prompts.initializers import Initializer
 
 Array = jax.Array
@@ -101,3 +103,44 @@ def torch_linear_init(fan_in: int) -> Any:
   """U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's nn.Linear default, as the papers' code uses."""
   bound = 1.0 / np.sqrt(fan_in)
   return lambda rng, shape, dtype=jnp.float32: jax.random.uniform(rng, shape, dtype, -bound, bound)
+
+
+class TaskIndexed(nn.Module):
+  """The keyword-only settings of the prompt modules that hold one prompt per task and read each
+  row's `task_index` (`Attempt`, `MultitaskPrompt`); the backbone hands them the index.
+
+  Attributes:
+    default_task: the task of rows without a task index, in [0, number of tasks).
+    placement: "prefix", "after_bos" or "suffix".
+    dtype: optional activation dtype; must equal the backbone's (None follows it).
+  """
+  _: dataclasses.KW_ONLY
+  default_task: int = 0
+  placement: str = "prefix"
+  dtype: Optional[Any] = None
+
+  task_indexed = True  # the backbone hands it each row's task_index
+
+  def check_task_settings(self, num_tasks: int, who: str) -> None:
+    """Checks placement and that `default_task` is one of `num_tasks` tasks."""
+    placement_lib.check_placement(self.placement)
+    if not isinstance(self.default_task, int) or not 0 <= self.default_task < num_tasks:
+      raise ConfigError(f"{who}.default_task={self.default_task!r}; valid: 0..{num_tasks - 1}")
+
+  @nn.compact
+  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool,
+               task_index: Optional[Array] = None) -> tuple[Array, Array]:
+    """embedded [B, T, E], tokens [B, T] (0 = pad), task_index [B] or None
+    -> (x [B, m + T, E], valid [B, m + T]), m the prompt tokens of `row_prompts`."""
+    del deterministic  # no task-indexed method has randomness
+    check_dtype(self.dtype, embedded, type(self).__name__)
+    valid = tokens > 0
+    if task_index is None:
+      task_index = jnp.full((embedded.shape[0],), self.default_task, jnp.int32)
+    prompt = self.row_prompts(embedded, valid, task_index, embedding)
+    return placement_lib.combine(prompt, embedded, valid, self.placement)
+
+  def row_prompts(self, embedded: Array, valid: Array, task_index: Array,
+                  embedding: Array) -> Array:
+    """Each row's prompt [B, m, E] for its task (declares the parameters; see subclasses)."""
+    raise NotImplementedError(f"{type(self).__name__} must define row_prompts")

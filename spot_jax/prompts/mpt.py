@@ -19,13 +19,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from spot_jax.errors import ConfigError
-from spot_jax.prompts import common, initializers, placement as placement_lib
+from spot_jax.prompts import common, initializers
 from spot_jax.prompts.prompt_tuning import PromptTuning
 
 Array = jax.Array
@@ -49,7 +48,7 @@ def factored_prompts(shared: Array, cols: Array, rows: Array) -> Array:
   return shared[None].astype(jnp.float32) * product
 
 
-class MultitaskPrompt(nn.Module):
+class MultitaskPrompt(common.TaskIndexed):
   """K task prompts P_k = P* o (U_k V_k) of length L, selected per example by its task index.
 
   Parameters (under the backbone's `prompt/` subtree):
@@ -66,9 +65,7 @@ class MultitaskPrompt(nn.Module):
     cols_init, rows_init: initialisers of U [K, L, r] and V [K, r, E] (default all ones).
     frozen_shared: None (P* trains), or a [L, E] array (or `common.Constant`) used as a
       constant P*: only the factors train.
-    default_task: the task of rows without a task index.
-    placement: "prefix", "after_bos" or "suffix".
-    dtype: optional activation dtype; must equal the backbone's (None follows it).
+    and, by keyword, `common.TaskIndexed`'s: default_task, placement, dtype.
   """
   length: int
   num_tasks: int = 1
@@ -77,19 +74,12 @@ class MultitaskPrompt(nn.Module):
   cols_init: initializers.Initializer = ones()
   rows_init: initializers.Initializer = ones()
   frozen_shared: Optional[Any] = None
-  default_task: int = 0
-  placement: str = "prefix"
-  dtype: Optional[Any] = None
-
-  task_indexed = True  # the backbone hands it each row's task_index
 
   def __post_init__(self):
     length = common.check_positive_int(self.length, "MultitaskPrompt.length")
     k = common.check_positive_int(self.num_tasks, "MultitaskPrompt.num_tasks")
     common.check_positive_int(self.rank, "MultitaskPrompt.rank")
-    placement_lib.check_placement(self.placement)
-    if not isinstance(self.default_task, int) or not 0 <= self.default_task < k:
-      raise ConfigError(f"MultitaskPrompt.default_task={self.default_task!r}; valid: 0..{k - 1}")
+    self.check_task_settings(k, "MultitaskPrompt")
     if self.frozen_shared is not None:
       shared = common.Constant(self.frozen_shared)
       if shared.value.ndim != 2 or shared.shape[0] != length:
@@ -98,13 +88,10 @@ class MultitaskPrompt(nn.Module):
       object.__setattr__(self, "frozen_shared", shared)
     super().__post_init__()
 
-  @nn.compact
-  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool,
-               task_index: Optional[Array] = None) -> tuple[Array, Array]:
-    """embedded [B, T, E], tokens [B, T] (0 = pad), task_index [B] or None
-    -> (x [B, L + T, E], valid [B, L + T])."""
-    del deterministic  # MPT has no randomness
-    common.check_dtype(self.dtype, embedded, "MultitaskPrompt")
+  def row_prompts(self, embedded: Array, valid: Array, task_index: Array,
+                  embedding: Array) -> Array:
+    """Each row's task prompt P* o (u_k v_k): [B, L, E]."""
+    del valid  # the prompt does not depend on the input
     embed = embedded.shape[-1]
     k, length, r = self.num_tasks, self.length, self.rank
     if self.frozen_shared is None:
@@ -119,11 +106,8 @@ class MultitaskPrompt(nn.Module):
                                ("prompts", "prompt", "prompt_mlp"), embedding)
     rows = common.prompt_param(self, "task_rows", self.rows_init, (k, r, embed),
                                ("prompts", "prompt_mlp", "prompt_embed"), embedding)
-    if task_index is None:
-      task_index = jnp.full((embedded.shape[0],), self.default_task, jnp.int32)
     cols, rows = jnp.asarray(cols), jnp.asarray(rows)  # parameters may come in as NumPy
-    prompt = factored_prompts(shared, cols[task_index], rows[task_index])  # [B, L, E]
-    return placement_lib.combine(prompt, embedded, tokens > 0, self.placement)
+    return factored_prompts(shared, cols[task_index], rows[task_index])
 
   def _arrays(self, params: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     params = common.unboxed_numpy(params)
