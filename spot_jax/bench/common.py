@@ -5,17 +5,21 @@ same definitions: `METHODS` (name -> prompt method and length), `bench_config` (
 with overrides), `numpy_batch` / `device_batch` (the random batch every peer gets),
 `xla_flops` / `hlo_op_counts` (from a compiled step) and `MatmulPeak` / `mfu` (the MFU's
 denominator, sampled through a run, and MFUs above 100% flagged). `t5x_shape` is the shape the t5x peer process takes; nothing here imports t5x.
+`output_files` / `write_outputs`: every bench's `--json` and `--markdown`, checked before any work
+and written atomically at the end.
 """
 from __future__ import annotations
 
+import json
+import pathlib
 import time
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax import prompts
+from spot_jax import fileio, prompts
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import config_by_name
 
@@ -225,3 +229,18 @@ def t5x_shape(config) -> dict:
   return {k: getattr(config, k) for k in SHAPE_KEYS}
 
 
+
+
+def output_files(args) -> dict[str, pathlib.Path]:
+  """A bench's `--json` and `--markdown` files (None: not asked for), checked before any work by
+  `fileio.output_file` (one line naming the flag)."""
+  return {flag: fileio.output_file(path, flag)
+          for flag, path in (("--json", args.json), ("--markdown", args.markdown)) if path}
+
+
+def write_outputs(files: Mapping[str, pathlib.Path], result: Any, markdown: str) -> None:
+  """Writes `result` as JSON to --json and `markdown` to --markdown, each atomically, where asked."""
+  if "--json" in files:
+    fileio.atomic_write_bytes(files["--json"], json.dumps(result, indent=2).encode())
+  if "--markdown" in files:
+    fileio.atomic_write_bytes(files["--markdown"], markdown.encode())

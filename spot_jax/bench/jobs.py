@@ -26,7 +26,8 @@ import tempfile
 import time
 from typing import Optional, Sequence
 
-from spot_jax import cli, fileio
+from spot_jax import cli
+from spot_jax.bench import common
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 
@@ -120,17 +121,11 @@ def main(argv: Sequence[str]) -> Optional[int]:
                       f"{', '.join(suite.TARGETS + suite.HARD_TARGETS)}")
   runs = flags.int_list("--runs", args.runs, minimum=1)
   flags.positive("--repeats", args.repeats)
-  for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
-    if path:
-      fileio.output_file(path, flag)  # before any work
+  outputs = common.output_files(args)
   rows = measure(runs, args.repeats, args.task)
   table = markdown(rows, args.task, args.repeats)
   print(table)
-  if args.json:
-    fileio.atomic_write_bytes(args.json, json.dumps({"task": args.task, "repeats": args.repeats,
-                                                     "rows": rows}, indent=1).encode())
-  if args.markdown:
-    fileio.atomic_write_bytes(args.markdown, table.encode())
+  common.write_outputs(outputs, {"task": args.task, "repeats": args.repeats, "rows": rows}, table)
   return 0
 
 

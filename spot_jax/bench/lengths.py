@@ -20,7 +20,6 @@ approach. Widths are shared between distributions, so each is compiled once per 
 from __future__ import annotations
 
 import fnmatch
-import json
 import pathlib
 import sys
 import time
@@ -31,7 +30,7 @@ import numpy as np
 
 from spot_jax import runtime
 from spot_jax import backbone as backbone_lib
-from spot_jax import cli, data, fileio, models
+from spot_jax import cli, data, models
 from spot_jax.cli import flags
 from spot_jax.bench import common
 from spot_jax.bench import worker as bench_worker
@@ -277,8 +276,7 @@ def main(argv: Sequence[str]) -> int:
                       "bucket_window must be positive and warmup >= 0")
   if not 0.0 <= args.dropout_rate < 1.0:
     raise ConfigError(f"dropout_rate must be in [0, 1), got {args.dropout_rate}")
-  outputs = {flag: fileio.output_file(path, flag)
-             for flag, path in (("--json", args.json), ("--markdown", args.markdown)) if path}
+  outputs = common.output_files(args)
   specs = args.lengths or list(DEFAULT_LENGTHS)
   plans = []
   for spec in specs:
@@ -309,13 +307,9 @@ def main(argv: Sequence[str]) -> int:
   }
   table = markdown(result)
   print(table, end="", flush=True)
-  if args.json:
-    with fileio.atomic_open(outputs["--json"], "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=2)
-  if args.markdown:
-    with fileio.atomic_open(outputs["--markdown"], "w", encoding="utf-8") as f:
-      f.write(f"`python -m spot_jax.bench.lengths {' '.join(argv)}`: {args.method} on {args.model}, batch "
-              f"{args.batch_size}, {args.target_length} targets, dropout {args.dropout_rate}, float32\n\n" + table)
+  common.write_outputs(outputs, result, (
+      f"`python -m spot_jax.bench.lengths {' '.join(argv)}`: {args.method} on {args.model}, batch "
+      f"{args.batch_size}, {args.target_length} targets, dropout {args.dropout_rate}, float32\n\n" + table))
   return 0
 
 

@@ -18,7 +18,6 @@ Targets (docs/benchmarks.md) live here, never in timed tests.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -29,7 +28,7 @@ import jax
 import numpy as np
 
 from spot_jax import backbone as backbone_lib
-from spot_jax import cli, fileio, models, partitioning
+from spot_jax import cli, models, partitioning
 from spot_jax.bench import common
 from spot_jax.bench import worker as bench_worker
 from spot_jax.cli import flags
@@ -185,9 +184,7 @@ def main(argv: Sequence[str]) -> int:
   flags.positive("--warmup", args.warmup, minimum=0)
   if not 0.0 <= args.dropout_rate < 1.0:
     raise ConfigError(f"--dropout_rate={args.dropout_rate} must be in [0, 1)")
-  for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
-    if path:
-      fileio.output_file(path, flag)  # before any work
+  outputs = common.output_files(args)
   rows = []
   for name in model_names:
     rows += bench_model_runs(name, args.method, runs, batch_size=args.batch_size,
@@ -196,10 +193,7 @@ def main(argv: Sequence[str]) -> int:
                              seed=args.seed)
   table = markdown_table(rows)
   print(table + "\n".join(goal_lines(rows)))
-  if args.json:
-    fileio.atomic_write_bytes(args.json, json.dumps(rows, indent=2).encode())
-  if args.markdown:
-    fileio.atomic_write_bytes(args.markdown, table.encode())
+  common.write_outputs(outputs, rows, table)
   return 0
 
 

@@ -42,7 +42,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from spot_jax import cli, fileio, runtime
+from spot_jax import cli, runtime
 from spot_jax.bench import common, serve_workload
 from spot_jax.errors import ConfigError
 
@@ -300,8 +300,7 @@ def _check(args) -> tuple[list[str], list[str], list[str], dict]:
 def main(argv: Sequence[str]) -> int:
   args = _parse(argv)
   methods, tasks, workload_names, overrides = _check(args)
-  outputs = {flag: fileio.output_file(path, flag)
-             for flag, path in (("--json", args.json), ("--markdown", args.markdown)) if path}
+  outputs = common.output_files(args)
   config = common.bench_config(args.model, overrides, dropout_rate=0.0)
   peft_skipped = peft_missing() if args.vs == "peft" else None
   if peft_skipped:
@@ -345,14 +344,10 @@ def main(argv: Sequence[str]) -> int:
   meta = {"argv": list(argv), "config": args.model, "config_overrides": overrides,
           "shape": {k: getattr(config, k) for k in common.SHAPE_FIELDS},
           "peft_skipped": peft_skipped, "malloc": runtime.applied(), "rows": rows}
-  if args.json:
-    with fileio.atomic_open(outputs["--json"], "w", encoding="utf-8") as f:
-      json.dump(meta, f, indent=2)
-  if args.markdown:
-    with fileio.atomic_open(outputs["--markdown"], "w", encoding="utf-8") as f:
-      f.write(f"`python -m spot_jax.bench.serve {' '.join(argv)}`\n\n" + markdown_table(rows)
-              + "".join(f"\n{line}\n" for line in goals)
-              + (f"\nPyTorch + PEFT: {peft_skipped}\n" if peft_skipped else ""))
+  common.write_outputs(outputs, meta, (
+      f"`python -m spot_jax.bench.serve {' '.join(argv)}`\n\n" + markdown_table(rows)
+      + "".join(f"\n{line}\n" for line in goals)
+      + (f"\nPyTorch + PEFT: {peft_skipped}\n" if peft_skipped else "")))
   return 0
 
 

@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from spot_jax import cli, embedded, fileio
-from spot_jax.bench import serve_workload
+from spot_jax.bench import common, serve_workload
 from spot_jax.errors import ConfigError
 
 PROMPT_LENGTH = 20
@@ -209,8 +209,7 @@ def main(argv: Sequence[str]) -> int:
       args.cold_start_repeats < 0:
     raise ConfigError("--repeats, --target_length, --input_length and --batch_size must be "
                       "positive and --cold_start_repeats >= 0")
-  outputs = {flag: fileio.output_file(path, flag)
-             for flag, path in (("--json", args.json), ("--markdown", args.markdown)) if path}
+  outputs = common.output_files(args)
   from spot_jax.bench import serve  # pylint: disable=g-import-not-at-top
   missing = serve.peft_missing()
   if missing:
@@ -229,12 +228,8 @@ def main(argv: Sequence[str]) -> int:
   text = markdown(rows, cold)
   if cold:
     print("\n".join(text.splitlines()[len(rows) + 2:]), flush=True)
-  if args.json:
-    with fileio.atomic_open(outputs["--json"], "w", encoding="utf-8") as f:
-      json.dump({"argv": list(argv), "rows": rows, "cold_start": cold}, f, indent=2)
-  if args.markdown:
-    with fileio.atomic_open(outputs["--markdown"], "w", encoding="utf-8") as f:
-      f.write(f"`python -m spot_jax.bench.serve_e2e {' '.join(argv)}`\n\n{text}")
+  common.write_outputs(outputs, {"argv": list(argv), "rows": rows, "cold_start": cold},
+                       f"`python -m spot_jax.bench.serve_e2e {' '.join(argv)}`\n\n{text}")
   return 0
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -36,7 +35,7 @@ import jax
 import numpy as np
 
 from spot_jax import backbone as backbone_lib
-from spot_jax import cli, fileio, models, partitioning
+from spot_jax import cli, models, partitioning
 from spot_jax.bench import peft_peer
 from spot_jax.bench.tables import markdown_table, paired_lines
 from spot_jax.bench import t5x_peer
@@ -298,8 +297,7 @@ def main(argv: Sequence[str]) -> int:
     args.methods = "pt100" if args.vs == "t5x" else ",".join(DEFAULT_METHODS)
   # a method may repeat: --interleave times A, B, A to see the drift of A against itself
   methods = list(flags.name_list("--methods", args.methods, list(METHODS), unique=False))
-  outputs = {flag: fileio.output_file(path, flag)
-             for flag, path in (("--json", args.json), ("--markdown", args.markdown)) if path}
+  outputs = common.output_files(args)
   config_by_name(args.model)
   overrides = {k: getattr(args, k) for k in OVERRIDE_FLAGS if getattr(args, k) is not None}
   bad = [f"--{k}={v}" for k, v in overrides.items() if v <= 0]
@@ -373,16 +371,11 @@ def main(argv: Sequence[str]) -> int:
   meta = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
           "matmul_peak_flops_per_sec": peak.max, "matmul_peak_samples": peak.samples,
           "argv": list(argv), "rows": rows}
-  if args.json:
-    with fileio.atomic_open(outputs["--json"], "w", encoding="utf-8") as f:
-      json.dump(meta, f, indent=2)
-  if args.markdown:
-    with fileio.atomic_open(outputs["--markdown"], "w", encoding="utf-8") as f:
-      f.write(f"float32 matmul peak {peak.max / 1e9:.1f} GFLOP/s (largest of {len(peak.samples)} "
-              f"samples); `python -m spot_jax.bench "
-              f"{' '.join(argv)}`\n\n" + markdown_table(rows)
-              + "".join(f"\n{line}\n" for line in paired_lines(rows)) + peft_peer.table(rows)
-              + t5x_peer.table(rows))
+  common.write_outputs(outputs, meta, (
+      f"float32 matmul peak {peak.max / 1e9:.1f} GFLOP/s (largest of {len(peak.samples)} "
+      f"samples); `python -m spot_jax.bench {' '.join(argv)}`\n\n" + markdown_table(rows)
+      + "".join(f"\n{line}\n" for line in paired_lines(rows)) + peft_peer.table(rows)
+      + t5x_peer.table(rows)))
   return 0
 
 
