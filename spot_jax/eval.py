@@ -21,13 +21,8 @@ GIN_ROOTS = ("spot_jax.train.evaluate.evaluate_run",)
 
 
 def main(args) -> int:
-  del args
-  import gin  # pylint: disable=g-import-not-at-top
-  from spot_jax.train import evaluate  # pylint: disable=g-import-not-at-top
-  gin.get_configurable(evaluate.evaluate_run)()
-  return 0
+  return gin_flags.call_roots(args, GIN_ROOTS)
 
 
 if __name__ == "__main__":
-  sys.exit(gin_flags.run(main, sys.argv[1:], "spot_jax.eval", __doc__.splitlines()[0],
-                         GIN_ROOTS))
+  sys.exit(gin_flags.run(main, sys.argv[1:], "spot_jax.eval", __doc__.splitlines()[0], GIN_ROOTS))

@@ -16,6 +16,7 @@ lets it pass), a value of the wrong type for its parameter, and a value a config
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import pathlib
 from typing import Callable, Optional, Sequence
@@ -106,6 +107,17 @@ def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -
   if args.gin_bindings and not getattr(args, "allow_unused_gin_overrides", False):
     gin_overrides.check_unused(args.gin_bindings, keys, selectors)
   gin_settings.check_types(gin_overrides.used_keys(selectors))
+
+
+def call_roots(args: argparse.Namespace, roots: Sequence[str]) -> int:
+  """A gin program's whole work: calls each configurable of `roots` ("module.function", as
+  `run` takes them) with its gin bindings."""
+  del args  # everything comes through gin
+  import gin  # pylint: disable=g-import-not-at-top
+  for root in roots:
+    module, _, name = root.rpartition(".")
+    gin.get_configurable(getattr(importlib.import_module(module), name))()
+  return 0
 
 
 def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str], prog: str,

@@ -22,13 +22,8 @@ GIN_ROOTS = ("spot_jax.train.train",)
 
 
 def main(args) -> int:
-  del args
-  import gin  # pylint: disable=g-import-not-at-top
-  from spot_jax import train as train_lib  # pylint: disable=g-import-not-at-top
-  gin.get_configurable(train_lib.train)()
-  return 0
+  return gin_flags.call_roots(args, GIN_ROOTS)
 
 
 if __name__ == "__main__":
-  sys.exit(gin_flags.run(main, sys.argv[1:], "spot_jax.train", __doc__.splitlines()[0],
-                         GIN_ROOTS))
+  sys.exit(gin_flags.run(main, sys.argv[1:], "spot_jax.train", __doc__.splitlines()[0], GIN_ROOTS))
