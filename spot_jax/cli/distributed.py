@@ -21,10 +21,10 @@ from typing import Mapping, Optional
 
 from spot_jax.errors import ConfigError
 
-ENV = {"coordinator_address": ("SPOT_JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS"),
-       "num_processes": ("SPOT_JAX_NUM_PROCESSES",),
-       "process_id": ("SPOT_JAX_PROCESS_ID",),
-       "heartbeat_timeout": ("SPOT_JAX_HEARTBEAT_TIMEOUT",)}
+def _setting(*env: str, minimum: Optional[int] = None):
+  """A setting of `DistributedConfig`: None unless given, its environment variables (the first
+  set one counts) and, for an integer, its smallest valid value."""
+  return dataclasses.field(default=None, metadata={"env": env, "minimum": minimum})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,13 +37,14 @@ class DistributedConfig:
     process_id: this process's index in [0, num_processes).
     heartbeat_timeout: seconds without heartbeats after which a process is considered dead.
   """
-  coordinator_address: Optional[str] = None
-  num_processes: Optional[int] = None
-  process_id: Optional[int] = None
-  heartbeat_timeout: Optional[int] = None
+  coordinator_address: Optional[str] = _setting("SPOT_JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS")
+  num_processes: Optional[int] = _setting("SPOT_JAX_NUM_PROCESSES", minimum=1)
+  process_id: Optional[int] = _setting("SPOT_JAX_PROCESS_ID", minimum=0)
+  heartbeat_timeout: Optional[int] = _setting("SPOT_JAX_HEARTBEAT_TIMEOUT", minimum=1)
 
   @property
   def explicit(self) -> bool:
+    """The process layout is given (else jax detects it)."""
     return any(v is not None for v in (self.coordinator_address, self.num_processes, self.process_id))
 
 
@@ -64,13 +65,14 @@ def resolve(coordinator_address: Optional[str] = None, num_processes=None, proce
   """Merges flags with the environment and checks them (one-line ConfigErrors)."""
   given = {"coordinator_address": coordinator_address, "num_processes": num_processes,
            "process_id": process_id, "heartbeat_timeout": heartbeat_timeout}
-  for key, names in ENV.items():
-    if given[key] is None:
-      given[key] = next((environ[n] for n in names if environ.get(n)), None)
-  cfg = DistributedConfig(coordinator_address=given["coordinator_address"] or None,
-                          num_processes=_int("num_processes", given["num_processes"], 1),
-                          process_id=_int("process_id", given["process_id"], 0),
-                          heartbeat_timeout=_int("heartbeat_timeout", given["heartbeat_timeout"], 1))
+  values = {}
+  for setting in dataclasses.fields(DistributedConfig):
+    value = given[setting.name]
+    if value is None:
+      value = next((environ[n] for n in setting.metadata["env"] if environ.get(n)), None)
+    minimum = setting.metadata["minimum"]
+    values[setting.name] = (value or None) if minimum is None else _int(setting.name, value, minimum)
+  cfg = DistributedConfig(**values)
   if cfg.explicit:
     missing = [k for k in ("coordinator_address", "num_processes", "process_id") if getattr(cfg, k) is None]
     if missing:
