@@ -12,7 +12,6 @@ import sys
 import numpy as np
 import pytest
 
-from spot_jax import cli
 from spot_jax.bench import serve, serve_workload
 from spot_jax.errors import ConfigError
 
@@ -95,19 +94,6 @@ def test_workload_queue():
   np.testing.assert_array_equal(again.tokens, w.tokens)
   assert serve_workload.until_eos([4, 0, 1, 0, 0]) == [4, 0, 1]
   assert serve_workload.until_eos([4, 5]) == [4, 5]
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--workloads=64"], "workload '64' is not PxN"),
-    (["--workloads=0x3"], "workload '0x3' is not PxN"),
-    (["--methods=residual100"], "unknown method 'residual100'"),
-    (["--tasks=sample"], "unknown task 'sample'"),
-    (["--repeats=0"], "--repeats=0: sizes must be positive"),
-])
-def test_bad_input_is_one_line(args, message, capsys):
-  assert cli.run(serve.main, TINY + args, "spot_jax.bench.serve") == cli.EXIT_USER_ERROR
-  err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and message in err[0], err
 
 
 def test_workload_needs_enough_prompts():

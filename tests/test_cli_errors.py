@@ -51,7 +51,7 @@ EVAL = ["--gin_file=gin/models/t5_1_1_byte_tiny.gin", "--gin_file=gin/test/smoke
         "--gin.EVAL_NUM_EXAMPLES=16"]
 TRAIN, EVALUATE, CONVERT, BENCH, TASKS = "spot_jax.train", "spot_jax.eval", "spot_jax.convert", "spot_jax.bench", "tasks"
 INFER, LENGTHS, LIBRARY, STUDY = "spot_jax.infer", "spot_jax.bench.lengths", "spot_jax.library", "spot_jax.study"
-RETRIEVE, REPORT = "spot_jax.retrieve", "spot_jax.report"
+RETRIEVE, REPORT, SERVE_BENCH = "spot_jax.retrieve", "spot_jax.report", "spot_jax.bench.serve"
 ALONE = True
 
 ROWS = [
@@ -185,6 +185,13 @@ ROWS = [
     ("bench no method", BENCH, ["--methods=,"], "--methods=',': entry 0 is empty", False),
     ("bench json in a missing folder", BENCH, ["--json={tmp}/absent/bench.json"], "absent' does not exist", False),
     ("bench markdown is a folder", BENCH, ["--markdown={tmp}"], "is a directory; give a file path", False),
+    ("bench dropout out of range", BENCH, ["--dropout_rate=1.5"], "dropout_rate must be in [0, 1)", False),
+    # --- spot_jax.bench.serve ----------------------------------------------------------------
+    ("bench.serve workload not PxN", SERVE_BENCH, ["--workloads=64"], "workload '64' is not PxN", False),
+    ("bench.serve workload of 0 prompts", SERVE_BENCH, ["--workloads=0x3"], "workload '0x3' is not PxN", False),
+    ("bench.serve unknown method", SERVE_BENCH, ["--methods=residual100"], "unknown method 'residual100'", False),
+    ("bench.serve unknown task", SERVE_BENCH, ["--tasks=sample"], "unknown task 'sample'", False),
+    ("bench.serve zero repeats", SERVE_BENCH, ["--repeats=0"], "--repeats=0: sizes must be positive", False),
     # --- every renamed flag: refused, naming the new one ---------------------------------------
     ("infer --config_name", INFER, ["--config_name=t5_1_1_byte_tiny", "--prompt={tmp}/p.npy"],
      "--config_name was renamed --model; use --model=t5_1_1_byte_tiny (see --help)", False),
@@ -349,7 +356,7 @@ def shared_results(places, tmp_path_factory):
 def test_at_least_twenty_distinct_bad_inputs_over_every_entry_point():
   assert len({r[0] for r in ROWS}) == len(ROWS) >= 20
   assert {r[1] for r in ROWS} >= {TRAIN, EVALUATE, CONVERT, BENCH, TASKS, INFER, LENGTHS, LIBRARY, STUDY, RETRIEVE,
-                                  REPORT}
+                                  REPORT, SERVE_BENCH}
 
 
 def test_every_renamed_flag_has_a_row():
