@@ -21,7 +21,8 @@ GIN_ROOTS = ("spot_jax.train.evaluate.evaluate_run",)
 
 
 def main(args) -> int:
-  return gin_flags.call_roots(args, GIN_ROOTS)
+  del args  # everything comes through gin
+  return gin_flags.call_roots(GIN_ROOTS)
 
 
 if __name__ == "__main__":

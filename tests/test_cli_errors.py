@@ -178,7 +178,8 @@ ROWS = [
                                               "--output_dir={file}/sub/hf"], "--output_dir's folder", False),
     ("convert bad format", CONVERT, ["--hf_dir={tmp}", "--output_dir={tmp}/out", "--format=npz"], "invalid choice", False),
     # --- spot_jax.bench ----------------------------------------------------------------------
-    ("bench unknown method", BENCH, ["--methods=lora"], "--methods='lora': entry 0 ('lora') is unknown", False),
+    ("bench unknown method", BENCH, ["--methods=lora"], "--methods='lora': entry 0 ('lora') is unknown; valid: pt100",
+     False),
     ("bench zero steps", BENCH, ["--steps=0"], "must be positive", False),
     ("bench unknown config", BENCH, ["--model=t5_1_1_smal"], "t5_1_1_small", False),
     ("bench not a number", BENCH, ["--batch_size=eight"], "invalid int value", False),

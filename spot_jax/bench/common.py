@@ -229,8 +229,6 @@ def t5x_shape(config) -> dict:
   return {k: getattr(config, k) for k in SHAPE_KEYS}
 
 
-
-
 def output_files(args) -> dict[str, pathlib.Path]:
   """A bench's `--json` and `--markdown` files (None: not asked for), checked before any work by
   `fileio.output_file` (one line naming the flag)."""

@@ -42,10 +42,12 @@ class DistributedConfig:
   process_id: Optional[int] = _setting("SPOT_JAX_PROCESS_ID", minimum=0)
   heartbeat_timeout: Optional[int] = _setting("SPOT_JAX_HEARTBEAT_TIMEOUT", minimum=1)
 
+  LAYOUT = ("coordinator_address", "num_processes", "process_id")  # given all together, or none
+
   @property
   def explicit(self) -> bool:
     """The process layout is given (else jax detects it)."""
-    return any(v is not None for v in (self.coordinator_address, self.num_processes, self.process_id))
+    return any(getattr(self, k) is not None for k in self.LAYOUT)
 
 
 def _int(name: str, value, minimum: int) -> Optional[int]:
@@ -74,7 +76,7 @@ def resolve(coordinator_address: Optional[str] = None, num_processes=None, proce
     values[setting.name] = (value or None) if minimum is None else _int(setting.name, value, minimum)
   cfg = DistributedConfig(**values)
   if cfg.explicit:
-    missing = [k for k in ("coordinator_address", "num_processes", "process_id") if getattr(cfg, k) is None]
+    missing = [k for k in cfg.LAYOUT if getattr(cfg, k) is None]
     if missing:
       raise ConfigError(f"multi-process set-up is missing {', '.join(missing)}; give all of "
                         f"--coordinator_address=HOST:PORT, --num_processes=N and --process_id=I "

@@ -109,10 +109,9 @@ def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -
   gin_settings.check_types(gin_overrides.used_keys(selectors))
 
 
-def call_roots(args: argparse.Namespace, roots: Sequence[str]) -> int:
+def call_roots(roots: Sequence[str]) -> int:
   """A gin program's whole work: calls each configurable of `roots` ("module.function", as
   `run` takes them) with its gin bindings."""
-  del args  # everything comes through gin
   import gin  # pylint: disable=g-import-not-at-top
   for root in roots:
     module, _, name = root.rpartition(".")

@@ -150,7 +150,8 @@ def distill_plan(settings: runs.Settings, vocab_rows: int, teachers: np.ndarray,
                                            distill_weight=recipe["mpt"]["distill_weight"])
 
   return runs.Plan(student, model=model, train_task=suite.SOURCE_MIXTURE, task_names=names,
-                   evaluate=False, key=_key("mpt_distill", recipe["mpt"], teachers=runs.array_digest(teachers)))
+                   evaluate=False,
+                   key=_key("mpt_distill", recipe["mpt"], teachers=runs.array_digest(teachers)))
 
 
 def distill_members(seed: int) -> list[runs.Member]:

@@ -22,7 +22,8 @@ GIN_ROOTS = ("spot_jax.train.train",)
 
 
 def main(args) -> int:
-  return gin_flags.call_roots(args, GIN_ROOTS)
+  del args  # everything comes through gin
+  return gin_flags.call_roots(GIN_ROOTS)
 
 
 if __name__ == "__main__":
