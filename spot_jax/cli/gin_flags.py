@@ -16,6 +16,7 @@ lets it pass), a value of the wrong type for its parameter, and a value a config
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import pathlib
@@ -143,3 +144,19 @@ def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str]
       raise lost from e
 
   return cli.run(program, argv, prog)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """A gin program (`spot_jax.train`, `spot_jax.eval`): its name, its --help line and the
+  configurables (`roots`, as `run` takes them) its main calls with their gin bindings."""
+  name: str
+  description: str
+  roots: tuple[str, ...]
+
+  def main(self, args: argparse.Namespace) -> int:
+    del args  # everything comes through gin
+    return call_roots(self.roots)
+
+  def __call__(self, argv: Sequence[str]) -> int:
+    return run(self.main, argv, self.name, self.description, self.roots)

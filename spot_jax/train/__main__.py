@@ -16,15 +16,10 @@ import sys
 
 from spot_jax.cli import gin_flags
 
-
-# The configurables main() calls: gin overrides they never reach are refused.
-GIN_ROOTS = ("spot_jax.train.train",)
-
-
-def main(args) -> int:
-  del args  # everything comes through gin
-  return gin_flags.call_roots(GIN_ROOTS)
-
+# main() calls these configurables; gin overrides they never reach are refused.
+PROGRAM = gin_flags.Program("spot_jax.train", __doc__.splitlines()[0], roots=("spot_jax.train.train",))
+GIN_ROOTS = PROGRAM.roots
+main = PROGRAM.main
 
 if __name__ == "__main__":
-  sys.exit(gin_flags.run(main, sys.argv[1:], "spot_jax.train", __doc__.splitlines()[0], GIN_ROOTS))
+  sys.exit(PROGRAM(sys.argv[1:]))
