@@ -194,3 +194,19 @@ def test_a_probe_for_tensorflow_does_not_use_up_the_quiet_import():
   proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]
+
+
+def test_a_repeated_library_warning_is_shown_once():
+  """seqio repeats its advice for every training stream; a program shows each absl warning once
+  (errors every time), and SPOT_JAX_VERBOSE=1 shows every repeat."""
+  code = ("from spot_jax import startup; startup.quiet(); from absl import logging; "
+          "[logging.warning('advice %d', i % 2) for i in range(5)]; logging.error('failed'); "
+          "logging.error('failed')")
+  errors = ["ERROR:absl:failed"] * 2
+  expected = {"": ["WARNING:absl:advice 0", "WARNING:absl:advice 1", *errors],
+              "1": [f"WARNING:absl:advice {i % 2}" for i in range(5)] + errors}
+  for verbose, lines in expected.items():
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO,
+                          env=dict(_env_without_log_settings(), SPOT_JAX_VERBOSE=verbose),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stderr.splitlines() == lines, proc.stderr[-3000:]
