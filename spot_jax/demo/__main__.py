@@ -17,7 +17,7 @@ Every run is an ordinary trainer run in <output_dir>/runs/<method>-<digest>/<tas
 run.json holds its score. Rerunning with the same flags reuses the finished runs (the same
 tables, seconds); --fresh trains everything again.
 
-  python -m spot_jax.demo                          # seeds 0-4, about 4 minutes on 2 CPU cores
+  python -m spot_jax.demo                          # seeds 0-4, 4-8 minutes on 2 CPU cores
   python -m spot_jax.demo --seed_offset=5          # another seed set: seeds 5-9
   python -m spot_jax.demo --seeds=0,1,2 --quick    # fewer steps, the same compiles
   python -m spot_jax.demo --methods=pt,spot --targets=sentiment_travel
