@@ -284,5 +284,7 @@ def test_worked_example_trains_and_evaluates_a_tsv_task_from_outside_the_reposit
   assert _noise(evaluate.stderr) == [], evaluate.stderr
   metrics = json.loads((folder / "run" / "eval_validation" / "metrics.json").read_text())
   accuracy = metrics["metrics"]["my_rating_v1"]["accuracy"]
-  trained = float(re.search(r"eval step 20: my_rating_v1/accuracy ([0-9.]+)", train.stdout).group(1))
-  assert abs(accuracy - trained) < 1e-6  # eval reproduces the trainer's own evaluation
+  # eval reproduces the trainer's own evaluation (its record, exact; the progress line, to 4 digits)
+  trained = json.loads((folder / "run" / "eval" / "my_rating_v1-metrics.jsonl").read_text().splitlines()[-1])
+  assert trained["step"] == 20 and trained["accuracy"] == accuracy, (trained, accuracy)
+  assert f"eval step 20: my_rating_v1/accuracy {accuracy:.4g}" in train.stdout
