@@ -71,6 +71,7 @@ is_dry_run && exit 0
 RESUME="$(relaunch_command)"
 PIDS=() LOGS=() NAMES=()
 open_logs "${MODEL_DIR}/logs" "process_${PROCESS_ID:-0}"
+guard_interrupts
 start 0 "process_${PROCESS_ID:-0}" "process ${PROCESS_ID:-0} of ${NUM_PROCESSES:-1}" "${show_streams}" "${cmd[@]}"
 echo "log: ${LOGS[0]}"
 supervise

@@ -260,6 +260,14 @@ outcome() {
   fi
 }
 
+# guard_interrupts: from here on, Ctrl-C or SIGTERM to the launcher stops every process `start`
+# has started (on_interrupt). Call it before the first `start`: in the background the processes
+# ignore Ctrl-C, and a launcher ended by it before `supervise` would leave them running.
+guard_interrupts() {
+  STATUS=()
+  trap on_interrupt INT TERM HUP
+}
+
 # on_interrupt: Ctrl-C or SIGTERM to the launcher stops the processes (in the background they
 # ignore Ctrl-C) and says where the run stands.
 on_interrupt() {
@@ -270,16 +278,15 @@ on_interrupt() {
   exit 130
 }
 
-# supervise: waits for the processes started with `start`.
+# supervise: waits for the processes started with `start` (after guard_interrupts).
 # When one fails, the others get GRACE_PERIOD seconds (3) to end on their own and are then stopped;
 # one line names the process that failed first (a process whose log shows it only lost its peer
 # is not the cause when another failed too), its exit, the last saved step and how to resume.
 # Returns 0 when every process succeeded, else the status of the process that failed first.
 supervise() {
   local i code failed=() polls=0 grace_polls running root="" cause err line
-  STATUS=()
   grace_polls=$((${GRACE_PERIOD:-3} * 5))
-  trap on_interrupt INT TERM HUP
+  guard_interrupts  # (again: a launcher that started processes without it)
   exec 2>/dev/null
   while :; do
     for i in "${!PIDS[@]}"; do

@@ -52,6 +52,7 @@ RESUME="$(relaunch_command)"
 PIDS=() LOGS=() NAMES=()
 mapfile -t LOG_NAMES < <(seq -f 'process_%g' 0 $((NUM_PROCESSES - 1)))
 is_dry_run || open_logs "${MODEL_DIR}/logs" "${LOG_NAMES[@]}"
+is_dry_run || guard_interrupts
 for ((i = 0; i < NUM_PROCESSES; i++)); do
   dist=()
   if [ "${NUM_PROCESSES}" != "1" ]; then

@@ -38,5 +38,6 @@ RESUME="the same launch/tpu_pod.sh command"
 PIDS=() LOGS=() NAMES=()
 name="worker_$(hostname)"
 open_logs "${logs}" "${name}"
+guard_interrupts
 start 0 "${name}" "worker $(hostname)'s process" "${streams}" "${PY}" "$@"
 supervise

@@ -64,6 +64,19 @@ def test_shellcheck():
   assert run.returncode == 0, run.stdout
 
 
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_the_interrupt_trap_is_set_before_the_first_process_starts(path):
+  """Ctrl-C between a `start` and `supervise` must stop what has started: every script that
+  starts a process guards first (test_ctrl_c_stops_every_process can hit that window only by
+  chance; CI once did, and the launcher died leaving both processes running)."""
+  lines = [l.strip() for l in path.read_text().splitlines()]
+  starts = [i for i, l in enumerate(lines) if l.startswith("start ")]
+  if path.name == "lib.sh" or not starts:
+    return
+  guards = [i for i, l in enumerate(lines) if l.endswith("guard_interrupts")]
+  assert guards and guards[0] < starts[0], f"{path.name}: guard_interrupts must come before line {starts[0] + 1}"
+
+
 @pytest.mark.parametrize("script", ENTRY_POINTS)
 def test_header_documents_every_required_variable(script):
   header = (REPO / "launch" / script).read_text().split("set -euo pipefail")[0]
@@ -354,20 +367,25 @@ def test_no_resume_offered_when_nothing_was_saved(tmp_path):
   assert _processes(run_dir) == {}
 
 
-def test_ctrl_c_stops_every_process(tmp_path):
+@pytest.mark.parametrize("running", [2, 1])
+def test_ctrl_c_stops_every_process(tmp_path, running):
   # In the background the processes ignore SIGINT (bash without job control), so the launcher
-  # must stop them itself.
+  # must stop them itself, also when Ctrl-C comes while it is still starting them (running=1:
+  # as soon as the first one runs; a launcher that set its trap only once all had started died
+  # of it and left them running).
   run_dir = tmp_path / "run"
   launcher = _launch(run_dir, 60)
   deadline = time.time() + 120
-  while len(_processes(run_dir)) < 2:
+  while len(_processes(run_dir)) < running:
     assert time.time() < deadline and launcher.poll() is None, launcher.communicate()
-    time.sleep(0.05)
+    time.sleep(0.01)
   launcher.send_signal(signal.SIGINT)
   out, err = launcher.communicate(timeout=60)
   assert launcher.returncode == 130, (out, err)
   (line,) = err.splitlines()
-  assert line.startswith("launch/local_cpu.sh: error: interrupted; stopped 2 process(es); nothing was saved"), line
+  assert re.match(r"launch/local_cpu.sh: error: interrupted; stopped [12] process\(es\); nothing was saved", line), line
+  if running == 2:
+    assert "stopped 2 process(es)" in line, line
   assert _processes(run_dir) == {}
 
 
