@@ -13,6 +13,40 @@ SHARED_T5 = REPO_ROOT.parent / "shared" / "fixtures" / "t5"
 # programs they start) run without it unless a test asks for one, and never write to the home.
 os.environ["SPOT_JAX_COMPILATION_CACHE"] = "none"
 
+# The programs the tests start (training, eval, infer, the launchers' processes, ...) share JAX's
+# persistent compilation cache for the session, in the session's temporary folder: most of them
+# compile the same few tiny-model programs, and on 2 cores compiling is a third of a short run.
+# The first program to need an executable compiles it; later ones load it. A size limit turns on
+# JAX's file lock around reads and writes, so a process never reads an entry still being written.
+# The pytest processes themselves keep JAX's default (jax is imported before the variables are
+# set, and reads them only once), so in-process tests compile as a user's program does.
+# Tests that set JAX_COMPILATION_CACHE_DIR for their programs keep their own.
+import jax  # pylint: disable=g-import-not-at-top,unused-import,wrong-import-position
+
+SHARED_CACHE_SETTINGS = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+                         "JAX_COMPILATION_CACHE_MAX_SIZE": str(1 << 34)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _programs_share_a_compilation_cache(tmp_path_factory):
+  if os.environ.get("SPOT_JAX_TEST_SHARED_CACHE", "1") == "0":  # off: every program compiles
+    yield
+    return
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # the session's folder, shared by the workers
+  cache = root / "xla_cache"
+  cache.mkdir(exist_ok=True)
+  before = {k: os.environ.get(k) for k in ("JAX_COMPILATION_CACHE_DIR", *SHARED_CACHE_SETTINGS)}
+  os.environ.update({"JAX_COMPILATION_CACHE_DIR": str(cache), **SHARED_CACHE_SETTINGS})
+  yield
+  for key, value in before.items():
+    if value is None:
+      os.environ.pop(key, None)
+    else:
+      os.environ[key] = value
+
 
 @pytest.fixture(scope="session")
 def t5_fixtures() -> pathlib.Path:
