@@ -99,11 +99,14 @@ def enable_compilation_cache(cache_dir: Optional[str], max_bytes: Optional[int] 
   recently used up to `max_bytes`); None: off.
 
   A later process compiling the same step (a study's next run, a restart, each length bucket
-  of a rerun) then loads the executable instead of compiling it.
+  of a rerun) then loads the executable instead of compiling it. This folder wins over a cache
+  JAX opened before (from JAX_COMPILATION_CACHE_DIR at an earlier compile, or an earlier call):
+  JAX opens its cache once per process, so that one is closed and the next compile opens this.
   """
   if not cache_dir:
     return
   import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
   from spot_jax import fileio  # pylint: disable=g-import-not-at-top
   if "://" not in str(cache_dir):
     cache_dir = str(fileio.writable_dir(cache_dir, what))
@@ -112,6 +115,7 @@ def enable_compilation_cache(cache_dir: Optional[str], max_bytes: Optional[int] 
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   if max_bytes is not None:
     jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
+  compilation_cache.reset_cache()
 
 
 SERVING_CACHE_ENV = "SPOT_JAX_COMPILATION_CACHE"
