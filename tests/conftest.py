@@ -38,14 +38,10 @@ def _programs_share_a_compilation_cache(tmp_path_factory):
     root = root.parent  # the session's folder, shared by the workers
   cache = root / "xla_cache"
   cache.mkdir(exist_ok=True)
-  before = {k: os.environ.get(k) for k in ("JAX_COMPILATION_CACHE_DIR", *SHARED_CACHE_SETTINGS)}
-  os.environ.update({"JAX_COMPILATION_CACHE_DIR": str(cache), **SHARED_CACHE_SETTINGS})
-  yield
-  for key, value in before.items():
-    if value is None:
-      os.environ.pop(key, None)
-    else:
-      os.environ[key] = value
+  with pytest.MonkeyPatch.context() as patch:
+    for key, value in {"JAX_COMPILATION_CACHE_DIR": str(cache), **SHARED_CACHE_SETTINGS}.items():
+      patch.setenv(key, value)
+    yield
 
 
 @pytest.fixture(scope="session")
