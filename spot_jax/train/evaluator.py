@@ -91,6 +91,25 @@ def _without(prefixes: tuple[str, ...]) -> Iterator[None]:
     logger.removeFilter(quiet)
 
 
+class ModelOutputs:
+  """The jitted decoding and scoring of one model at one decode length.
+
+  Evaluators of the same model and decode length (one per task of a K-run job) share one
+  instance, so each function is traced and compiled once for all of them, not once per task.
+  """
+
+  def __init__(self, model: models.EncoderDecoderModel, decode_length: int):
+    self.key = (id(model), int(decode_length))
+    predict = lambda params, tokens: model.predict_batch(params, tokens, int(decode_length))
+    self.predict = jax.jit(predict)
+    self.score = jax.jit(model.score_batch)
+
+    def merged(fn):
+      return lambda frozen, prompt, *args: fn(models.merge_params(frozen, prompt), *args)
+    self.predict_stacked = jax.jit(jax.vmap(merged(predict), in_axes=(None, 0, None)))
+    self.score_stacked = jax.jit(jax.vmap(merged(model.score_batch), in_axes=(None, 0, None)))
+
+
 class Evaluator:
   """Evaluates the parameters of one model, or of K stacked runs, on one task or mixture.
 
@@ -101,7 +120,8 @@ class Evaluator:
   """
 
   def __init__(self, model: models.EncoderDecoderModel, config: EvalConfig,
-               log_dir: Optional[str] = None, mesh: Optional[jax.sharding.Mesh] = None):
+               log_dir: Optional[str] = None, mesh: Optional[jax.sharding.Mesh] = None,
+               outputs: Optional[ModelOutputs] = None):
     import seqio  # pylint: disable=g-import-not-at-top
     self.model, self.config = model, config
     self.mesh = mesh if mesh is not None else partitioning.create_mesh(1)
@@ -121,14 +141,9 @@ class Evaluator:
     data_size = self.mesh.shape[partitioning.DATA]
     self._batch_size = -(-int(config.batch_size) // data_size) * data_size
     decode_length = int(config.task_feature_lengths["targets"])
-    predict = lambda params, tokens: model.predict_batch(params, tokens, decode_length)
-    self._predict = jax.jit(predict)
-    self._score = jax.jit(model.score_batch)
-
-    def merged(fn):
-      return lambda frozen, prompt, *args: fn(models.merge_params(frozen, prompt), *args)
-    self._predict_stacked = jax.jit(jax.vmap(merged(predict), in_axes=(None, 0, None)))
-    self._score_stacked = jax.jit(jax.vmap(merged(model.score_batch), in_axes=(None, 0, None)))
+    if outputs is not None and outputs.key != (id(model), decode_length):
+      raise ValueError("the shared ModelOutputs were made for another model or decode length")
+    self._outputs = outputs or ModelOutputs(model, decode_length)
 
   @property
   def num_examples(self) -> int:
@@ -214,9 +229,9 @@ class Evaluator:
 
     `log_dir` (default: the constructor's) receives seqio's per-example outputs (process 0).
     """
-    predict = lambda ds: self._predictions(ds, lambda b: self._predict(
+    predict = lambda ds: self._predictions(ds, lambda b: self._outputs.predict(
         params, b["encoder_input_tokens"]), stacked=False)
-    score = lambda ds: self._scores(ds, lambda b: self._score(params, b), stacked=False)
+    score = lambda ds: self._scores(ds, lambda b: self._outputs.score(params, b), stacked=False)
     return self._metrics(predict, score, step, log_dir or self._log_dir)
 
   def evaluate_stacked(self, frozen, prompt, step: Optional[int] = None,
@@ -235,10 +250,10 @@ class Evaluator:
       key = (kind, id(ds))
       if key not in cache:
         if kind == "predict":
-          cache[key] = self._predictions(ds, lambda b: self._predict_stacked(
+          cache[key] = self._predictions(ds, lambda b: self._outputs.predict_stacked(
               frozen, prompt, b["encoder_input_tokens"]), stacked=True)
         else:
-          cache[key] = self._scores(ds, lambda b: self._score_stacked(frozen, prompt, b),
+          cache[key] = self._scores(ds, lambda b: self._outputs.score_stacked(frozen, prompt, b),
                                     stacked=True)
       return cache[key]
 

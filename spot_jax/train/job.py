@@ -27,7 +27,7 @@ from spot_jax.train import progress
 from spot_jax.train import runs as runs_lib
 from spot_jax.train import streams
 from spot_jax.train.checkpointer import Checkpointer
-from spot_jax.train.evaluator import EvalConfig, Evaluator, lookup_metric
+from spot_jax.train.evaluator import EvalConfig, Evaluator, ModelOutputs, lookup_metric
 from spot_jax.train.results import RunResult, TrainResult
 from spot_jax.train.state import TrainState
 
@@ -115,23 +115,25 @@ class Job:
     if not model.has_prompt:
       prompt_params, prompt_shardings = {}, {}
     else:
+      # Runs sharing an initialiser share its shape check and its compiled initialisation:
+      # each costs a trace of the whole model.
       per_run, compiled = [], {}
       for run in self.plan.runs:
-        run_model = model
-        if run.prompt_init is not None:
-          run_model = dataclasses.replace(model, module=model.module.clone(
-              prompt=model.module.prompt.clone(prompt_init=run.prompt_init)))
         rng = backbone_lib.seed_keys(run.seed)[1]
-        try:
-          abstract = jax.eval_shape(run_model.init_prompt, rng, backbone, dummy)
-        except ValueError as e:  # e.g. a run's initial prompt of another shape
-          if not self.stacked:
-            raise
-          raise ConfigError(f"run {run.name}'s prompt cannot be initialised: "
-                            f"{str(e).splitlines()[0]}") from None
-        prompt_shardings = partitioning.param_shardings(abstract, self.mesh, self.rules)
         key = id(run.prompt_init)
         if key not in compiled:
+          run_model = model
+          if run.prompt_init is not None:
+            run_model = dataclasses.replace(model, module=model.module.clone(
+                prompt=model.module.prompt.clone(prompt_init=run.prompt_init)))
+          try:
+            abstract = jax.eval_shape(run_model.init_prompt, rng, backbone, dummy)
+          except ValueError as e:  # e.g. a run's initial prompt of another shape
+            if not self.stacked:
+              raise
+            raise ConfigError(f"run {run.name}'s prompt cannot be initialised: "
+                              f"{str(e).splitlines()[0]}") from None
+          prompt_shardings = partitioning.param_shardings(abstract, self.mesh, self.rules)
           compiled[key] = jax.jit(lambda r, f, m=run_model: models.unbox(m.init_prompt(r, f, dummy)),
                                   out_shardings=prompt_shardings)
         per_run.append(compiled[key](rng, backbone))
@@ -331,8 +333,9 @@ class Job:
     for k, run in enumerate(self.plan.runs):
       groups.setdefault(run.task if own else eval_cfg.mixture_or_task_name, []).append(k)
     log_dir = None if self.stacked else str(self.plan.runs[0].run_dir.eval_logs)
+    outputs = ModelOutputs(model, eval_cfg.task_feature_lengths["targets"])  # one trace for all
     return [(Evaluator(model, dataclasses.replace(eval_cfg, mixture_or_task_name=task),
-                       log_dir=log_dir, mesh=self.mesh), members)
+                       log_dir=log_dir, mesh=self.mesh, outputs=outputs), members)
             for task, members in groups.items()]
 
   def evaluate(self, evaluators, frozen: Any, state: TrainState, done: int) -> None:

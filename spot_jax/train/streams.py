@@ -16,6 +16,7 @@ import numpy as np
 
 from spot_jax import data as data_lib
 from spot_jax import partitioning
+from spot_jax.data import replay
 
 
 class Streams:
@@ -42,7 +43,9 @@ class Streams:
     if not self.plan.stacked:
       yield from self._one(start_position, sharding)
       return
-    streams = [data_lib.train_batches(cfg, start_position=start_position)
+    # Every process reads every run's whole stream; one read by an earlier job of this process
+    # (another method on the same task and seed) is replayed, not read again.
+    streams = [replay.replayed_train_batches(cfg, start_position=start_position)
                for cfg in self.plan.train_cfgs]
     while True:
       hosts = [self._count(next(s)) for s in streams]
