@@ -115,17 +115,14 @@ class Job:
     if not model.has_prompt:
       prompt_params, prompt_shardings = {}, {}
     else:
-      # Runs sharing an initialiser share its shape check and its compiled initialisation:
-      # each costs a trace of the whole model.
-      per_run, compiled = [], {}
+      per_run, compiled = [], {}  # per initialiser: each shape check or compile traces the model
       for run in self.plan.runs:
         rng = backbone_lib.seed_keys(run.seed)[1]
         key = id(run.prompt_init)
         if key not in compiled:
-          run_model = model
-          if run.prompt_init is not None:
-            run_model = dataclasses.replace(model, module=model.module.clone(
-                prompt=model.module.prompt.clone(prompt_init=run.prompt_init)))
+          run_model = model if run.prompt_init is None else dataclasses.replace(
+              model, module=model.module.clone(prompt=model.module.prompt.clone(
+                  prompt_init=run.prompt_init)))
           try:
             abstract = jax.eval_shape(run_model.init_prompt, rng, backbone, dummy)
           except ValueError as e:  # e.g. a run's initial prompt of another shape
