@@ -91,6 +91,36 @@ def _without(prefixes: tuple[str, ...]) -> Iterator[None]:
     logger.removeFilter(quiet)
 
 
+# seqio evaluators built in this process, by what they read: one evaluator tokenises and keeps
+# its examples once, and every later job of the process evaluating the same split reuses it.
+_SEQIO_EVALUATORS: dict[tuple, tuple[Any, Any, _RoutedLogs]] = {}
+_MAX_SEQIO_EVALUATORS = 64
+
+
+def _seqio_evaluator(config: EvalConfig) -> tuple[Any, _RoutedLogs]:
+  """(seqio.Evaluator, its routed logger) for `config`, built once per process and task object."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  data_lib.import_modules(config.module)
+  source = data_lib.get_mixture_or_task(config.mixture_or_task_name, config.split, "EVAL_SPLIT")
+  key = (id(source), config.mixture_or_task_name, config.split, config.use_cached,
+         config.num_examples, tuple(sorted((k, int(v)) for k, v in config.task_feature_lengths.items())))
+  if key not in _SEQIO_EVALUATORS:
+    routes = _RoutedLogs()
+    with _without(_LENGTH_NOTES):
+      evaluator = seqio.Evaluator(
+          mixture_or_task_name=config.mixture_or_task_name,
+          feature_converter=seqio.EncDecFeatureConverter(pack=False),
+          eval_split=config.split, use_cached=config.use_cached, seed=42,
+          sequence_length=dict(config.task_feature_lengths), num_examples=config.num_examples,
+          # seqio wants a folder with its loggers; the routed logger writes to each run's own.
+          logger_cls=(lambda output_dir: routes,), log_dir="routed", async_compute_metrics=False)
+    if len(_SEQIO_EVALUATORS) >= _MAX_SEQIO_EVALUATORS:
+      _SEQIO_EVALUATORS.pop(next(iter(_SEQIO_EVALUATORS)))
+    # The task object is kept with its evaluator, so its id names it while the entry lives.
+    _SEQIO_EVALUATORS[key] = (source, evaluator, routes)
+  return _SEQIO_EVALUATORS[key][1:]
+
+
 class ModelOutputs:
   """The jitted decoding and scoring of one model at one decode length.
 
@@ -122,22 +152,10 @@ class Evaluator:
   def __init__(self, model: models.EncoderDecoderModel, config: EvalConfig,
                log_dir: Optional[str] = None, mesh: Optional[jax.sharding.Mesh] = None,
                outputs: Optional[ModelOutputs] = None):
-    import seqio  # pylint: disable=g-import-not-at-top
     self.model, self.config = model, config
     self.mesh = mesh if mesh is not None else partitioning.create_mesh(1)
-    data_lib.import_modules(config.module)
-    data_lib.get_mixture_or_task(config.mixture_or_task_name, config.split, "EVAL_SPLIT")
     self._log_dir = log_dir
-    self._routes = _RoutedLogs()
-    with _without(_LENGTH_NOTES):
-      self._evaluator = seqio.Evaluator(
-          mixture_or_task_name=config.mixture_or_task_name,
-          feature_converter=seqio.EncDecFeatureConverter(pack=False),
-          eval_split=config.split, use_cached=config.use_cached, seed=42,
-          sequence_length=dict(config.task_feature_lengths), num_examples=config.num_examples,
-          # seqio wants a folder with its loggers; the routed logger writes to each run's own.
-          logger_cls=(lambda output_dir: self._routes,), log_dir=log_dir or "routed",
-          async_compute_metrics=False)
+    self._evaluator, self._routes = _seqio_evaluator(config)
     data_size = self.mesh.shape[partitioning.DATA]
     self._batch_size = -(-int(config.batch_size) // data_size) * data_size
     decode_length = int(config.task_feature_lengths["targets"])
