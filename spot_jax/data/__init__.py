@@ -3,6 +3,7 @@
   pipeline   DatasetConfig, train_batches (fixed padding or length buckets), task look-up
   bucketing  regrouping a window of examples into batches padded to their length bucket
   task_index each example's task in a mixture (the optional `task_index` feature)
+  replay     streams read once per process: what one job read is replayed to the next
 """
 from spot_jax.data.pipeline import (MODEL_FEATURES, DatasetConfig, bucket_boundaries,
                                     get_mixture_or_task, import_modules, train_batches, validate)
