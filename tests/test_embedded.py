@@ -2,6 +2,7 @@
 that a prompt really learns on it (and cannot on a random backbone)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -199,6 +200,8 @@ def _one_line_error(capsys, main, argv, prog):
     (["--methods=pt,sopt"], "unknown method 'sopt' in --methods (entry 1; did you mean 'spot'?)"),
     (["--targets=sentiment_hotel"], "unknown target task 'sentiment_hotel'"),
     (["--target_steps=0"], "--target_steps must be a positive integer"),
+    (["--prompt_length=0"], "--prompt_length must be a positive integer, got 0"),
+    (["--input_length=-3"], "--input_length must be a positive integer, got -3"),
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["--seeds="], "--seeds is empty; give at least one seed"),
     (["--seeds=0,1,0"], "--seeds: entry 2 (0) repeats entry 0; seeds must be distinct"),
@@ -292,6 +295,11 @@ def test_demo_report_tables_verdicts_claims_and_chart(tmp_path):
   claims = {(r[0][:10], r[1]): r[4] for r in results.claim_rows(summary)[1:]}
   assert claims[("SPoT beats", "sum")] == "holds" and claims[("SMoP 4x5 (", "sum")] == "not resolved"
   assert claims[("task embed", "all")] == "not resolved"  # 2 of 3 related: n too small
+  texts = [r[0] for r in results.claim_rows(summary)[1:]]
+  assert "SMoP 4x5 (5 prompt tokens per input) matches or beats 20-token Prompt Tuning" in texts
+  shorter = dataclasses.replace(summary, prompt_length=10)
+  assert "SMoP 4x5 (5 prompt tokens per input) matches or beats 10-token Prompt Tuning" in [
+      r[0] for r in results.claim_rows(shorter)[1:]]
   paths = results.write(tmp_path, summary, {"target_steps": 100})
   saved = json.loads(paths[0].read_text())
   assert saved["cells"]["sum/spot"]["scores"] == spot and saved["cells"]["sum/spot"]["verdict_vs_pt"] == "better"
@@ -299,6 +307,20 @@ def test_demo_report_tables_verdicts_claims_and_chart(tmp_path):
   md = paths[1].read_text()
   assert f"| sum | 10.2 | 82.0 ± {half(pt):.1f} |" in md and "| sum | addition* | addition* | length | 2/3 |" in md
   assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_model
+def test_demo_prompt_and_input_length_reach_the_runs(tmp_path):
+  from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
+  from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
+  argv = ["--methods=pt", "--targets=category", "--seeds=0", "--target_steps=2",
+          "--prompt_length=6", "--input_length=37", f"--output_dir={tmp_path}"]
+  assert main(argv) == 0
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert saved["recipe"]["prompt_length"] == 6 and saved["recipe"]["input_length"] == 37
+  job, = (tmp_path / "runs").iterdir()
+  run = RunDir(job / "category.seed_0")
+  assert np.load(run.prompt_path("best")).shape[0] == 6 and run.read_record().method["length"] == 6
 
 
 @needs_model

@@ -111,6 +111,13 @@ def _parser() -> cli.ArgumentParser:
   speed.add_argument("--full", action="store_true", help=f"more steps: {FULL}")
   p.add_argument("--source_steps", type=int, default=None, help="override the source steps")
   p.add_argument("--target_steps", type=int, default=None, help="override the target steps")
+  p.add_argument("--prompt_length", type=int, default=None,
+                 help=f"prompt tokens of Prompt Tuning, SPoT, Residual PT and the successors that "
+                      f"take the recipe's length (default {runs.Settings.prompt_length}; SMoP "
+                      f"stays 4 x 5)")
+  p.add_argument("--input_length", type=int, default=None,
+                 help=f"target input tokens (default {runs.Settings.input_length}; the longest "
+                      f"target input is {runs.LONGEST_TARGET_INPUT}: shorter truncates)")
   p.add_argument("--fresh", action="store_true", help="retrain runs already finished in --output_dir")
   p.add_argument("--compilation_cache", default=None,
                  help="JAX persistent compilation cache directory (default <output_dir>/jax_cache; 'none' disables)")
@@ -119,7 +126,7 @@ def _parser() -> cli.ArgumentParser:
 
 def _settings(args) -> runs.Settings:
   changes = dict(QUICK if args.quick else FULL if args.full else {})
-  for name in ("source_steps", "target_steps"):
+  for name in ("source_steps", "target_steps", "prompt_length", "input_length"):
     if getattr(args, name) is not None:
       if getattr(args, name) <= 0:
         raise ConfigError(f"--{name} must be a positive integer, got {getattr(args, name)}")
@@ -218,7 +225,8 @@ def main(argv: Sequence[str]) -> Optional[int]:
 
   chance = {t: round(suite.TASKS[t].chance, 1) for t in targets}
   summary = results_lib.summarize(outcomes, targets, methods, seeds, chance, sources,
-                                  {k: c.to_json() for k, c in choices.items()}, seconds)
+                                  {k: c.to_json() for k, c in choices.items()}, seconds,
+                                  settings.prompt_length)
   paths = results_lib.write(out, summary, dataclasses.asdict(settings))
   print()
   print(f"validation accuracy %, mean ± 95% interval over {len(seeds)} seeds:")

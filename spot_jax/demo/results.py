@@ -31,6 +31,7 @@ class Summary:
     sources: (source, accuracy) of the library's source prompts.
     choices: (target, seed) -> retrieval's choice as JSON (`spot_sources.Choice.to_json`).
     seconds: method -> the job's wall time in this process (None: reused).
+    prompt_length: the recipe's prompt tokens (Prompt Tuning's, which the claims name).
   """
   targets: list[str]
   methods: list[str]
@@ -40,6 +41,7 @@ class Summary:
   sources: list[tuple[str, float]]
   choices: dict[tuple[str, int], dict]
   seconds: dict[str, Optional[float]]
+  prompt_length: int = 20
 
   def interval(self, target: str, method: str) -> stats.Interval:
     return stats.interval(self.scores[(target, method)])
@@ -66,7 +68,8 @@ class Summary:
 
 def summarize(outcomes: Sequence[Outcome], targets: Sequence[str], methods: Sequence[str],
               seeds: Sequence[int], chance: Mapping[str, float], sources: Sequence[Outcome],
-              choices: Mapping[tuple[str, int], dict], seconds: Mapping[str, Optional[float]]) -> Summary:
+              choices: Mapping[tuple[str, int], dict], seconds: Mapping[str, Optional[float]],
+              prompt_length: int = 20) -> Summary:
   """Scores per (target, method) in seed order, from the runs' records."""
   by_key = {(o.task, o.method, o.seed): o.accuracy for o in outcomes}
   scores = {}
@@ -77,7 +80,8 @@ def summarize(outcomes: Sequence[Outcome], targets: Sequence[str], methods: Sequ
         raise RuntimeError(f"no finished {m} run of {t} for seeds {missing}")
       scores[(t, m)] = [by_key[(t, m, s)] for s in seeds]
   return Summary(list(targets), list(methods), list(seeds), dict(chance), scores,
-                 [(o.task, o.accuracy) for o in sources], dict(choices), dict(seconds))
+                 [(o.task, o.accuracy) for o in sources], dict(choices), dict(seconds),
+                 int(prompt_length))
 
 
 # --- tables ---------------------------------------------------------------------------------------
@@ -122,16 +126,16 @@ _PAIRED_CLAIMS = (
     ("spot", "pt", "SPoT beats Prompt Tuning on a related target (retrieved source)", "better"),
     ("spot_unrelated", "pt", "SPoT from an unrelated source does not beat Prompt Tuning", "not better"),
     ("spot", "spot_unrelated", "the retrieved source beats an unrelated one", "better"),
-    ("smop", "pt", "SMoP 4x5 (5 prompt tokens per input) matches or beats 20-token Prompt Tuning",
+    ("smop", "pt", "SMoP 4x5 (5 prompt tokens per input) matches or beats {L}-token Prompt Tuning",
      "not worse"),
     ("residual", "pt", "Residual PT ends higher than Prompt Tuning at the same steps", "better"),
     # The successors (on request): each against the method it set out to improve.
-    ("prefix", "pt", "Prefix tuning (20 keys and values in every attention) beats 20-token "
+    ("prefix", "pt", "Prefix tuning ({L} keys and values in every attention) beats {L}-token "
      "Prompt Tuning", "better"),
-    ("ptuning_v2", "pt", "P-tuning v2 (20 tokens in every encoder layer) beats 20-token Prompt "
+    ("ptuning_v2", "pt", "P-tuning v2 ({L} tokens in every encoder layer) beats {L}-token Prompt "
      "Tuning", "better"),
-    ("dept", "pt", "DePT (10 tokens + rank-8 offsets, about the same parameters) matches or beats "
-     "20-token Prompt Tuning", "not worse"),
+    ("dept", "pt", "DePT (10 tokens + rank-8 offsets{budget}) matches or beats "
+     "{L}-token Prompt Tuning", "not worse"),
     ("residual_smop", "smop", "Residual SMoP beats SMoP 4x5", "better"),
     ("attempt", "spot", "ATTEMPT (an attentional mixture of the 8 sources) beats SPoT (one "
      "retrieved source)", "better"),
@@ -151,6 +155,12 @@ def _claim_verdict(verdict: str, wanted: str) -> str:
   return {stats.BETTER: HOLDS, stats.WORSE: DOES_NOT_HOLD}.get(verdict, stats.UNRESOLVED)
 
 
+def _claim_text(text: str, prompt_length: int) -> str:
+  """A claim's words for the recipe's prompt length (DePT's budget matches 20 tokens only)."""
+  return text.format(L=prompt_length,
+                     budget=", about the same parameters" if prompt_length == 20 else "")
+
+
 def claim_rows(s: Summary) -> list[list[str]]:
   """Header + one row per (claim, target) the demo measures, and retrieval's ranking claim."""
   rows = [list(CLAIM_COLUMNS)]
@@ -160,7 +170,7 @@ def claim_rows(s: Summary) -> list[list[str]]:
       continue
     for t in s.targets:
       diff = s.difference(t, method, base)
-      rows.append([text, t, f"{_signed(diff)} points", n,
+      rows.append([_claim_text(text, s.prompt_length), t, f"{_signed(diff)} points", n,
                    _claim_verdict(stats.verdict(diff), wanted)])
   if s.choices:
     from tasks import embedded as suite  # pylint: disable=g-import-not-at-top

@@ -45,6 +45,7 @@ MPT_SOURCE = "mpt_source"  # the method name of MPT's distillation job (one run 
 # How the progress lines and the job-time table name each job.
 JOB_NAMES = {**METHOD_NAMES, SOURCE: "sources", MPT_SOURCE: "MPT distillation"}
 TASK_MODULE = "tasks.embedded"
+LONGEST_TARGET_INPUT = 37  # tokens of the suite's longest target input
 METRIC = "accuracy"
 
 
@@ -61,7 +62,7 @@ class Settings:
     warmup_steps: linear warm-up from 0 to the peak.
     final_learning_rate: linear decay from the peak to this at the last step (None: none;
       with no warm-up either, the constant rate of Prompt Tuning's recipe).
-    input_length: target tasks' input length in tokens (the longest target input is 37).
+    input_length: target tasks' input length in tokens (`LONGEST_TARGET_INPUT` fits).
     source_input_length: the sources' input length (paraphrase inputs reach 48).
     target_length: output length in tokens (the longest label is 4 tokens and EOS).
     eval_examples: validation examples scored at the end of every run.
