@@ -101,6 +101,16 @@ def paired_difference(baseline: Sequence[float], other: Sequence[float],
   return interval(b - a, level)
 
 
+def family_level(level: float, comparisons: int) -> float:
+  """The per-comparison level that keeps `comparisons` intervals simultaneous at `level`
+  (Bonferroni): with probability at least `level` every one of them covers its true value, so
+  a table of verdicts holds one wrong "better" or "worse" with probability at most 1 - level."""
+  _check_level(level)
+  if comparisons < 1:
+    raise ConfigError(f"a family of comparisons needs at least one, got {comparisons}")
+  return 1 - (1 - level) / comparisons
+
+
 def verdict(difference: Interval) -> str:
   """'better' when the interval of the difference lies above 0, 'worse' below, else unresolved."""
   if not difference.resolved:

@@ -287,10 +287,16 @@ def test_demo_report_tables_verdicts_claims_and_chart(tmp_path):
   assert rows[0] == ["target", "chance", "Prompt Tuning", "SPoT", "SMoP 4x5"]
   assert rows[1] == ["sum", "10.2", f"82.0 ± {half(pt):.1f}", f"87.7 ± {half(spot):.1f}",
                      f"81.3 ± {half(smop):.1f}"]
+  # The table's verdicts are one family: 2 comparisons (SPoT and SMoP against PT on 1 target),
+  # simultaneous at 95%, so each interval is a 97.5% one.
+  assert summary.level == pytest.approx(0.975) and len(summary.pairs()) == 2
+  t_family = scipy_stats.t.ppf(1 - 0.025 / 2, 2)
+  family_half = lambda xs: t_family * np.std(xs, ddof=1) / np.sqrt(len(xs))
   diff = np.subtract(spot, pt)  # [5, 6, 6]: its interval lies above 0
   assert results.verdict_rows(summary)[1] == [
-      "sum", f"+{diff.mean():.1f} ± {half(diff):.1f} better",
-      f"-{-np.mean(np.subtract(smop, pt)):.1f} ± {half(np.subtract(smop, pt)):.1f} not resolved"]
+      "sum", f"+{diff.mean():.1f} ± {family_half(diff):.1f} better",
+      f"-{-np.mean(np.subtract(smop, pt)):.1f} ± {family_half(np.subtract(smop, pt)):.1f} not resolved"]
+  assert len(results.verdict_rows(summary)) == 2  # one target: no targets' mean row
   assert results.source_rows(summary)[1] == ["sum", "addition*", "addition*", "length", "2/3"]
   claims = {(r[0][:10], r[1]): r[4] for r in results.claim_rows(summary)[1:]}
   assert claims[("SPoT beats", "sum")] == "holds" and claims[("SMoP 4x5 (", "sum")] == "not resolved"
@@ -307,6 +313,31 @@ def test_demo_report_tables_verdicts_claims_and_chart(tmp_path):
   md = paths[1].read_text()
   assert f"| sum | 10.2 | 82.0 ± {half(pt):.1f} |" in md and "| sum | addition* | addition* | length | 2/3 |" in md
   assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_targets_mean_row_and_families(tmp_path):
+  from spot_jax import stats  # pylint: disable=g-import-not-at-top
+  from spot_jax.demo import results  # pylint: disable=g-import-not-at-top
+  scores = {("a", "pt"): [80.0, 82.0, 84.0, 81.0], ("a", "residual"): [83.0, 85.0, 88.0, 84.0],
+            ("b", "pt"): [30.0, 20.0, 40.0, 35.0], ("b", "residual"): [34.0, 26.0, 41.0, 40.0]}
+  summary = results.Summary(["a", "b"], ["pt", "residual"], [0, 1, 2, 3], {"a": 50.0, "b": 10.0},
+                            scores, [], {}, {})
+  # One pair (Residual against PT) on 2 targets: per-target intervals simultaneous over 2, the
+  # targets' mean over 1.
+  assert summary.pairs() == [("residual", "pt")]
+  assert summary.level == pytest.approx(0.975) and summary.pooled_level == pytest.approx(0.95)
+  per_seed = np.mean([np.subtract(scores[(t, "residual")], scores[(t, "pt")]) for t in "ab"], axis=0)
+  mean = stats.interval(per_seed, 0.95)
+  rows = results.verdict_rows(summary)
+  assert rows[-1] == [results.MEAN_ROW, f"+{mean.format()} {stats.verdict(mean)}"]
+  claims = [r for r in results.claim_rows(summary)[1:] if r[0].startswith("Residual PT")]
+  assert [r[1] for r in claims] == ["a", "b", results.MEAN_ROW]
+  assert claims[-1][2] == f"+{mean.format()} points"
+  saved = summary.to_json()
+  assert saved["targets_mean"]["residual-pt"]["difference"]["mean"] == pytest.approx(mean.mean)
+  assert saved["levels"] == {"per_target": pytest.approx(0.975), "targets_mean": pytest.approx(0.95),
+                             "comparisons": 2}
+  assert "simultaneous 95% interval over the 2 per-target comparisons" in results.verdict_heading(summary)
 
 
 @needs_model

@@ -73,3 +73,19 @@ def test_seed_lists_are_checked(seeds, message):
 
 def test_non_finite_values_give_no_mean():
   assert math.isnan(stats.interval([1.0, float("nan")]).mean)
+
+
+def test_family_level_is_bonferroni_and_covers_together():
+  assert stats.family_level(0.95, 1) == pytest.approx(0.95)
+  assert stats.family_level(0.95, 20) == pytest.approx(0.9975)
+  with pytest.raises(ConfigError, match="at least one"):
+    stats.family_level(0.95, 0)
+  # 20 intervals of differences whose true value is 0, simultaneous at 95%: over many tables,
+  # at most 5% have any interval excluding 0 (per-comparison 95% intervals: about 64%).
+  rng = np.random.default_rng(0)
+  tables = rng.normal(size=(2000, 20, 5))
+  def any_resolved(level):
+    return np.mean([any(stats.verdict(stats.interval(x, level)) != stats.UNRESOLVED for x in table)
+                    for table in tables])
+  assert any_resolved(stats.family_level(0.95, 20)) <= 0.06
+  assert any_resolved(0.95) > 0.5

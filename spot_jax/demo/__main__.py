@@ -10,8 +10,9 @@ r"""`python -m spot_jax.demo`: every prompt method, really learning, on the embe
      (4 prompts x 5 tokens), Residual Prompt Tuning and, as a control, SPoT from an unrelated
      source, one job per method
   4. print the mean and 95% interval over seeds per target and method, each method's paired
-     verdict against Prompt Tuning (better / worse / not resolved), the sources retrieval chose
-     and the claims table; write results.json, results.md and results.png to --output_dir
+     verdict against Prompt Tuning (better / worse / not resolved) on every target and on the
+     targets' mean (a table's verdicts are one family: simultaneous 95% intervals), the sources
+     retrieval chose and the claims table; write results.json, results.md and results.png
 
 Every run is an ordinary trainer run in <output_dir>/runs/<method>-<digest>/<task>.seed_<s> whose
 run.json holds its score. Rerunning with the same flags reuses the finished runs (the same
@@ -231,7 +232,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   print()
   print(f"validation accuracy %, mean ± 95% interval over {len(seeds)} seeds:")
   print(results_lib.plain(results_lib.accuracy_rows(summary)))
-  print("\neach method minus Prompt Tuning, paired by seed, and the verdict:")
+  print("\n" + results_lib.verdict_heading(summary) + ":")
   print(results_lib.plain(results_lib.verdict_rows(summary)))
   if choices:
     print("\nSPoT's source per seed, chosen by retrieval (* = in the suite's RELATED map):")

@@ -1,8 +1,12 @@
 """The demo's seeded results: tables with intervals, paired verdicts, claims, JSON and a PNG.
 
 Every number is a mean over seeds with its Student-t 95% interval (`spot_jax.stats`); every
-comparison with Prompt Tuning is a verdict from the paired per-seed differences (the same seed's
-runs share their data order), so it says "better", "worse" or "not resolved", never a bare gap.
+comparison is a verdict from the paired per-seed differences (the same seed's runs share their
+data order), so it says "better", "worse" or "not resolved", never a bare gap. The verdicts of a
+table are one family: their intervals are simultaneous at 95% (Bonferroni over the comparisons
+on every target; the comparisons of the targets' mean, each seed's differences averaged over the
+targets, are a second family), so a table shows a wrong verdict with probability at most 5%,
+however many comparisons it makes.
 """
 from __future__ import annotations
 
@@ -46,11 +50,36 @@ class Summary:
   def interval(self, target: str, method: str) -> stats.Interval:
     return stats.interval(self.scores[(target, method)])
 
+  def pairs(self) -> list[tuple[str, str]]:
+    """(method, baseline) of every comparison reported: each method against Prompt Tuning, then
+    each claim's other pairs (SPoT against SPoT unrelated, a successor against its method)."""
+    found = [(m, BASELINE) for m in self.methods if m != BASELINE]
+    found += [(m, b) for m, b, _, _ in _PAIRED_CLAIMS
+              if m in self.methods and b in self.methods and (m, b) not in found]
+    return found
+
+  @property
+  def level(self) -> float:
+    """Each per-target comparison's level: simultaneous 95% over pairs x targets."""
+    return stats.family_level(stats.LEVEL, max(len(self.pairs()) * len(self.targets), 1))
+
+  @property
+  def pooled_level(self) -> float:
+    """Each targets'-mean comparison's level: simultaneous 95% over the pairs."""
+    return stats.family_level(stats.LEVEL, max(len(self.pairs()), 1))
+
   def difference(self, target: str, method: str, baseline: str = BASELINE) -> stats.Interval:
-    return stats.paired_difference(self.scores[(target, baseline)], self.scores[(target, method)])
+    return stats.paired_difference(self.scores[(target, baseline)], self.scores[(target, method)],
+                                   self.level)
 
   def verdict(self, target: str, method: str, baseline: str = BASELINE) -> str:
     return stats.verdict(self.difference(target, method, baseline))
+
+  def pooled_difference(self, method: str, baseline: str = BASELINE) -> stats.Interval:
+    """mean over seeds of (the seed's difference averaged over the targets)."""
+    per_seed = np.mean([np.subtract(self.scores[(t, method)], self.scores[(t, baseline)])
+                        for t in self.targets], axis=0)
+    return stats.interval(per_seed, self.pooled_level)
 
   def to_json(self) -> dict:
     cells = {f"{t}/{m}": {"scores": self.scores[(t, m)], "interval": self.interval(t, m).to_json(),
@@ -63,6 +92,11 @@ class Summary:
             "sources": [{"task": s, "accuracy": a} for s, a in self.sources],
             "retrieval": [self.choices[k] for k in sorted(self.choices)],
             "claims": [dict(zip(CLAIM_COLUMNS, row)) for row in claim_rows(self)[1:]],
+            "targets_mean": {f"{m}-{b}": {"difference": self.pooled_difference(m, b).to_json(),
+                                          "verdict": stats.verdict(self.pooled_difference(m, b))}
+                             for m, b in self.pairs()},
+            "levels": {"per_target": self.level, "targets_mean": self.pooled_level,
+                       "comparisons": len(self.pairs()) * len(self.targets)},
             "job_seconds": self.seconds}
 
 
@@ -101,6 +135,9 @@ def verdict_rows(s: Summary) -> list[list[str]]:
   rows = [["target"] + [f"{METHOD_NAMES[m]} - PT" for m in others]]
   for t in s.targets:
     rows.append([t] + [f"{_signed(s.difference(t, m))} {s.verdict(t, m)}" for m in others])
+  if len(s.targets) > 1:
+    rows.append([MEAN_ROW] + [f"{_signed(s.pooled_difference(m))} "
+                              f"{stats.verdict(s.pooled_difference(m))}" for m in others])
   return rows
 
 
@@ -122,6 +159,7 @@ def source_rows(s: Summary) -> list[list[str]]:
 
 
 CLAIM_COLUMNS = ("claim", "target", "measured", "seeds", "verdict")
+MEAN_ROW = "mean of targets"
 _PAIRED_CLAIMS = (
     ("spot", "pt", "SPoT beats Prompt Tuning on a related target (retrieved source)", "better"),
     ("spot_unrelated", "pt", "SPoT from an unrelated source does not beat Prompt Tuning", "not better"),
@@ -168,8 +206,10 @@ def claim_rows(s: Summary) -> list[list[str]]:
   for method, base, text, wanted in _PAIRED_CLAIMS:
     if method not in s.methods or base not in s.methods:
       continue
-    for t in s.targets:
-      diff = s.difference(t, method, base)
+    diffs = [(t, s.difference(t, method, base)) for t in s.targets]
+    if len(s.targets) > 1:
+      diffs.append((MEAN_ROW, s.pooled_difference(method, base)))
+    for t, diff in diffs:
       rows.append([_claim_text(text, s.prompt_length), t, f"{_signed(diff)} points", n,
                    _claim_verdict(stats.verdict(diff), wanted)])
   if s.choices:
@@ -198,6 +238,17 @@ def time_rows(s: Summary) -> list[list[str]]:
     n = len(s.sources) if job == SOURCE else 1 if job == MPT_SOURCE else runs_per_job
     rows.append([JOB_NAMES.get(job, job), str(n), f"{seconds:.0f}", f"{seconds / max(n, 1):.1f}"])
   return rows if len(rows) > 1 else []
+
+
+def verdict_heading(s: Summary) -> str:
+  """What the verdict table's intervals are."""
+  text = (f"Each method minus Prompt Tuning, paired by seed: mean ± simultaneous 95% interval over "
+          f"the {len(s.pairs()) * len(s.targets)} per-target comparisons (Bonferroni: each at "
+          f"{100 * s.level:.2f}%), and the verdict")
+  if len(s.targets) > 1:
+    text += (f"; the last row averages each seed's differences over the targets (simultaneous over "
+             f"its {len(s.pairs())} comparisons: each at {100 * s.pooled_level:.2f}%)")
+  return text
 
 
 def markdown(rows: Sequence[Sequence[str]]) -> str:
@@ -255,8 +306,7 @@ def write(output_dir: pathlib.Path, s: Summary, recipe: Mapping) -> list[pathlib
   text = ["# spot-jax demo results", "",
           f"Validation accuracy (%) per target and method: mean ± 95% interval (Student t) over "
           f"seeds {seeds}; {recipe['target_steps']} target steps.", "", markdown(accuracy_rows(s)),
-          "Each method minus Prompt Tuning, paired by seed (mean ± 95% interval) and the verdict:",
-          "", markdown(verdict_rows(s))]
+          verdict_heading(s) + ":", "", markdown(verdict_rows(s))]
   if s.choices:
     text += ["The source retrieval chose for each SPoT run (* = in the suite's RELATED map, a "
              "check only):", "", markdown(source_rows(s))]
