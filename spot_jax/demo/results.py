@@ -59,9 +59,14 @@ class Summary:
     return found
 
   @property
+  def comparisons(self) -> int:
+    """The per-target family's size: pairs x targets."""
+    return len(self.pairs()) * len(self.targets)
+
+  @property
   def level(self) -> float:
     """Each per-target comparison's level: simultaneous 95% over pairs x targets."""
-    return stats.family_level(stats.LEVEL, max(len(self.pairs()) * len(self.targets), 1))
+    return stats.family_level(stats.LEVEL, max(self.comparisons, 1))
 
   @property
   def pooled_level(self) -> float:
@@ -92,11 +97,10 @@ class Summary:
             "sources": [{"task": s, "accuracy": a} for s, a in self.sources],
             "retrieval": [self.choices[k] for k in sorted(self.choices)],
             "claims": [dict(zip(CLAIM_COLUMNS, row)) for row in claim_rows(self)[1:]],
-            "targets_mean": {f"{m}-{b}": {"difference": self.pooled_difference(m, b).to_json(),
-                                          "verdict": stats.verdict(self.pooled_difference(m, b))}
-                             for m, b in self.pairs()},
+            "targets_mean": {f"{m}-{b}": {"difference": iv.to_json(), "verdict": stats.verdict(iv)}
+                             for m, b in self.pairs() for iv in [self.pooled_difference(m, b)]},
             "levels": {"per_target": self.level, "targets_mean": self.pooled_level,
-                       "comparisons": len(self.pairs()) * len(self.targets)},
+                       "comparisons": self.comparisons},
             "job_seconds": self.seconds}
 
 
@@ -133,11 +137,11 @@ def verdict_rows(s: Summary) -> list[list[str]]:
   """Header + one row per target: each method's paired difference from Prompt Tuning, verdict."""
   others = [m for m in s.methods if m != BASELINE]
   rows = [["target"] + [f"{METHOD_NAMES[m]} - PT" for m in others]]
+  cell = lambda iv: f"{_signed(iv)} {stats.verdict(iv)}"
   for t in s.targets:
-    rows.append([t] + [f"{_signed(s.difference(t, m))} {s.verdict(t, m)}" for m in others])
+    rows.append([t] + [cell(s.difference(t, m)) for m in others])
   if len(s.targets) > 1:
-    rows.append([MEAN_ROW] + [f"{_signed(s.pooled_difference(m))} "
-                              f"{stats.verdict(s.pooled_difference(m))}" for m in others])
+    rows.append([MEAN_ROW] + [cell(s.pooled_difference(m)) for m in others])
   return rows
 
 
@@ -243,7 +247,7 @@ def time_rows(s: Summary) -> list[list[str]]:
 def verdict_heading(s: Summary) -> str:
   """What the verdict table's intervals are."""
   text = (f"Each method minus Prompt Tuning, paired by seed: mean ± simultaneous 95% interval over "
-          f"the {len(s.pairs()) * len(s.targets)} per-target comparisons (Bonferroni: each at "
+          f"the {s.comparisons} per-target comparisons (Bonferroni: each at "
           f"{100 * s.level:.2f}%), and the verdict")
   if len(s.targets) > 1:
     text += (f"; the last row averages each seed's differences over the targets (simultaneous over "
