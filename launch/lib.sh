@@ -220,10 +220,18 @@ start() {
 
 # stop_processes: SIGTERM to every process of PIDS still running, SIGKILL 2 s later to those left
 # (once jax.distributed is up, jax catches SIGTERM as a preemption notice and carries on);
-# STOPPED = how many there were.
+# STOPPED = how many there were. A process `start` had forked but not yet recorded (a trap runs
+# between two commands, so Ctrl-C can land between the fork and `PIDS[i]=$!`) is still one of
+# this shell's running jobs: it is recorded first, or it would run on with the launcher gone.
 stop_processes() {
-  local i tries=10 left=()
+  local i pid tries=10 left=()
   STOPPED=0
+  for pid in $(jobs -rp); do
+    for i in "${!PIDS[@]}"; do
+      [ "${PIDS[i]}" != "${pid}" ] || continue 2
+    done
+    PIDS[${#PIDS[@]}]="${pid}"
+  done
   for i in "${!PIDS[@]}"; do
     if [ -z "${STATUS[i]:-}" ]; then
       left+=("${i}")
@@ -269,9 +277,10 @@ guard_interrupts() {
 }
 
 # on_interrupt: Ctrl-C or SIGTERM to the launcher stops the processes (in the background they
-# ignore Ctrl-C) and says where the run stands.
+# ignore Ctrl-C) and says where the run stands. A second Ctrl-C meanwhile is ignored: with the
+# default action it would end the launcher halfway, leaving processes running.
 on_interrupt() {
-  trap - INT TERM HUP
+  trap '' INT TERM HUP
   stop_processes
   exec 2>&3
   echo "${LAUNCH_PROG}: error: interrupted; stopped ${STOPPED} process(es); $(outcome)" >&2

@@ -389,6 +389,55 @@ def test_ctrl_c_stops_every_process(tmp_path, running):
   assert _processes(run_dir) == {}
 
 
+# The launcher's own side of Ctrl-C, without a trainer: each stand-in process interrupts the
+# launcher as soon as it runs, so the signal lands while `start` is forking the next one, and
+# sometimes between a fork and its `PIDS[i]=$!` (a trap runs between two commands). A launcher
+# that stopped only the processes in PIDS left that one running, holding its stdout open: the
+# real-trainer test above timed out in CI that way.
+STAND_IN = """#!/usr/bin/env bash
+case "$1" in -c) exit 0 ;; esac  # the launcher's import probe
+echo "$$" >> "${STAND_IN_PIDS}"
+kill -INT "${PPID}"
+exec sleep 60
+"""
+
+
+def _alive(pid: int) -> bool:
+  try:
+    state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+  except OSError:
+    return False
+  return state != "Z"
+
+
+def test_ctrl_c_while_starting_stops_every_started_process(tmp_path):
+  python = tmp_path / "python"
+  python.write_text(STAND_IN)
+  python.chmod(0o755)
+  pids = tmp_path / "pids"
+  for attempt in range(25):
+    pids.write_text("")
+    env = _env({"GIN_FILES": "gin/test/smoke.gin", "MODEL_DIR": str(tmp_path / f"run{attempt}"),
+                "NUM_PROCESSES": "3", "PYTHON": str(python), "STAND_IN_PIDS": str(pids)})
+    launcher = subprocess.Popen(["bash", str(REPO / "launch" / "local_cpu.sh")], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+      out, err = launcher.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+      launcher.kill()
+      out, err = launcher.communicate()
+    finally:
+      started = [int(p) for p in pids.read_text().split()]
+      running = [p for p in started if _alive(p)]
+      for pid in running:
+        os.kill(pid, signal.SIGKILL)
+    assert running == [], f"attempt {attempt}: processes {running} outlived the launcher"
+    assert launcher.returncode == 130, (attempt, out, err)
+    (line,) = err.splitlines()
+    assert re.match(r"launch/local_cpu.sh: error: interrupted; stopped [123] process\(es\); "
+                    r"nothing was saved", line), line
+
+
 # ------------------------------------------------------------------ issue 23's acceptance test
 # Every 2-process run above evaluates as smoke.gin says (at the end of a 60-step run); this one
 # evaluates every 10 steps and compares with one process.
