@@ -223,11 +223,11 @@ class Evaluator:
   # --- evaluation --------------------------------------------------------------------------------
 
   def _loggers(self, log_dir: Optional[str]) -> tuple:
-    import seqio  # pylint: disable=g-import-not-at-top
+    from spot_jax.train import eval_log  # pylint: disable=g-import-not-at-top
     if not log_dir or jax.process_index() != 0:
       return ()
     os.makedirs(log_dir, exist_ok=True)
-    return (seqio.JSONLogger(output_dir=log_dir),)
+    return (eval_log.JSONLogger(output_dir=log_dir),)
 
   def _metrics(self, predict_fn, score_fn, step: Optional[int], log_dir: Optional[str]) -> dict:
     self._routes.targets = self._loggers(log_dir)
