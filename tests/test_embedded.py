@@ -266,6 +266,9 @@ def test_demo_run_from_a_fresh_process_prints_no_tensorflow_log_lines(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   results = json.loads((tmp_path / "results.json").read_text())
   assert list(results["cells"]) == ["category/pt"] and results["seeds"] == [0]
+  # Prompt Tuning alone compares nothing: no verdict table (it had a heading over 0 comparisons).
+  assert "Each method minus" not in proc.stdout + (tmp_path / "results.md").read_text()
+  assert "validation accuracy %" in proc.stdout
   log = proc.stdout + proc.stderr
   assert "cache_dataset_ops" not in log and "cuInit" not in log, log[-2000:]
   assert not [l for l in log.splitlines() if l[:5] in ("W0000", "E0000")], log[-2000:]

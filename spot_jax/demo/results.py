@@ -309,8 +309,9 @@ def write(output_dir: pathlib.Path, s: Summary, recipe: Mapping) -> list[pathlib
   seeds = ", ".join(str(x) for x in s.seeds)
   text = ["# spot-jax demo results", "",
           f"Validation accuracy (%) per target and method: mean ± 95% interval (Student t) over "
-          f"seeds {seeds}; {recipe['target_steps']} target steps.", "", markdown(accuracy_rows(s)),
-          verdict_heading(s) + ":", "", markdown(verdict_rows(s))]
+          f"seeds {seeds}; {recipe['target_steps']} target steps.", "", markdown(accuracy_rows(s))]
+  if s.pairs():  # Prompt Tuning alone: nothing to compare
+    text += [verdict_heading(s) + ":", "", markdown(verdict_rows(s))]
   if s.choices:
     text += ["The source retrieval chose for each SPoT run (* = in the suite's RELATED map, a "
              "check only):", "", markdown(source_rows(s))]
