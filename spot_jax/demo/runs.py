@@ -68,14 +68,14 @@ class Settings:
     eval_examples: validation examples scored at the end of every run.
     embedding_step: the step whose prompt is a run's task embedding (sources and targets).
   """
-  source_steps: int = 120
-  target_steps: int = 60
-  prompt_length: int = 20
+  source_steps: int = 80
+  target_steps: int = 40
+  prompt_length: int = 10
   batch_size: int = 8
   learning_rate: float = 0.3
   warmup_steps: int = 6
   final_learning_rate: Optional[float] = 0.03
-  input_length: int = 40
+  input_length: int = LONGEST_TARGET_INPUT
   source_input_length: int = 48
   target_length: int = 6
   eval_examples: int = 200

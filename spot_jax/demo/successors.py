@@ -3,19 +3,20 @@
 Each is the same kind of job as the default methods (every target x seed as K runs of one
 jitted step, ordinary run directories), with its own prompt module and, for DePT, optimizer:
 
-  prefix         prefix tuning: 20 key and value prefixes in every attention of both stacks
-                 (encoder self, decoder self, cross), as PEFT places them, N(0, 1) init
-  ptuning_v2     P-tuning v2: 20 prompt tokens in every encoder layer, sampled vocabulary
-  dept           DePT: 10 prompt tokens plus a rank-8 offset of the 40 input positions (1,280 +
-                 1,344 parameters against 20-token Prompt Tuning's 2,560), the offset at its own
-                 learning rate
+  prefix         prefix tuning: key and value prefixes of the recipe's prompt length (10) in every
+                 attention of both stacks (encoder self, decoder self, cross), as PEFT places
+                 them, N(0, 1) init
+  ptuning_v2     P-tuning v2: the recipe's length of prompt tokens in every encoder layer,
+                 sampled vocabulary
+  dept           DePT: 10 prompt tokens plus a rank-8 offset of the input positions, the offset at
+                 its own learning rate (its parameter budget matches 20-token Prompt Tuning's)
   residual_smop  Residual SMoP: SMoP's 4 x 5 prompts through one shared bottleneck-128 MLP
   attempt        ATTEMPT: a per-input attentional mixture of the library's 8 frozen source
-                 prompts and a trained 20-token target prompt
-  mpt            MPT: a 20-token prompt shared by the 8 sources times rank-1 task factors,
-                 distilled from the library's source prompts on the source mixture (one more job),
-                 then each target starts from the shared prompt and the average factors (as
-                 PEFT's AVERAGE_SOURCE_TASKS)
+                 prompts and a trained target prompt of the recipe's length
+  mpt            MPT: a prompt of the recipe's length shared by the 8 sources times rank-1 task
+                 factors, distilled from the library's source prompts on the source mixture (one
+                 more job), then each target starts from the shared prompt and the average factors
+                 (as PEFT's AVERAGE_SOURCE_TASKS)
 
 ATTEMPT and MPT read the source prompts from the demo's library, as SPoT does.
 """
