@@ -44,7 +44,7 @@ def test_the_same_files_as_seqio(tmp_path, step, write_n_results):
                   write_n_results=write_n_results)
   assert ours == theirs
   expected = 2 if write_n_results != 0 else 1
-  assert len(ours) == expected and f"some_task-metrics.jsonl" in ours
+  assert len(ours) == expected and "some_task-metrics.jsonl" in ours
   if write_n_results != 0:
     lines = ours[f"some_task-{-1 if step is None else step:06}.jsonl"].decode().splitlines()
     assert len(lines) == (write_n_results or 6) and '"odd"' not in lines[0]
