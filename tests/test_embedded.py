@@ -283,7 +283,8 @@ def test_demo_report_tables_verdicts_claims_and_chart(tmp_path):
              for s, src in ((0, "addition"), (1, "addition"), (2, "length"))}
   summary = results.Summary(["sum"], ["pt", "spot", "smop"], [0, 1, 2], {"sum": 10.2},
                             {("sum", "pt"): pt, ("sum", "spot"): spot, ("sum", "smop"): smop},
-                            [("addition", 61.0)], choices, {"pt": 9.5, "spot": None, "smop": 8.0})
+                            [("addition", 61.0)], choices, {"pt": 9.5, "spot": None, "smop": 8.0},
+                            prompt_length=20)
   t = scipy_stats.t.ppf(0.975, 2)
   half = lambda xs: t * np.std(xs, ddof=1) / np.sqrt(len(xs))
   rows = results.accuracy_rows(summary)
@@ -309,6 +310,9 @@ def test_demo_report_tables_verdicts_claims_and_chart(tmp_path):
   shorter = dataclasses.replace(summary, prompt_length=10)
   assert "SMoP 4x5 (5 prompt tokens per input) matches or beats 10-token Prompt Tuning" in [
       r[0] for r in results.claim_rows(shorter)[1:]]
+  # A Summary without a prompt length has the demo recipe's.
+  from spot_jax.demo import runs  # pylint: disable=g-import-not-at-top
+  assert results.Summary([], [], [], {}, {}, [], {}, {}).prompt_length == runs.Settings.prompt_length
   paths = results.write(tmp_path, summary, {"target_steps": 100})
   saved = json.loads(paths[0].read_text())
   assert saved["cells"]["sum/spot"]["scores"] == spot and saved["cells"]["sum/spot"]["verdict_vs_pt"] == "better"

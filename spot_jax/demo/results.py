@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from spot_jax import stats
-from spot_jax.demo.runs import JOB_NAMES, METHOD_NAMES, MPT_SOURCE, SOURCE, Outcome
+from spot_jax.demo.runs import JOB_NAMES, METHOD_NAMES, MPT_SOURCE, SOURCE, Outcome, Settings
 
 BASELINE = "pt"
 HOLDS, DOES_NOT_HOLD = "holds", "does not hold"
@@ -45,7 +45,7 @@ class Summary:
   sources: list[tuple[str, float]]
   choices: dict[tuple[str, int], dict]
   seconds: dict[str, Optional[float]]
-  prompt_length: int = 20
+  prompt_length: int = Settings.prompt_length
 
   def interval(self, target: str, method: str) -> stats.Interval:
     return stats.interval(self.scores[(target, method)])
@@ -107,7 +107,7 @@ class Summary:
 def summarize(outcomes: Sequence[Outcome], targets: Sequence[str], methods: Sequence[str],
               seeds: Sequence[int], chance: Mapping[str, float], sources: Sequence[Outcome],
               choices: Mapping[tuple[str, int], dict], seconds: Mapping[str, Optional[float]],
-              prompt_length: int = 20) -> Summary:
+              prompt_length: int = Settings.prompt_length) -> Summary:
   """Scores per (target, method) in seed order, from the runs' records."""
   by_key = {(o.task, o.method, o.seed): o.accuracy for o in outcomes}
   scores = {}
