@@ -337,20 +337,7 @@ def test_sigkill_gives_one_launcher_line_and_stops_the_other_process(tmp_path, v
                                      "heartbeat timeout", "another task died")), survivor[-3000:]
   if victim == 0:
     assert "Terminating process" in survivor or "Socket closed" in survivor, survivor[-3000:]
-    return  # the resume below is the same whichever process died
-
-  # The printed command resumes (the previous launch's logs are kept beside the new ones).
-  first_logs = {i: (run_dir / "logs" / f"process_{i}.log").read_text() for i in (0, 1)}
-  env = _env({"TF_CPP_MIN_LOG_LEVEL": "3"})
-  env.pop("XLA_FLAGS", None)
-  again = subprocess.run(["bash", "-c", resume], cwd=run_dir.parent, env=env, capture_output=True,
-                         text=True, timeout=600)
-  assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
-  assert again.stderr == "" and "step 60/60" in again.stdout
-  assert "resumed from" in (run_dir / "logs" / "process_0.log").read_text()
-  for i in (0, 1):
-    assert (run_dir / "logs" / f"process_{i}.prev.log").read_text() == first_logs[i]
-  assert (run_dir / "checkpoints" / "60").is_dir() and _processes(run_dir) == {}
+  # The printed command resuming to the end is checked by this file's last test.
 
 
 def test_no_resume_offered_when_nothing_was_saved(tmp_path):
@@ -440,7 +427,8 @@ def test_ctrl_c_while_starting_stops_every_started_process(tmp_path):
 
 # ------------------------------------------------------------------ issue 23's acceptance test
 # Every 2-process run above evaluates as smoke.gin says (at the end of a 60-step run); this one
-# evaluates every 10 steps and compares with one process.
+# evaluates every 20 steps and compares with one process, then kills process 1 of a third run and
+# resumes it with the printed command: it must end where the uninterrupted 2-process run ended.
 
 
 def _eval_metrics(run_dir: pathlib.Path) -> list[dict]:
@@ -456,24 +444,25 @@ def _run_to_end(model_dir: pathlib.Path, steps: int, processes: int, *extra: str
 
 
 def test_two_processes_with_evaluation_equal_one_process_and_a_killed_run_resumes_to_the_same_end(tmp_path):
-  evaluate = ("--gin.EVAL_PERIOD=10", "--gin.EVAL_BATCH_SIZE=8", "--gin.EVAL_NUM_EXAMPLES=32",
-              "--gin.BEST_METRIC='accuracy'", "--gin.SAVE_PROMPT_STEPS=[10,20]")
+  evaluate = ("--gin.EVAL_PERIOD=20", "--gin.EVAL_BATCH_SIZE=8", "--gin.EVAL_NUM_EXAMPLES=32",
+              "--gin.BEST_METRIC='accuracy'", "--gin.SAVE_PROMPT_STEPS=[20,40]")
   one, two = tmp_path / "one", tmp_path / "two"
   # The one-process run splits its CPU into 2 devices: the same global mesh and batch shards, so
   # the gradient is summed in the same order and the comparison shows what several processes
   # change (nothing). On one device the sum's order differs, which Adafactor grows to ~3e-5 in
   # 20 steps of the prompt (the metrics still agree).
-  _run_to_end(one, 20, 1, *evaluate, "--cpu_devices=2")
-  _run_to_end(two, 20, 2, *evaluate)
+  _run_to_end(one, 60, 1, *evaluate, "--cpu_devices=2")
+  _run_to_end(two, 60, 2, *evaluate)
   metrics_one, metrics_two = _eval_metrics(one), _eval_metrics(two)
-  assert [m["step"] for m in metrics_one] == [10, 20] == [m["step"] for m in metrics_two]
+  assert [m["step"] for m in metrics_one] == [20, 40, 60] == [m["step"] for m in metrics_two]
   for a, b in zip(metrics_one, metrics_two):
     assert a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-5 for k in a), (a, b)
   assert sorted(p.name for p in (one / "best").iterdir()) == sorted(p.name for p in (two / "best").iterdir())
-  for name in ("prompt_step_10.npy", "prompt_step_20.npy", "prompt_best.npy"):
+  for name in ("prompt_step_20.npy", "prompt_step_40.npy", "prompt_best.npy"):
     np.testing.assert_allclose(np.load(two / "prompts" / name), np.load(one / "prompts" / name), rtol=0, atol=1e-5)
 
-  # SIGKILL of a process mid-run, then the printed command: the same end as an uninterrupted run.
+  # SIGKILL of process 1 mid-run, then the printed command (the previous launch's logs are kept
+  # beside the new ones): the same end as the uninterrupted 2-process run `two`.
   killed = tmp_path / "killed"
   launcher = _launch(killed, 60, *evaluate)
   while not (killed / "checkpoints" / "10").is_dir():
@@ -484,11 +473,17 @@ def test_two_processes_with_evaluation_equal_one_process_and_a_killed_run_resume
   (line,) = err.splitlines()
   assert "process 1 of 2 failed first (killed by SIGKILL)" in line and "resume with: " in line, line
   resume = line.split("resume with: ", 1)[1].rsplit("; log: ", 1)[0]
+  first_logs = {i: (killed / "logs" / f"process_{i}.log").read_text() for i in (0, 1)}
   env = _env({"TF_CPP_MIN_LOG_LEVEL": "3"})
   env.pop("XLA_FLAGS", None)
-  assert subprocess.run(["bash", "-c", resume], cwd=tmp_path, env=env, timeout=900).returncode == 0
-  reference = tmp_path / "reference"
-  _run_to_end(reference, 60, 2, *evaluate)
-  np.testing.assert_allclose(np.load(killed / "prompts" / "prompt_best.npy"),
-                             np.load(reference / "prompts" / "prompt_best.npy"), rtol=0, atol=1e-6)
-  assert _eval_metrics(killed)[-1] == _eval_metrics(reference)[-1]
+  again = subprocess.run(["bash", "-c", resume], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=900)
+  assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+  assert again.stderr == "" and "step 60/60" in again.stdout
+  assert "resumed from" in (killed / "logs" / "process_0.log").read_text()
+  for i in (0, 1):
+    assert (killed / "logs" / f"process_{i}.prev.log").read_text() == first_logs[i]
+  assert (killed / "checkpoints" / "60").is_dir() and _processes(killed) == {}
+  for name in ("prompt_step_40.npy", "prompt_best.npy"):
+    np.testing.assert_allclose(np.load(killed / "prompts" / name), np.load(two / "prompts" / name), rtol=0, atol=1e-6)
+  assert _eval_metrics(killed)[-1] == _eval_metrics(two)[-1]
