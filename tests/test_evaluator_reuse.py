@@ -72,3 +72,24 @@ def test_a_jobs_evaluators_share_one_set_of_decoders(task_name):
   with pytest.raises(ValueError, match="another model or decode length"):
     evaluator_lib.Evaluator(model, evaluator_lib.EvalConfig(task_name, {"inputs": 32, "targets": 6}),
                             outputs=outputs)
+
+
+def test_model_input_rows_are_read_once_per_split_and_are_read_only(task_name, tmp_path, monkeypatch):
+  cfg = evaluator_lib.EvalConfig(task_name, LENGTHS, batch_size=8)
+  model = _model()
+  params = _params(model)
+  first = evaluator_lib.Evaluator(model, cfg)
+  before = first.evaluate(params, step=1)
+  (ds, indices, features), = first._rows_cache.values()  # pylint: disable=protected-access
+  assert indices == list(range(len(indices))) and len(indices) == first.num_examples
+  assert all(not a.flags.writeable for a in features.values())
+  # Another job's evaluator of the same split: its rows come from the cache, not the dataset.
+  reads = []
+  original = type(ds).as_numpy_iterator
+  monkeypatch.setattr(type(ds), "as_numpy_iterator", lambda self: reads.append(1) or original(self))
+  second = evaluator_lib.Evaluator(_model(), cfg)
+  assert second.evaluate(params, step=2) == before and reads == []
+  got_indices, got = second._rows(ds)  # pylint: disable=protected-access
+  got_indices.append(-1)  # the caller's list is its own
+  assert second._rows(ds)[0] == indices  # pylint: disable=protected-access
+  np.testing.assert_array_equal(got["encoder_input_tokens"], features["encoder_input_tokens"])

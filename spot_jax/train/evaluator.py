@@ -92,13 +92,15 @@ def _without(prefixes: tuple[str, ...]) -> Iterator[None]:
 
 
 # seqio evaluators built in this process, by what they read: one evaluator tokenises and keeps
-# its examples once, and every later job of the process evaluating the same split reuses it.
-_SEQIO_EVALUATORS: dict[tuple, tuple[Any, Any, _RoutedLogs]] = {}
+# its examples once, and every later job of the process evaluating the same split reuses it,
+# with the model-input rows read from its datasets (by dataset id; the evaluator holds them).
+_SEQIO_EVALUATORS: dict[tuple, tuple[Any, Any, _RoutedLogs, dict]] = {}
 _MAX_SEQIO_EVALUATORS = 64
 
 
-def _seqio_evaluator(config: EvalConfig) -> tuple[Any, _RoutedLogs]:
-  """(seqio.Evaluator, its routed logger) for `config`, built once per process and task object."""
+def _seqio_evaluator(config: EvalConfig) -> tuple[Any, _RoutedLogs, dict]:
+  """(seqio.Evaluator, its routed logger, its rows cache) for `config`, built once per process
+  and task object."""
   import seqio  # pylint: disable=g-import-not-at-top
   data_lib.import_modules(config.module)
   source = data_lib.get_mixture_or_task(config.mixture_or_task_name, config.split, "EVAL_SPLIT")
@@ -117,7 +119,7 @@ def _seqio_evaluator(config: EvalConfig) -> tuple[Any, _RoutedLogs]:
     if len(_SEQIO_EVALUATORS) >= _MAX_SEQIO_EVALUATORS:
       _SEQIO_EVALUATORS.pop(next(iter(_SEQIO_EVALUATORS)))
     # The task object is kept with its evaluator, so its id names it while the entry lives.
-    _SEQIO_EVALUATORS[key] = (source, evaluator, routes)
+    _SEQIO_EVALUATORS[key] = (source, evaluator, routes, {})
   return _SEQIO_EVALUATORS[key][1:]
 
 
@@ -155,7 +157,7 @@ class Evaluator:
     self.model, self.config = model, config
     self.mesh = mesh if mesh is not None else partitioning.create_mesh(1)
     self._log_dir = log_dir
-    self._evaluator, self._routes = _seqio_evaluator(config)
+    self._evaluator, self._routes, self._rows_cache = _seqio_evaluator(config)
     data_size = self.mesh.shape[partitioning.DATA]
     self._batch_size = -(-int(config.batch_size) // data_size) * data_size
     decode_length = int(config.task_feature_lengths["targets"])
@@ -170,13 +172,22 @@ class Evaluator:
   # --- batches --------------------------------------------------------------------------------
 
   def _rows(self, ds) -> tuple[list[int], dict[str, np.ndarray]]:
-    """(example indices, {feature: [N, L]}) of an enumerated seqio dataset, in order."""
-    indices, rows = [], []
-    for index, ex in ds.as_numpy_iterator():
-      indices.append(int(index))
-      rows.append(ex)
-    keys = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
-    return indices, {k: np.stack([ex[k] for ex in rows]) for k in keys} if rows else {}
+    """(example indices, {feature: [N, L]}) of an enumerated seqio dataset, in order.
+
+    Read once per dataset of the shared seqio evaluator, then kept with it (read-only).
+    """
+    if id(ds) not in self._rows_cache:
+      indices, rows = [], []
+      for index, ex in ds.as_numpy_iterator():
+        indices.append(int(index))
+        rows.append(ex)
+      keys = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
+      features = {k: np.stack([ex[k] for ex in rows]) for k in keys} if rows else {}
+      for array in features.values():
+        array.flags.writeable = False
+      self._rows_cache[id(ds)] = (ds, indices, features)  # ds kept: its id names the entry
+    _, indices, features = self._rows_cache[id(ds)]
+    return list(indices), features
 
   def _batches(self, features: Mapping[str, np.ndarray], keys: Sequence[str]):
     """Global batches of `batch_size` rows (the last padded with zeros) and their real count."""
