@@ -108,6 +108,28 @@ def test_tasks_and_seeds_zip_into_runs_with_their_own_evaluation(tmp_path, task,
     assert RunDir(run.run.run_dir.path).read_record().task == run.run.task
 
 
+def test_runs_from_given_arrays_of_one_shape_share_one_initialisation_trace(tmp_path, task, checkpoint,
+                                                                          monkeypatch):
+  # SPoT's K runs start from retrieved prompts: one trace of the prompt's initialisation for all
+  # arrays of one shape (the array is an argument), and each run still starts from its own.
+  import optax  # pylint: disable=g-import-not-at-top
+  traced = []
+  eval_shape = jax.eval_shape
+  monkeypatch.setattr(jax, "eval_shape", lambda fn, *a, **k: (
+      traced.append(getattr(fn, "__name__", "")), eval_shape(fn, *a, **k))[1])
+  arrays = [np.full((4, 64), 0.25 * (i + 1), np.float32) + np.arange(64, dtype=np.float32) / 64
+            for i in range(3)]
+  runs = [train_lib.RunSpec(s, prompt_init=prompts.from_array(a)) for s, a in zip(SEEDS, arrays)]
+  runs.append(train_lib.RunSpec(9))  # the module's own initialiser (sampled vocabulary)
+  result = _train(_model("pt"), task, tmp_path / "job", checkpoint, runs=runs,
+                  optimizer=optax.sgd(0.0))  # the prompts stay where they started
+  assert traced.count("init_prompt") == 2, traced
+  for run, start in zip(result.runs, arrays):
+    np.testing.assert_array_equal(np.load(RunDir(run.run.run_dir.path).prompt_path(STEPS)), start)
+  sampled = np.load(RunDir(result.runs[3].run.run_dir.path).prompt_path(STEPS))
+  assert not any(np.allclose(sampled, a) for a in arrays)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(seeds=[]), "SEEDS is empty"),
     (dict(seeds=[0, 1, 0]), "SEEDS lists 0 twice"),

@@ -42,6 +42,14 @@ def _state_from_dict(d: Any) -> TrainState:
                     data_position=d["data_position"])
 
 
+def _with_init(model: models.EncoderDecoderModel, prompt_init: Any) -> models.EncoderDecoderModel:
+  """`model` with its prompt module's initialiser replaced (None: unchanged)."""
+  if prompt_init is None:
+    return model
+  return dataclasses.replace(model, module=model.module.clone(
+      prompt=model.module.prompt.clone(prompt_init=prompt_init)))
+
+
 def _host_metrics(metrics: Any) -> dict[str, Any]:
   out = {}
   for name, value in metrics.items():
@@ -115,25 +123,31 @@ class Job:
     if not model.has_prompt:
       prompt_params, prompt_shardings = {}, {}
     else:
-      per_run, compiled = [], {}  # per initialiser: each shape check or compile traces the model
+      # Per initialiser, since each shape check or compile traces the model; runs starting from
+      # given arrays (`prompts.from_array`) of one shape share one, the array an argument.
+      per_run, compiled = [], {}
       for run in self.plan.runs:
         rng = backbone_lib.seed_keys(run.seed)[1]
-        key = id(run.prompt_init)
+        value = getattr(run.prompt_init, "value", None)
+        given = isinstance(value, np.ndarray)
+        key = ("array", value.shape) if given else id(run.prompt_init)
         if key not in compiled:
-          run_model = model if run.prompt_init is None else dataclasses.replace(
-              model, module=model.module.clone(prompt=model.module.prompt.clone(
-                  prompt_init=run.prompt_init)))
           try:
-            abstract = jax.eval_shape(run_model.init_prompt, rng, backbone, dummy)
+            abstract = jax.eval_shape(_with_init(model, run.prompt_init).init_prompt, rng, backbone, dummy)
           except ValueError as e:  # e.g. a run's initial prompt of another shape
             if not self.stacked:
               raise
             raise ConfigError(f"run {run.name}'s prompt cannot be initialised: "
                               f"{str(e).splitlines()[0]}") from None
           prompt_shardings = partitioning.param_shardings(abstract, self.mesh, self.rules)
-          compiled[key] = jax.jit(lambda r, f, m=run_model: models.unbox(m.init_prompt(r, f, dummy)),
-                                  out_shardings=prompt_shardings)
-        per_run.append(compiled[key](rng, backbone))
+          if given:
+            compiled[key] = jax.jit(lambda r, f, v: models.unbox(_with_init(
+                model, lambda rng, shape, embedding: v).init_prompt(r, f, dummy)), out_shardings=prompt_shardings)
+          else:
+            run_model = _with_init(model, run.prompt_init)
+            compiled[key] = jax.jit(lambda r, f, m=run_model: models.unbox(m.init_prompt(r, f, dummy)),
+                                    out_shardings=prompt_shardings)
+        per_run.append(compiled[key](rng, backbone, value) if given else compiled[key](rng, backbone))
       runs_lib.check_same_shapes(per_run, self.plan.runs)
       if self.stacked:
         stacked = jax.tree.map(self._stacked_sharding, prompt_shardings)
