@@ -19,11 +19,11 @@ from spot_jax import backbone as backbone_lib
 from spot_jax import fileio
 from spot_jax import models
 from spot_jax import partitioning
-from spot_jax.errors import ConfigError
 from spot_jax.orbax_io import DamagedCheckpoint
 from spot_jax.run_dir import RunRecord, companion_file
 from spot_jax.train import checks
 from spot_jax.train import progress
+from spot_jax.train import prompt_init
 from spot_jax.train import runs as runs_lib
 from spot_jax.train import streams
 from spot_jax.train.checkpointer import Checkpointer
@@ -40,14 +40,6 @@ def _state_dict(state: TrainState) -> dict[str, Any]:
 def _state_from_dict(d: Any) -> TrainState:
   return TrainState(step=d["step"], params=d["params"], opt_state=d["opt_state"], rng=d["rng"],
                     data_position=d["data_position"])
-
-
-def _with_init(model: models.EncoderDecoderModel, prompt_init: Any) -> models.EncoderDecoderModel:
-  """`model` with its prompt module's initialiser replaced (None: unchanged)."""
-  if prompt_init is None:
-    return model
-  return dataclasses.replace(model, module=model.module.clone(
-      prompt=model.module.prompt.clone(prompt_init=prompt_init)))
 
 
 def _host_metrics(metrics: Any) -> dict[str, Any]:
@@ -123,31 +115,8 @@ class Job:
     if not model.has_prompt:
       prompt_params, prompt_shardings = {}, {}
     else:
-      # Per initialiser, since each shape check or compile traces the model; runs starting from
-      # given arrays (`prompts.from_array`) of one shape share one, the array an argument.
-      per_run, compiled = [], {}
-      for run in self.plan.runs:
-        rng = backbone_lib.seed_keys(run.seed)[1]
-        value = getattr(run.prompt_init, "value", None)
-        given = isinstance(value, np.ndarray)
-        key = ("array", value.shape) if given else id(run.prompt_init)
-        if key not in compiled:
-          try:
-            abstract = jax.eval_shape(_with_init(model, run.prompt_init).init_prompt, rng, backbone, dummy)
-          except ValueError as e:  # e.g. a run's initial prompt of another shape
-            if not self.stacked:
-              raise
-            raise ConfigError(f"run {run.name}'s prompt cannot be initialised: "
-                              f"{str(e).splitlines()[0]}") from None
-          prompt_shardings = partitioning.param_shardings(abstract, self.mesh, self.rules)
-          if given:
-            compiled[key] = jax.jit(lambda r, f, v: models.unbox(_with_init(
-                model, lambda rng, shape, embedding: v).init_prompt(r, f, dummy)), out_shardings=prompt_shardings)
-          else:
-            run_model = _with_init(model, run.prompt_init)
-            compiled[key] = jax.jit(lambda r, f, m=run_model: models.unbox(m.init_prompt(r, f, dummy)),
-                                    out_shardings=prompt_shardings)
-        per_run.append(compiled[key](rng, backbone, value) if given else compiled[key](rng, backbone))
+      per_run, prompt_shardings = prompt_init.initial_prompts(
+          model, self.plan.runs, backbone, dummy, self.mesh, self.rules, self.stacked)
       runs_lib.check_same_shapes(per_run, self.plan.runs)
       if self.stacked:
         stacked = jax.tree.map(self._stacked_sharding, prompt_shardings)
