@@ -86,6 +86,39 @@ class Summary:
                         for t in self.targets], axis=0)
     return stats.interval(per_seed, self.pooled_level)
 
+  def verdicts(self) -> dict[tuple[str, str, str], str]:
+    """Every verdict the tables report: (method, baseline, target or MEAN_ROW) -> verdict, the
+    per-target family then the targets'-mean family, in `pairs()` order."""
+    out = {(m, b, t): self.verdict(t, m, b) for m, b in self.pairs() for t in self.targets}
+    if len(self.targets) > 1:
+      out.update({(m, b, MEAN_ROW): stats.verdict(self.pooled_difference(m, b))
+                  for m, b in self.pairs()})
+    return out
+
+  def select(self, seeds: Sequence[int]) -> "Summary":
+    """The same summary restricted to `seeds` (each in `self.seeds`), in that order."""
+    index = [self.seeds.index(s) for s in seeds]
+    return dataclasses.replace(
+        self, seeds=list(seeds), scores={k: [v[i] for i in index] for k, v in self.scores.items()},
+        choices={k: c for k, c in self.choices.items() if k[1] in seeds})
+
+  @classmethod
+  def from_json(cls, doc: Mapping) -> "Summary":
+    """The scores of a results.json (`write`) back as a Summary (no job times).
+
+    Raises:
+      KeyError or TypeError when `doc` is not one.
+    """
+    targets, methods, seeds = list(doc["targets"]), list(doc["methods"]), list(doc["seeds"])
+    scores = {(t, m): [float(x) for x in doc["cells"][f"{t}/{m}"]["scores"]]
+              for t in targets for m in methods}
+    if any(len(v) != len(seeds) for v in scores.values()):
+      raise TypeError("a cell's scores do not have one value per seed")
+    choices = {(c["target"], int(c["seed"])): c for c in doc.get("retrieval", [])}
+    return cls(targets, methods, [int(s) for s in seeds], dict(doc["chance"]), scores,
+               [(x["task"], x["accuracy"]) for x in doc.get("sources", [])], choices, {},
+               int(doc.get("recipe", {}).get("prompt_length", Settings.prompt_length)))
+
   def to_json(self) -> dict:
     cells = {f"{t}/{m}": {"scores": self.scores[(t, m)], "interval": self.interval(t, m).to_json(),
                           **({} if m == BASELINE else {

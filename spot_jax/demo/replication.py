@@ -1,0 +1,181 @@
+r"""`python -m spot_jax.demo.replication`: would another seed set give the same verdicts?
+
+Pools the per-seed scores of demo folders (the results.json of `python -m spot_jax.demo` runs
+with the same recipe, targets and methods, and disjoint seeds), then draws pairs of disjoint seed
+subsets of one table's size from the pool and computes both subsets' verdicts exactly as the demo
+does (`spot_jax.demo.results.Summary.verdicts`: the per-target family and the targets'-mean
+family, simultaneous 95% intervals). It prints how often the two tables of a pair give the same
+verdict on every comparison, how often one says "better" where the other says "worse" (a
+reversal), and, per comparison, the pool's mean difference and the share of tables that resolve
+it.
+
+  python -m spot_jax.demo --num_seeds=10 --output_dir=a
+  python -m spot_jax.demo --num_seeds=10 --seed_offset=10 --output_dir=b
+  python -m spot_jax.demo.replication a b                  # tables of 5 seeds, as the demo's
+
+The pool is finite: subsets of 20 seeds are not independent samples of every seed, so the rates
+are estimates, and a pool of exactly twice the table's size only ever splits into halves. Each
+folder's SPoT runs used that folder's source library; pooling folders mixes their libraries, as
+two demos with different seed sets do. Nothing is written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from spot_jax import cli
+from spot_jax import fileio
+from spot_jax import stats
+from spot_jax.demo import results as results_lib
+from spot_jax.demo.runs import METHOD_NAMES
+from spot_jax.errors import ConfigError
+
+DEFAULT_TABLE_SEEDS = 5
+DEFAULT_DRAWS = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class Replication:
+  """How often two disjoint seed subsets of one pool agree.
+
+  Attributes:
+    table_seeds: seeds per table.
+    draws: pairs of tables drawn.
+    identical: share of pairs whose tables give the same verdict on every comparison.
+    reversal: share of pairs where some comparison is "better" in one table, "worse" in the other.
+    resolved_per_table: mean number of resolved comparisons in a table.
+    none_resolved: share of tables that resolve no comparison.
+    better, worse: comparison -> share of tables with that verdict.
+  """
+  table_seeds: int
+  draws: int
+  identical: float
+  reversal: float
+  resolved_per_table: float
+  none_resolved: float
+  better: dict
+  worse: dict
+
+
+def load(folder: str) -> tuple[results_lib.Summary, dict]:
+  """The Summary and recipe of a demo folder's results.json (one-line errors naming what is
+  wrong)."""
+  path = pathlib.Path(folder) / "results.json"
+  if not path.is_file():
+    raise ConfigError(f"{folder!r} has no results.json; give folders where `python -m "
+                      f"spot_jax.demo` wrote its results (its --output_dir)")
+  doc = fileio.read_json(path, "the demo's results")
+  try:
+    summary = results_lib.Summary.from_json(doc)
+  except (KeyError, TypeError, ValueError, AttributeError):
+    raise ConfigError(f"{str(path)!r} is not the results.json of a `python -m spot_jax.demo` run "
+                      f"(it lacks the per-seed scores of every target and method)") from None
+  return summary, doc.get("recipe", {})
+
+
+def pool(folders: Sequence[str]) -> results_lib.Summary:
+  """One Summary of every folder's seeds: same targets, methods and recipe, disjoint seeds."""
+  if not folders:
+    raise ConfigError("give at least one demo folder, e.g. spot_jax.demo.replication a b")
+  loaded = [load(f) for f in folders]
+  summaries = [s for s, _ in loaded]
+  first, recipe = loaded[0]
+  for folder, (s, other) in zip(folders[1:], loaded[1:]):
+    for what in ("targets", "methods"):
+      if getattr(s, what) != getattr(first, what):
+        raise ConfigError(f"{folder!r} ran {what} {getattr(s, what)}, {folders[0]!r} ran "
+                          f"{getattr(first, what)}; pool folders of the same demo command")
+    if other != recipe:
+      raise ConfigError(f"{folder!r} ran another recipe than {folders[0]!r} (steps, lengths or "
+                        f"rates differ); pool folders of the same demo command")
+  seeds: list[int] = []
+  for folder, s in zip(folders, summaries):
+    shared = sorted(set(seeds) & set(s.seeds))
+    if shared:
+      raise ConfigError(f"{folder!r} repeats seeds {shared} of an earlier folder; pooled seeds "
+                        f"must be distinct")
+    seeds += s.seeds
+  scores = {k: [x for s in summaries for x in s.scores[k]] for k in first.scores}
+  return dataclasses.replace(first, seeds=seeds, scores=scores, choices={}, seconds={})
+
+
+def replicate(pooled: results_lib.Summary, table_seeds: int = DEFAULT_TABLE_SEEDS,
+              draws: int = DEFAULT_DRAWS, seed: int = 0) -> Replication:
+  """Draws `draws` pairs of disjoint `table_seeds`-seed subsets and compares their verdicts."""
+  if table_seeds < 2:
+    raise ConfigError(f"--seeds_per_table={table_seeds}: a table needs at least 2 seeds for an "
+                      f"interval")
+  if 2 * table_seeds > len(pooled.seeds):
+    raise ConfigError(f"--seeds_per_table={table_seeds} needs a pool of at least "
+                      f"{2 * table_seeds} seeds for two disjoint tables; the folders hold "
+                      f"{len(pooled.seeds)}")
+  if draws < 1:
+    raise ConfigError(f"--draws={draws} must be a positive integer, e.g. {DEFAULT_DRAWS}")
+  if not pooled.pairs():
+    raise ConfigError("the folders ran Prompt Tuning alone: there is no comparison to replicate")
+  rng = np.random.default_rng(seed)
+  keys = list(pooled.verdicts())
+  code = {stats.BETTER: 1, stats.WORSE: -1, stats.UNRESOLVED: 0}
+  tables = []
+  for _ in range(draws):
+    order = rng.permutation(len(pooled.seeds))
+    for part in (order[:table_seeds], order[table_seeds:2 * table_seeds]):
+      verdicts = pooled.select([pooled.seeds[i] for i in part]).verdicts()
+      tables.append([code[verdicts[k]] for k in keys])
+  v = np.asarray(tables).reshape(draws, 2, len(keys))
+  resolved = np.abs(v).sum(-1)
+  return Replication(
+      table_seeds, draws, identical=float(np.mean(np.all(v[:, 0] == v[:, 1], -1))),
+      reversal=float(np.mean(np.any(v[:, 0] * v[:, 1] < 0, -1))),
+      resolved_per_table=float(resolved.mean()), none_resolved=float(np.mean(resolved == 0)),
+      better=dict(zip(keys, np.mean(v == 1, (0, 1)).tolist())),
+      worse=dict(zip(keys, np.mean(v == -1, (0, 1)).tolist())))
+
+
+def comparison_rows(pooled: results_lib.Summary, rep: Replication) -> list[list[str]]:
+  """Header + one row per comparison: the pool's mean difference, the shares of verdicts."""
+  rows = [["comparison", "target", f"pool mean ({len(pooled.seeds)} seeds)", "better", "worse"]]
+  for (m, b, t), better in rep.better.items():
+    if t == results_lib.MEAN_ROW:
+      mean = pooled.pooled_difference(m, b).mean
+    else:
+      mean = float(np.mean(np.subtract(pooled.scores[(t, m)], pooled.scores[(t, b)])))
+    rows.append([f"{METHOD_NAMES[m]} - {METHOD_NAMES[b]}", t, f"{mean:+.1f}",
+                 f"{100 * better:.0f}%", f"{100 * rep.worse[(m, b, t)]:.0f}%"])
+  return rows
+
+
+def _parser() -> cli.ArgumentParser:
+  p = cli.ArgumentParser(prog="spot_jax.demo.replication", description=__doc__.splitlines()[0])
+  p.add_argument("folders", nargs="+", help="demo output folders (their results.json) to pool")
+  p.add_argument("--seeds_per_table", type=int, default=DEFAULT_TABLE_SEEDS,
+                 help=f"seeds in each table (default {DEFAULT_TABLE_SEEDS}, the demo's)")
+  p.add_argument("--draws", type=int, default=DEFAULT_DRAWS,
+                 help=f"pairs of tables drawn (default {DEFAULT_DRAWS})")
+  p.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
+  return p
+
+
+def main(argv: Sequence[str]) -> int:
+  args = _parser().parse_args(argv)
+  pooled = pool(args.folders)
+  rep = replicate(pooled, args.seeds_per_table, args.draws, args.seed)
+  n = len(rep.better)
+  print(f"pooled {len(pooled.seeds)} seeds from {len(args.folders)} folder(s); {rep.draws} pairs "
+        f"of disjoint {rep.table_seeds}-seed tables, {n} comparison{'s' if n > 1 else ''} each "
+        f"(the demo's families)")
+  print(f"  the same verdict on all {n} comparisons: {100 * rep.identical:.1f}% of pairs")
+  print(f"  a reversal (better in one table, worse in the other): {100 * rep.reversal:.1f}% of pairs")
+  print(f"  resolved comparisons per table: {rep.resolved_per_table:.2f} on average; none "
+        f"resolved in {100 * rep.none_resolved:.0f}% of tables")
+  print("\nshare of tables giving each verdict:")
+  print(results_lib.plain(comparison_rows(pooled, rep)))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.demo.replication", keep_heap=False))
