@@ -66,6 +66,8 @@ PROGRAMS = [
     ("spot_jax.embedded.pretrain", "spot_jax.embedded.pretrain:main", "spot_jax.embedded.pretrain:pretrain",
      ["--output_dir={tmp}/toy", "--steps=1"], ["--steps=0", "--output_dir={tmp}/toy"], "--steps (0)"),
     ("tasks", "tasks.__main__:main", "tasks.__main__:list_lines", ["list"], ["lst"], "invalid choice: 'lst'"),
+    ("spot_jax.demo.replication", "spot_jax.demo.replication:main", "spot_jax.demo.replication:load",
+     ["{tmp}"], ["{tmp}"], "has no results.json"),
 ]
 GIN_PROGRAMS = {"spot_jax.train": "spot_jax.train.__main__", "spot_jax.eval": "spot_jax.eval"}
 
@@ -95,7 +97,7 @@ def _run_in_process(prog: str, main_spec: str, argv: list[str]) -> int:
 
 
 def test_every_program_is_listed_once():
-  assert len({p[0] for p in PROGRAMS}) == len(PROGRAMS) == 16
+  assert len({p[0] for p in PROGRAMS}) == len(PROGRAMS) == 17
 
 
 def _plant_bug(monkeypatch, spec: str) -> list:
@@ -210,3 +212,15 @@ def test_a_repeated_library_warning_is_shown_once():
                           env=dict(_env_without_log_settings(), SPOT_JAX_VERBOSE=verbose),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and proc.stderr.splitlines() == lines, proc.stderr[-3000:]
+
+
+def test_a_reader_that_stops_early_ends_the_program_quietly():
+  # `python -m tasks list | head -1`: the reader goes away before the listing is written. The
+  # program ends with the status a shell reports for SIGPIPE, and says nothing on stderr (no
+  # "internal error", no "Exception ignored ... BrokenPipeError" at exit).
+  proc = subprocess.Popen([sys.executable, "-m", "tasks", "list"], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  proc.stdout.close()
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == cli.EXIT_BROKEN_PIPE == 141, err.decode()
+  assert err.decode() == ""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 import threading
 from typing import Callable, NoReturn, Optional, Sequence
@@ -30,6 +31,7 @@ from spot_jax.errors import ConfigError, one_line
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
 
 # Errors a user's input can cause: only those raised as such. Anything else is a bug.
 USER_ERRORS = (ConfigError,)
@@ -77,7 +79,8 @@ def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], pro
       benchmark's peer processes pass False unless asked: they run as their users run them.
 
   Returns:
-    The exit status: main's, 2 for a user error, 1 for an unexpected one, 130 on Ctrl-C.
+    The exit status: main's, 2 for a user error, 1 for an unexpected one, 130 on Ctrl-C, 141
+    (as for SIGPIPE) when whoever reads the output stopped early (`... | head`), silently.
   """
   argv = list(argv)
   debug = "--debug" in argv
@@ -85,9 +88,16 @@ def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], pro
   try:
     if keep_heap:
       runtime.keep_heap()
-    return int(main(argv) or 0)
+    status = int(main(argv) or 0)
+    sys.stdout.flush()  # here, not at exit, so a reader that went away is caught below
+    return status
   except SystemExit:
     raise
+  except BrokenPipeError:
+    # The reader of stdout closed it (`| head`): not an error of the program. Later writes and
+    # the interpreter's final flush go nowhere instead of raising again.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
   except KeyboardInterrupt:
     _print(error_line(prog, "interrupted"))
     return 130
