@@ -13,5 +13,5 @@ from spot_jax.cli.runner import (EXIT_BROKEN_PIPE, EXIT_INTERNAL_ERROR, EXIT_USE
                                  ArgumentParser, UsageError, error_line, quiet_teardown, run)
 from spot_jax.errors import one_line
 
-__all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERNAL_ERROR", "EXIT_USER_ERROR", "USER_ERRORS", "ArgumentParser", "UsageError",
-           "error_line", "one_line", "quiet_teardown", "run"]
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERNAL_ERROR", "EXIT_USER_ERROR", "USER_ERRORS",
+           "ArgumentParser", "UsageError", "error_line", "one_line", "quiet_teardown", "run"]

@@ -139,13 +139,11 @@ def replicate(pooled: results_lib.Summary, table_seeds: int = DEFAULT_TABLE_SEED
 def comparison_rows(pooled: results_lib.Summary, rep: Replication) -> list[list[str]]:
   """Header + one row per comparison: the pool's mean difference, the shares of verdicts."""
   rows = [["comparison", "target", f"pool mean ({len(pooled.seeds)} seeds)", "better", "worse"]]
-  for (m, b, t), better in rep.better.items():
-    if t == results_lib.MEAN_ROW:
-      mean = pooled.pooled_difference(m, b).mean
-    else:
-      mean = float(np.mean(np.subtract(pooled.scores[(t, m)], pooled.scores[(t, b)])))
-    rows.append([f"{METHOD_NAMES[m]} - {METHOD_NAMES[b]}", t, f"{mean:+.1f}",
-                 f"{100 * better:.0f}%", f"{100 * rep.worse[(m, b, t)]:.0f}%"])
+  means = {(m, b, t): iv.mean for m, b in pooled.pairs() for t, iv in pooled.differences(m, b)}
+  for key, better in rep.better.items():
+    m, b, t = key
+    rows.append([f"{METHOD_NAMES[m]} - {METHOD_NAMES[b]}", t, f"{means[key]:+.1f}",
+                 f"{100 * better:.0f}%", f"{100 * rep.worse[key]:.0f}%"])
   return rows
 
 

@@ -86,14 +86,20 @@ class Summary:
                         for t in self.targets], axis=0)
     return stats.interval(per_seed, self.pooled_level)
 
+  def differences(self, method: str, baseline: str = BASELINE) -> list[tuple[str, stats.Interval]]:
+    """(target, paired difference) on every target, then (MEAN_ROW, the targets'-mean
+    difference) when there are several targets: the rows a comparison fills in every table."""
+    rows = [(t, self.difference(t, method, baseline)) for t in self.targets]
+    if len(self.targets) > 1:
+      rows.append((MEAN_ROW, self.pooled_difference(method, baseline)))
+    return rows
+
   def verdicts(self) -> dict[tuple[str, str, str], str]:
     """Every verdict the tables report: (method, baseline, target or MEAN_ROW) -> verdict, the
     per-target family then the targets'-mean family, in `pairs()` order."""
-    out = {(m, b, t): self.verdict(t, m, b) for m, b in self.pairs() for t in self.targets}
-    if len(self.targets) > 1:
-      out.update({(m, b, MEAN_ROW): stats.verdict(self.pooled_difference(m, b))
-                  for m, b in self.pairs()})
-    return out
+    rows = [(m, b, t, iv) for m, b in self.pairs() for t, iv in self.differences(m, b)]
+    rows.sort(key=lambda row: row[2] == MEAN_ROW)  # stable: the per-target family first
+    return {(m, b, t): stats.verdict(iv) for m, b, t, iv in rows}
 
   def select(self, seeds: Sequence[int]) -> "Summary":
     """The same summary restricted to `seeds` (each in `self.seeds`), in that order."""
@@ -243,10 +249,7 @@ def claim_rows(s: Summary) -> list[list[str]]:
   for method, base, text, wanted in _PAIRED_CLAIMS:
     if method not in s.methods or base not in s.methods:
       continue
-    diffs = [(t, s.difference(t, method, base)) for t in s.targets]
-    if len(s.targets) > 1:
-      diffs.append((MEAN_ROW, s.pooled_difference(method, base)))
-    for t, diff in diffs:
+    for t, diff in s.differences(method, base):
       rows.append([_claim_text(text, s.prompt_length), t, f"{_signed(diff)} points", n,
                    _claim_verdict(stats.verdict(diff), wanted)])
   if s.choices:
