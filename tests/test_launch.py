@@ -425,7 +425,7 @@ def test_ctrl_c_while_starting_stops_every_started_process(tmp_path):
                     r"nothing was saved", line), line
 
 
-# ------------------------------------------------------------------ issue 23's acceptance test
+# ----------------------------------------- evaluation under 2 processes, killed and resumed
 # Every 2-process run above evaluates as smoke.gin says (at the end of a 60-step run); this one
 # evaluates every 20 steps and compares with one process, then kills process 1 of a third run and
 # resumes it with the printed command: it must end where the uninterrupted 2-process run ended.

@@ -231,8 +231,8 @@ TASK_FLAGS = ["--gin.MIXTURE_OR_TASK_MODULE='my_tasks'", "--gin.MIXTURE_OR_TASK_
               "--gin.INITIAL_CHECKPOINT_PATH='spot_jax/embedded/toy_t5/checkpoint'",
               "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--gin.PROMPT_LENGTH=10"]
 # Lines on stderr that are not the programs' own. START-UP NOISE: TensorFlow's C++ start-up log
-# (glog-formatted lines and absl's "before InitializeLog" notice) is still printed until another
-# helper's start-up-noise fix (issue 24) lands; then delete STARTUP_NOISE and this allowance.
+# (glog-formatted lines and absl's "before InitializeLog" notice) is still printed until the
+# start-up code silences it at its root; then delete STARTUP_NOISE and this allowance.
 STARTUP_NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written "
                            r"to STDERR|[IWE]\d{4} [\d:.]+ +\d+ [a-z_]+\.cc:\d+\] .*)$")
 

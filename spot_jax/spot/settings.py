@@ -44,7 +44,7 @@ class RunSettings:
     metric: the validation metric selecting the best prompt, e.g. "accuracy".
     task_metrics: per-task overrides of `metric`.
     metric_max: the metric's best possible value (errors are metric_max - score).
-    fingerprint: the frozen model's fingerprint (see `fingerprint.py`), for seed 0.
+    fingerprint: the frozen model's fingerprint (see `spot_jax/backbone.py`), for seed 0.
   """
   model: models.EncoderDecoderModel
   model_name: str

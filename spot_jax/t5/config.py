@@ -120,7 +120,8 @@ def _build_registry() -> dict[str, T5Config]:
                                 relative_attention_num_buckets=4,
                                 relative_attention_max_distance=8, **_T5_1_1)
   reg["t5_tiny"] = reg["t5_1_1_tiny"].replace(**_T5)
-  # Issue 13's t5x benchmark shape: T5.1.1 small's widths with 6+6 layers of 8 heads (random weights).
+  # The t5x comparison's benchmark shape: T5.1.1 small's widths with 6+6 layers of 8 heads
+  # (random weights).
   reg["t5_1_1_small_like"] = reg["t5_1_1_small"].replace(num_heads=8, num_encoder_layers=6,
                                                           num_decoder_layers=6)
   # Small-vocabulary test models: fast enough for unit tests and CPU smoke runs.
