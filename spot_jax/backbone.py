@@ -26,11 +26,11 @@ import jax
 
 from spot_jax import models
 from spot_jax import partitioning
+from spot_jax import paths
 from spot_jax.errors import ConfigError
 
 _IGNORED_FIELDS = ("dropout_rate", "dtype")
 _CHUNK = 1 << 20
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def config_hash(config: Any) -> str:
@@ -100,8 +100,8 @@ def record(config: Any, checkpoint_path: Optional[str], seed: int, vocabulary: A
   from spot_jax import embedded  # pylint: disable=g-import-not-at-top
   checkpoint = None
   if checkpoint_path:
-    checkpoint = (str(checkpoint_path) if "://" in str(checkpoint_path)
-                  else embedded.portable(str(checkpoint_path)))
+    found = resolve_checkpoint_path(str(checkpoint_path))  # the files the run loads
+    checkpoint = found if paths.is_remote(found) else embedded.portable(found)
   return {"config": json.loads(json.dumps(dataclasses.asdict(config), default=list)),
           "checkpoint": checkpoint, "seed": int(seed),
           "fingerprint": fingerprint(config, checkpoint_path, seed),
@@ -133,22 +133,20 @@ def describe(fp: dict) -> str:
 
 
 def resolve_checkpoint_path(path: str) -> str:
-  """Where a checkpoint path points: as given when absolute, remote or present, else under the repository.
+  """Where a checkpoint path points, by the one rule of `spot_jax.paths` (absolute when found).
 
-  The rule of gin files: a relative path means the working directory first, then the repository
-  root, so `spot_jax/embedded/toy_t5/checkpoint` (the embedded model) works from any directory.
-  A path found in neither place is returned unchanged (`check_initial_checkpoint` names it).
+  A relative path means the working directory first, then the spot-jax root, so
+  `spot_jax/embedded/toy_t5/checkpoint` (the embedded model) works from any directory. A path
+  found in neither place is returned unchanged (`check_initial_checkpoint` names it).
   """
-  if "://" in path or os.path.isabs(path) or os.path.exists(path):
-    return path
-  in_repo = REPO_ROOT / path
-  return str(in_repo) if in_repo.exists() else path
+  return paths.find(path)
 
 
 def check_initial_checkpoint(path: str) -> None:
   """A one-line error when a local INITIAL_CHECKPOINT_PATH exists neither here nor in the repository."""
   if "://" not in path and not os.path.exists(resolve_checkpoint_path(path)):
-    where = "" if os.path.isabs(path) else f" (looked in {os.getcwd()} and {REPO_ROOT})"
+    where = ("" if os.path.isabs(path)
+             else f" (looked in {' and '.join(paths.search_roots())})")
     raise ConfigError(f"INITIAL_CHECKPOINT_PATH {path!r} does not exist{where}; give a T5X checkpoint "
                       f"directory (checkpoint_N), an orbax checkpoint or a Hugging Face model directory")
 

@@ -208,14 +208,31 @@ def test_a_relative_checkpoint_path_resolves_here_then_in_the_repository(tmp_pat
   rel = "spot_jax/embedded/toy_t5/checkpoint"
   assert backbone.resolve_checkpoint_path(rel) == str(REPO / rel)
   backbone.check_initial_checkpoint(rel)
-  (tmp_path / rel).mkdir(parents=True)  # a folder of that name here wins
-  assert backbone.resolve_checkpoint_path(rel) == rel
+  (tmp_path / rel).mkdir(parents=True)  # a folder of that name here wins, made absolute
+  assert backbone.resolve_checkpoint_path(rel) == str(tmp_path / rel)
   assert backbone.resolve_checkpoint_path("/abs/ckpt") == "/abs/ckpt"
   assert backbone.resolve_checkpoint_path("gs://b/ckpt") == "gs://b/ckpt"
   with pytest.raises(ConfigError, match=rf"INITIAL_CHECKPOINT_PATH 'ckpts/none' does not exist \(looked in "
                                         rf"{re.escape(str(tmp_path))} and {re.escape(str(REPO))}\)"):
     backbone.check_initial_checkpoint("ckpts/none")
   assert backbone.checkpoint_identity(rel, 0) == backbone.checkpoint_identity(str(tmp_path / rel), 0)
+
+
+def test_run_records_keep_the_checkpoint_the_run_loaded(tmp_path, monkeypatch):
+  """A relative INITIAL_CHECKPOINT_PATH found in the checkout is recorded as that checkout's
+  files (the shipped model: its portable name), never joined to the working directory."""
+  from spot_jax import t5  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  config = t5.config_by_name(embedded.CONFIG_NAME)
+  rel = "spot_jax/embedded/toy_t5/checkpoint"
+  recorded = backbone.record(config, rel, 0)
+  assert recorded["checkpoint"] == "embedded:toy_t5/checkpoint"
+  assert embedded.resolve(recorded["checkpoint"]) == str(REPO / rel)
+  assert recorded == backbone.record(config, str(REPO / rel), 0)
+  own = tmp_path / "ckpt"  # a relative path found here is recorded absolute
+  own.mkdir()
+  (own / "weights").write_bytes(b"x")
+  assert backbone.record(config, "ckpt", 0)["checkpoint"] == str(own)
 
 
 # ------------------------------------------------------------------ docs/tasks.md's worked example

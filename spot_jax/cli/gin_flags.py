@@ -18,18 +18,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import os
 import pathlib
 from typing import Callable, Optional, Sequence
 
 from spot_jax import cli
+from spot_jax import paths
 from spot_jax.cli import distributed
 from spot_jax.cli import renamed
 from spot_jax.cli import gin_overrides
 from spot_jax.cli import gin_settings
 from spot_jax.errors import ConfigError
-
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Namespace:
@@ -61,12 +59,9 @@ def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Nam
 
 
 def search_paths(extra: Sequence[str]) -> list[str]:
-  """Where gin files are looked for, in order: the working directory, `extra`, the repository."""
-  paths: list[str] = [os.getcwd()]
-  for item in extra:
-    paths.extend(p for p in item.split(",") if p)
-  paths.append(str(REPO_ROOT))
-  return list(dict.fromkeys(paths))  # a directory given twice is searched once
+  """Where gin files are looked for, in order: the working directory, `extra`, the spot-jax root
+  (the rule of `spot_jax.paths`, which INITIAL_CHECKPOINT_PATH follows too)."""
+  return paths.search_roots(extra)
 
 
 def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -> None:
@@ -82,12 +77,12 @@ def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -
     ConfigError: one line naming the gin file (and line) or the --gin.X override at fault.
   """
   import gin  # pylint: disable=g-import-not-at-top
-  paths = search_paths(args.gin_search_paths)
-  for path in paths:
+  roots_here = search_paths(args.gin_search_paths)
+  for path in roots_here:
     gin.add_config_file_search_path(path)
   for f in args.gin_file:
-    if not any(pathlib.Path(p, f).is_file() for p in paths) and not pathlib.Path(f).is_file():
-      raise ConfigError(f"--gin_file={f}: not found in {paths}; the shipped ones are under gin/ "
+    if not any(pathlib.Path(p, f).is_file() for p in roots_here) and not pathlib.Path(f).is_file():
+      raise ConfigError(f"--gin_file={f}: not found in {roots_here}; the shipped ones are under gin/ "
                         f"(models/, prompts/, runs/)")
   for f in args.gin_file:
     gin_overrides.parse_file(f)
