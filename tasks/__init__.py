@@ -5,6 +5,27 @@ and never touches the network: data locations and the vocabulary file are
 looked up when a dataset is built. Every name is listed in `tasks.names`;
 `python -m tasks list` shows each task's source and whether its data is present.
 `register_file_task` registers a task of your own from a TSV or JSONL file (`tasks.user`).
+
+  registry        idempotent seqio registration of tasks and their source variants
+  names           every registered task and mixture name; the SPoT study's task lists
+  vocab           the T5 vocabulary and the output features every task uses
+  vocab_check     how a vocabulary spells texts and label words (`python -m tasks vocab`)
+  data_dirs       where task data lives: the TFDS data_dir and the local-files directory
+  sources         seqio data sources that never reach the network
+  preprocessors   raw TFDS-shaped examples -> {"inputs", "targets"} strings
+  postprocessors  decoded strings -> metric inputs, as T5 does
+  metrics         T5's metrics in seqio's form
+  scoring         score decoded predictions with a task's postprocessor and metrics
+  glue            GLUE in T5's text-to-text format
+  super_glue      SuperGLUE in T5's text-to-text format
+  qa              SQuAD, DROP, MRQA, RACE
+  classification  classification and similarity tasks T5 never defined
+  c4              C4 prefix language modelling (a SPoT source task)
+  mixtures        examples-proportional mixtures
+  synthetic       synthetic tasks for smoke runs and trainer tests
+  embedded        the embedded suite for the toy T5 (no downloads)
+  user            your own task from a TSV or JSONL file
+  prepare         write a TFDS dataset from examples you already have
 """
 # First, so that `python -m tasks` starts without TensorFlow's log lines (spot_jax/startup.py).
 import spot_jax  # pylint: disable=unused-import

@@ -3,5 +3,7 @@
 `runs` trains each method's runs (every target, every seed) as K runs in one trainer call and
 reads their scores back from run.json; `spot_sources` is SPoT's pipeline (a prompt library of
 the source prompts, retrieval by task embedding); `results` writes the seeded tables, verdicts,
-claims, JSON and chart. Nothing here changes the trainer.
+claims, JSON and chart; `successors` adds the successor methods (`--methods=all`);
+`replication` (`python -m spot_jax.demo.replication`) estimates how often another seed set
+gives the same verdicts. Nothing here changes the trainer.
 """

@@ -7,6 +7,10 @@ Attributes:
   CONFIG_NAME: its `spot_jax.t5.config_by_name` name.
   TOY_DIR_ENV: environment variable naming another folder made by `pretrain_toy` to use
     instead (read at import).
+
+Modules:
+  pretrain   `python -m spot_jax.embedded.pretrain`: makes the toy T5 from nothing, on a CPU
+  toy_data   its pretraining data: SentencePiece vocabulary, span corruption, task batches
 """
 import os
 

@@ -6,6 +6,20 @@ or, for the deep prompts, its deep hook (`layer_prompts`, per-layer prefixes in 
 its parameters live under the model's `prompt/` subtree. Initialisers are plain functions
 `init(rng, shape, embedding)`. Nothing here imports gin, seqio or tensorflow; gin files under
 `gin/prompts/` configure these names with `from __gin__ import dynamic_registration`.
+
+  prompt_tuning  Prompt Tuning (Lester et al. 2021): one prompt [L, E] before every input
+  smop           SMoP (Choi et al. 2023): k short prompts and a router
+  residual       Residual Prompt Tuning (Razdaibiedina et al. 2023): a prompt through an MLP
+  residual_smop  SMoP's prompts, each reparameterised as in Residual Prompt Tuning
+  prefix_tuning  prefix tuning (Li & Liang 2021): key/value prefixes in every attention
+  ptuning_v2     P-tuning v2 (Liu et al. 2022): fresh prompt tokens at every layer
+  deep           what the deep prompts share: their exported artifact, conversion to prefixes
+  dept           DePT (Shi & Lipani 2024): a shorter prompt plus low-rank input offsets
+  attempt        ATTEMPT (Asai et al. 2022): a target prompt plus an attention over sources
+  mpt            MPT (Wang et al. 2023): a shared prompt times rank-r task factors
+  placement      where a prompt goes in the encoder input, and the resulting mask
+  initializers   initialisers `init(rng, shape, embedding)`
+  common         setting checks and embedding-aware parameters the modules share
 """
 from typing import Any, Optional
 

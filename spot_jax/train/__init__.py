@@ -3,12 +3,15 @@
   loop         train(): check config -> mesh -> backbone -> split -> runs -> state -> step -> loop
   checks       section 0: every setting checked before anything is written; the job's plan
   runs         K runs in one jitted step: RunSpec, SEEDS / TASKS, the stacked runs axis
+  prompt_init  each run's initial prompt parameters, traced once per initialiser
+  results      what the trainer returns: TrainResult and each run's RunResult
   job          per-run bookkeeping: records, checkpoints, exports, evaluation, best states
   streams      each run's data stream as the step's global batches
   step         the pure jitted train step (gradients of the trainable tree only), and its vmap
   state        TrainState: step, trainable params, optimizer state, rng, data position
   checkpointer orbax training states of a run directory (latest, best, damaged ones moved aside)
   evaluator    seqio evaluation on global batches (greedy decoding, postprocessors, metrics)
+  eval_log     seqio's JSONLogger files, each example's input encoded once
   evaluate     evaluating a finished run directory (`python -m spot_jax.eval`)
   optimizers   optax factories with Prompt Tuning's defaults, learning-rate schedules
   progress     console progress lines and TensorBoard

@@ -15,6 +15,12 @@ be stored with its exact shape and every stored parameter must be used, otherwis
 
 `save_checkpoint(params, path)` writes the T5X legacy format (version 3, gzip zarr arrays under
 `optimizer/target`, which t5x reads) or orbax, into a temporary directory renamed into place.
+
+  common        the expected tree, stored arrays and strict fit checks every format shares
+  t5x_legacy    the msgpack `checkpoint` file and its tensorstore arrays
+  orbax_format  orbax checkpoint directories
+  huggingface   `config.json` plus safetensors or `pytorch_model.bin`
+  save          writing T5X legacy or orbax checkpoints
 """
 from __future__ import annotations
 
