@@ -23,6 +23,9 @@ setuptools.setup(
         "orbax-checkpoint>=0.11,<0.13",
         "tensorstore>=0.1.70",
         "gin-config>=0.5.0",
+        # JAX's persistent compilation cache (spot_jax.infer's, COMPILATION_CACHE_DIR) locks its
+        # files with it; without it JAX warns on every start and writes no cache.
+        "filelock>=3.12",
         "seqio>=0.0.19",
         "tensorflow-datasets>=4.9.6",
         "importlib_resources",
