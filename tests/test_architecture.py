@@ -15,8 +15,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # Bottom to top; the same list (with what each holds) is in docs/architecture.md.
 LAYERS = [
     ["errors", "startup", "spot_jax"],  # spot_jax: the package's face (it quiets start-up)
-    ["fileio", "paths", "partitioning", "orbax_io", "vocabulary", "losses", "stats", "data",
-     "runtime"],
+    ["fileio", "paths", "partitioning", "orbax_io", "vocabulary", "losses", "stats", "verdicts",
+     "power", "data", "runtime"],
     ["t5", "run_dir"],
     ["models", "prompts", "cli"],
     ["embedded"],  # the shipped toy model's files (its pretraining program reads tasks: see below)
