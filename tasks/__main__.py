@@ -1,8 +1,13 @@
-"""`python -m tasks [list|table]`: the registered tasks and mixtures, offline.
+"""`python -m tasks [list|table|vocab]`: the registered tasks and mixtures, offline.
 
 `list` (the default) prints every seqio task and mixture with its source and
 whether its data is present locally (a file-system check, never the network).
 `table` prints the Markdown table of spot tasks used in docs/tasks.md.
+`vocab` shows how a vocabulary spells words, label words or a file's texts: the pieces each
+takes and the characters it lacks (`tasks.vocab_check`), e.g.
+  python -m tasks vocab yes no colour
+  python -m tasks vocab --labels=positive,negative --vocab=t5
+  python -m tasks vocab --file=train.tsv --column=review
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import seqio
 import tasks
 from spot_jax import cli
 from tasks import registry
+from tasks import vocab_check
 
 
 def _present(source) -> str:
@@ -69,10 +75,42 @@ def table_lines() -> List[str]:
 def main(argv: List[str]) -> int:
   """Command-line entry point (run it through `cli.run`, which reports errors in one line)."""
   parser = cli.ArgumentParser(prog="tasks", description=__doc__.splitlines()[0])
-  parser.add_argument("command", nargs="?", default="list", choices=["list", "table"])
+  commands = parser.add_subparsers(dest="command", metavar="{list,table,vocab}")
+  commands.add_parser("list", help="every task and mixture, and whether its data is here")
+  commands.add_parser("table", help="the Markdown table of the spot tasks")
+  check = commands.add_parser("vocab", help="the pieces a vocabulary spells words with")
+  check.add_argument("texts", nargs="*", help="words or texts to check, e.g. yes no colour")
+  check.add_argument("--labels", default=None, help="comma-separated label words, e.g. yes,no")
+  check.add_argument("--file", default=None,
+                     help="a file of texts: one a line, or a TSV/CSV/JSONL file with --column")
+  check.add_argument("--column", default=None, help="the column of --file to read")
+  check.add_argument("--vocab", default="embedded",
+                     help="embedded (the toy T5's, the default), t5 (the T5 vocabulary: "
+                          "$SPOT_JAX_VOCAB or the public file), byte, or a SentencePiece file")
   args = parser.parse_args(argv)
-  print("\n".join(list_lines() if args.command == "list" else table_lines()))
+  if args.command == "vocab":
+    lines = vocab_lines(args)
+  else:
+    lines = table_lines() if args.command == "table" else list_lines()
+  print("\n".join(lines))
   return 0
+
+
+def vocab_lines(args) -> List[str]:
+  """The report of `tasks vocab`: the texts and labels given, then the file's summary."""
+  if args.column and not args.file:
+    raise cli.UsageError("--column needs --file; give --file=PATH --column=NAME")
+  texts = list(args.texts) + (vocab_check.label_list(args.labels) if args.labels else [])
+  if not texts and not args.file:
+    raise cli.UsageError("nothing to check; give words (python -m tasks vocab yes no), "
+                         "--labels=a,b or --file=PATH (see --help)")
+  vocab = vocab_check.vocabulary(args.vocab)
+  lines = [vocab_check.describe(args.vocab, vocab)]
+  if texts:
+    lines += vocab_check.text_lines(vocab, texts)
+  if args.file:
+    lines += vocab_check.file_lines(vocab, args.file, args.column)
+  return lines
 
 
 if __name__ == "__main__":
