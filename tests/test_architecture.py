@@ -23,6 +23,7 @@ LAYERS = [
     ["tasks", "convert"],
     ["backbone"],
     ["train"],
+    ["experiment"],  # the one runner of batches of prompt runs (demo, study, retrieval)
     ["eval", "spot", "demo"],
     ["serve", "library", "retrieve", "study", "report"],
     ["infer", "bench"],
@@ -30,7 +31,10 @@ LAYERS = [
 ]
 # Modules whose place differs from their package's: the embedded model's pretraining program
 # and its toy corpus builder use the task suite, above the model files they sit beside.
-MODULE_LAYER = {"spot_jax.embedded.pretrain": "tasks", "spot_jax.embedded.toy_data": "tasks"}
+# The HTTP serving program shares infer's flags and backbone loading, on infer's layer.
+MODULE_LAYER = {"spot_jax.embedded.pretrain": "tasks", "spot_jax.embedded.toy_data": "tasks",
+                "spot_jax.serve.service": "infer", "spot_jax.serve.assemble": "infer",
+                "spot_jax.serve.__main__": "infer"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 100
 
 

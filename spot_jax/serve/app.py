@@ -1,0 +1,214 @@
+"""The HTTP front (Starlette): routes, waiting for a request's batch, errors as JSON.
+
+  POST   /v1/completions      OpenAI-compatible completions; `model` names the prompt
+  POST   /v1/classify         label log-likelihoods (one encoder pass per input)
+  GET    /v1/models           the served prompts: method, length, backbone
+  POST   /v1/prompts/{name}   {"path": ...}: serve another prompt, no restart
+  DELETE /v1/prompts/{name}   stop serving one
+  GET    /health, /metrics    liveness and Prometheus metrics
+
+Each request is checked (`api`), queued (`batcher`), and awaited here; a client that goes away
+while its request waits has it dropped, and a request not answered within `timeout` seconds
+gets 504 (and is dropped if still waiting).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any, Callable
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from spot_jax.errors import ConfigError, one_line
+from spot_jax.serve import api
+from spot_jax.serve.batcher import Batcher, PromptGone, QueueFull, Stopping, Work
+from spot_jax.serve.catalog import Catalog, method_name
+from spot_jax.serve.metrics import Metrics
+
+
+@dataclasses.dataclass
+class Service:
+  """What the routes share.
+
+  Attributes:
+    catalog, batcher, metrics: the prompts, the batching loop, the metrics.
+    vocab: the input vocabulary; limits: `api.Limits`.
+    backbone: the backbone's description, for /v1/models.
+    timeout: seconds a request may wait for its answer.
+    started: time.time() at start-up.
+  """
+  catalog: Catalog
+  batcher: Batcher
+  metrics: Metrics
+  vocab: Any
+  limits: api.Limits
+  backbone: str
+  timeout: float
+  started: float = dataclasses.field(default_factory=time.time)
+
+
+async def _disconnect(request: Request) -> None:
+  """Returns when the client closes its connection."""
+  while (await request.receive())["type"] != "http.disconnect":
+    pass
+
+
+async def _answer(service: Service, request: Request, work_args: dict) -> Any:
+  """Queues a request's rows, waits for them; the rows' results (raises ApiError)."""
+  loop, future = asyncio.get_running_loop(), None
+  future = loop.create_future()
+
+  def done(result: Any) -> None:
+    loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+  work = Work(done=done, **work_args)
+  try:
+    service.batcher.submit(work)
+  except QueueFull as e:
+    raise api.ApiError(429, f"{e}: {service.batcher.max_queue} requests wait already",
+                       headers={"Retry-After": str(e.retry_after)}) from None
+  except Stopping:
+    raise api.ApiError(503, "the server is shutting down; send the request to another one") \
+        from None
+  gone = asyncio.ensure_future(_disconnect(request))
+  try:
+    finished, _ = await asyncio.wait({future, gone}, timeout=service.timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+  finally:
+    gone.cancel()
+  if future not in finished:
+    dropped = service.batcher.cancel(work)
+    reason = "disconnect" if gone in finished else "timeout"
+    if dropped:
+      service.metrics.dropped.labels(reason).inc()
+    if reason == "timeout":
+      raise api.ApiError(504, f"no answer within the server's {service.timeout:g} s request "
+                              f"timeout; retry, or send fewer rows")
+    raise api.ApiError(499, "the client closed the connection")
+  result = future.result()
+  if isinstance(result, PromptGone):
+    raise api.ApiError(404, f"model {result.args[0]!r} was removed before the request ran; "
+                            f"GET /v1/models lists the served prompts", "model")
+  if isinstance(result, Exception):
+    raise api.ApiError(500, f"the model failed: {type(result).__name__}: {one_line(result)}")
+  return result
+
+
+def _route(service: Service, endpoint: str, handler: Callable) -> Callable:
+  """`handler(request) -> dict` as an endpoint: JSON, errors as JSON, counted and timed."""
+  async def endpoint_fn(request: Request) -> Response:
+    start = time.monotonic()
+    try:
+      response = JSONResponse(await handler(service, request))
+    except api.ApiError as e:
+      response = JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+    service.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+    service.metrics.latency.labels(endpoint).observe(time.monotonic() - start)
+    return response
+  return endpoint_fn
+
+
+def _offset(service: Service, name: str) -> int:
+  return service.catalog.table.offset_lengths().get(name, 0)
+
+
+async def completions(service: Service, request: Request) -> dict:
+  body = api.parse_json(await request.body())
+  names = service.catalog.table.names
+  req = api.completion(body, names, service.vocab, service.limits,
+                       _offset(service, body.get("model")) if body.get("model") in names else 0)
+  rows = [t for t in req.tokens for _ in range(req.n)]
+  result = await _answer(service, request, dict(kind="generate", key=req.key,
+                                                names=[req.model] * len(rows), tokens=rows))
+  return api.completion_body(req, result, service.vocab)
+
+
+async def classify(service: Service, request: Request) -> dict:
+  body = api.parse_json(await request.body())
+  names = service.catalog.table.names
+  req = api.classify(body, names, service.vocab, service.limits,
+                     _offset(service, body.get("model")) if body.get("model") in names else 0)
+  result = await _answer(service, request, dict(
+      kind="classify", key=req.labels, names=[req.model] * len(req.tokens), tokens=req.tokens,
+      labels=req.label_tokens))
+  return api.classify_body(req, result)
+
+
+async def models(service: Service, unused_request: Request) -> dict:
+  return {"object": "list", "data": [
+      {"id": e.name, "object": "model", "created": int(service.started), "owned_by": "spot-jax",
+       "method": method_name(e), "length": e.length, "num_prompts": e.num_prompts,
+       "source": e.source, "backbone": service.backbone}
+      for e in service.catalog.table.entries]}
+
+
+async def add_prompt(service: Service, request: Request) -> dict:
+  name = request.path_params["name"]
+  body = api.parse_json(await request.body())
+  path = body.get("path")
+  if not isinstance(path, str) or not path:
+    raise api.ApiError(400, "field 'path' must name the prompt on the server: a run directory, "
+                            "a .npy file, a PEFT adapter or LIBRARY_DIR#ENTRY_ID", "path")
+  before = service.catalog.capacity
+  try:
+    added = await run_in_threadpool(service.catalog.add, name, path)
+  except ConfigError as e:
+    status = 409 if "already served" in str(e) else 400
+    raise api.ApiError(status, one_line(e), "path" if status == 400 else "name") from None
+  grew = service.catalog.capacity != before
+  return {"added": added, "prompts": len(service.catalog.table), "table_grew": grew}
+
+
+async def remove_prompt(service: Service, request: Request) -> dict:
+  name = request.path_params["name"]
+  try:
+    removed = await run_in_threadpool(service.catalog.remove, name)
+  except KeyError:
+    raise api.ApiError(404, f"prompt {name!r} is not served; GET /v1/models lists the served "
+                            f"prompts", "name") from None
+  except ConfigError as e:
+    raise api.ApiError(409, one_line(e), "name") from None
+  return {"removed": removed, "prompts": len(service.catalog.table)}
+
+
+async def health(service: Service, unused_request: Request) -> dict:
+  return {"status": "ok", "prompts": len(service.catalog.table),
+          "queue_depth": service.batcher.depth(), "batches": service.batcher.batches,
+          "compiles": service.metrics.compiles,
+          "table_rows": service.catalog.capacity.rows}
+
+
+def _refresh(service: Service) -> None:
+  service.metrics.queue_depth.set(service.batcher.depth())
+  service.metrics.prompts.set(len(service.catalog.table))
+  service.metrics.table_rows.set(service.catalog.capacity.rows)
+
+
+def create(service: Service) -> Starlette:
+  """The Starlette application of `service`."""
+  def metrics(unused_request: Request) -> Response:
+    text, kind = service.metrics.exposition(lambda: _refresh(service))
+    return Response(text, media_type=kind)
+
+  async def http_error(unused_request: Request, e: HTTPException) -> Response:
+    return JSONResponse(api.ApiError(e.status_code, f"{e.detail}; the API is POST "
+                                                    f"/v1/completions, POST /v1/classify, GET "
+                                                    f"/v1/models").body(),
+                        status_code=e.status_code)
+
+  r = lambda path, handler, methods, name: Route(path, _route(service, name, handler),
+                                                 methods=methods)
+  routes = [r("/v1/completions", completions, ["POST"], "completions"),
+            r("/v1/classify", classify, ["POST"], "classify"),
+            r("/v1/models", models, ["GET"], "models"),
+            r("/v1/prompts/{name:path}", add_prompt, ["POST"], "add_prompt"),
+            r("/v1/prompts/{name:path}", remove_prompt, ["DELETE"], "remove_prompt"),
+            r("/health", health, ["GET"], "health"),
+            Route("/metrics", metrics, methods=["GET"])]
+  return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

@@ -1,0 +1,136 @@
+"""What `python -m spot_jax.serve` builds before it listens: backbone, prompts, batching loop.
+
+The backbone and vocabulary are `infer`'s (the --model given, or the one the run directories
+recorded; a run of another backbone is refused), and so are the prompt sources. Prompts added
+while serving go through the same checks. Warm-up compiles the greedy decoder at every padded
+batch size and input length, so the first requests do not wait for a compilation.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from spot_jax import infer
+from spot_jax.cli import flags
+from spot_jax.errors import ConfigError
+from spot_jax.serve import api, batcher as batcher_lib, capacity as capacity_lib
+from spot_jax.serve import catalog as catalog_lib
+from spot_jax.serve import metrics as metrics_lib, prompt_sources, run_backbone
+from spot_jax.serve.app import Service
+
+
+def _cache(args, prog: str) -> None:
+  from spot_jax import runtime  # pylint: disable=g-import-not-at-top
+  default = args.compilation_cache_dir is None
+  cache = runtime.default_serving_cache() if default else args.compilation_cache_dir
+  try:
+    if cache and cache.strip().lower() != "none":
+      runtime.enable_compilation_cache(cache, max_bytes=runtime.SERVING_CACHE_MAX_BYTES,
+                                       what="--compilation_cache_dir")
+  except ConfigError as e:
+    if not default:
+      raise
+    print(f"{prog}: note: no compilation cache ({e})", file=sys.stderr)
+
+
+class Loader:
+  """(name, path) -> served entries, refusing a run or library entry of another backbone.
+
+  Attributes:
+    served: the `run_backbone.ServedBackbone`.
+    args: the parsed flags (routing, ATTEMPT temperature, --allow_backbone_change).
+  """
+
+  def __init__(self, served: run_backbone.ServedBackbone, args: Any):
+    self.served, self.args = served, args
+    self._fingerprint: Optional[dict] = None
+
+  def fingerprint(self) -> dict:
+    if self._fingerprint is None:
+      self._fingerprint = self.served.fingerprint()
+    return self._fingerprint
+
+  def __call__(self, name: str, path: str) -> list:
+    from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
+    if not self.args.allow_backbone_change:
+      for where, record in run_backbone.recorded_runs([path]):
+        backbone_lib.check_same(record.fingerprint, self.fingerprint(), f"prompt {where}",
+                                run_backbone.OVERRIDE_FLAG)
+    library = prompt_sources.library_reference(path) is not None
+    return prompt_sources.load_all(
+        name, path, smop_routing=self.args.smop_routing, config=self.served.config,
+        fingerprint=self.fingerprint() if library else None,
+        attempt_temperature=self.args.attempt_temperature)
+
+
+def _warm(service: Service, batch_buckets: Sequence[int], length_buckets: Sequence[int]
+          ) -> tuple[int, float]:
+  """Runs the greedy decoder once at every (batch size, input length): (shapes, seconds)."""
+  start, server = time.perf_counter(), service.catalog.server()
+  name = service.catalog.table.names[0]
+  cap = service.catalog.table.offset_lengths().get(name)
+  shapes = 0
+  for size in batch_buckets:
+    for width in length_buckets:
+      if cap and width > cap:
+        continue
+      rows = np.zeros((size, width), np.int32)
+      rows[:, 0] = 1  # EOS alone: every row ends at once
+      server.generate([name] * size, rows)
+      shapes += 1
+  return shapes, time.perf_counter() - start
+
+
+def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets: Sequence[int],
+          length_buckets: Sequence[int]) -> tuple[Service, tuple[int, float]]:
+  """(the service of the parsed flags, (shapes compiled, seconds) of its warm-up)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() > 1:
+    raise ConfigError("spot_jax.serve runs as one process; on a pod run one server per host "
+                      "(see docs/serving.md)")
+  _cache(args, prog)
+  metrics = metrics_lib.Metrics(args.max_batch_size)
+  metrics.watch_compiles()
+  served = run_backbone.resolve(
+      [p for _, p in specs], checkpoint=args.checkpoint, seed=args.seed,
+      config=flags.model_config(args.model, args.model_binding, dropout_rate=0.0)
+      if args.model else None, allow_backbone_change=args.allow_backbone_change)
+  config = served.config
+  loader = Loader(served, args)
+  entries = [e for name, path in specs for e in loader(name, path)]
+  vocab = served.vocabulary(args.vocab)
+  if vocab.vocab_size > config.vocab_size:
+    raise ConfigError(f"the vocabulary has {vocab.vocab_size} ids but the model's table has "
+                      f"{config.vocab_size}; give the model's vocabulary (--vocab)")
+  limits = api.Limits(args.input_length, args.target_length, args.max_batch_size,
+                      config.vocab_size, args.truncate, tuple(args.label))
+  if args.label:
+    from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
+    inputs.label_tokens(vocab, args.label, args.target_length)  # checked now, not per request
+  from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  params, _ = infer._backbone(served)  # pylint: disable=protected-access
+  capacity = capacity_lib.Capacity(capacity_lib.next_power_of_two(args.table_rows), 0, 0, 0, 0)
+  catalog = catalog_lib.Catalog(Transformer(config), params, entries, emb_dim=config.emb_dim,
+                                target_length=args.target_length, load=loader,
+                                placement=args.placement, seed=args.seed, capacity=capacity)
+
+  def observe(kind: str, rows: int, unused_padded: int, seconds: float, results: list) -> None:
+    tokens = 0
+    if kind == "generate":
+      for ids, _ in results:
+        ids = [int(t) for t in ids]
+        tokens += ids.index(1) + 1 if 1 in ids else sum(t > 0 for t in ids)
+    metrics.observe_batch(kind, rows, seconds, tokens)
+
+  loop = batcher_lib.Batcher(catalog, max_batch=args.max_batch_size,
+                             max_wait=args.max_wait_ms / 1000, max_queue=args.max_queue,
+                             batch_buckets=batch_buckets, length_buckets=length_buckets,
+                             observe=observe)
+  from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
+  described = backbone_lib.describe(loader.fingerprint())
+  service = Service(catalog, loop, metrics, vocab, limits, described, args.request_timeout)
+  warm = (0, 0.0) if args.no_warmup else _warm(service, batch_buckets, length_buckets)
+  return service, warm
