@@ -37,6 +37,10 @@ setuptools.setup(
         "scikit-learn>=1.3",
         "tensorboard>=2.15",
         "matplotlib>=3.7",
+        # python -m spot_jax.serve: the HTTP front and its metrics
+        "starlette>=0.37",
+        "uvicorn>=0.29",
+        "prometheus-client>=0.20",
     ],
     extras_require={
         "test": [
@@ -45,6 +49,8 @@ setuptools.setup(
             "torch==2.13.0",
             "transformers>=4.45,<6",
             "peft==0.21.2",  # PEFT adapter interop tests (tests/test_serve_peft.py)
+            "openai>=1.30",  # the HTTP server's OpenAI-client test (tests/test_serve_http.py)
+            "httpx>=0.27",
         ],
         "hf": ["datasets>=2.18"],
         # T5 parity tests (tests/test_t5_parity_tasks.py): what t5's preprocessors, postprocessors
