@@ -5,9 +5,11 @@ only reads per-seed scores, so its rates can be checked against an independent e
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -162,3 +164,101 @@ def test_module_runs_as_a_program(tmp_path):
                         text=True, timeout=300)
   assert done.returncode == 0, done.stderr
   assert "pooled 6 seeds from 2 folder(s); 50 pairs of disjoint 3-seed tables, 1 comparison each" in done.stdout
+
+
+def test_summary_judges_each_comparison_by_its_test_and_names_it():
+  from spot_jax import verdicts  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  pt = list(rng.uniform(40, 60, 8))
+  scores = {("a", "pt"): pt, ("a", "spot"): [x + 10 + rng.normal(0, 0.5) for x in pt],
+            ("a", "smop"): [x + rng.normal(0, 0.5) for x in pt],
+            ("a", "spot_unrelated"): [x + rng.normal(0, 0.5) for x in pt]}
+  methods = ["pt", "spot", "smop", "spot_unrelated"]
+  plain = results.Summary(["a"], methods, list(range(8)), {"a": 10.0}, scores, [], {}, {})
+  tests = {("smop", "pt"): verdicts.Test(verdicts.NONINFERIORITY, 2.0),
+           ("spot_unrelated", "pt"): verdicts.Test(verdicts.EQUIVALENCE, 2.0)}
+  judged = dataclasses.replace(plain, tests=tests)
+  # Superiority cannot show a match: the same differences are "not resolved" there.
+  assert plain.verdicts()[("smop", "pt", "a")] == "not resolved"
+  assert judged.verdicts()[("smop", "pt", "a")] == "holds"
+  assert judged.verdicts()[("spot_unrelated", "pt", "a")] == "holds"
+  assert judged.verdicts()[("spot", "pt", "a")] == plain.verdicts()[("spot", "pt", "a")] == "better"
+  # Rows name the test and margin; without tests the tables are as they were.
+  assert results.verdict_rows(judged)[0][2] == "SMoP 4x5 - PT (non-inferiority, margin 2 points)"
+  assert results.verdict_rows(plain)[0] == ["target", "SPoT - PT", "SMoP 4x5 - PT",
+                                            "SPoT unrelated - PT"]
+  claims = results.claim_rows(judged)
+  assert claims[0] == list(results.CLAIM_COLUMNS) + ["test"]
+  smop_row = next(r for r in claims if r[0].startswith("SMoP"))
+  assert smop_row[4:] == ["holds", "non-inferiority, margin 2 points"]
+  assert results.claim_rows(plain)[0] == list(results.CLAIM_COLUMNS)
+  back = results.Summary.from_json(json.loads(json.dumps(judged.to_json())))
+  assert back.tests == tests and back.verdicts() == judged.verdicts()
+  assert "tests" not in plain.to_json()
+
+
+def test_replication_rates_of_non_inferiority_match_an_enumeration(tmp_path):
+  from spot_jax import verdicts  # pylint: disable=g-import-not-at-top
+  # SMoP against PT at margin 2: seeds 0-2 differ by about 0, seeds 3-5 scatter, so a 3-seed
+  # table's non-inferiority verdict depends on its seeds.
+  pt = [50.0, 52.0, 48.0, 51.0, 49.0, 50.0]
+  smop = [50.2, 51.9, 48.1, 47.0, 52.0, 46.5]
+  scores = lambda i, j: {("sum", "pt"): pt[i:j], ("sum", "smop"): smop[i:j]}
+  kw = dict(methods=("pt", "smop"))
+  a = _folder(tmp_path / "a", [0, 1, 2], scores(0, 3), **kw)
+  b = _folder(tmp_path / "b", [3, 4, 5], scores(3, 6), **kw)
+  pooled = dataclasses.replace(
+      replication.pool([a, b]), tests={("smop", "pt"): verdicts.Test(verdicts.NONINFERIORITY, 2.0)})
+  rep = replication.replicate(pooled, table_seeds=3, draws=4000, seed=2)
+  diff = np.subtract(smop, pt)
+
+  def verdict(idx):  # one comparison: a 95% interval; holds above -2, does not hold below
+    d = diff[list(idx)]
+    half = scipy_stats.t.ppf(0.975, 2) * d.std(ddof=1) / np.sqrt(3)
+    return 1 if d.mean() - half > -2 else -1 if d.mean() + half < -2 else 0
+
+  splits = [(s, tuple(sorted(set(range(6)) - set(s)))) for s in itertools.combinations(range(6), 3)]
+  same = np.mean([verdict(x) == verdict(y) for x, y in splits])
+  holds = np.mean([verdict(x) == 1 for x, _ in splits])
+  assert 0 < same < 1 and 0 < holds < 1
+  key = ("smop", "pt", "sum")
+  assert rep.same[key] == pytest.approx(same, abs=0.04) and rep.identical == rep.same[key]
+  assert rep.better[key] == pytest.approx(holds, abs=0.04)
+
+
+def test_the_command_judges_comparisons_by_the_tests_given(tmp_path, capsys):
+  rng = np.random.default_rng(4)
+  base = rng.uniform(40, 60, 10)
+  scores = {("x", "pt"): list(base), ("x", "smop"): list(base + rng.normal(0, 0.3, 10))}
+  halves = [{k: _split(v, 5)[i] for k, v in scores.items()} for i in (0, 1)]
+  kw = dict(methods=("pt", "smop"), targets=("x",))
+  a = _folder(tmp_path / "a", range(5), halves[0], **kw)
+  b = _folder(tmp_path / "b", range(5, 10), halves[1], **kw)
+  assert cli.run(replication.main, [a, b, "--draws=200", "--test=smop=non-inferiority:3"],
+                 "spot_jax.demo.replication") == 0
+  out = capsys.readouterr().out
+  assert "better / holds" in out and "same verdict" in out
+  # Within 0.3 points of PT on every seed: non-inferiority at 3 points holds in every table.
+  assert re.split(r"\s{2,}", out.strip().splitlines()[-1]) == [
+      "SMoP 4x5 - Prompt Tuning", "x", "non-inferiority, margin 3 points", "+0.0", "100%", "0%",
+      "100%"]
+
+
+@pytest.mark.parametrize("flag, fragment", [
+    ("--test=smop=non-inferiority:0", "--test='smop=non-inferiority:0': non-inferiority margin=0.0 "
+                                      "must be a number of points > 0"),
+    ("--test=smop=equivalence:-1", "equivalence margin=-1.0 must be a number of points > 0"),
+    ("--test=smop=equivalence", "names no margin"),
+    ("--test=prefix=equivalence:2", "with methods the folders ran (pt, smop)"),
+    ("--test=smop=better:2", "test 'better' is unknown"),
+])
+def test_a_bad_test_is_one_line_and_writes_nothing(tmp_path, capsys, flag, fragment):
+  two = {("sum", "pt"): [1.0, 2.0], ("sum", "smop"): [3.0, 4.0]}
+  a = _folder(tmp_path / "a", [0, 1], two, methods=("pt", "smop"))
+  b = _folder(tmp_path / "b", [2, 3], two, methods=("pt", "smop"))
+  before = sorted((p, p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*"))
+  assert cli.run(replication.main, [a, b, "--seeds_per_table=2", flag],
+                 "spot_jax.demo.replication") == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and fragment in err[0], err
+  assert sorted((p, p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*")) == before

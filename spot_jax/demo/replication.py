@@ -4,14 +4,18 @@ Pools the per-seed scores of demo folders (the results.json of `python -m spot_j
 with the same recipe, targets and methods, and disjoint seeds), then draws pairs of disjoint seed
 subsets of one table's size from the pool and computes both subsets' verdicts exactly as the demo
 does (`spot_jax.demo.results.Summary.verdicts`: the per-target family and the targets'-mean
-family, simultaneous 95% intervals). It prints how often the two tables of a pair give the same
-verdict on every comparison, how often one says "better" where the other says "worse" (a
-reversal), and, per comparison, the pool's mean difference and the share of tables that resolve
-it.
+family, simultaneous 95% intervals, each comparison judged by its test). It prints how often the
+two tables of a pair give the same verdict on every comparison, how often one says "better" where
+the other says "worse" (or "holds" where the other says "does not hold": a reversal), and, per
+comparison, the pool's mean difference, the share of tables giving each verdict and the
+replication rate: the probability that a disjoint seed set of the same size gives the same
+verdict.
 
   python -m spot_jax.demo --num_seeds=10 --output_dir=a
   python -m spot_jax.demo --num_seeds=10 --seed_offset=10 --output_dir=b
   python -m spot_jax.demo.replication a b                  # tables of 5 seeds, as the demo's
+  python -m spot_jax.demo.replication a b --test=smop=non-inferiority:3 \
+      --test=spot_unrelated=equivalence:3                  # judge those comparisons so
 
 The pool is finite: subsets of 20 seeds are not independent samples of every seed, so the rates
 are estimates, and a pool of exactly twice the table's size only ever splits into halves. Each
@@ -29,7 +33,7 @@ import numpy as np
 
 from spot_jax import cli
 from spot_jax import fileio
-from spot_jax import stats
+from spot_jax import verdicts as verdicts_lib
 from spot_jax.demo import results as results_lib
 from spot_jax.demo.runs import METHOD_NAMES
 from spot_jax.errors import ConfigError
@@ -46,10 +50,13 @@ class Replication:
     table_seeds: seeds per table.
     draws: pairs of tables drawn.
     identical: share of pairs whose tables give the same verdict on every comparison.
-    reversal: share of pairs where some comparison is "better" in one table, "worse" in the other.
+    reversal: share of pairs where some comparison is "better" ("holds") in one table, "worse"
+      ("does not hold") in the other.
     resolved_per_table: mean number of resolved comparisons in a table.
     none_resolved: share of tables that resolve no comparison.
-    better, worse: comparison -> share of tables with that verdict.
+    better, worse: comparison -> share of tables saying "better" or "holds", "worse" or "does not
+      hold".
+    same: comparison -> share of pairs whose two tables give it the same verdict.
   """
   table_seeds: int
   draws: int
@@ -59,6 +66,7 @@ class Replication:
   none_resolved: float
   better: dict
   worse: dict
+  same: dict
 
 
 def load(folder: str) -> tuple[results_lib.Summary, dict]:
@@ -89,6 +97,9 @@ def pool(folders: Sequence[str]) -> results_lib.Summary:
       if getattr(s, what) != getattr(first, what):
         raise ConfigError(f"{folder!r} ran {what} {getattr(s, what)}, {folders[0]!r} ran "
                           f"{getattr(first, what)}; pool folders of the same demo command")
+    if s.tests != first.tests:
+      raise ConfigError(f"{folder!r} judged its comparisons by other tests than {folders[0]!r}; "
+                        f"pool folders of the same demo command, or set them with --test")
     if other != recipe:
       raise ConfigError(f"{folder!r} ran another recipe than {folders[0]!r} (steps, lengths or "
                         f"rates differ); pool folders of the same demo command")
@@ -119,7 +130,7 @@ def replicate(pooled: results_lib.Summary, table_seeds: int = DEFAULT_TABLE_SEED
     raise ConfigError("the folders ran Prompt Tuning alone: there is no comparison to replicate")
   rng = np.random.default_rng(seed)
   keys = list(pooled.verdicts())
-  code = {stats.BETTER: 1, stats.WORSE: -1, stats.UNRESOLVED: 0}
+  code = verdicts_lib.CODES
   tables = []
   for _ in range(draws):
     order = rng.permutation(len(pooled.seeds))
@@ -133,18 +144,44 @@ def replicate(pooled: results_lib.Summary, table_seeds: int = DEFAULT_TABLE_SEED
       reversal=float(np.mean(np.any(v[:, 0] * v[:, 1] < 0, -1))),
       resolved_per_table=float(resolved.mean()), none_resolved=float(np.mean(resolved == 0)),
       better=dict(zip(keys, np.mean(v == 1, (0, 1)).tolist())),
-      worse=dict(zip(keys, np.mean(v == -1, (0, 1)).tolist())))
+      worse=dict(zip(keys, np.mean(v == -1, (0, 1)).tolist())),
+      same=dict(zip(keys, np.mean(v[:, 0] == v[:, 1], 0).tolist())))
 
 
 def comparison_rows(pooled: results_lib.Summary, rep: Replication) -> list[list[str]]:
   """Header + one row per comparison: the pool's mean difference, the shares of verdicts."""
-  rows = [["comparison", "target", f"pool mean ({len(pooled.seeds)} seeds)", "better", "worse"]]
+  named = bool(pooled.tests)
+  yes, no = ("better / holds", "worse / does not hold") if named else ("better", "worse")
+  rows = [["comparison", "target"] + (["test"] if named else []) +
+          [f"pool mean ({len(pooled.seeds)} seeds)", yes, no, "same verdict"]]
   means = {(m, b, t): iv.mean for m, b in pooled.pairs() for t, iv in pooled.differences(m, b)}
   for key, better in rep.better.items():
     m, b, t = key
-    rows.append([f"{METHOD_NAMES[m]} - {METHOD_NAMES[b]}", t, f"{means[key]:+.1f}",
-                 f"{100 * better:.0f}%", f"{100 * rep.worse[key]:.0f}%"])
+    rows.append([f"{METHOD_NAMES[m]} - {METHOD_NAMES[b]}", t]
+                + ([pooled.test(m, b).label] if named else [])
+                + [f"{means[key]:+.1f}", f"{100 * better:.0f}%", f"{100 * rep.worse[key]:.0f}%",
+                   f"{100 * rep.same[key]:.0f}%"])
   return rows
+
+
+def parse_tests(texts: Sequence[str], pooled: results_lib.Summary) -> dict:
+  """--test values 'METHOD[/BASELINE]=KIND[:MARGIN]' as (method, baseline) -> Test."""
+  tests = {}
+  for text in texts:
+    pair, sep, kind = text.partition("=")
+    method, _, baseline = pair.partition("/")
+    baseline = baseline or results_lib.BASELINE
+    if not sep or method not in pooled.methods or baseline not in pooled.methods:
+      raise ConfigError(f"--test={text!r} must be METHOD[/BASELINE]=KIND[:MARGIN] with methods "
+                        f"the folders ran ({', '.join(pooled.methods)}), e.g. "
+                        f"--test=smop=non-inferiority:3")
+    if method == baseline:
+      raise ConfigError(f"--test={text!r} compares {method} with itself; name two methods")
+    try:
+      tests[(method, baseline)] = verdicts_lib.Test.parse(kind)
+    except ConfigError as err:
+      raise ConfigError(f"--test={text!r}: {err}") from None
+  return tests
 
 
 def _parser() -> cli.ArgumentParser:
@@ -155,12 +192,17 @@ def _parser() -> cli.ArgumentParser:
   p.add_argument("--draws", type=int, default=DEFAULT_DRAWS,
                  help=f"pairs of tables drawn (default {DEFAULT_DRAWS})")
   p.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
+  p.add_argument("--test", action="append", default=[], metavar="METHOD=TEST",
+                 help="judge a comparison by another test, e.g. smop=non-inferiority:3 or "
+                      "spot_unrelated=equivalence:3 (baseline: pt; default: the folders' tests)")
   return p
 
 
 def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
   pooled = pool(args.folders)
+  if args.test:
+    pooled = dataclasses.replace(pooled, tests={**pooled.tests, **parse_tests(args.test, pooled)})
   rep = replicate(pooled, args.seeds_per_table, args.draws, args.seed)
   n = len(rep.better)
   print(f"pooled {len(pooled.seeds)} seeds from {len(args.folders)} folder(s); {rep.draws} pairs "
@@ -170,7 +212,8 @@ def main(argv: Sequence[str]) -> int:
   print(f"  a reversal (better in one table, worse in the other): {100 * rep.reversal:.1f}% of pairs")
   print(f"  resolved comparisons per table: {rep.resolved_per_table:.2f} on average; none "
         f"resolved in {100 * rep.none_resolved:.0f}% of tables")
-  print("\nshare of tables giving each verdict:")
+  print("\nshare of tables giving each verdict, and how often a disjoint seed set of the same "
+        "size gives the same one:")
   print(results_lib.plain(comparison_rows(pooled, rep)))
   return 0
 

@@ -2,7 +2,9 @@
 
 Every number is a mean over seeds with its Student-t 95% interval (`spot_jax.stats`); every
 comparison is a verdict from the paired per-seed differences (the same seed's runs share their
-data order), so it says "better", "worse" or "not resolved", never a bare gap. The verdicts of a
+data order), so it says "better", "worse" or "not resolved", never a bare gap; a comparison given
+a non-inferiority or equivalence test at a margin (`Summary.tests`, `spot_jax.verdicts`) says
+"holds", "does not hold" or "not resolved", and its rows name the test. The verdicts of a
 table are one family: their intervals are simultaneous at 95% (Bonferroni over the comparisons
 on every target; the comparisons of the targets' mean, each seed's differences averaged over the
 targets, are a second family), so a table shows a wrong verdict with probability at most 5%,
@@ -18,10 +20,12 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from spot_jax import stats
+from spot_jax import verdicts as verdicts_lib
 from spot_jax.demo.runs import JOB_NAMES, METHOD_NAMES, MPT_SOURCE, SOURCE, Outcome, Settings
 
 BASELINE = "pt"
-HOLDS, DOES_NOT_HOLD = "holds", "does not hold"
+HOLDS, DOES_NOT_HOLD = verdicts_lib.HOLDS, verdicts_lib.DOES_NOT_HOLD
+SUPERIORITY = verdicts_lib.Test()
 
 
 @dataclasses.dataclass
@@ -36,6 +40,7 @@ class Summary:
     choices: (target, seed) -> retrieval's choice as JSON (`spot_sources.Choice.to_json`).
     seconds: method -> the job's wall time in this process (None: reused).
     prompt_length: the recipe's prompt tokens (Prompt Tuning's, which the claims name).
+    tests: (method, baseline) -> the test of that comparison's verdicts; superiority when absent.
   """
   targets: list[str]
   methods: list[str]
@@ -46,6 +51,11 @@ class Summary:
   choices: dict[tuple[str, int], dict]
   seconds: dict[str, Optional[float]]
   prompt_length: int = Settings.prompt_length
+  tests: dict[tuple[str, str], verdicts_lib.Test] = dataclasses.field(default_factory=dict)
+
+  def test(self, method: str, baseline: str = BASELINE) -> verdicts_lib.Test:
+    """The test the (method, baseline) comparison is judged by."""
+    return self.tests.get((method, baseline), SUPERIORITY)
 
   def interval(self, target: str, method: str) -> stats.Interval:
     return stats.interval(self.scores[(target, method)])
@@ -56,7 +66,7 @@ class Summary:
     found = [(m, BASELINE) for m in self.methods if m != BASELINE]
     found += [(m, b) for m, b, _, _ in _PAIRED_CLAIMS
               if m in self.methods and b in self.methods and (m, b) not in found]
-    return found
+    return found + [p for p in self.tests if p not in found]
 
   @property
   def comparisons(self) -> int:
@@ -78,7 +88,8 @@ class Summary:
                                    self.level)
 
   def verdict(self, target: str, method: str, baseline: str = BASELINE) -> str:
-    return stats.verdict(self.difference(target, method, baseline))
+    return verdicts_lib.verdict(self.difference(target, method, baseline),
+                                self.test(method, baseline))
 
   def pooled_difference(self, method: str, baseline: str = BASELINE) -> stats.Interval:
     """mean over seeds of (the seed's difference averaged over the targets)."""
@@ -99,7 +110,7 @@ class Summary:
     per-target family then the targets'-mean family, in `pairs()` order."""
     rows = [(m, b, t, iv) for m, b in self.pairs() for t, iv in self.differences(m, b)]
     rows.sort(key=lambda row: row[2] == MEAN_ROW)  # stable: the per-target family first
-    return {(m, b, t): stats.verdict(iv) for m, b, t, iv in rows}
+    return {(m, b, t): verdicts_lib.verdict(iv, self.test(m, b)) for m, b, t, iv in rows}
 
   def select(self, seeds: Sequence[int]) -> "Summary":
     """The same summary restricted to `seeds` (each in `self.seeds`), in that order."""
@@ -121,9 +132,11 @@ class Summary:
     if any(len(v) != len(seeds) for v in scores.values()):
       raise TypeError("a cell's scores do not have one value per seed")
     choices = {(c["target"], int(c["seed"])): c for c in doc.get("retrieval", [])}
+    tests = {(x["method"], x["baseline"]): verdicts_lib.Test.from_json(x)
+             for x in doc.get("tests", [])}
     return cls(targets, methods, [int(s) for s in seeds], dict(doc["chance"]), scores,
                [(x["task"], x["accuracy"]) for x in doc.get("sources", [])], choices, {},
-               int(doc.get("recipe", {}).get("prompt_length", Settings.prompt_length)))
+               int(doc.get("recipe", {}).get("prompt_length", Settings.prompt_length)), tests)
 
   def to_json(self) -> dict:
     cells = {f"{t}/{m}": {"scores": self.scores[(t, m)], "interval": self.interval(t, m).to_json(),
@@ -131,16 +144,20 @@ class Summary:
                               "difference_vs_pt": self.difference(t, m).to_json(),
                               "verdict_vs_pt": self.verdict(t, m)})}
              for t in self.targets for m in self.methods}
+    claims = claim_rows(self)
     return {"targets": self.targets, "methods": self.methods, "seeds": self.seeds,
             "chance": self.chance, "cells": cells,
             "sources": [{"task": s, "accuracy": a} for s, a in self.sources],
             "retrieval": [self.choices[k] for k in sorted(self.choices)],
-            "claims": [dict(zip(CLAIM_COLUMNS, row)) for row in claim_rows(self)[1:]],
-            "targets_mean": {f"{m}-{b}": {"difference": iv.to_json(), "verdict": stats.verdict(iv)}
+            "claims": [dict(zip(claims[0], row)) for row in claims[1:]],
+            "targets_mean": {f"{m}-{b}": {"difference": iv.to_json(),
+                                          "verdict": verdicts_lib.verdict(iv, self.test(m, b))}
                              for m, b in self.pairs() for iv in [self.pooled_difference(m, b)]},
             "levels": {"per_target": self.level, "targets_mean": self.pooled_level,
                        "comparisons": self.comparisons},
-            "job_seconds": self.seconds}
+            "job_seconds": self.seconds,
+            **({"tests": [{"method": m, "baseline": b, **t.to_json()}
+                          for (m, b), t in self.tests.items()]} if self.tests else {})}
 
 
 def summarize(outcomes: Sequence[Outcome], targets: Sequence[str], methods: Sequence[str],
@@ -175,12 +192,13 @@ def accuracy_rows(s: Summary) -> list[list[str]]:
 def verdict_rows(s: Summary) -> list[list[str]]:
   """Header + one row per target: each method's paired difference from Prompt Tuning, verdict."""
   others = [m for m in s.methods if m != BASELINE]
-  rows = [["target"] + [f"{METHOD_NAMES[m]} - PT" for m in others]]
-  cell = lambda iv: f"{_signed(iv)} {stats.verdict(iv)}"
+  named = lambda m: "" if s.test(m) == SUPERIORITY else f" ({s.test(m).label})"
+  rows = [["target"] + [f"{METHOD_NAMES[m]} - PT{named(m)}" for m in others]]
+  cell = lambda iv, m: f"{_signed(iv)} {verdicts_lib.verdict(iv, s.test(m))}"
   for t in s.targets:
-    rows.append([t] + [cell(s.difference(t, m)) for m in others])
+    rows.append([t] + [cell(s.difference(t, m), m) for m in others])
   if len(s.targets) > 1:
-    rows.append([MEAN_ROW] + [cell(s.pooled_difference(m)) for m in others])
+    rows.append([MEAN_ROW] + [cell(s.pooled_difference(m), m) for m in others])
   return rows
 
 
@@ -243,15 +261,19 @@ def _claim_text(text: str, prompt_length: int) -> str:
 
 
 def claim_rows(s: Summary) -> list[list[str]]:
-  """Header + one row per (claim, target) the demo measures, and retrieval's ranking claim."""
-  rows = [list(CLAIM_COLUMNS)]
+  """Header + one row per (claim, target) the demo measures, and retrieval's ranking claim;
+  with `s.tests`, a last column names each row's test."""
+  rows = [list(CLAIM_COLUMNS) + (["test"] if s.tests else [])]
   n = str(len(s.seeds))
   for method, base, text, wanted in _PAIRED_CLAIMS:
     if method not in s.methods or base not in s.methods:
       continue
+    test = s.test(method, base)
     for t, diff in s.differences(method, base):
+      verdict = verdicts_lib.verdict(diff, test)
       rows.append([_claim_text(text, s.prompt_length), t, f"{_signed(diff)} points", n,
-                   _claim_verdict(stats.verdict(diff), wanted)])
+                   _claim_verdict(verdict, wanted) if test == SUPERIORITY else verdict]
+                  + ([test.label] if s.tests else []))
   if s.choices:
     from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
     hits = np.array([1.0 if c["related"] else 0.0 for c in s.choices.values()])
@@ -265,7 +287,7 @@ def claim_rows(s: Summary) -> list[list[str]]:
                  verdict])
   rows.append(["retrieval keeps most of the oracle's gain", "-", "see docs/spot.md (the study)",
                "-", "-"])
-  return rows
+  return [r + ["-"] * (len(rows[0]) - len(r)) for r in rows]
 
 
 def time_rows(s: Summary) -> list[list[str]]:
@@ -288,6 +310,9 @@ def verdict_heading(s: Summary) -> str:
   if len(s.targets) > 1:
     text += (f"; the last row averages each seed's differences over the targets (simultaneous over "
              f"its {len(s.pairs())} comparisons: each at {100 * s.pooled_level:.2f}%)")
+  if s.tests:
+    text += ("; a column naming a non-inferiority or equivalence test reads its interval against "
+             "that margin (holds / does not hold)")
   return text
 
 
