@@ -13,9 +13,9 @@ setuptools.setup(
     package_data={"": ["*.gin"],
                   # The embedded toy T5: vocabulary, README, loss log and its T5X checkpoint
                   # (zarr arrays are folders holding a hidden .zarray and chunk files).
-                  # bench/data: the RTE length distribution of `python -m spot_jax.bench.lengths`.
-                  "spot_jax": ["bench/data/*.txt", "embedded/toy_t5/*", "embedded/toy_t5/checkpoint/*",
-                               "embedded/toy_t5/checkpoint/*/*", "embedded/toy_t5/checkpoint/*/.zarray"]},
+                  "spot_jax": ["embedded/toy_t5/*", "embedded/toy_t5/checkpoint/*",
+                               "embedded/toy_t5/checkpoint/*/*",
+                               "embedded/toy_t5/checkpoint/*/.zarray"]},
     install_requires=[
         "jax>=0.6,<0.11",
         "flax>=0.10,<0.13",
@@ -60,7 +60,7 @@ setuptools.setup(
         # t5x itself is installed from its repository (docs/t5x.md); these are what it needs
         # beyond spot-jax's own dependencies.
         "t5x": ["grain", "cached-property", "chex", "aqtp", "fiddle", "clu"],
-        # `python -m spot_jax.bench --vs=peft` (and its test).
+        # The peers of `python -m benchmarks` (run from a checkout; benchmarks/ is not installed).
         "bench": ["torch==2.13.0", "transformers>=4.45,<6", "peft==0.21.2"],
     },
 )

@@ -1,13 +1,17 @@
-"""Benchmarks (targets for speed and memory live here and in docs/benchmarks.md, never in tests).
+"""Benchmarks: speed and memory targets live here and in docs/benchmarks.md, never in tests.
 
-  common      what every bench shares (methods, shapes, batches, FLOPs, the matmul peak)
-  train_step  `python -m spot_jax.bench`: train-step speed, FLOPs, MFU and memory per method
-  lengths     `python -m spot_jax.bench.lengths`: fixed padding vs length buckets
-  peft        the PyTorch + PEFT peer process of `--vs=peft`
-  worker      the peer processes' shared command line and memory reading
-  serve       `python -m spot_jax.bench.serve`: many-task serving, mixed vs one prompt vs PEFT
-  serve_workload   its request queues and pass statistics (numpy only, shared with the peer)
-  serve_peft  its PyTorch + PEFT peer process
-  serve_e2e   `python -m spot_jax.bench.serve_e2e`: whole processes on the toy T5, cold start
-  serve_peft_file  the PEFT script it runs against `python -m spot_jax.infer`
+Run from a checkout (`python -m benchmarks.<name>`; not installed with the package), with
+`pip install -e '.[bench]'` for the PyTorch + PEFT peers.
+
+  common          what every benchmark shares (methods, shapes, batches, FLOPs, the matmul peak,
+                  the goals)
+  tables          the train-step benchmark's Markdown rows and paired lines
+  train_step      `python -m benchmarks`: train-step speed, FLOPs, MFU and memory per method
+  lengths         `python -m benchmarks.lengths`: fixed padding vs length buckets
+  runs            `python -m benchmarks.runs`: K prompt runs in one jitted step against one run
+  jobs            `python -m benchmarks.jobs`: K whole prompt runs in one trainer job against one
+  serve           `python -m benchmarks.serve`: many-task serving, mixed vs one prompt vs PEFT
+  serve_workload  its request queues and pass statistics (numpy only, shared with the peer)
+  serve_e2e       `python -m benchmarks.serve_e2e`: whole processes on the toy T5, cold start
+  peers/          the peer programs (PyTorch + PEFT, t5x + prompt-tuning), each in its own process
 """

@@ -1,8 +1,8 @@
-"""`python -m spot_jax.bench`: see `spot_jax.bench.train_step`."""
+"""`python -m benchmarks`: see `benchmarks.train_step`."""
 import sys
 
 from spot_jax import cli
-from spot_jax.bench import train_step
+from benchmarks import train_step
 
 if __name__ == "__main__":
-  sys.exit(cli.run(train_step.main, sys.argv[1:], "spot_jax.bench"))
+  sys.exit(cli.run(train_step.main, sys.argv[1:], "benchmarks"))

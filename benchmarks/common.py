@@ -160,6 +160,9 @@ class MatmulPeak:
 
 
 MFU_LIMIT = 1.0
+# The K-runs goal (benchmarks.runs and benchmarks.jobs): K = 5 toy runs in at most 2x the wall
+# time of one run.
+GOAL_RUNS, GOAL_RATIO = 5, 2.0
 
 
 def mfu(flops: Optional[float], seconds: float, peak: Optional[float]) -> dict:

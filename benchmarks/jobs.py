@@ -1,17 +1,17 @@
-"""`python -m spot_jax.bench.jobs`: K whole prompt runs in one trainer job against one run alone.
+"""`python -m benchmarks.jobs`: K whole prompt runs in one trainer job against one run alone.
 
-  python -m spot_jax.bench.jobs --runs=1,2,4,5,8 --repeats=3 --json=jobs.json --markdown=jobs.md
+  python -m benchmarks.jobs --runs=1,2,4,5,8 --repeats=3 --json=jobs.json --markdown=jobs.md
 
 What a user waits for when seeds are batched: every K is one fresh process that trains K whole
 runs of the embedded demo's earlier recipe, fixed here so that rows compare across sessions
 (`recipe()`: Prompt Tuning, 20 tokens, input length 40, 60 steps at batch 8, warm-up and decay,
 evaluation of 200 validation examples at the end, a checkpoint and the prompt exports) on
 the toy T5, seeds 0..K-1 of one target task, as one trainer call with K runs on its runs axis
-(`spot_jax.demo.runs.run_job`), and reports the trainer call's wall time: set-up, data
+(`spot_jax.demo.methods.run_job`), and reports the trainer call's wall time: set-up, data
 pipelines, compiles (no persistent compilation cache), the steps, evaluation and checkpoints.
 The processes run in `--repeats` rounds, every K once per round (order reversed every other
 round); a row gives the median over rounds, the time per run, and `wall_vs_one`: the median over
-rounds of its time over the K = 1 process's time in the same round. `spot_jax.bench.runs` times
+rounds of its time over the K = 1 process's time in the same round. `benchmarks.runs` times
 the step alone.
 """
 from __future__ import annotations
@@ -28,39 +28,40 @@ import time
 from typing import Optional, Sequence
 
 from spot_jax import cli
-from spot_jax.bench import common
+from benchmarks import common
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 
-PROG = "spot_jax.bench.jobs"
+PROG = "benchmarks.jobs"
 DEFAULT_RUNS = (1, 2, 4, 5, 8)
-GOAL_RUNS, GOAL_RATIO = 5, 2.0  # issue 25: 5 toy runs in at most 2x the wall time of one
+GOAL_RUNS, GOAL_RATIO = common.GOAL_RUNS, common.GOAL_RATIO
 
 
 def recipe():
   """The demo's recipe as docs/benchmarks.md measured it: 20 tokens, input 40, 60 steps (the demo's
   default is now 10 tokens, input 37, 40 steps; docs/embedded.md)."""
   import dataclasses  # pylint: disable=g-import-not-at-top
-  from spot_jax.demo import runs  # pylint: disable=g-import-not-at-top
-  return dataclasses.replace(runs.Settings(), prompt_length=20, input_length=40, target_steps=60,
+  from spot_jax.demo import methods  # pylint: disable=g-import-not-at-top
+  return dataclasses.replace(methods.Settings(), prompt_length=20, input_length=40, target_steps=60,
                              source_steps=120)
 
 
 def _worker(k: int, task: str, out_dir: str) -> dict:
   """Trains K runs in this process; -> the trainer call's wall seconds and the runs' scores."""
-  from spot_jax.demo import runs  # pylint: disable=g-import-not-at-top
-  vocab_rows = runs.sampled_vocab_rows()
-  members = [runs.Member(task, seed) for seed in range(k)]
+  from spot_jax.demo import methods  # pylint: disable=g-import-not-at-top
+  settings = recipe()
+  requests = [methods.request(task, seed) for seed in range(k)]
   started = time.perf_counter()
-  result = runs.run_job("pt", members, recipe(), pathlib.Path(out_dir), vocab_rows)
+  job_recipe = methods.recipe("pt", settings, methods.sampled_vocab_rows())
+  result = methods.run_job(job_recipe, requests, settings, pathlib.Path(out_dir))
   seconds = time.perf_counter() - started
-  return {"k": k, "seconds": seconds, "scores": [o.accuracy for o in result.outcomes]}
+  return {"k": k, "seconds": seconds, "scores": [methods.accuracy(o) for o in result.outcomes]}
 
 
 def _run_worker(k: int, task: str, work: str) -> dict:
   out_dir = tempfile.mkdtemp(prefix=f"k{k}-", dir=work)
   env = {**os.environ, "SPOT_JAX_COMPILATION_CACHE": "none"}
-  proc = subprocess.run([sys.executable, "-m", "spot_jax.bench.jobs", "--worker", f"--k={k}",
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.jobs", "--worker", f"--k={k}",
                          f"--task={task}", f"--work_dir={out_dir}"],
                         capture_output=True, text=True, env=env)
   if proc.returncode != 0:

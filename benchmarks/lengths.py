@@ -1,7 +1,7 @@
-"""`python -m spot_jax.bench.lengths`: examples/s of fixed padding vs length buckets on real lengths.
+"""`python -m benchmarks.lengths`: examples/s of fixed padding vs length buckets on real lengths.
 
-  python -m spot_jax.bench.lengths --json=bench_lengths.json --markdown=bench_lengths.md \
-      [--lengths=file:spot_jax/bench/data/rte_train_t5_input_lengths.txt] \
+  python -m benchmarks.lengths --json=bench_lengths.json --markdown=bench_lengths.md \
+      [--lengths=file:benchmarks/data/rte_train_t5_input_lengths.txt] \
       [--lengths=task:spot_toy_*_taskless_v100[:train]]
 
 For each length distribution (`--lengths`, repeatable: `file:<path>` with one input length per
@@ -32,8 +32,8 @@ from spot_jax import runtime
 from spot_jax import backbone as backbone_lib
 from spot_jax import cli, data, models
 from spot_jax.cli import flags
-from spot_jax.bench import common
-from spot_jax.bench import worker as bench_worker
+from benchmarks import common
+from benchmarks.peers import worker as bench_worker
 from spot_jax.data import bucketing
 from spot_jax.train import optimizers
 from spot_jax import train as train_lib
@@ -223,7 +223,7 @@ def markdown(result: dict) -> str:
 
 
 def _parse(argv: Sequence[str]):
-  parser = cli.ArgumentParser(prog="spot_jax.bench.lengths", description=__doc__.splitlines()[0])
+  parser = cli.ArgumentParser(prog="benchmarks.lengths", description=__doc__.splitlines()[0])
   parser.add_argument("--lengths", action="append", default=None,
                       help="file:<path> or task:<seqio task or glob>[:split]; repeatable "
                            f"(default: {' and '.join(DEFAULT_LENGTHS)})")
@@ -308,10 +308,10 @@ def main(argv: Sequence[str]) -> int:
   table = markdown(result)
   print(table, end="", flush=True)
   common.write_outputs(outputs, result, (
-      f"`python -m spot_jax.bench.lengths {' '.join(argv)}`: {args.method} on {args.model}, batch "
+      f"`python -m benchmarks.lengths {' '.join(argv)}`: {args.method} on {args.model}, batch "
       f"{args.batch_size}, {args.target_length} targets, dropout {args.dropout_rate}, float32\n\n" + table))
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench.lengths"))
+  sys.exit(cli.run(main, sys.argv[1:], "benchmarks.lengths"))

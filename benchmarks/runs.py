@@ -1,6 +1,6 @@
-"""`python -m spot_jax.bench.runs`: K prompt runs in one jitted step against one run alone.
+"""`python -m benchmarks.runs`: K prompt runs in one jitted step against one run alone.
 
-  python -m spot_jax.bench.runs --models=t5_1_1_toy,t5_small --runs=1,2,4,5,8 --steps=9
+  python -m benchmarks.runs --models=t5_1_1_toy,t5_small --runs=1,2,4,5,8 --steps=9
 
 For each model and K it builds the trainer's own K-run step (`spot_jax.train.step.make_runs_step`:
 the train step vmapped over a leading runs axis of the state and the batch, the frozen weights
@@ -29,19 +29,19 @@ import numpy as np
 
 from spot_jax import backbone as backbone_lib
 from spot_jax import cli, models, partitioning
-from spot_jax.bench import common
-from spot_jax.bench import worker as bench_worker
+from benchmarks import common
+from benchmarks.peers import worker as bench_worker
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 from spot_jax.train import optimizers
-from spot_jax.train import runs as runs_lib
+from spot_jax.train import run_spec as runs_lib
 from spot_jax.train.state import TrainState
 from spot_jax.train.step import make_runs_step, make_train_step
 
-PROG = "spot_jax.bench.runs"
+PROG = "benchmarks.runs"
 DEFAULT_MODELS = ("t5_1_1_toy", "t5_small")
 DEFAULT_RUNS = (1, 2, 4, 5, 8)
-GOAL_RUNS, GOAL_RATIO = 5, 2.0  # issue 25: 5 toy runs in at most 2x the wall time of one
+GOAL_RUNS, GOAL_RATIO = common.GOAL_RUNS, common.GOAL_RATIO
 
 
 @dataclasses.dataclass
@@ -141,7 +141,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
 
 
 def goal_lines(rows: Sequence[dict]) -> list[str]:
-  """The issue's goal, per model measured at K = GOAL_RUNS: met or not, with the number."""
+  """The K-runs goal, per model measured at K = GOAL_RUNS: met or not, with the number."""
   lines = []
   for row in rows:
     if row["runs"] == GOAL_RUNS:

@@ -1,6 +1,6 @@
-"""`python -m spot_jax.bench.serve`: many-task serving, three ways, on the same requests.
+"""`python -m benchmarks.serve`: many-task serving, three ways, on the same requests.
 
-  python -m spot_jax.bench.serve --model=t5_1_1_small_like --methods=pt100,smop4x5 \
+  python -m benchmarks.serve --model=t5_1_1_small_like --methods=pt100,smop4x5 \
       --workloads=64x2,8x16,1x128 --tasks=generate,score --vs=peft \
       --json=serve.json --markdown=serve.md
 
@@ -13,7 +13,7 @@ and the prediction checks would compare nothing), served
               own prompt (one compiled function for any mix: `spot_jax.serve.Server`);
   one-prompt  by spot-jax one prompt at a time: each prompt's requests in batches of
               min(--batch_size, N) (what a server with one prompt per call does);
-  peft        by PyTorch + PEFT in its own process (`spot_jax.bench.serve_peft`, --vs=peft): the
+  peft        by PyTorch + PEFT in its own process (`benchmarks.peers.peft_serve`, --vs=peft): the
               same weights (exported to a Hugging Face directory), each prompt a PEFT adapter
               loaded once, then per prompt `set_adapter` and batches of min(--batch_size, N).
 Tasks: `generate` (greedy, --target_length tokens), `score` (rank --num_labels class labels by
@@ -43,7 +43,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from spot_jax import cli, runtime
-from spot_jax.bench import common, serve_workload
+from benchmarks import common, serve_workload
 from spot_jax.errors import ConfigError
 
 TASKS = ("generate", "score", "beam")
@@ -186,7 +186,7 @@ def run_peft(params, config, table, workloads: Sequence[Any], tasks: Sequence[st
     os.makedirs(os.path.join(work, "workloads"))
     for w in workloads:
       serve_workload.write(w, os.path.join(work, "workloads", f"{w.name}.json"))
-    cmd = [sys.executable, "-m", "spot_jax.bench.serve_peft", f"--output_dir={work}",
+    cmd = [sys.executable, "-m", "benchmarks.peers.peft_serve", f"--output_dir={work}",
            f"--workloads={','.join(w.name for w in workloads)}", f"--tasks={','.join(tasks)}",
            f"--method={table.entries[0].source}", f"--batch_size={args.batch_size}",
            f"--target_length={args.target_length}", f"--num_beams={args.num_beams}",
@@ -232,7 +232,7 @@ def _row_lines(rows: Sequence[dict]) -> list[str]:
   return markdown_table(rows).splitlines()[2:]
 
 
-GOALS = {"64x2": 5.0, "8x16": 1.5, "1x128": 1.2}  # issue 27: mixed spot-jax over PEFT, ex/s
+GOALS = {"64x2": 5.0, "8x16": 1.5, "1x128": 1.2}  # goals: mixed spot-jax over PEFT, ex/s
 
 
 def goal_lines(rows: Sequence[dict]) -> list[str]:
@@ -250,7 +250,7 @@ def goal_lines(rows: Sequence[dict]) -> list[str]:
 
 
 def _parse(argv: Sequence[str]):
-  p = cli.ArgumentParser(prog="spot_jax.bench.serve", description=__doc__.splitlines()[0])
+  p = cli.ArgumentParser(prog="benchmarks.serve", description=__doc__.splitlines()[0])
   p.add_argument("--model", default="t5_1_1_small_like",
                  help="a spot_jax.t5 config name (random weights; untied output layer: see above)")
   for name in common.OVERRIDE_FLAGS:
@@ -272,7 +272,7 @@ def _parse(argv: Sequence[str]):
   p.add_argument("--vs", default="", choices=("", "peft"),
                  help="also serve the Prompt Tuning queues with PyTorch + PEFT (separate process)")
   p.add_argument("--peer_malloc", default="system", choices=runtime.MODES,
-                 help="host memory settings of the PEFT process (see spot_jax.bench --peer_malloc)")
+                 help="host memory settings of the PEFT process (see benchmarks --peer_malloc)")
   p.add_argument("--json", default=None, help="write the rows to this file")
   p.add_argument("--markdown", default=None, help="write a Markdown table to this file")
   return p.parse_args(argv)
@@ -345,11 +345,11 @@ def main(argv: Sequence[str]) -> int:
           "shape": {k: getattr(config, k) for k in common.SHAPE_FIELDS},
           "peft_skipped": peft_skipped, "malloc": runtime.applied(), "rows": rows}
   common.write_outputs(outputs, meta, (
-      f"`python -m spot_jax.bench.serve {' '.join(argv)}`\n\n" + markdown_table(rows)
+      f"`python -m benchmarks.serve {' '.join(argv)}`\n\n" + markdown_table(rows)
       + "".join(f"\n{line}\n" for line in goals)
       + (f"\nPyTorch + PEFT: {peft_skipped}\n" if peft_skipped else "")))
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench.serve"))
+  sys.exit(cli.run(main, sys.argv[1:], "benchmarks.serve"))

@@ -1,6 +1,6 @@
-"""`python -m spot_jax.bench.serve_e2e`: serving as a user runs it, whole processes, on the toy T5.
+"""`python -m benchmarks.serve_e2e`: serving as a user runs it, whole processes, on the toy T5.
 
-  python -m spot_jax.bench.serve_e2e --workloads=64x2,8x16,1x128 --repeats=3 \
+  python -m benchmarks.serve_e2e --workloads=64x2,8x16,1x128 --repeats=3 \
       [--cold_start_repeats=3] --json=e2e.json --markdown=e2e.md
 
 A file of requests in, a file of predictions out: for each workload PxN (P prompts, N requests
@@ -10,7 +10,7 @@ served by
                   SentencePiece model; P `.npy` prompts; one mixed-prompt stream), without and
                   with a warm persistent compilation cache (`--compilation_cache_dir`, filled
                   by one untimed run first);
-  PyTorch + PEFT  `python -m spot_jax.bench.serve_peft_file`: the same weights as a Hugging Face
+  PyTorch + PEFT  `python -m benchmarks.peers.peft_serve_file`: the same weights as a Hugging Face
                   model, each prompt a PEFT adapter, prompt by prompt.
 The processes alternate (the order flips every repeat) and the table gives each one's median
 wall time from start to exit, its self-reported time to the first prediction, and whether
@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from spot_jax import cli, embedded, fileio
-from spot_jax.bench import common, serve_workload
+from benchmarks import common, serve_workload
 from spot_jax.errors import ConfigError
 
 PROMPT_LENGTH = 20
@@ -86,7 +86,7 @@ def infer_command(work: str, prompts: Sequence[str], requests: str, output: str,
 
 
 def peft_command(work: str, requests: str, output: str, args) -> list[str]:
-  return [sys.executable, "-m", "spot_jax.bench.serve_peft_file", f"--model={work}/hf",
+  return [sys.executable, "-m", "benchmarks.peers.peft_serve_file", f"--model={work}/hf",
           f"--adapters={work}/adapters", f"--vocab={embedded.VOCAB_PATH}", f"--input={requests}",
           f"--output={output}", f"--max_new_tokens={args.target_length}",
           f"--input_length={args.input_length}", f"--batch_size={args.batch_size}"]
@@ -190,7 +190,7 @@ def markdown(rows: Sequence[dict], cold: Optional[dict]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-  p = cli.ArgumentParser(prog="spot_jax.bench.serve_e2e", description=__doc__.splitlines()[0])
+  p = cli.ArgumentParser(prog="benchmarks.serve_e2e", description=__doc__.splitlines()[0])
   p.add_argument("--workloads", default="64x2,8x16,1x128")
   p.add_argument("--repeats", type=int, default=3, help="timed runs of each process (median)")
   p.add_argument("--cold_start_repeats", type=int, default=3, help="0: no cold-start rows")
@@ -210,7 +210,7 @@ def main(argv: Sequence[str]) -> int:
     raise ConfigError("--repeats, --target_length, --input_length and --batch_size must be "
                       "positive and --cold_start_repeats >= 0")
   outputs = common.output_files(args)
-  from spot_jax.bench import serve  # pylint: disable=g-import-not-at-top
+  from benchmarks import serve  # pylint: disable=g-import-not-at-top
   missing = serve.peft_missing()
   if missing:
     raise ConfigError(f"the PyTorch + PEFT side cannot run: {missing}")
@@ -229,9 +229,9 @@ def main(argv: Sequence[str]) -> int:
   if cold:
     print("\n".join(text.splitlines()[len(rows) + 2:]), flush=True)
   common.write_outputs(outputs, {"argv": list(argv), "rows": rows, "cold_start": cold},
-                       f"`python -m spot_jax.bench.serve_e2e {' '.join(argv)}`\n\n{text}")
+                       f"`python -m benchmarks.serve_e2e {' '.join(argv)}`\n\n{text}")
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench.serve_e2e"))
+  sys.exit(cli.run(main, sys.argv[1:], "benchmarks.serve_e2e"))

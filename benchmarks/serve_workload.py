@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from spot_jax.bench import worker as bench_worker
+from benchmarks.peers import worker as bench_worker
 from spot_jax.errors import ConfigError
 
 EOS_ID = 1
@@ -109,7 +109,7 @@ def write(workload: Workload, path: str) -> None:
 
 def read(path: str) -> Workload:
   if not os.path.isfile(path):
-    raise ConfigError(f"workload file {path} does not exist; spot_jax.bench.serve writes it")
+    raise ConfigError(f"workload file {path} does not exist; benchmarks.serve writes it")
   with open(path, encoding="utf-8") as f:
     d = json.load(f)
   return Workload(d["name"], tuple(d["prompt_names"]), tuple(d["request_prompts"]),

@@ -1,6 +1,6 @@
-"""`python -m spot_jax.bench`: train-step speed, FLOPs, MFU and memory of each method on a random T5.
+"""`python -m benchmarks`: train-step speed, FLOPs, MFU and memory of each method on a random T5.
 
-  python -m spot_jax.bench --model=t5_small --batch_size=8 --input_length=128 \
+  python -m benchmarks --model=t5_small --batch_size=8 --input_length=128 \
       --target_length=16 --dropout_rate=0.1 --steps=5 --json=bench.json --markdown=bench.md
 
 For each method it compiles the jitted train step (compile time measured on its own, and compile
@@ -18,7 +18,7 @@ run, each length's rows paired with the first method at that length).
 `--compilation_cache_dir` turns on JAX's persistent compilation cache, so a second run of the
 same shape skips compiling. `--vs=peft` times the PyTorch + PEFT counterparts, `--vs=t5x` t5x's
 train step of prompt-tuning's model and of spot-jax's contrib model (`bench.t5x_peer`), each in a
-separate process (`bench.peft`, `contrib.t5x.bench`). Benchmark in float32 on CPUs without bf16
+separate process (`peers.peft_train`, `peers.t5x_train`). Benchmark in float32 on CPUs without bf16
 hardware. Targets for speed and memory live here and in docs/benchmarks.md, never in timed tests.
 """
 from __future__ import annotations
@@ -36,16 +36,16 @@ import numpy as np
 
 from spot_jax import backbone as backbone_lib
 from spot_jax import cli, models, partitioning
-from spot_jax.bench import peft_peer
-from spot_jax.bench.tables import markdown_table, paired_lines
-from spot_jax.bench import t5x_peer
-from spot_jax.bench import worker as bench_worker
+from benchmarks.peers import compare_peft as peft_peer
+from benchmarks.tables import markdown_table, paired_lines
+from benchmarks.peers import compare_t5x as t5x_peer
+from benchmarks.peers import worker as bench_worker
 from spot_jax.cli import distributed, flags
 from spot_jax import runtime
 from spot_jax.train import optimizers
 from spot_jax import train as train_lib
-from spot_jax.bench import common
-from spot_jax.bench.common import (DEFAULT_METHODS, METHODS, OVERRIDE_FLAGS, SHAPE_FIELDS, T5X_DROPOUT_RNGS, bench_config, device_batch,
+from benchmarks import common
+from benchmarks.common import (DEFAULT_METHODS, METHODS, OVERRIDE_FLAGS, SHAPE_FIELDS, T5X_DROPOUT_RNGS, bench_config, device_batch,
                                    hlo_op_counts, nbytes, timed, xla_flops)
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import config_by_name
@@ -143,7 +143,7 @@ def prepare_run(method: str, config_name: str, batch_size: int, input_length: in
                 target_length: int, prompt_length: int, **kwargs) -> _Run:
   """`method`'s compiled train step under the bench's mesh, after 1 + `warmup` steps.
 
-  For a peer timing spot-jax's step in its own process (`contrib.t5x.bench --spot_jax_step`);
+  For a peer timing spot-jax's step in its own process (`peers.t5x_train --spot_jax_step`);
   `kwargs` are `_prepare`'s (dropout_rate, warmup, seed, config_overrides, dropout_rng).
   """
   with _bench_mesh() as shardings:
@@ -231,7 +231,7 @@ def bench_methods(methods: Sequence[str], config_name: str, batch_size: int, inp
 
 
 def _parse(argv: Sequence[str]):
-  parser = cli.ArgumentParser(prog="spot_jax.bench", description=__doc__.splitlines()[0])
+  parser = cli.ArgumentParser(prog="benchmarks", description=__doc__.splitlines()[0])
   flags.add_backbone(parser, required=False, gin_files=False, checkpoint=False, seed=False,
                      model_help="a spot_jax.t5 config name (default t5_small; t5_1_1_small_like with "
                                 "--vs=t5x)")
@@ -373,11 +373,11 @@ def main(argv: Sequence[str]) -> int:
           "argv": list(argv), "rows": rows}
   common.write_outputs(outputs, meta, (
       f"float32 matmul peak {peak.max / 1e9:.1f} GFLOP/s (largest of {len(peak.samples)} "
-      f"samples); `python -m spot_jax.bench {' '.join(argv)}`\n\n" + markdown_table(rows)
+      f"samples); `python -m benchmarks {' '.join(argv)}`\n\n" + markdown_table(rows)
       + "".join(f"\n{line}\n" for line in paired_lines(rows)) + peft_peer.table(rows)
       + t5x_peer.table(rows)))
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, sys.argv[1:], "spot_jax.bench"))
+  sys.exit(cli.run(main, sys.argv[1:], "benchmarks"))

@@ -26,7 +26,7 @@ LAYERS = [
     ["experiment"],  # the one runner of batches of prompt runs (demo, study, retrieval)
     ["eval", "spot", "demo"],
     ["serve", "library", "retrieve", "study", "report"],
-    ["infer", "bench"],
+    ["infer"],
     ["contrib"],
 ]
 # Modules whose place differs from their package's: the embedded model's pretraining program

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spot_jax import cli
-from spot_jax.bench import train_step as bench
+from benchmarks import train_step as bench
 from spot_jax import runtime
 
 # The tiny shape every in-process bench test runs at (plus its own flags).
@@ -17,7 +17,7 @@ TINY = ["--model=t5_1_1_test", "--target_length=4", "--batch_size=2", "--warmup=
 
 
 def run_tiny(tmp_path, *flags: str):
-  """`spot_jax.bench` in this process at the tiny shape with `flags`, writing JSON and Markdown;
+  """`benchmarks` in this process at the tiny shape with `flags`, writing JSON and Markdown;
   -> (the JSON, the Markdown file's path)."""
   out, md = tmp_path / "bench.json", tmp_path / "bench.md"
   assert bench.main([*TINY, *flags, f"--json={out}", f"--markdown={md}"]) == 0
@@ -100,14 +100,14 @@ def test_bench_checks_its_output_files_before_measuring(tmp_path, capsys):
   (tmp_path / "old.json").write_text("previous")
   for args, message in [([f"--json={tmp_path}/no_dir/b.json"], "no_dir' does not exist"),
                         ([f"--json={tmp_path}/old.json", f"--markdown={tmp_path}"], "is a directory")]:
-    assert cli.run(bench.main, ["--methods=pt100", *args], "spot_jax.bench") == 2
+    assert cli.run(bench.main, ["--methods=pt100", *args], "benchmarks") == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and message in err
   assert (tmp_path / "old.json").read_text() == "previous"
 
 
 def test_bench_command_line_error_is_one_line():
-  proc = subprocess.run([sys.executable, "-m", "spot_jax.bench", "--methods=lora"],
+  proc = subprocess.run([sys.executable, "-m", "benchmarks", "--methods=lora"],
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and "Traceback" not in proc.stderr
   assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
@@ -134,10 +134,10 @@ def test_vs_peft_reports_the_counterparts(tmp_path):
 
 
 def test_bench_peft_rejects_bad_shape():
-  proc = subprocess.run([sys.executable, "-m", "spot_jax.bench.peft", "--method=pt", "--shape={"],
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.peers.peft_train", "--method=pt", "--shape={"],
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and "Traceback" not in proc.stderr
-  assert proc.stderr.strip().startswith("spot_jax.bench.peft: error: --shape is not JSON")
+  assert proc.stderr.strip().startswith("benchmarks.peers.peft_train: error: --shape is not JSON")
 
 
 def test_cpu_devices_runs_the_data_parallel_mesh(tmp_path):
@@ -145,7 +145,7 @@ def test_cpu_devices_runs_the_data_parallel_mesh(tmp_path):
   rows = {}
   for devices in (1, 2):
     out = tmp_path / f"d{devices}.json"
-    proc = subprocess.run([sys.executable, "-m", "spot_jax.bench", "--model=t5_1_1_test",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--model=t5_1_1_test",
                            "--methods=pt20", "--steps=2", "--warmup=0", "--inference_steps=1",
                            "--input_length=16", "--batch_size=4", f"--cpu_devices={devices}",
                            f"--json={out}"], capture_output=True, text=True, timeout=300,
@@ -155,10 +155,10 @@ def test_cpu_devices_runs_the_data_parallel_mesh(tmp_path):
   assert (rows[1]["devices"], rows[2]["devices"]) == (1, 2)
   assert rows[2]["final_loss"] == pytest.approx(rows[1]["final_loss"], rel=1e-5)
   assert rows[2]["flops_per_step"] == pytest.approx(rows[1]["flops_per_step"], rel=0.05)
-  bad = subprocess.run([sys.executable, "-m", "spot_jax.bench", "--batch_size=4", "--cpu_devices=3"],
+  bad = subprocess.run([sys.executable, "-m", "benchmarks", "--batch_size=4", "--cpu_devices=3"],
                        capture_output=True, text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert bad.returncode == 2 and "Traceback" not in bad.stderr
-  assert bad.stderr.strip() == ("spot_jax.bench: error: --batch_size=4 must be divisible by the 3 "
+  assert bad.stderr.strip() == ("benchmarks: error: --batch_size=4 must be divisible by the 3 "
                                 "devices (--cpu_devices)")
 
 

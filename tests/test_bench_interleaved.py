@@ -1,13 +1,13 @@
-"""`python -m spot_jax.bench`: an MFU is never reported above 100% (the matmul peak is sampled
+"""`python -m benchmarks`: an MFU is never reported above 100% (the matmul peak is sampled
 through the run), and one interleaved run pairs methods at several input lengths with their
 FLOP ratio beside the time ratio (no timing asserted)."""
 
 import numpy as np
 import pytest
 
-from spot_jax.bench import common
-from spot_jax.bench import tables
-from spot_jax.bench import train_step as bench
+from benchmarks import common
+from benchmarks import tables
+from benchmarks import train_step as bench
 from tests.test_bench import run_tiny
 
 
@@ -54,5 +54,5 @@ def test_interleaved_input_lengths_pair_per_length(tmp_path):
 
 def test_input_lengths_must_be_integers(capsys):
   from spot_jax import cli  # pylint: disable=import-outside-toplevel
-  assert cli.run(bench.main, ["--input_lengths=64,x"], "spot_jax.bench") == cli.EXIT_USER_ERROR
+  assert cli.run(bench.main, ["--input_lengths=64,x"], "benchmarks") == cli.EXIT_USER_ERROR
   assert "--input_lengths='64,x' is not a comma-separated list" in capsys.readouterr().err

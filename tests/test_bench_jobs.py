@@ -1,4 +1,4 @@
-"""`python -m spot_jax.bench.jobs`: K whole runs as one trainer job, each K in its own process
+"""`python -m benchmarks.jobs`: K whole runs as one trainer job, each K in its own process
 (no timing asserted: the runs' scores and the table's arithmetic are)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from spot_jax import embedded
-from spot_jax.bench import jobs
+from benchmarks import jobs
 
 needs_model = pytest.mark.skipif(not os.path.isdir(embedded.CHECKPOINT_PATH),
                                  reason="the embedded toy model is missing")

@@ -1,4 +1,4 @@
-"""`python -m spot_jax.bench.runs`: K runs in one step, reported per K (no timing assertions)."""
+"""`python -m benchmarks.runs`: K runs in one step, reported per K (no timing assertions)."""
 import json
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from spot_jax.bench import runs as bench_runs
+from benchmarks import runs as bench_runs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -41,11 +41,11 @@ def test_rows_per_k_with_flops_growing_with_k(tmp_path):
     (["--method=model_tuning", "--models=t5_1_1_test", "--steps=1"], "K runs share a frozen backbone"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
-  proc = subprocess.run([sys.executable, "-m", "spot_jax.bench.runs", *args,
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.runs", *args,
                          f"--json={tmp_path / 'r.json'}"], cwd=REPO, capture_output=True, text=True,
                         timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("spot_jax.bench.runs: error: "), proc.stderr
+  assert len(lines) == 1 and lines[0].startswith("benchmarks.runs: error: "), proc.stderr
   assert message in lines[0]
   assert not (tmp_path / "r.json").exists()

@@ -1,4 +1,4 @@
-"""`python -m spot_jax.bench.serve` at a tiny shape: every mixed row equals the one-prompt path
+"""`python -m benchmarks.serve` at a tiny shape: every mixed row equals the one-prompt path
 before it is timed, the PEFT peer serves the same requests with the same weights and agrees,
 and `--vs=peft` without torch skips with a reason (no timing asserted)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from spot_jax.bench import serve, serve_workload
+from benchmarks import serve, serve_workload
 from spot_jax.errors import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def test_mixed_rows_equal_one_prompt_and_peft_agrees(tmp_path):
 def test_peft_absent_skips_with_a_reason(tmp_path):
   out = tmp_path / "serve.json"
   code = ("import sys, runpy; sys.modules['torch'] = None; sys.argv[0] = 'serve'; "
-          "runpy.run_module('spot_jax.bench.serve', run_name='__main__')")
+          "runpy.run_module('benchmarks.serve', run_name='__main__')")
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, "-c", code] + TINY + [
       "--workloads=2x2", "--methods=pt20", "--tasks=score", "--vs=peft", f"--json={out}"],
@@ -105,7 +105,7 @@ def test_end_to_end_processes_write_the_same_predictions(tmp_path):
   """`bench.serve_e2e` on the embedded toy T5: infer (no cache, warm cache) and the PEFT script,
   whole processes on one JSONL file, write identical predictions."""
   pytest.importorskip("peft")
-  from spot_jax.bench import serve_e2e  # pylint: disable=import-outside-toplevel
+  from benchmarks import serve_e2e  # pylint: disable=import-outside-toplevel
   out = tmp_path / "e2e.json"
   assert serve_e2e.main(["--workloads=3x2", "--repeats=1", "--cold_start_repeats=0",
                          "--batch_size=4", f"--output_dir={tmp_path / 'work'}",

@@ -1,4 +1,4 @@
-"""`spot_jax.bench --vs=t5x`: t5x's step of prompt-tuning's model and of spot-jax's contrib model
+"""`benchmarks --vs=t5x`: t5x's step of prompt-tuning's model and of spot-jax's contrib model
 on the same shape (no timing assertions)."""
 import json
 import os
@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from spot_jax import cli
-from spot_jax.bench import train_step as bench
-from spot_jax.bench import common
-from spot_jax.contrib.t5x import bench as bench_t5x
+from benchmarks import train_step as bench
+from benchmarks import common
+from benchmarks.peers import t5x_train as bench_t5x
 from spot_jax.t5 import CONFIGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,7 +91,7 @@ def test_vs_t5x_pairs_unsafe_rbg_with_t5xs_hardware_rng_and_interleaves(tmp_path
 
 def _without_t5x_env():
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  probe = subprocess.run([sys.executable, "-c", "from spot_jax.bench import common as b; "
+  probe = subprocess.run([sys.executable, "-c", "from benchmarks import common as b; "
                           "print(b.t5x_importable())"], capture_output=True, text=True, env=env, cwd=ROOT)
   if probe.stdout.strip() != "False":
     pytest.skip("t5x is importable without PYTHONPATH (installed in site-packages)")
@@ -99,8 +99,8 @@ def _without_t5x_env():
 
 
 @pytest.mark.parametrize("module,args", [
-    ("spot_jax.bench", ["--vs=t5x"] + TINY),
-    ("spot_jax.contrib.t5x.bench", ["--shape=" + json.dumps({k: 8 for k in common.SHAPE_KEYS})]),
+    ("benchmarks", ["--vs=t5x"] + TINY),
+    ("benchmarks.peers.t5x_train", ["--shape=" + json.dumps({k: 8 for k in common.SHAPE_KEYS})]),
 ])
 def test_without_t5x_one_line_error_naming_pythonpath(module, args):
   proc = subprocess.run([sys.executable, "-m", module] + args, capture_output=True, text=True,
@@ -121,9 +121,9 @@ def test_without_t5x_one_line_error_naming_pythonpath(module, args):
      "unsafe_rbg (t5x's USE_HARDWARE_RNG)"),
 ])
 def test_bench_rejects_bad_shape_and_vs_input(capsys, args, message):
-  assert cli.run(bench.main, args, "spot_jax.bench") == 2
+  assert cli.run(bench.main, args, "benchmarks") == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and err[0].startswith("spot_jax.bench: error: ") and message in err[0]
+  assert len(err) == 1 and err[0].startswith("benchmarks: error: ") and message in err[0]
 
 
 @pytest.mark.parametrize("args,message", [
@@ -132,9 +132,9 @@ def test_bench_rejects_bad_shape_and_vs_input(capsys, args, message):
      "--models='pt,contrib': unknown or no model; valid: prompt_tuning, contrib"),
 ])
 def test_bench_t5x_rejects_bad_input(capsys, args, message):
-  assert cli.run(bench_t5x.main, args, "spot_jax.contrib.t5x.bench") == 2
+  assert cli.run(bench_t5x.main, args, "benchmarks.peers.t5x_train") == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and err[0].startswith("spot_jax.contrib.t5x.bench: error: ") and message in err[0]
+  assert len(err) == 1 and err[0].startswith("benchmarks.peers.t5x_train: error: ") and message in err[0]
 
 
 def test_bench_compiles_the_train_step_once(caplog, tmp_path):

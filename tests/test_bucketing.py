@@ -211,7 +211,7 @@ def test_command_lines(tmp_path):
   bench_args = [f"--lengths=file:{lengths}", "--model=t5_1_1_byte_tiny", "--method=prompt_tuning",
                 "--prompt_length=3", "--batch_size=2", "--buckets=8", "--bucket_window=3", "--target_length=4",
                 "--steps=1", "--warmup=0"]
-  bench = "spot_jax.bench.lengths"
+  bench = "benchmarks.lengths"
   cases = [
       ([*bench_args, f"--lengths=file:{tmp_path}/missing.txt"], "missing.txt: cannot read it", bench),
       ([*bench_args, f"--lengths=file:{tmp_path}/bad_lengths.txt"], "line 2 is 'seven'", bench),

@@ -50,9 +50,9 @@ EVAL = ["--gin_file=gin/models/t5_1_1_byte_tiny.gin", "--gin_file=gin/test/smoke
         "--gin_file=gin/runs/eval.gin", "--gin.MIXTURE_OR_TASK_NAME='spot_synthetic_sentiment_v100'",
         "--gin.MIXTURE_OR_TASK_MODULE='tasks.synthetic'", "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 12}",
         "--gin.EVAL_NUM_EXAMPLES=16"]
-TRAIN, EVALUATE, CONVERT, BENCH, TASKS = "spot_jax.train", "spot_jax.eval", "spot_jax.convert", "spot_jax.bench", "tasks"
-INFER, LENGTHS, LIBRARY, STUDY = "spot_jax.infer", "spot_jax.bench.lengths", "spot_jax.library", "spot_jax.study"
-RETRIEVE, REPORT, SERVE_BENCH = "spot_jax.retrieve", "spot_jax.report", "spot_jax.bench.serve"
+TRAIN, EVALUATE, CONVERT, BENCH, TASKS = "spot_jax.train", "spot_jax.eval", "spot_jax.convert", "benchmarks", "tasks"
+INFER, LENGTHS, LIBRARY, STUDY = "spot_jax.infer", "benchmarks.lengths", "spot_jax.library", "spot_jax.study"
+RETRIEVE, REPORT, SERVE_BENCH = "spot_jax.retrieve", "spot_jax.report", "benchmarks.serve"
 
 TABLE = REPO / "tests" / "cli_errors.jsonl"
 ARG_LISTS = {"SMOKE": SMOKE, "RUN": RUN, "FRESH": FRESH, "EVAL": EVAL}

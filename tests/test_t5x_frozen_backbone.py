@@ -23,8 +23,8 @@ from flax import traverse_util
 from t5x import trainer as t5x_trainer
 
 from spot_jax import t5
-from spot_jax.bench import common
-from spot_jax.contrib.t5x import bench as t5x_bench
+from benchmarks import common
+from benchmarks.peers import t5x_train as t5x_bench
 from spot_jax.contrib.t5x import optim
 from spot_jax.contrib.t5x import partitioning
 from spot_jax.errors import ConfigError

@@ -1,5 +1,5 @@
-"""`python -m spot_jax.bench --vs=peft`: the PyTorch + PEFT counterpart of a row, timed in a
-process of its own (`spot_jax.bench.peft`), and the side-by-side table."""
+"""`python -m benchmarks --vs=peft`: the PyTorch + PEFT counterpart of a row, timed in a
+process of its own (`benchmarks.peers.peft_train`), and the side-by-side table."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ import sys
 from typing import Optional, Sequence
 
 from spot_jax import runtime
-from spot_jax.bench import tables
-from spot_jax.bench import peft as bench_peft
-from spot_jax.bench.common import bench_config
+from benchmarks import tables
+from benchmarks.peers import peft_train as bench_peft
+from benchmarks.common import bench_config
 
 
 PEFT_COUNTERPART = {"prompt_tuning": "pt", "residual": "ptune"}
@@ -33,7 +33,7 @@ def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = N
   if method is None:
     return None
   shape = bench_peft.hf_shape(bench_config(row["config"], row["config_overrides"]))
-  cmd = [sys.executable, "-m", "spot_jax.bench.peft", f"--method={method}", f"--shape={json.dumps(shape)}",
+  cmd = [sys.executable, "-m", "benchmarks.peers.peft_train", f"--method={method}", f"--shape={json.dumps(shape)}",
          f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
          f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
          f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}"]

@@ -1,6 +1,6 @@
-"""`spot_jax.bench --vs=t5x`: t5x's train step beside spot-jax's own, on a Prompt Tuning row's shape.
+"""`benchmarks --vs=t5x`: t5x's train step beside spot-jax's own, on a Prompt Tuning row's shape.
 
-The t5x side runs in its own process (`python -m spot_jax.contrib.t5x.bench`; nothing here
+The t5x side runs in its own process (`python -m benchmarks.peers.t5x_train`; nothing here
 imports t5x) and times t5x's `Trainer` step for two models: google-research/prompt-tuning's
 (row key "t5x") and spot-jax's contrib model, what `t5x.train` runs with gin/t5x (row key
 "t5x_contrib"). With `interleave` that process also builds spot-jax's own step ("t5x_process_spot_jax")
@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 from spot_jax import cli
 from spot_jax import runtime
-from spot_jax.bench import common
+from benchmarks import common
 from spot_jax.errors import ConfigError
 
 # The peer's row "model" -> the key under the spot-jax row, and the table's framework name.
@@ -40,7 +40,7 @@ def run_t5x(row: dict, steps: int, warmup: int, compilation_cache_dir: str = "",
   if row["prompt_method"] != "prompt_tuning":
     return None
   shape = common.t5x_shape(common.bench_config(row["config"], row["config_overrides"]))
-  cmd = [sys.executable, "-m", "spot_jax.contrib.t5x.bench", f"--shape={json.dumps(shape)}",
+  cmd = [sys.executable, "-m", "benchmarks.peers.t5x_train", f"--shape={json.dumps(shape)}",
          f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
          f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
          f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}",
@@ -65,7 +65,7 @@ def run_t5x(row: dict, steps: int, warmup: int, compilation_cache_dir: str = "",
 
 
 def summary_lines(row: dict) -> list[str]:
-  """What `spot_jax.bench` prints for a row with t5x peers: one line per t5x model."""
+  """What `benchmarks` prints for a row with t5x peers: one line per t5x model."""
   lines = []
   for key in ("t5x_contrib", "t5x"):
     if key in row:

@@ -1,6 +1,6 @@
-"""`python -m spot_jax.bench.serve_peft`: the PyTorch + PEFT peer of `spot_jax.bench.serve`.
+"""`python -m benchmarks.peers.peft_serve`: the PyTorch + PEFT peer of `benchmarks.serve`.
 
-Started by `python -m spot_jax.bench.serve --vs=peft` in its own process (torch and JAX never
+Started by `python -m benchmarks.serve --vs=peft` in its own process (torch and JAX never
 share one) with a work directory the parent wrote:
 
   hf/                   the parent's random T5 as a Hugging Face model (`spot_jax.t5.hf_export`)
@@ -27,8 +27,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from spot_jax import cli, runtime
-from spot_jax.bench import serve_workload
-from spot_jax.bench import worker as bench_worker
+from benchmarks import serve_workload
+from benchmarks.peers import worker as bench_worker
 
 
 def load(work_dir: str, names: Sequence[str]):
@@ -88,7 +88,7 @@ def serve_pass(model, workload, task: str, batch_size: int, target_length: int,
 
 
 def main(argv: Sequence[str]) -> int:
-  p = cli.ArgumentParser(prog="spot_jax.bench.serve_peft", description=__doc__.splitlines()[0])
+  p = cli.ArgumentParser(prog="benchmarks.peers.peft_serve", description=__doc__.splitlines()[0])
   p.add_argument("--output_dir", required=True)
   p.add_argument("--workloads", required=True, help="comma-separated PxN names")
   p.add_argument("--tasks", required=True, help="comma-separated: generate, score, beam")
@@ -122,4 +122,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(bench_worker.run(main, "spot_jax.bench.serve_peft"))
+  sys.exit(bench_worker.run(main, "benchmarks.peers.peft_serve"))

@@ -1,9 +1,9 @@
-"""`python -m spot_jax.bench.serve_peft_file`: a file of requests served by PyTorch + PEFT.
+"""`python -m benchmarks.peers.peft_serve_file`: a file of requests served by PyTorch + PEFT.
 
 The PyTorch counterpart of `python -m spot_jax.infer --input=FILE --output=FILE`, run by
-`spot_jax.bench.serve_e2e` as a whole process (what a user of PEFT would write):
+`benchmarks.serve_e2e` as a whole process (what a user of PEFT would write):
 
-  python -m spot_jax.bench.serve_peft_file --model=HF_DIR --adapters=DIR --vocab=spm.model \
+  python -m benchmarks.peers.peft_serve_file --model=HF_DIR --adapters=DIR --vocab=spm.model \
       --input=requests.jsonl --output=predictions.jsonl [--max_new_tokens=8 --input_length=64 \
       --batch_size=32]
 
@@ -27,9 +27,9 @@ from typing import Sequence
 import numpy as np
 
 from spot_jax import cli, runtime, vocabulary
-from spot_jax.bench import worker as bench_worker
+from benchmarks.peers import worker as bench_worker
 
-PROG = "spot_jax.bench.serve_peft_file"
+PROG = "benchmarks.peers.peft_serve_file"
 
 
 def main(argv: Sequence[str]) -> int:

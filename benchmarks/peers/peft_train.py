@@ -1,6 +1,6 @@
-"""`python -m spot_jax.bench.peft`: the PyTorch + Hugging Face PEFT counterpart of `spot_jax.bench`.
+"""`python -m benchmarks.peers.peft_train`: the PyTorch + Hugging Face PEFT counterpart of `benchmarks`.
 
-Run by `python -m spot_jax.bench --vs=peft` in its own process (torch and JAX never share one).
+Run by `python -m benchmarks --vs=peft` in its own process (torch and JAX never share one).
 It builds a randomly initialised transformers T5 of the same shape as a spot_jax config, wraps
 it with PEFT and times AdamW train steps (median after warm-up):
 
@@ -13,7 +13,7 @@ it with PEFT and times AdamW train steps (median after warm-up):
 FLOPs per step are counted by `torch.utils.flop_counter.FlopCounterMode` over one extra, untimed
 step (matmuls, attention and convolutions, forward and backward: torch's own count, which leaves
 out elementwise work that XLA's cost analysis includes); with `--peak_flops` (the matmul peak
-`spot_jax.bench` measured in the same run) the row carries an MFU.
+`benchmarks` measured in the same run) the row carries an MFU.
 
 Prints one JSON object per method on stdout. Needs the `bench` extra (torch, transformers, peft).
 """
@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from spot_jax.bench import worker as bench_worker
+from benchmarks.peers import worker as bench_worker
 from spot_jax import runtime
 from spot_jax.errors import ConfigError
 
@@ -113,12 +113,12 @@ def bench_peft(method: str, shape: dict, batch_size: int, input_length: int, tar
 
 
 def main(argv: Sequence[str]) -> int:
-  parser = bench_worker.parser("spot_jax.bench.peft", __doc__.splitlines()[0],
+  parser = bench_worker.parser("benchmarks.peers.peft_train", __doc__.splitlines()[0],
                                "JSON of transformers.T5Config shape fields")
   parser.add_argument("--method", choices=PEFT_METHODS, required=True)
   parser.add_argument("--peak_flops", type=float, default=None,
-                      help="FLOP/s of the matmul peak measured by spot_jax.bench (for the MFU)")
-  args, shape = bench_worker.parse(parser, argv, "bench_peft.hf_shape")
+                      help="FLOP/s of the matmul peak measured by benchmarks (for the MFU)")
+  args, shape = bench_worker.parse(parser, argv, "benchmarks.peers.peft_train.hf_shape")
   row = bench_peft(args.method, shape, args.batch_size, args.input_length, args.target_length,
                    args.prompt_length, args.dropout_rate, args.steps, args.warmup,
                    peak_flops=args.peak_flops)
@@ -127,4 +127,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(bench_worker.run(main, "spot_jax.bench.peft"))
+  sys.exit(bench_worker.run(main, "benchmarks.peers.peft_train"))

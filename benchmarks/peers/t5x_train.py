@@ -1,6 +1,6 @@
-"""`python -m spot_jax.contrib.t5x.bench`: t5x's train step for prompt-tuning's model and spot-jax's.
+"""`python -m benchmarks.peers.t5x_train`: t5x's train step for prompt-tuning's model and spot-jax's.
 
-Run by `python -m spot_jax.bench --vs=t5x` in its own process. `--models` picks what t5x trains:
+Run by `python -m benchmarks --vs=t5x` in its own process. `--models` picks what t5x trains:
 
   prompt_tuning  google-research/prompt-tuning's model from its own gin file
                  (`prompt_tuning/configs/models/t5_1_1_prompt.gin`: flaxformer T5.1.1 with
@@ -18,7 +18,7 @@ both at the shape given here in float32 with the given dropout. The step is t5x'
 `jax.value_and_grad`, then `train_state.apply_gradient`), partitioned by t5x's `PjitPartitioner`
 (one device) and compiled as `Trainer.compile_train` does, exactly what `t5x.train` runs.
 Learning rate 0.3, constant. `--spot_jax_step` also builds spot-jax's own trainer step (`pt` of
-`spot_jax.bench`) in this process, and `--interleave` times rounds of one step of every model
+`benchmarks`) in this process, and `--interleave` times rounds of one step of every model
 (order reversed every other round) so that each row's paired ratio to the first model is immune
 to the machine's drift. Prints one JSON object {"rows": [...]} on stdout.
 
@@ -35,9 +35,9 @@ import time
 from typing import Any, Callable, Sequence
 
 from spot_jax import runtime
-from spot_jax.bench import common
-from spot_jax.bench import worker as bench_worker
-from spot_jax.bench.common import PYTHONPATH_HINT, SHAPE_KEYS
+from benchmarks import common
+from benchmarks.peers import worker as bench_worker
+from benchmarks.common import PYTHONPATH_HINT, SHAPE_KEYS
 from spot_jax.errors import ConfigError
 
 MODELS = {"prompt_tuning": "t5x + prompt-tuning", "contrib": "t5x + spot-jax contrib"}
@@ -207,9 +207,9 @@ def _prepare_t5x(name: str, shape: dict, batch_size: int, input_length: int, tar
 def _prepare_spot_jax(shape: dict, batch_size: int, input_length: int, target_length: int,
                       prompt_length: int, dropout_rate: float, warmup: int, seed: int,
                       dropout_rng: str) -> _Run:
-  """spot-jax's own trainer step (`spot_jax.bench`'s prompt_tuning row) built in this process."""
+  """spot-jax's own trainer step (`benchmarks`'s prompt_tuning row) built in this process."""
   import jax  # pylint: disable=import-outside-toplevel
-  from spot_jax.bench import train_step  # pylint: disable=import-outside-toplevel
+  from benchmarks import train_step  # pylint: disable=import-outside-toplevel
   run = train_step.prepare_run(
       "prompt_tuning", "t5_1_1_small", batch_size, input_length, target_length, prompt_length,
       dropout_rate=dropout_rate, warmup=warmup, seed=seed, dropout_rng=dropout_rng,
@@ -252,7 +252,7 @@ def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: in
   """
   import_t5x()
   from t5x import utils  # pylint: disable=import-outside-toplevel
-  from spot_jax.bench import train_step  # pylint: disable=import-outside-toplevel
+  from benchmarks import train_step  # pylint: disable=import-outside-toplevel
   if use_hardware_rng:
     utils.set_hardware_rng_ops()
   runtime.enable_compilation_cache(compilation_cache_dir)
@@ -278,7 +278,7 @@ def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: in
 
 
 def main(argv: Sequence[str]) -> int:
-  parser = bench_worker.parser("spot_jax.contrib.t5x.bench", __doc__.splitlines()[0],
+  parser = bench_worker.parser("benchmarks.peers.t5x_train", __doc__.splitlines()[0],
                                "JSON of " + ", ".join(SHAPE_KEYS))
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--compilation_cache_dir", default="")
@@ -290,10 +290,10 @@ def main(argv: Sequence[str]) -> int:
                       help="also time spot-jax's own trainer step in this process (first row)")
   parser.add_argument("--interleave", action="store_true",
                       help="build every step first, then time rounds of one step of each")
-  args, shape = bench_worker.parse(parser, argv, "spot_jax.contrib.t5x.bench.t5x_shape")
+  args, shape = bench_worker.parse(parser, argv, "benchmarks.peers.t5x_train.t5x_shape")
   missing = [k for k in SHAPE_KEYS if k not in shape]
   if missing:
-    raise ConfigError(f"--shape lacks {', '.join(missing)}; give the output of spot_jax.contrib.t5x.bench.t5x_shape")
+    raise ConfigError(f"--shape lacks {', '.join(missing)}; give the output of benchmarks.peers.t5x_train.t5x_shape")
   models = [m for m in args.models.split(",") if m]
   unknown = [m for m in models if m not in MODELS]
   if unknown or not models:
@@ -306,4 +306,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(bench_worker.run(main, "spot_jax.contrib.t5x.bench"))
+  sys.exit(bench_worker.run(main, "benchmarks.peers.t5x_train"))

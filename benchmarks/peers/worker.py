@@ -1,6 +1,6 @@
-"""The command line shared by the peer benchmark processes (`bench_peft`, `contrib.t5x.bench`).
+"""The command line shared by the peer benchmark processes (`peft_train`, `t5x_train`).
 
-`spot_jax.bench --vs=...` starts each peer in its own process with the same shape and run
+`benchmarks --vs=...` starts each peer in its own process with the same shape and run
 settings; both parse them here so their flags, checks and errors stay one piece of code.
 """
 from __future__ import annotations

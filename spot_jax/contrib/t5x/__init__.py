@@ -10,8 +10,6 @@
   state_fns.PromptExporter           .npy (+ .npz of the raw parameters) at every checkpoint
   checkpointer.PromptCheckpointer    checkpoints of the prompt side only; a restart re-reads the
                                      backbone from INITIAL_CHECKPOINT_PATH
-  bench                              `python -m spot_jax.contrib.t5x.bench`: t5x's train step for
-                                     prompt-tuning's model and this one (`spot_jax.bench --vs=t5x`)
 
 gin files: gin/t5x/models/<size>_<method>.gin and gin/t5x/runs/prompt_tune.gin (docs/t5x.md).
 t5x is not on PyPI: install it from its repository (README, docs/t5x.md).

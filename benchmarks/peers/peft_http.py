@@ -1,0 +1,109 @@
+"""`python -m benchmarks.peers.peft_http`: PyTorch + PEFT behind spot-jax's HTTP front.
+
+Started by `python -m benchmarks.serve_http` in its own process (torch and JAX never share
+one) on a work directory it wrote: hf/ (the model as a Hugging Face directory), adapters/<name>/
+(one PEFT prompt-tuning adapter per prompt), <name>.npy (the same prompts, for the listing).
+The front is `spot_jax.serve`'s own (Starlette, the checked API, the batching loop, metrics);
+only the forward pass differs: a batch of mixed prompts is served one adapter group at a time,
+as PEFT can (`set_adapter`, then `generate` on that group's rows, greedy, padded to its
+longest input with an attention mask). Prints "listening on http://..." once it serves.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from spot_jax import cli
+from spot_jax.serve import api, app as app_lib, batcher as batcher_lib
+from spot_jax.serve import metrics as metrics_lib, service as service_lib
+from spot_jax.serve.capacity import SizedTable
+from spot_jax.serve.table import ServedPrompt
+from benchmarks.peers import peft_serve
+
+PROG = "benchmarks.peers.peft_http"
+
+
+class PeftServer:
+  """Decodes a mixed batch with PEFT, one adapter group after another."""
+
+  def __init__(self, model, target_length: int):
+    self.model, self.target_length = model, target_length
+
+  def generate(self, names: Sequence[str], rows: np.ndarray, unused_batch_index: int = 0
+               ) -> tuple[np.ndarray, np.ndarray]:
+    import torch  # pylint: disable=import-outside-toplevel
+    out = np.zeros((len(names), self.target_length), np.int32)
+    with torch.inference_mode():
+      for name in dict.fromkeys(names):
+        group = [i for i, n in enumerate(names) if n == name]
+        tokens = rows[group]
+        length = int((tokens > 0).sum(axis=1).max())
+        ids = torch.from_numpy(np.ascontiguousarray(tokens[:, :length])).long()
+        self.model.set_adapter(name)
+        got = self.model.generate(input_ids=ids, attention_mask=(ids > 0).long(),
+                                  max_new_tokens=self.target_length, do_sample=False).numpy()
+        out[group, :got.shape[1] - 1] = got[:, 1:]  # column 0: the decoder's start token
+    return out, np.zeros(len(names), np.float32)
+
+
+class PeftCatalog:
+  """The prompts' listing (a `SizedTable` of the same prompts) and the PEFT server."""
+
+  def __init__(self, table: SizedTable, server: PeftServer):
+    self.table, self.server = table, server
+
+  @property
+  def capacity(self):
+    return self.table.capacity
+
+  def snapshot(self, unused_key):
+    return self.table, self.server
+
+
+def main(argv: Sequence[str]) -> int:
+  p = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+  a = p.add_argument
+  a("--work_dir", required=True)
+  a("--vocab", required=True)
+  a("--port", type=int, default=0)
+  a("--max_batch_size", type=int, default=32)
+  a("--max_wait_ms", type=float, default=10.0)
+  a("--max_queue", type=int, default=1024)
+  a("--input_length", type=int, default=16)
+  a("--target_length", type=int, default=8)
+  args = p.parse_args(argv)
+  import torch  # pylint: disable=import-outside-toplevel
+  from spot_jax import vocabulary  # pylint: disable=import-outside-toplevel
+  names = sorted((n for n in os.listdir(os.path.join(args.work_dir, "adapters"))),
+                 key=lambda n: int(n[1:]))
+  model, _ = peft_serve.load(args.work_dir, names)
+  entries = [ServedPrompt(n, np.load(os.path.join(args.work_dir, f"{n}.npy")), source="peft")
+             for n in names]
+  table = SizedTable(entries)
+  catalog = PeftCatalog(table, PeftServer(model, args.target_length))
+  metrics = metrics_lib.Metrics(args.max_batch_size)
+
+  def observe(kind: str, rows: int, unused_padded: int, seconds: float, results) -> None:
+    tokens = sum(int(np.count_nonzero(ids)) for ids, _ in results)
+    metrics.observe_batch(kind, rows, seconds, tokens)
+
+  loop = batcher_lib.Batcher(catalog, max_batch=args.max_batch_size,
+                             max_wait=args.max_wait_ms / 1000, max_queue=args.max_queue,
+                             batch_buckets=range(1, args.max_batch_size + 1),  # no padding
+                             length_buckets=[args.input_length], observe=observe)
+  vocab = vocabulary.get(args.vocab)
+  limits = api.Limits(args.input_length, args.target_length, args.max_batch_size,
+                      model.config.vocab_size)
+  service = app_lib.Service(catalog, loop, metrics, vocab, limits,
+                            f"PyTorch {torch.__version__} + PEFT", 60.0)
+  sock = service_lib.listen("127.0.0.1", args.port)
+  print(f"{PROG}: {len(names)} adapters; listening on http://127.0.0.1:{sock.getsockname()[1]}",
+        flush=True)
+  return service_lib.serve(service, sock, PROG)
+
+
+if __name__ == "__main__":
+  sys.exit(cli.run(main, sys.argv[1:], PROG, keep_heap=False))
