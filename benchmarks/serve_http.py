@@ -78,7 +78,7 @@ def command(system: str, work: str, backbone: Sequence[str], num_prompts: int, a
   batching = ([f"--max_batch_size={args.max_batch_size}", f"--max_wait_ms={args.max_wait_ms}"]
               if system == "dynamic" else ["--max_batch_size=1", "--max_wait_ms=0"])
   return [sys.executable, "-m", "spot_jax.serve", *backbone, *batching, *common,
-          "--length_buckets=16,32", f"--table_rows={num_prompts}",
+          f"--length_buckets={INPUT}", f"--table_rows={num_prompts}",
           "--compilation_cache_dir=none",
           *(f"--prompt=p{i}={work}/p{i}.npy" for i in range(num_prompts))]
 

@@ -228,6 +228,19 @@ def classify(body: dict, names: Sequence[str], vocab: Any, limits: Limits,
   return Classify(model, texts, tokens, tuple(labels), label_tokens)
 
 
+def method_name(entry: Any) -> str:
+  """What kind of prompt a `table.ServedPrompt` serves, for listings."""
+  if entry.deep:
+    return "deep prompt (per-layer prefixes)" + (" + input prompt" if entry.length else "")
+  if entry.offset is not None:
+    return "DePT (prompt + input offset)"
+  if entry.attention is not None:
+    return "ATTEMPT (attention over prompts)"
+  if entry.num_prompts > 1:
+    return f"SMoP ({entry.num_prompts} prompts, {entry.routing} routing)"
+  return "prompt"
+
+
 def completion_body(req: Completion, rows: Sequence[tuple[np.ndarray, float]], vocab: Any
                     ) -> dict:
   """The OpenAI completion object of `req`'s decoded rows (texts x n, in that order)."""

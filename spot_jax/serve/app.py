@@ -28,7 +28,6 @@ from starlette.routing import Route
 from spot_jax.errors import ConfigError, one_line
 from spot_jax.serve import api
 from spot_jax.serve.batcher import Batcher, PromptGone, QueueFull, Stopping, Work
-from spot_jax.serve.catalog import Catalog, method_name
 from spot_jax.serve.metrics import Metrics
 
 
@@ -37,13 +36,14 @@ class Service:
   """What the routes share.
 
   Attributes:
-    catalog, batcher, metrics: the prompts, the batching loop, the metrics.
+    catalog, batcher, metrics: the prompts (a `catalog.Catalog`), the batching loop, the
+      metrics.
     vocab: the input vocabulary; limits: `api.Limits`.
     backbone: the backbone's description, for /v1/models.
     timeout: seconds a request may wait for its answer.
     started: time.time() at start-up.
   """
-  catalog: Catalog
+  catalog: Any
   batcher: Batcher
   metrics: Metrics
   vocab: Any
@@ -143,7 +143,7 @@ async def classify(service: Service, request: Request) -> dict:
 async def models(service: Service, unused_request: Request) -> dict:
   return {"object": "list", "data": [
       {"id": e.name, "object": "model", "created": int(service.started), "owned_by": "spot-jax",
-       "method": method_name(e), "length": e.length, "num_prompts": e.num_prompts,
+       "method": api.method_name(e), "length": e.length, "num_prompts": e.num_prompts,
        "source": e.source, "backbone": service.backbone}
       for e in service.catalog.table.entries]}
 

@@ -23,8 +23,6 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from spot_jax.serve.catalog import Catalog
-
 Done = Callable[[Any], None]  # called once with the result, or with an Exception
 
 
@@ -81,7 +79,8 @@ class Batcher:
   """The batching loop (see the module docstring).
 
   Attributes:
-    catalog: the served prompts and their servers.
+    catalog: the served prompts and their servers: `.table` (names, `offset_lengths()`) and
+      `.snapshot(key)` -> (table, server), as `catalog.Catalog` has (torch peers have their own).
     max_batch: rows per forward pass; max_wait: seconds the oldest request waits for company.
     max_queue: requests waiting at most.
     batch_buckets, length_buckets: the padded batch sizes and input lengths (sorted).
@@ -89,7 +88,7 @@ class Batcher:
     batches: forward passes run.
   """
 
-  def __init__(self, catalog: Catalog, *, max_batch: int, max_wait: float, max_queue: int,
+  def __init__(self, catalog: Any, *, max_batch: int, max_wait: float, max_queue: int,
                batch_buckets: Sequence[int], length_buckets: Sequence[int],
                observe: Optional[Callable[..., None]] = None):
     self.catalog, self.max_batch, self.max_wait, self.max_queue = (catalog, max_batch, max_wait,

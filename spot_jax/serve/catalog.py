@@ -22,19 +22,6 @@ GREEDY: DecodeKey = ("greedy", 0.0, 0)
 Loader = Callable[[str, str], list[ServedPrompt]]
 
 
-def method_name(entry: ServedPrompt) -> str:
-  """What kind of prompt an entry serves, for listings."""
-  if entry.deep:
-    return "deep prompt (per-layer prefixes)" + (" + input prompt" if entry.length else "")
-  if entry.offset is not None:
-    return "DePT (prompt + input offset)"
-  if entry.attention is not None:
-    return "ATTEMPT (attention over prompts)"
-  if entry.num_prompts > 1:
-    return f"SMoP ({entry.num_prompts} prompts, {entry.routing} routing)"
-  return "prompt"
-
-
 class Catalog:
   """Named prompts on one frozen backbone, with a server per decoding setting.
 

@@ -115,7 +115,7 @@ def _check(args) -> None:
       raise ConfigError(f"--{flag}={getattr(args, flag)} must be >= 0")
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
   try:
     sock = socket.create_server((host, port), reuse_port=False)
   except OSError as e:
@@ -135,7 +135,7 @@ def main(argv: Sequence[str]) -> int:
   batch_buckets = _buckets("--batch_buckets", args.batch_buckets, args.max_batch_size, 1, 4)
   length_buckets = _buckets("--length_buckets", args.length_buckets, args.input_length,
                             min(16, args.input_length), 2)
-  sock = _listen(args.host, args.port)
+  sock = listen(args.host, args.port)
   from spot_jax.serve import assemble  # pylint: disable=g-import-not-at-top
   service, warm = assemble.build(args, PROG, _specs(args), batch_buckets, length_buckets)
   host, port = sock.getsockname()[:2]
@@ -145,10 +145,10 @@ def main(argv: Sequence[str]) -> int:
         f"{','.join(map(str, batch_buckets))}; input lengths "
         f"{','.join(map(str, length_buckets))})", flush=True)
   print(f"{PROG}: listening on http://{host}:{port}", flush=True)
-  return _serve(service, sock)
+  return serve(service, sock)
 
 
-def _serve(service, sock: socket.socket) -> int:
+def serve(service, sock: socket.socket, prog: str = PROG) -> int:
   """Runs uvicorn on `sock` until SIGTERM/SIGINT, then answers every accepted request."""
   import uvicorn  # pylint: disable=g-import-not-at-top
   from spot_jax.serve import app as app_lib  # pylint: disable=g-import-not-at-top
@@ -184,7 +184,7 @@ def _serve(service, sock: socket.socket) -> int:
                           timeout_graceful_shutdown=None, lifespan="on")
   started = time.monotonic()
   Server(config).run(sockets=[sock])
-  print(f"{PROG}: stopped after {time.monotonic() - started:.0f} s, {service.batcher.batches} "
+  print(f"{prog}: stopped after {time.monotonic() - started:.0f} s, {service.batcher.batches} "
         f"batches; every accepted request answered", flush=True)
   return 0
 
