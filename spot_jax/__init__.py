@@ -5,6 +5,7 @@ Sub-packages:
   prompts/     every prompt method (Prompt Tuning, SMoP, Residual, deep prompts, DePT, ...)
   data/        seqio tasks -> deterministic, resumable training batches
   train/       the trainer (`python -m spot_jax.train`)
+  experiment/  where experiments are run: batches of prompt runs as K-run trainer jobs
   serve/       mixed-prompt serving (`python -m spot_jax.infer`)
   spot/        the SPoT layer: prompt library, task embeddings, retrieval, the study
   demo/        `python -m spot_jax.demo` on the embedded toy T5

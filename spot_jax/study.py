@@ -24,7 +24,7 @@ from spot_jax import stats
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 from spot_jax.spot import grid as grid_lib
-from spot_jax.spot import results
+from spot_jax.spot import study_tables
 from spot_jax.spot import settings as settings_lib
 from spot_jax.spot import similarity
 
@@ -97,8 +97,8 @@ def main(argv: Sequence[str]) -> int:
                         num_shards=args.num_shards, one_at_a_time=args.one_at_a_time,
                         verbose=args.verbose)
   # The tables come from every finished run, so sharded or interrupted studies give the same.
-  rows = results.collect(settings, pathlib.Path(args.study_dir), grid)
-  results.write_tables(pathlib.Path(args.study_dir), rows, grid, settings)
+  rows = study_tables.collect(settings, pathlib.Path(args.study_dir), grid)
+  study_tables.write_tables(pathlib.Path(args.study_dir), rows, grid, settings)
   print(f"{counts['ran']} runs in {counts['jobs']} jobs run, {counts['skipped']} already finished, "
         f"{counts['waiting']} waiting; {len(rows)} rows in "
         f"{pathlib.Path(args.study_dir) / 'results.csv'}", flush=True)

@@ -311,8 +311,8 @@ def test_demo_report_tables_verdicts_claims_and_chart(tmp_path):
   assert "SMoP 4x5 (5 prompt tokens per input) matches or beats 10-token Prompt Tuning" in [
       r[0] for r in results.claim_rows(shorter)[1:]]
   # A Summary without a prompt length has the demo recipe's.
-  from spot_jax.demo import runs  # pylint: disable=g-import-not-at-top
-  assert results.Summary([], [], [], {}, {}, [], {}, {}).prompt_length == runs.Settings.prompt_length
+  from spot_jax.demo import methods  # pylint: disable=g-import-not-at-top
+  assert results.Summary([], [], [], {}, {}, [], {}, {}).prompt_length == methods.Settings.prompt_length
   paths = results.write(tmp_path, summary, {"target_steps": 100})
   saved = json.loads(paths[0].read_text())
   assert saved["cells"]["sum/spot"]["scores"] == spot and saved["cells"]["sum/spot"]["verdict_vs_pt"] == "better"
@@ -408,7 +408,7 @@ def test_demo_successors_run_from_the_library_and_enter_the_tables(tmp_path, cap
   run is an ordinary run directory, and the tables, claims and job times name them."""
   from spot_jax import prompts  # pylint: disable=g-import-not-at-top
   from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
-  from spot_jax.demo import runs as demo_runs  # pylint: disable=g-import-not-at-top
+  from spot_jax.demo import methods as demo_methods  # pylint: disable=g-import-not-at-top
   from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
   from spot_jax.spot import prompt_library  # pylint: disable=g-import-not-at-top
   methods = ["pt", "prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt"]
@@ -443,22 +443,24 @@ def test_demo_successors_run_from_the_library_and_enter_the_tables(tmp_path, cap
   assert not any(c.startswith("ATTEMPT (an attentional mixture") for c in claims)  # SPoT did not run
   out = capsys.readouterr().out
   assert "MPT distillation" in out and "job wall times" in out
-  for name in (demo_runs.METHOD_NAMES[m] for m in methods):
+  for name in (demo_methods.METHOD_NAMES[m] for m in methods):
     assert name in out
 
 
 def test_successor_job_keys_hold_their_own_settings_only():
   """Changing one successor's setting changes that method's job key and no other's (so a rerun
   retrains it alone); every successor has settings, and an unknown one is refused."""
-  from spot_jax.demo import runs as demo_runs  # pylint: disable=g-import-not-at-top
+  from spot_jax.demo import methods as demo_methods  # pylint: disable=g-import-not-at-top
   from spot_jax.demo import successors  # pylint: disable=g-import-not-at-top
-  settings = demo_runs.Settings()
-  assert sorted(successors.RECIPE) == sorted(demo_runs.SUCCESSORS)
-  changed = {**successors.RECIPE, "dept": {**successors.RECIPE["dept"], "rank": 4}}
+  settings = demo_methods.Settings()
+  own = successors.OWN_SETTINGS
+  assert sorted(own) == sorted(demo_methods.SUCCESSORS)
+  changed = {**own, "dept": {**own["dept"], "rank": 4}}
   for method in ("prefix", "ptuning_v2", "dept", "residual_smop"):
-    before = successors.plan(method, settings, 100).key
-    after = successors.plan(method, settings, 100, recipe=changed).key
+    before = successors.recipe(method, settings, 100).key
+    after = successors.recipe(method, settings, 100, own_settings=changed).key
     assert (before != after) == (method == "dept"), method
-  assert successors.plan("dept", settings, 100, recipe=changed).prompt.rank == 4
+  changed_dept = successors.recipe("dept", settings, 100, own_settings=changed)
+  assert changed_dept.model.module.prompt.rank == 4 and changed_dept.name == "dept"
   with pytest.raises(ValueError, match="unknown successor 'lora'; valid: prefix, ptuning_v2"):
-    successors.plan("lora", settings, 100)
+    successors.recipe("lora", settings, 100)

@@ -9,7 +9,7 @@ leaves in a run directory:
                                                 orbax marker inside)
   prompts/.prompt_step_40.npy.<x>.tmp           a prompt export cut off mid-write
 Every reader (RunDir, spot_jax.eval, spot_jax.infer with neither --model nor --vocab and a
-relative path, library add --run_dir, spot_jax.spot.runs, the prompt initialisers, the serving
+relative path, library add --run_dir, spot_jax.experiment, the prompt initialisers, the serving
 layer's prompt sources) must name the same state step and read the same prompt array, and none
 may change a byte of the run directory.
 
@@ -36,7 +36,8 @@ from spot_jax import library as library_cli
 from spot_jax.prompts import initializers
 from spot_jax.run_dir import RunDir
 from spot_jax.serve import prompt_sources
-from spot_jax.spot import prompt_library, runs
+from spot_jax import experiment
+from spot_jax.spot import prompt_library
 from tests.cli_error_runner import tree_hash
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -124,7 +125,7 @@ def test_every_reader_names_the_same_state_and_prompt(run, tmp_path, monkeypatch
   assert best_path == str(run / "prompts" / "prompt_best.npy")
 
   # the SPoT layer's record of a finished run
-  outcome = runs.read_record(run)
+  outcome = experiment.read_outcome(run)
   assert (outcome.task, outcome.score) == (TASK, best.value)
   _arrays_equal(outcome.prompt(), best_prompt)
   _arrays_equal(outcome.embedding(), embedding)

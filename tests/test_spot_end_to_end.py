@@ -27,10 +27,11 @@ from spot_jax import report as report_cli
 from spot_jax import retrieve as retrieve_cli
 from spot_jax import study as study_cli
 from spot_jax.cli import model_file
-from spot_jax.spot import runs, similarity
+from spot_jax import experiment
+from spot_jax.spot import similarity
 from spot_jax.spot import prompt_library
 from spot_jax.spot import grid as grid_lib
-from spot_jax.spot import results
+from spot_jax.spot import study_tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = ["spot_test_sentiment_v1", "spot_test_parity_v1", "spot_test_length_v1"]
@@ -78,7 +79,7 @@ ALL_CELLS = {LAYOUT.path(c) for c in GRID.cells()}  # 3 + 6 + 1, then 18 + 6 + 6
 
 
 def _finished(study_dir: pathlib.Path) -> set[str]:
-  return {c for c in ALL_CELLS if runs.read_record(study_dir / c) is not None}
+  return {c for c in ALL_CELLS if experiment.read_outcome(study_dir / c) is not None}
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +103,10 @@ def test_study_writes_the_table(uninterrupted):
   rows = doc["rows"]
   assert len(rows) == 2 * 3 * (1 + 3 + 3)
   header = (uninterrupted / "results.csv").read_text().splitlines()[0]
-  assert header.split(",") == list(results.COLUMNS)
+  assert header.split(",") == list(study_tables.COLUMNS)
   for row in rows:
-    base = runs.read_record(uninterrupted / f"baselines/{row['target']}.seed_{row['seed']}")
-    rec = runs.read_record(uninterrupted / _cell_path(row))
+    base = experiment.read_outcome(uninterrupted / f"baselines/{row['target']}.seed_{row['seed']}")
+    rec = experiment.read_outcome(uninterrupted / _cell_path(row))
     assert rec.seed == row["seed"] and rec.task == row["target"]
     best = json.loads((pathlib.Path(rec.run_dir) / "best" / "metric.json").read_text())
     assert row["score"] == best["value"] and best["metric"] == "char_match"
@@ -114,26 +115,26 @@ def test_study_writes_the_table(uninterrupted):
         ((100 - base.score) - (100 - row["score"])) / (100 - base.score), abs=1e-12)
     if row["init"] == "generic":  # from the prompt tuned on the mixture of all sources
       assert rec.init == "best prompt of generic/source"
-      generic = runs.read_record(uninterrupted / "generic" / "source")
+      generic = experiment.read_outcome(uninterrupted / "generic" / "source")
       assert generic.task.startswith("spot_generic_") and generic.score is None
     elif row["init"] in ("weighted_average", "mixture"):
-      sims = {s: similarity.similarities(base.embedding(), [runs.read_record(uninterrupted / f"sources/{s}").embedding()],
+      sims = {s: similarity.similarities(base.embedding(), [experiment.read_outcome(uninterrupted / f"sources/{s}").embedding()],
                                          "average")[0] for s in SOURCES}
       top = sorted(SOURCES, key=lambda s: -sims[s])[:2]
       assert row["retrieved"] == ";".join(top)
       if row["init"] == "mixture":
-        mix = runs.read_record(uninterrupted / f"retrieval/mixture_sources/{row['target']}.seed_{row['seed']}")
+        mix = experiment.read_outcome(uninterrupted / f"retrieval/mixture_sources/{row['target']}.seed_{row['seed']}")
         assert rec.init == f"best prompt of retrieval/mixture_sources/{row['target']}.seed_{row['seed']}"
         assert mix.task.startswith("spot_mixture_") and mix.score is None
       else:  # started from SPoT's weighted average of the top-2 best prompts
-        prompts_ = [runs.read_record(uninterrupted / f"sources/{s}").prompt() for s in top]
+        prompts_ = [experiment.read_outcome(uninterrupted / f"sources/{s}").prompt() for s in top]
         want = similarity.weighted_average(prompts_, [sims[s] for s in top])
         request = grid_lib._request(uninterrupted, LAYOUT, GRID,  # pylint: disable=protected-access
                                     grid_lib.Cell("weighted_average", row["target"], row["seed"]))
         np.testing.assert_allclose(request.init, want, rtol=0, atol=1e-6)
         assert rec.init == f"weighted average of {', '.join(top)}"
     elif row["init"] != "baseline":
-      source = runs.read_record(uninterrupted / f"sources/{row['init']}")
+      source = experiment.read_outcome(uninterrupted / f"sources/{row['init']}")
       want = similarity.similarities(base.embedding(), [source.embedding()], "per_token")[0]
       assert row["similarity_per_token"] == pytest.approx(want, abs=1e-12)
       # the transfer run started from the source's best prompt
@@ -190,10 +191,10 @@ def test_seeded_aggregates_against_the_run_records(uninterrupted):
   """Transfer gains, correlations and retrieval's share, recomputed from run.json and the prompts."""
   from scipy import stats as scipy_stats  # pylint: disable=g-import-not-at-top
   rows = json.loads((uninterrupted / "results.json").read_text())["rows"]
-  score = lambda path: runs.read_record(uninterrupted / path).score
+  score = lambda path: experiment.read_outcome(uninterrupted / path).score
   base = {(t, s): score(f"baselines/{t}.seed_{s}") for t in TARGETS for s in SEEDS}
   transfer = {(t, src, s): score(f"transfers/{src}/{t}.seed_{s}") for t in TARGETS for src in SOURCES for s in SEEDS}
-  gains = results.transfer_gains(rows, TARGETS, SOURCES)
+  gains = study_tables.transfer_gains(rows, TARGETS, SOURCES)
   for t in TARGETS:
     for src in SOURCES:
       rer = [(transfer[(t, src, s)] - base[(t, s)]) / (100 - base[(t, s)]) for s in SEEDS]
@@ -204,11 +205,11 @@ def test_seeded_aggregates_against_the_run_records(uninterrupted):
       assert got["rer"].half_width == pytest.approx(half, abs=1e-12)
       assert got["points"].mean == pytest.approx(np.mean(diff), abs=1e-12)
   # correlations over the seed-averaged points: 3 per target (no interval), 6 pooled
-  emb = lambda path: runs.read_record(uninterrupted / path).embedding()
+  emb = lambda path: experiment.read_outcome(uninterrupted / path).embedding()
   sim = {(t, src): np.mean([similarity.similarities(emb(f"baselines/{t}.seed_{s}"), [emb(f"sources/{src}")],
                                                     "average")[0] for s in SEEDS])
          for t in TARGETS for src in SOURCES}
-  corr = results.correlations(rows, TARGETS, SOURCES, "average")
+  corr = study_tables.correlations(rows, TARGETS, SOURCES, "average")
   for name, members in [(t, [t]) for t in TARGETS] + [("all", TARGETS)]:
     x = [sim[(t, src)] for t in members for src in SOURCES]
     y = [gains[(t, src)]["rer"].mean for t in members for src in SOURCES]
@@ -219,7 +220,7 @@ def test_seeded_aggregates_against_the_run_records(uninterrupted):
     assert corr[name]["pearson"].resolved == (len(x) >= 5)
   assert "too few" in corr[TARGETS[0]]["pearson"].why
   # retrieval: each method's share of the oracle's gain over the 6 (target, seed) cases
-  table = {r["method"]: r for r in results.retrieval_table(rows, SOURCES, "average", ks=(1,), retrieval_k=2)}
+  table = {r["method"]: r for r in study_tables.retrieval_table(rows, SOURCES, "average", ks=(1,), retrieval_k=2)}
   cases = [(t, s) for t in TARGETS for s in SEEDS]
   oracle = [max(transfer[(t, src, s)] for src in SOURCES) for t, s in cases]
   top1 = [transfer[(t, max(SOURCES, key=lambda src: similarity.similarities(
@@ -249,7 +250,7 @@ def test_report_writes_readable_figures_with_intervals(uninterrupted, env):
     assert width >= 500 and height >= 300, (name, image.size)  # sized to the grid, not a strip
   md = (out / "report.md").read_text()
   rows = json.loads((uninterrupted / "results.json").read_text())["rows"]
-  gains = results.transfer_gains(rows, TARGETS, SOURCES)
+  gains = study_tables.transfer_gains(rows, TARGETS, SOURCES)
   short = {"spot_test_review_v1": "review", "spot_test_bits_v1": "bits", "spot_test_sentiment_v1": "sentiment",
            "spot_test_parity_v1": "parity", "spot_test_length_v1": "length"}
   for (t, s), g in gains.items():  # the transfer table: mean ± t half-width over the 3 seeds
@@ -272,7 +273,7 @@ def library_dir(uninterrupted, tmp_path_factory) -> pathlib.Path:
   entries, problems = prompt_library.Library(lib).load()
   assert [e.id for e in entries] == sorted(SOURCES) and not problems
   for e in entries:
-    rec = runs.read_record(uninterrupted / "sources" / e.task)
+    rec = experiment.read_outcome(uninterrupted / "sources" / e.task)
     np.testing.assert_array_equal(e.embedding, rec.embedding())
     np.testing.assert_array_equal(e.prompt, rec.prompt())
     assert e.score == rec.score and e.embedding_step == 2
@@ -295,7 +296,7 @@ def test_retrieval_runs_every_strategy_and_reports(library_dir, uninterrupted, t
   # the ranking is the similarity of the target's early prompt to each library embedding
   assert report["embedding_file"] == str(pathlib.Path(report["embedding_run_dir"]) / "prompts" / "prompt_step_2.npy")
   target_emb = np.load(report["embedding_file"])
-  sims = {s: similarity.similarities(target_emb, [runs.read_record(uninterrupted / "sources" / s).embedding()],
+  sims = {s: similarity.similarities(target_emb, [experiment.read_outcome(uninterrupted / "sources" / s).embedding()],
                                      "average")[0] for s in SOURCES}
   ranked = [r["id"] for r in report["ranking"]]
   assert ranked == sorted(SOURCES, key=lambda s: -sims[s])
@@ -305,7 +306,7 @@ def test_retrieval_runs_every_strategy_and_reports(library_dir, uninterrupted, t
   results = {r["strategy"]: r for r in report["results"]}
   assert list(results) == strategies
   for name, res in results.items():
-    rec = runs.read_record(res["run_dir"])
+    rec = experiment.read_outcome(res["run_dir"])
     assert rec is not None and rec.score == res["score"] and rec.task == "spot_test_review_v1", name
     assert f"{name}: score {res['score']:.4g}" in proc.out
   best = results["best_of_top_k"]

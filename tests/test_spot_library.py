@@ -15,7 +15,6 @@ import pytest
 from spot_jax import cli
 from spot_jax import library as library_cli
 from spot_jax.run_dir import RunDir, RunRecord
-from spot_jax.spot import runs
 from spot_jax import backbone as backbone_lib
 from spot_jax.spot import prompt_library
 from spot_jax.t5 import config_by_name

@@ -21,7 +21,7 @@ from spot_jax import retrieve as retrieve_cli
 from spot_jax.cli import model_file
 from spot_jax.spot import keys
 from spot_jax.spot import prompt_library
-from spot_jax.spot import runs
+from spot_jax import experiment
 from spot_jax.spot import settings as settings_lib
 from tests.cli_error_runner import tree_hash
 
@@ -85,8 +85,8 @@ def test_other_settings_keep_both_results_and_the_same_settings_train_nothing(li
   w1, w2 = ({r["strategy"]: r for r in rep["results"]}["weighted_average"] for rep in (first, second))
   # other k: another starting prompt, hence another run, each recording its own sources
   assert w1["run_dir"] != w2["run_dir"]
-  assert runs.read_record(w1["run_dir"]).init == "weighted average of " + ", ".join(w1["chosen"])
-  assert runs.read_record(w2["run_dir"]).init == "weighted average of " + ", ".join(w2["chosen"])
+  assert experiment.read_outcome(w1["run_dir"]).init == "weighted average of " + ", ".join(w1["chosen"])
+  assert experiment.read_outcome(w2["run_dir"]).init == "weighted average of " + ", ".join(w2["chosen"])
   assert len(w1["chosen"]) == 1 and len(w2["chosen"]) == 2
   # what does not depend on k or the similarity is shared: the target's embedding and the baseline
   b1, b2 = ({r["strategy"]: r for r in rep["results"]}["baseline"] for rep in (first, second))
@@ -94,7 +94,7 @@ def test_other_settings_keep_both_results_and_the_same_settings_train_nothing(li
   assert sorted(after_second) == sorted({first["embedding_run_dir"], w1["run_dir"], w2["run_dir"], b1["run_dir"]})
   for report in (first, second):  # the report says where each result lives
     for res in report["results"]:
-      rec = runs.read_record(res["run_dir"])
+      rec = experiment.read_outcome(res["run_dir"])
       assert rec is not None and rec.task == TARGET and rec.score == res["score"]
     emb = np.load(report["embedding_file"])
     assert emb.shape == (4, 64) and pathlib.Path(report["embedding_file"]).is_relative_to(report["embedding_run_dir"])

@@ -10,7 +10,7 @@ from scipy import stats
 
 from spot_jax.spot import experts, similarity
 from spot_jax.spot import figures
-from spot_jax.spot import results
+from spot_jax.spot import study_tables
 
 
 def _cos(a, b):
@@ -122,9 +122,9 @@ def test_expert_compression():
 
 
 def test_relative_error_reduction():
-  assert results.relative_error_reduction(80.0, 60.0, 100.0) == pytest.approx(0.5)
-  assert results.relative_error_reduction(50.0, 60.0, 100.0) == pytest.approx(-0.25)
-  assert results.relative_error_reduction(90.0, 100.0, 100.0) is None
+  assert study_tables.relative_error_reduction(80.0, 60.0, 100.0) == pytest.approx(0.5)
+  assert study_tables.relative_error_reduction(50.0, 60.0, 100.0) == pytest.approx(-0.25)
+  assert study_tables.relative_error_reduction(90.0, 100.0, 100.0) is None
 
 
 def _rows(seeds=(0, 1, 2), sources="abcd"):
@@ -138,14 +138,14 @@ def _rows(seeds=(0, 1, 2), sources="abcd"):
       for s in sources:
         score = float(rs.uniform(30, 80))
         rows.append({"target": t, "seed": seed, "init": s, "score": score, "baseline_score": base,
-                     "relative_error_reduction": results.relative_error_reduction(score, base, 100.0),
+                     "relative_error_reduction": study_tables.relative_error_reduction(score, base, 100.0),
                      "similarity_average": float(rs.uniform(-1, 1))})
   return rows
 
 
 def test_correlations_match_scipy_on_the_seed_averaged_points():
   rows = _rows(sources="abcdef")
-  got = results.correlations(rows, ["t1", "t2"], list("abcdef"), "average")
+  got = study_tables.correlations(rows, ["t1", "t2"], list("abcdef"), "average")
   mean = lambda t, s, key: np.mean([r[key] for r in rows if r["target"] == t and r["init"] == s])
   x = [mean("t1", s, "similarity_average") for s in "abcdef"]
   y = [mean("t1", s, "relative_error_reduction") for s in "abcdef"]
@@ -154,14 +154,14 @@ def test_correlations_match_scipy_on_the_seed_averaged_points():
   assert got["t1"]["spearman"].mean == pytest.approx(
       np.corrcoef(stats.rankdata(x), stats.rankdata(y))[0, 1], abs=1e-12)
   assert got["t1"]["pearson"].resolved and got["t1"]["pearson"].low <= got["t1"]["pearson"].mean
-  few = results.correlations(_rows(sources="abc"), ["t1"], list("abc"), "average")["t1"]
+  few = study_tables.correlations(_rows(sources="abc"), ["t1"], list("abc"), "average")["t1"]
   assert few["n"] == 3 and not few["pearson"].resolved and "too few" in few["pearson"].why
   assert figures.describe(few).endswith("n=3: too few points for an interval")
 
 
 def test_retrieval_table_against_hand_computation():
   rows = _rows()
-  table = {r["method"]: r for r in results.retrieval_table(rows, ["a", "b", "c", "d"], "average", ks=(1, 3))}
+  table = {r["method"]: r for r in study_tables.retrieval_table(rows, ["a", "b", "c", "d"], "average", ks=(1, 3))}
   cases = {}
   for r in rows:
     cases.setdefault((r["target"], r["seed"]), {})[r["init"]] = r
@@ -181,7 +181,7 @@ def test_retrieval_table_against_hand_computation():
   assert table["best_of_top_3"]["mean_score"].mean <= table["oracle"]["mean_score"].mean + 1e-12
   assert all(v["cases"] == 6 for v in table.values())
   # below MIN_CASES cases: the share without an interval, and why
-  two = {r["method"]: r for r in results.retrieval_table(_rows(seeds=(0, 1))[:10], list("abcd"), "average", ks=(1,))}
+  two = {r["method"]: r for r in study_tables.retrieval_table(_rows(seeds=(0, 1))[:10], list("abcd"), "average", ks=(1,))}
   assert two["best_of_top_1"]["cases"] == 2 and not two["best_of_top_1"]["oracle_gain_kept"].resolved
 
 

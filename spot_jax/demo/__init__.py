@@ -1,7 +1,7 @@
 """The demo (`python -m spot_jax.demo`): sources, targets and every prompt method on the toy T5, seeded.
 
-`runs` trains each method's runs (every target, every seed) as K runs in one trainer call and
-reads their scores back from run.json; `spot_sources` is SPoT's pipeline (a prompt library of
+`methods` holds each method's recipe: every target and seed of a method are K runs of one job of
+the experiment runner (`spot_jax.experiment`), read back from run.json; `spot_sources` is SPoT's pipeline (a prompt library of
 the source prompts, retrieval by task embedding); `results` writes the seeded tables, verdicts,
 claims, JSON and chart; `successors` adds the successor methods (`--methods=all`);
 `replication` (`python -m spot_jax.demo.replication`) estimates how often another seed set

@@ -45,8 +45,9 @@ from spot_jax import embedded
 from spot_jax import fileio
 from spot_jax import runtime
 from spot_jax import stats
+from spot_jax import experiment
+from spot_jax.demo import methods as methods_lib
 from spot_jax.demo import results as results_lib
-from spot_jax.demo import runs
 from spot_jax.demo import spot_sources
 from spot_jax.demo import successors
 from spot_jax.errors import ConfigError
@@ -94,11 +95,12 @@ def _parser() -> cli.ArgumentParser:
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   p = cli.ArgumentParser(prog="spot_jax.demo", description=__doc__.splitlines()[0])
   flags.add_output_dir(p, "where runs and results go (default ./spot_demo)", default="spot_demo")
-  p.add_argument("--methods", default=",".join(runs.METHODS),
-                 help=f"comma list of {', '.join(runs.METHODS + runs.SUCCESSORS)}, or 'all' (default "
-                      f"{','.join(runs.METHODS)}; pt always runs: the baseline and the target's task "
-                      f"embedding; spot_unrelated: SPoT from an unrelated source, a control; the "
-                      f"successors run only when named)")
+  default_methods, recipe = methods_lib.METHODS, methods_lib.Settings()
+  p.add_argument("--methods", default=",".join(default_methods),
+                 help=f"comma list of {', '.join(default_methods + methods_lib.SUCCESSORS)}, or "
+                      f"'all' (default {','.join(default_methods)}; pt always runs: the baseline "
+                      f"and the target's task embedding; spot_unrelated: SPoT from an unrelated "
+                      f"source, a control; the successors run only when named)")
   p.add_argument("--targets", default=",".join(suite.TARGETS),
                  help=f"comma list of {', '.join(suite.TARGETS + suite.HARD_TARGETS)} (the last two: "
                       f"skills the toy backbone only half-learned)")
@@ -114,46 +116,46 @@ def _parser() -> cli.ArgumentParser:
   p.add_argument("--target_steps", type=int, default=None, help="override the target steps")
   p.add_argument("--prompt_length", type=int, default=None,
                  help=f"prompt tokens of Prompt Tuning, SPoT, Residual PT and the successors that "
-                      f"take the recipe's length (default {runs.Settings.prompt_length}; SMoP "
-                      f"stays 4 x 5)")
+                      f"take the recipe's length (default {recipe.prompt_length}; SMoP stays "
+                      f"4 x 5)")
   p.add_argument("--input_length", type=int, default=None,
-                 help=f"target input tokens (default {runs.Settings.input_length}; the longest "
-                      f"target input is {runs.LONGEST_TARGET_INPUT}: shorter truncates)")
+                 help=f"target input tokens (default {recipe.input_length}; the longest target "
+                      f"input is {methods_lib.LONGEST_TARGET_INPUT}: shorter truncates)")
   p.add_argument("--fresh", action="store_true", help="retrain runs already finished in --output_dir")
   p.add_argument("--compilation_cache", default=None,
                  help="JAX persistent compilation cache directory (default <output_dir>/jax_cache; 'none' disables)")
   return p
 
 
-def _settings(args) -> runs.Settings:
+def _settings(args) -> methods_lib.Settings:
   changes = dict(QUICK if args.quick else FULL if args.full else {})
   for name in ("source_steps", "target_steps", "prompt_length", "input_length"):
     if getattr(args, name) is not None:
       if getattr(args, name) <= 0:
         raise ConfigError(f"--{name} must be a positive integer, got {getattr(args, name)}")
       changes[name] = getattr(args, name)
-  return dataclasses.replace(runs.Settings(), **changes)
+  return dataclasses.replace(methods_lib.Settings(), **changes)
 
 
-def _successor_plan(method: str, settings: runs.Settings, vocab_rows: int, entries: Sequence,
-                    seeds: Sequence[int], job) -> Optional[runs.Plan]:
-  """A successor's plan (MPT's after its distillation job); None for the default methods."""
+def _recipe(method: str, settings: methods_lib.Settings, vocab_rows: int, entries: Sequence,
+            seeds: Sequence[int], job) -> experiment.Recipe:
+  """A method's job recipe (a successor's; MPT's after its distillation job)."""
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
-  if method not in runs.SUCCESSORS:
-    return None
+  if method not in methods_lib.SUCCESSORS:
+    return methods_lib.recipe(method, settings, vocab_rows)
   sources = successors.source_prompts(entries, suite.SOURCES) if entries else None
   mpt_source = None
   if method == "mpt":
-    distilled = job(runs.MPT_SOURCE, successors.distill_members(max(seeds) + 1),
-                    successors.distill_plan(settings, vocab_rows, sources))
-    mpt_source = successors.run_dir(distilled)
-  return successors.plan(method, settings, vocab_rows, sources=sources, mpt_source=mpt_source)
+    distilled = job(successors.distill_recipe(settings, vocab_rows, sources),
+                    successors.distill_requests(max(seeds) + 1))
+    mpt_source = distilled.outcomes[0].run_dir
+  return successors.recipe(method, settings, vocab_rows, sources=sources, mpt_source=mpt_source)
 
 
 def main(argv: Sequence[str]) -> Optional[int]:
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   args = _parser().parse_args(argv)
-  valid = runs.METHODS + runs.SUCCESSORS
+  valid = methods_lib.METHODS + methods_lib.SUCCESSORS
   chosen = list(valid) if args.methods.strip() == "all" else _choices(
       args.methods, valid + ("all",), "method", "--methods")
   if "all" in chosen:
@@ -175,7 +177,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   # these small in-memory tasks; keep the progress display readable.
   logging.getLogger("absl").setLevel(logging.ERROR)
   started = time.time()
-  vocab_rows = runs.sampled_vocab_rows()
+  vocab_rows = methods_lib.sampled_vocab_rows()
   needs_library = bool({"spot", "spot_unrelated", *successors.NEEDS_LIBRARY} & set(methods))
   jobs = len(methods) + needs_library + ("mpt" in methods)
   print(f"spot_jax.demo: {len(targets)} targets x {len(methods)} methods x {len(seeds)} seeds "
@@ -186,15 +188,14 @@ def main(argv: Sequence[str]) -> Optional[int]:
   done = [0]
   seconds: dict[str, Optional[float]] = {}
 
-  def job(method: str, members: Sequence[runs.Member],
-          job_plan: Optional[runs.Plan] = None) -> runs.JobResult:
+  def job(recipe: experiment.Recipe,
+          requests: Sequence[experiment.RunRequest]) -> experiment.JobResult:
     done[0] += 1
-    label = f"[{done[0]}/{jobs}] {runs.JOB_NAMES[method]}: {len(members)} runs"
+    label = f"[{done[0]}/{jobs}] {methods_lib.JOB_NAMES[recipe.name]}: {len(requests)} runs"
     print(f"{label} training ...", end="", flush=True)
-    result = runs.run_job(method, members, settings, runs_dir, vocab_rows, fresh=args.fresh,
-                          job_plan=job_plan)
-    seconds[method] = None if result.seconds is None else round(result.seconds, 1)
-    accs = [o.accuracy for o in result.outcomes if o.accuracy is not None]
+    result = methods_lib.run_job(recipe, requests, settings, runs_dir, fresh=args.fresh)
+    seconds[recipe.name] = None if result.seconds is None else round(result.seconds, 1)
+    accs = [a for a in map(methods_lib.accuracy, result.outcomes) if a is not None]
     took = "finished earlier, reused" if result.seconds is None else f"{result.seconds:.0f}s"
     scores = f", accuracy {min(accs):.1f}-{max(accs):.1f}%" if accs else ""
     print(f"\r{label}{scores}  ({took})   [{time.time() - started:.0f}s elapsed]", flush=True)
@@ -205,24 +206,25 @@ def main(argv: Sequence[str]) -> Optional[int]:
     # One seed no target run uses: the 8 sources share one initial prompt (their embeddings
     # differ by what they learned), and no target seed shares it (a shared start would make that
     # seed's task embedding look similar to every source).
-    source_members = [runs.Member(t, max(seeds) + 1) for t in suite.SOURCES]
-    sources = job(runs.SOURCE, source_members).outcomes
-    library_dir = out / "libraries" / runs.job_dir(runs_dir, runs.SOURCE, settings, source_members).name
+    source_requests = [methods_lib.request(t, max(seeds) + 1) for t in suite.SOURCES]
+    source_recipe = methods_lib.recipe(methods_lib.SOURCE, settings, vocab_rows, source=True)
+    sources = job(source_recipe, source_requests).outcomes
+    library_dir = out / "libraries" / methods_lib.job_dir(runs_dir, settings, source_recipe,
+                                                          source_requests).name
     if args.fresh and library_dir.exists():
       shutil.rmtree(library_dir)
     entries = spot_sources.build_library(library_dir, sources)
-  outcomes = list(job("pt", [runs.Member(t, s) for t in targets for s in seeds]).outcomes)
+  every_run = [methods_lib.request(t, s) for t in targets for s in seeds]
+  outcomes = list(job(methods_lib.recipe("pt", settings, vocab_rows), every_run).outcomes)
   if needs_library:
     choices = spot_sources.choose(entries, outcomes, suite.RELATED)
   for method in methods[1:]:
+    requests = every_run
     if method == "spot":
-      members = spot_sources.spot_members(choices, entries, targets, seeds)
+      requests = spot_sources.spot_requests(choices, entries, targets, seeds)
     elif method == "spot_unrelated":
-      members = spot_sources.unrelated_members(entries, suite.UNRELATED, targets, seeds)
-    else:
-      members = [runs.Member(t, s) for t in targets for s in seeds]
-    outcomes += job(method, members, _successor_plan(method, settings, vocab_rows, entries, seeds,
-                                                     job)).outcomes
+      requests = spot_sources.unrelated_requests(entries, suite.UNRELATED, targets, seeds)
+    outcomes += job(_recipe(method, settings, vocab_rows, entries, seeds, job), requests).outcomes
 
   chance = {t: round(suite.TASKS[t].chance, 1) for t in targets}
   summary = results_lib.summarize(outcomes, targets, methods, seeds, chance, sources,

@@ -1,13 +1,12 @@
-"""The demo's runs: K seeded runs per trainer call on the embedded toy T5, read back from run.json.
+"""The demo's methods and recipe, as jobs of the experiment runner on the embedded toy T5.
 
-A `Job` is one `train.train(..., runs=[RunSpec, ...])` call: one prompt method, every seed of
-one or more tasks stacked along the trainer's runs axis (one jitted step for all of them). Each
-run is an ordinary run directory `<runs_dir>/<method>-<digest>/<task>.seed_<s>` whose `run.json`
-(`spot_jax.run_dir.RunRecord`) holds what the demo reports: the task, the seed, the best
-validation accuracy (`score`), how the prompt was initialised (`init`) and the task-embedding
-step. The digest names the method, the settings and the runs (tasks, seeds, initial prompts), so
-a rerun with the same flags finds its finished runs and trains nothing, an interrupted job
-resumes from its own checkpoints, and other flags never collide with them.
+Each job is one `spot_jax.experiment.run` call: one prompt method (`recipe`), every seed of one
+or more tasks as K runs of one jitted step. Each run is an ordinary run directory
+`<runs_dir>/<method>-<digest>/<task>.seed_<s>` whose `run.json` holds what the demo reports:
+the task, the seed, the best validation accuracy, how the prompt was initialised and the
+task-embedding step. The digest (`job_dir`) names the method, the settings and the runs (tasks,
+seeds, initial prompts), so a rerun with the same flags finds its finished runs and trains
+nothing, an interrupted job resumes from its own checkpoints, and other flags never collide.
 """
 from __future__ import annotations
 
@@ -15,20 +14,16 @@ import dataclasses
 import hashlib
 import json
 import pathlib
-import shutil
-import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from spot_jax import data as data_lib
 from spot_jax import embedded
+from spot_jax import experiment
 from spot_jax import models
 from spot_jax import prompts
 from spot_jax import t5
-from spot_jax import train as train_lib
-from spot_jax.run_dir import RunDir, RunRecord
-from spot_jax.train import evaluator as evaluator_lib
+from spot_jax.experiment import Recipe, RunOutcome, RunRequest
 from spot_jax.train import optimizers
 
 # Every method runs by default; "pt" always runs (the baseline of every verdict, and its early
@@ -82,37 +77,6 @@ class Settings:
   embedding_step: int = 10
 
 
-@dataclasses.dataclass(frozen=True)
-class Member:
-  """One run of a job.
-
-  Attributes:
-    task: a key of `tasks.embedded.TASKS` (its taskless variant is trained).
-    seed: the run's seed (prompt initialisation and data order).
-    init: the initial prompt [L, E] (SPoT), or None for the method's own initialiser.
-    init_note: how `init` was chosen (kept in run.json's `init`).
-  """
-  task: str
-  seed: int
-  init: Optional[np.ndarray] = dataclasses.field(default=None, compare=False)
-  init_note: str = ""
-
-  @property
-  def name(self) -> str:
-    return f"{self.task}.seed_{self.seed}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-  """A finished run, as its run.json records it."""
-  task: str
-  seed: int
-  method: str
-  accuracy: Optional[float]
-  init: str
-  run_dir: str
-
-
 def sampled_vocab_rows() -> int:
   """The rows of the toy vocabulary the sampled-vocabulary initialiser draws from (its pieces,
   not the sentinels)."""
@@ -145,40 +109,56 @@ def _plain_model(module: t5.Transformer) -> models.EncoderDecoderModel:
   return models.EncoderDecoderModel(module=module)
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-  """What a job trains besides its runs and the recipe (`plan` for the default methods; the
-  successors' in `spot_jax.demo.successors`).
+def _adafactor(learning_rate) -> Any:
+  return optimizers.adafactor(learning_rate=learning_rate)
 
-  Attributes:
-    prompt: the prompt module every run of the job trains.
+
+def recipe(method: str, settings: Settings, vocab_rows: int, *, prompt: Any = None,
+           optimizer: Callable[[Any], Any] = _adafactor,
+           model: Callable[[t5.Transformer], models.EncoderDecoderModel] = _plain_model,
+           source: bool = False, evaluate: bool = True, task_names: Optional[Sequence[str]] = None,
+           key: Optional[Mapping[str, Any]] = None) -> Recipe:
+  """A job's recipe: `method`'s prompt on the frozen toy T5 (dropout off) with the demo's settings.
+
+  Args:
+    method: one of METHODS, a successor's name, SOURCE or MPT_SOURCE (names the job).
+    settings: the demo's settings.
+    vocab_rows: the vocabulary rows the sampled-vocabulary initialiser draws from.
+    prompt: the prompt module (None: the default method's own).
     optimizer: learning-rate schedule -> optax transformation.
-    key: more content for the job's digest (a successor's recipe, its frozen sources' digest).
     model: the backbone module -> the trained model (MPT's distillation student wraps it).
-    train_task: the training task or mixture of a single-run job (None: each run's own task).
-    task_names: the mixture's tasks, for the `task_index` feature (None: no such feature).
+    source: train on source tasks: the source steps and input length.
     evaluate: evaluate every run at its end and keep the best (False: the last state, no score).
+    task_names: a mixture's tasks, for the `task_index` feature.
+    key: more content for the job's digest (a successor's settings, its frozen sources' digest).
   """
-  prompt: Any
-  optimizer: Callable[[Any], Any] = lambda lr: optimizers.adafactor(learning_rate=lr)
-  key: Optional[Mapping[str, Any]] = None
-  model: Callable[[t5.Transformer], models.EncoderDecoderModel] = _plain_model
-  train_task: Optional[str] = None
-  task_names: Optional[Sequence[str]] = None
-  evaluate: bool = True
-
-
-def plan(method: str, settings: Settings, vocab_rows: int) -> Plan:
-  """The default methods' plan: their prompt module and Adafactor."""
-  return Plan(prompt=_prompt_module(method, settings, vocab_rows))
-
-
-def build_model(method: str, settings: Settings, vocab_rows: int,
-                job_plan: Optional[Plan] = None) -> models.EncoderDecoderModel:
-  """The frozen toy T5 with the method's prompt (dropout off)."""
-  job_plan = job_plan or plan(method, settings, vocab_rows)
+  steps = settings.source_steps if source else settings.target_steps
   config = t5.config_by_name(embedded.CONFIG_NAME, dropout_rate=0.0)
-  return job_plan.model(t5.Transformer(config, prompt=job_plan.prompt))
+  module = t5.Transformer(config, prompt=_prompt_module(method, settings, vocab_rows)
+                          if prompt is None else prompt)
+  inputs = settings.source_input_length if source else settings.input_length
+  return Recipe(
+      name=method, model=model(module),
+      optimizer=optimizer(learning_rate_schedule(settings, steps)), steps=steps,
+      lengths={"inputs": inputs, "targets": settings.target_length},
+      batch_size=settings.batch_size, task_module=TASK_MODULE,
+      initial_checkpoint_path=embedded.CHECKPOINT_PATH, metric=METRIC if evaluate else None,
+      eval_period=steps, eval_batch_size=100, eval_num_examples=settings.eval_examples,
+      checkpoint_period=steps, embedding_step=min(settings.embedding_step, steps),
+      task_names=task_names, key=key)
+
+
+def request(task: str, seed: int, init: Optional[np.ndarray] = None,
+            init_note: str = "") -> RunRequest:
+  """A run of the suite's task `task` (a key of `tasks.embedded.TASKS`: its taskless variant)."""
+  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
+  return RunRequest(suite.task_name(task, taskless=True), seed, label=task, init=init,
+                    init_note=init_note)
+
+
+def accuracy(outcome: RunOutcome) -> Optional[float]:
+  """A run's validation accuracy as the demo reports it (%, 2 decimals; None: not evaluated)."""
+  return None if outcome.score is None else round(float(outcome.score), 2)
 
 
 def array_digest(array: np.ndarray) -> str:
@@ -186,103 +166,21 @@ def array_digest(array: np.ndarray) -> str:
   return hashlib.sha256(np.ascontiguousarray(array, np.float32).tobytes()).hexdigest()
 
 
-def job_dir(runs_dir: pathlib.Path, method: str, settings: Settings,
-            members: Sequence[Member], extra: Optional[Mapping[str, Any]] = None) -> pathlib.Path:
-  """<runs_dir>/<method>-<digest of the settings, the runs, their initial prompts and `extra`>."""
-  key = {"method": method, "settings": dataclasses.asdict(settings),
-         "runs": [[m.task, m.seed, m.init_note, None if m.init is None else array_digest(m.init)]
-                  for m in members]}
-  if extra:  # absent for the default methods: their digests stay those of earlier demos
-    key["plan"] = dict(extra)
+def job_dir(runs_dir: pathlib.Path, settings: Settings, job_recipe: Recipe,
+            requests: Sequence[RunRequest]) -> pathlib.Path:
+  """<runs_dir>/<method>-<digest of the settings, the runs, their initial prompts and the
+  recipe's key>."""
+  key = {"method": job_recipe.name, "settings": dataclasses.asdict(settings),
+         "runs": [[r.label, r.seed, r.init_note, None if r.init is None else array_digest(r.init)]
+                  for r in requests]}
+  if job_recipe.key:  # absent for the default methods: their digests stay those of earlier demos
+    key["plan"] = dict(job_recipe.key)
   digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-  return runs_dir / f"{method}-{digest}"
+  return runs_dir / f"{job_recipe.name}-{digest}"
 
 
-def _finished(path: pathlib.Path, members: Sequence[Member], steps: int,
-              scored: bool = True) -> Optional[list[RunRecord]]:
-  """Every member's record when all finished `steps` steps (with a score if `scored`), else None."""
-  records = []
-  for m in members:
-    record = RunDir(path / m.name).read_record()
-    if record is None or not record.finished or record.train_steps != steps \
-        or (scored and record.score is None):
-      return None
-    records.append(record)
-  return records
-
-
-@dataclasses.dataclass
-class JobResult:
-  """A job's outcomes (member order) and its wall time in this process (None: reused)."""
-  path: pathlib.Path
-  outcomes: list[Outcome]
-  seconds: Optional[float]
-
-
-def run_job(method: str, members: Sequence[Member], settings: Settings, runs_dir: pathlib.Path,
-            vocab_rows: int, fresh: bool = False, job_plan: Optional[Plan] = None,
-            log: Callable[[str], None] = lambda line: None) -> JobResult:
-  """Trains `members` as K runs in one trainer call (or reuses them); returns their records.
-
-  Args:
-    method: one of METHODS, a successor's name, or SOURCE (Prompt Tuning on source tasks).
-    members: the runs; every run keeps its own seed, task, data stream and directory.
-    settings: the recipe.
-    runs_dir: the parent of the job directory.
-    vocab_rows: the vocabulary rows the sampled-vocabulary initialiser draws from.
-    fresh: delete the job's directory first.
-    job_plan: the prompt, optimizer and model (None: `plan(method, ...)`).
-    log: progress lines.
-  """
-  job_plan = job_plan or plan(method, settings, vocab_rows)
-  path = job_dir(runs_dir, method, settings, members, job_plan.key)
-  source = method == SOURCE or job_plan.train_task is not None
-  steps = settings.source_steps if source else settings.target_steps
-  if fresh and path.exists():
-    shutil.rmtree(path)
-  records = _finished(path, members, steps, scored=job_plan.evaluate)
-  seconds = None
-  if records is None:
-    started = time.time()
-    _train(job_plan, members, settings, path, steps, source, vocab_rows, method)
-    seconds = time.time() - started
-    records = _finished(path, members, steps, scored=job_plan.evaluate)
-    if records is None:
-      raise RuntimeError(f"{path}: the trainer returned without recording every run as finished")
-  outcomes = [Outcome(m.task, m.seed, method, None if r.score is None else round(float(r.score), 2),
-                      r.init, str(path / m.name)) for m, r in zip(members, records)]
-  return JobResult(path, outcomes, seconds)
-
-
-def _train(job_plan: Plan, members: Sequence[Member], settings: Settings, path: pathlib.Path,
-           steps: int, source: bool, vocab_rows: int, method: str) -> None:
-  """One trainer call: the members as K runs of one jitted step."""
-  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
-  lengths = {"inputs": settings.source_input_length if source else settings.input_length,
-             "targets": settings.target_length}
-  # Runs starting from the same prompt share one initialiser: the trainer compiles the prompt's
-  # initialisation once per initialiser, not once per run.
-  inits = {}
-  for m in members:
-    if m.init is not None:
-      inits.setdefault(array_digest(m.init), prompts.from_array(m.init, source=m.init_note))
-  specs = [train_lib.RunSpec(
-      m.seed, job_plan.train_task or suite.task_name(m.task, taskless=True), name=m.name,
-      prompt_init=None if m.init is None else inits[array_digest(m.init)],
-      init_note=m.init_note or "sampled vocabulary") for m in members]
-  first = specs[0].task
-  eval_cfg = None
-  if job_plan.evaluate:
-    eval_cfg = evaluator_lib.EvalConfig(first, lengths, split="validation", batch_size=100,
-                                        num_examples=settings.eval_examples, module=TASK_MODULE)
-  train_lib.train(
-      model=build_model(method, settings, vocab_rows, job_plan),
-      train_dataset_cfg=data_lib.DatasetConfig(first, lengths, batch_size=settings.batch_size,
-                                               module=TASK_MODULE, task_names=job_plan.task_names),
-      total_steps=steps, model_dir=str(path),
-      optimizer=job_plan.optimizer(learning_rate_schedule(settings, steps)),
-      eval_cfg=eval_cfg, eval_period=steps,
-      checkpoint_cfg=train_lib.CheckpointConfig(
-          period=steps, best_metric=METRIC if job_plan.evaluate else None,
-          embedding_step=min(settings.embedding_step, steps)),
-      initial_checkpoint_path=embedded.CHECKPOINT_PATH, verbose=False, runs=specs)
+def run_job(job_recipe: Recipe, requests: Sequence[RunRequest], settings: Settings,
+            runs_dir: pathlib.Path, fresh: bool = False) -> experiment.JobResult:
+  """Trains `requests` as K runs of `job_recipe` in `job_dir` (or reuses them)."""
+  return experiment.run(job_recipe, job_dir(runs_dir, settings, job_recipe, requests), requests,
+                        fresh=fresh)

@@ -35,7 +35,7 @@ from spot_jax import cli
 from spot_jax import fileio
 from spot_jax import verdicts as verdicts_lib
 from spot_jax.demo import results as results_lib
-from spot_jax.demo.runs import METHOD_NAMES
+from spot_jax.demo.methods import METHOD_NAMES
 from spot_jax.errors import ConfigError
 
 DEFAULT_TABLE_SEEDS = 5

@@ -21,7 +21,8 @@ import numpy as np
 
 from spot_jax import stats
 from spot_jax import verdicts as verdicts_lib
-from spot_jax.demo.runs import JOB_NAMES, METHOD_NAMES, MPT_SOURCE, SOURCE, Outcome, Settings
+from spot_jax.demo.methods import JOB_NAMES, METHOD_NAMES, MPT_SOURCE, SOURCE, Settings, accuracy
+from spot_jax.experiment import RunOutcome
 
 BASELINE = "pt"
 HOLDS, DOES_NOT_HOLD = verdicts_lib.HOLDS, verdicts_lib.DOES_NOT_HOLD
@@ -160,12 +161,12 @@ class Summary:
                           for (m, b), t in self.tests.items()]} if self.tests else {})}
 
 
-def summarize(outcomes: Sequence[Outcome], targets: Sequence[str], methods: Sequence[str],
-              seeds: Sequence[int], chance: Mapping[str, float], sources: Sequence[Outcome],
+def summarize(outcomes: Sequence[RunOutcome], targets: Sequence[str], methods: Sequence[str],
+              seeds: Sequence[int], chance: Mapping[str, float], sources: Sequence[RunOutcome],
               choices: Mapping[tuple[str, int], dict], seconds: Mapping[str, Optional[float]],
               prompt_length: int = Settings.prompt_length) -> Summary:
   """Scores per (target, method) in seed order, from the runs' records."""
-  by_key = {(o.task, o.method, o.seed): o.accuracy for o in outcomes}
+  by_key = {(o.label, o.method, o.seed): accuracy(o) for o in outcomes}
   scores = {}
   for t in targets:
     for m in methods:
@@ -174,7 +175,7 @@ def summarize(outcomes: Sequence[Outcome], targets: Sequence[str], methods: Sequ
         raise RuntimeError(f"no finished {m} run of {t} for seeds {missing}")
       scores[(t, m)] = [by_key[(t, m, s)] for s in seeds]
   return Summary(list(targets), list(methods), list(seeds), dict(chance), scores,
-                 [(o.task, o.accuracy) for o in sources], dict(choices), dict(seconds),
+                 [(o.label, accuracy(o)) for o in sources], dict(choices), dict(seconds),
                  int(prompt_length))
 
 

@@ -16,12 +16,11 @@ import dataclasses
 import pathlib
 from typing import Mapping, Sequence
 
-from spot_jax.demo.runs import METRIC, Member, Outcome
+from spot_jax.demo import methods
 from spot_jax.errors import ConfigError
-from spot_jax.run_dir import RunDir
+from spot_jax.experiment import RunOutcome, RunRequest
 from spot_jax.spot import prompt_library
 from spot_jax.spot import retrieval
-from spot_jax.spot import runs as spot_runs
 
 SIMILARITY = "average"
 
@@ -50,23 +49,21 @@ class Choice:
             "ranking": [[s, round(v, 6)] for s, v in self.ranking]}
 
 
-def build_library(root: pathlib.Path, sources: Sequence[Outcome]) -> list[prompt_library.Entry]:
+def build_library(root: pathlib.Path,
+                  sources: Sequence[RunOutcome]) -> list[prompt_library.Entry]:
   """Adds each finished source run to the library at `root` (once); returns its entries.
 
   Entry ids are the sources' task keys; a rerun finds them there and adds nothing.
   """
   library = prompt_library.Library(root)
   present = set(library.ids())
-  for source in sources:
-    if source.task in present:
+  for run in sources:
+    if run.label in present:
       continue
-    run = spot_runs.read_record(source.run_dir)
-    if run is None:
-      raise RuntimeError(f"{source.run_dir}: the source run is not finished")
-    library.add(entry_id=source.task, task=run.task, run_id=pathlib.Path(run.run_dir).name,
+    library.add(entry_id=run.label, task=run.task, run_id=pathlib.Path(run.run_dir).name,
                 seed=run.seed, fingerprint=run.fingerprint, prompt=run.prompt(),
-                embedding=run.embedding(), score=run.score, metric=run.metric or METRIC,
-                embedding_step=_embedding_step(run))
+                embedding=run.embedding(), score=run.score, metric=run.metric or methods.METRIC,
+                embedding_step=run.embedding_step)
   entries, problems = library.load()
   if problems:
     raise ConfigError(f"the demo's library {root} has damaged entries ({problems[0]}); delete "
@@ -74,43 +71,40 @@ def build_library(root: pathlib.Path, sources: Sequence[Outcome]) -> list[prompt
   return entries
 
 
-def _embedding_step(run: spot_runs.RunOutcome) -> int:
-  return RunDir(run.run_dir).embedding_prompt()[1]
-
-
-def choose(entries: Sequence[prompt_library.Entry], targets_pt: Sequence[Outcome],
+def choose(entries: Sequence[prompt_library.Entry], targets_pt: Sequence[RunOutcome],
            related: Mapping[str, Sequence[str]]) -> dict[tuple[str, int], Choice]:
   """Retrieval's source for every Prompt Tuning target run (its early prompt is the embedding)."""
   out = {}
   for pt in targets_pt:
-    run = spot_runs.read_record(pt.run_dir)
-    if run is None:
-      raise RuntimeError(f"{pt.run_dir}: the Prompt Tuning run is not finished")
-    ranked = retrieval.rank(run.embedding(), entries, SIMILARITY, exclude_task=run.task)
+    ranked = retrieval.rank(pt.embedding(), entries, SIMILARITY, exclude_task=pt.task)
     top = ranked[0]
-    out[(pt.task, pt.seed)] = Choice(
-        pt.task, pt.seed, top.entry.id, top.similarity,
-        tuple((r.entry.id, r.similarity) for r in ranked), top.entry.id in related[pt.task])
+    out[(pt.label, pt.seed)] = Choice(
+        pt.label, pt.seed, top.entry.id, top.similarity,
+        tuple((r.entry.id, r.similarity) for r in ranked), top.entry.id in related[pt.label])
   return out
 
 
-def spot_members(choices: Mapping[tuple[str, int], Choice], entries: Sequence[prompt_library.Entry],
-                 targets: Sequence[str], seeds: Sequence[int]) -> list[Member]:
+def spot_requests(choices: Mapping[tuple[str, int], Choice],
+                  entries: Sequence[prompt_library.Entry], targets: Sequence[str],
+                  seeds: Sequence[int]) -> list[RunRequest]:
   """SPoT's runs: seed s of each target starts from the best prompt retrieval chose for it."""
   by_id = {e.id: e for e in entries}
   out = []
   for target in targets:
     for seed in seeds:
       c = choices[(target, seed)]
-      out.append(Member(target, seed, by_id[c.source].prompt,
-                        f"retrieved library entry {c.source} (similarity {c.similarity:.4f})"))
+      out.append(methods.request(
+          target, seed, by_id[c.source].prompt,
+          f"retrieved library entry {c.source} (similarity {c.similarity:.4f})"))
   return out
 
 
-def unrelated_members(entries: Sequence[prompt_library.Entry], unrelated: Mapping[str, Sequence[str]],
-                      targets: Sequence[str], seeds: Sequence[int]) -> list[Member]:
+def unrelated_requests(entries: Sequence[prompt_library.Entry],
+                       unrelated: Mapping[str, Sequence[str]], targets: Sequence[str],
+                       seeds: Sequence[int]) -> list[RunRequest]:
   """The control: every seed of a target starts from UNRELATED[target][0]'s best prompt."""
   by_id = {e.id: e for e in entries}
-  return [Member(t, s, by_id[unrelated[t][0]].prompt, f"unrelated source {unrelated[t][0]} (control)")
+  return [methods.request(t, s, by_id[unrelated[t][0]].prompt,
+                          f"unrelated source {unrelated[t][0]} (control)")
           for t in targets for s in seeds]
 

@@ -22,7 +22,6 @@ ATTEMPT and MPT read the source prompts from the demo's library, as SPoT does.
 """
 from __future__ import annotations
 
-import pathlib
 import types
 from typing import Mapping, Optional, Sequence
 
@@ -31,7 +30,8 @@ import numpy as np
 from spot_jax import prompts
 from spot_jax.prompts import dept as dept_lib
 from spot_jax.run_dir import RunDir
-from spot_jax.demo import runs
+from spot_jax.demo import methods
+from spot_jax.experiment import Recipe, RunRequest
 from spot_jax.spot import distill
 from spot_jax.train import optimizers
 
@@ -39,8 +39,8 @@ NEEDS_LIBRARY = ("attempt", "mpt")
 
 
 # Each successor's own settings. A job's key holds its method's entry only, so changing one
-# method's setting retrains that method alone (the rest of the recipe is `runs.Settings`).
-RECIPE: Mapping[str, Mapping[str, float]] = types.MappingProxyType({
+# method's setting retrains that method alone (the rest of the recipe is `methods.Settings`).
+OWN_SETTINGS: Mapping[str, Mapping[str, float]] = types.MappingProxyType({
     # Prefix tuning: keys and values start N(0, init_std) (PEFT's embedding table default).
     "prefix": {"init_std": 1.0},
     "ptuning_v2": {},
@@ -66,7 +66,7 @@ def source_prompts(entries: Sequence, order: Sequence[str]) -> np.ndarray:
   return np.stack([np.asarray(by_id[k].prompt, np.float32) for k in order])
 
 
-def _dept_optimizer(settings: runs.Settings, offset_learning_rate: float):
+def _dept_optimizer(settings: methods.Settings, offset_learning_rate: float):
   scale = offset_learning_rate / settings.learning_rate
 
   def build(lr):  # the offset's schedule: the prompt's, scaled to its own peak
@@ -77,54 +77,59 @@ def _dept_optimizer(settings: runs.Settings, offset_learning_rate: float):
   return build
 
 
-def plan(method: str, settings: runs.Settings, vocab_rows: int,
-         recipe: Mapping[str, Mapping[str, float]] = RECIPE,
-         sources: Optional[np.ndarray] = None, mpt_source: Optional[str] = None) -> runs.Plan:
-  """A successor's job plan.
+def recipe(method: str, settings: methods.Settings, vocab_rows: int,
+           own_settings: Mapping[str, Mapping[str, float]] = OWN_SETTINGS,
+           sources: Optional[np.ndarray] = None, mpt_source: Optional[str] = None) -> Recipe:
+  """A successor's job recipe.
 
   Args:
-    method: one of runs.SUCCESSORS.
-    settings: the demo's recipe.
+    method: one of methods.SUCCESSORS.
+    settings: the demo's settings.
     vocab_rows: the rows the sampled-vocabulary initialiser draws from.
-    recipe: the successors' own settings (`RECIPE`'s keys and fields).
+    own_settings: the successors' own settings (`OWN_SETTINGS`' keys and fields).
     sources: ATTEMPT's frozen source prompts [S, L, E] (`source_prompts`).
-    mpt_source: MPT's distillation run directory (`distill_plan`'s job's run).
+    mpt_source: MPT's distillation run directory (`distill_recipe`'s job's run).
   """
-  if method not in recipe:
-    raise ValueError(f"unknown successor {method!r}; valid: {', '.join(runs.SUCCESSORS)}")
-  own = recipe[method]
+  if method not in own_settings:
+    raise ValueError(f"unknown successor {method!r}; valid: {', '.join(methods.SUCCESSORS)}")
+  own = own_settings[method]
+
+  def job_recipe(prompt, **more) -> Recipe:
+    return methods.recipe(method, settings, vocab_rows, prompt=prompt, **more)
+
   sampled = prompts.sampled_vocab(num_most_frequent=vocab_rows)
   length = settings.prompt_length
   if method == "prefix":
     from spot_jax.prompts import prefix_tuning  # pylint: disable=g-import-not-at-top
-    return runs.Plan(prompts.PrefixTuning(length=length, prefix_init=prefix_tuning.normal(
+    return job_recipe(prompts.PrefixTuning(length=length, prefix_init=prefix_tuning.normal(
         own["init_std"])), key=_key(method, own))
   if method == "ptuning_v2":
-    return runs.Plan(prompts.PTuningV2(length=length, prompt_init=sampled), key=_key(method, own))
+    return job_recipe(prompts.PTuningV2(length=length, prompt_init=sampled), key=_key(method, own))
   if method == "dept":
-    return runs.Plan(prompts.DePT(length=own["length"], max_length=settings.input_length,
-                                  rank=own["rank"], prompt_init=sampled),
-                     optimizer=_dept_optimizer(settings, own["offset_learning_rate"]),
-                     key=_key(method, own))
+    return job_recipe(prompts.DePT(length=own["length"], max_length=settings.input_length,
+                                   rank=own["rank"], prompt_init=sampled),
+                      optimizer=_dept_optimizer(settings, own["offset_learning_rate"]),
+                      key=_key(method, own))
   if method == "residual_smop":
-    return runs.Plan(prompts.ResidualSMoP(num_prompts=4, length=5, bottleneck=own["bottleneck"],
-                                          prompt_init=sampled), key=_key(method, own))
+    return job_recipe(prompts.ResidualSMoP(num_prompts=4, length=5, bottleneck=own["bottleneck"],
+                                           prompt_init=sampled), key=_key(method, own))
   if method == "attempt":
     if sources is None:
       raise ValueError("attempt needs the library's source prompts")
-    return runs.Plan(prompts.Attempt(source_prompts=sources, bottleneck=own["bottleneck"],
-                                     prompt_init=sampled),
-                     key=_key(method, own, sources=runs.array_digest(sources)))
+    return job_recipe(prompts.Attempt(source_prompts=sources, bottleneck=own["bottleneck"],
+                                      prompt_init=sampled),
+                      key=_key(method, own, sources=methods.array_digest(sources)))
   if method == "mpt":
     if mpt_source is None:
       raise ValueError("mpt needs its distillation run")
     start = mpt_start(mpt_source)
     init = {n: prompts.from_array(v, source=f"{mpt_source} ({n})") for n, v in start.items()}
-    return runs.Plan(prompts.MultitaskPrompt(length=length, rank=own["rank"],
-                                             shared_init=init["shared"], cols_init=init["task_cols"],
-                                             rows_init=init["task_rows"]),
-                     key=_key(method, own, shared=runs.array_digest(start["shared"])))
-  raise ValueError(f"successor {method!r} has settings but no plan")
+    return job_recipe(prompts.MultitaskPrompt(length=length, rank=own["rank"],
+                                              shared_init=init["shared"],
+                                              cols_init=init["task_cols"],
+                                              rows_init=init["task_rows"]),
+                      key=_key(method, own, shared=methods.array_digest(start["shared"])))
+  raise ValueError(f"successor {method!r} has settings but no recipe")
 
 
 def mpt_start(distill_run: str) -> dict[str, np.ndarray]:
@@ -136,29 +141,27 @@ def mpt_start(distill_run: str) -> dict[str, np.ndarray]:
           "task_rows": np.asarray(params["task_rows"], np.float32).mean(axis=0, keepdims=True)}
 
 
-def distill_plan(settings: runs.Settings, vocab_rows: int, teachers: np.ndarray,
-                 recipe: Mapping[str, Mapping[str, float]] = RECIPE) -> runs.Plan:
+def distill_recipe(settings: methods.Settings, vocab_rows: int, teachers: np.ndarray,
+                   own_settings: Mapping[str, Mapping[str, float]] = OWN_SETTINGS) -> Recipe:
   """MPT's source training: the shared prompt and the 8 sources' factors, distilled from the
   library's source prompts (`teachers`, in `tasks.embedded.SOURCES` order) on the source mixture."""
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   names = [suite.task_name(k, taskless=True) for k in suite.SOURCES]
   student = prompts.MultitaskPrompt(length=settings.prompt_length, num_tasks=len(names),
-                                    rank=recipe["mpt"]["rank"],
+                                    rank=own_settings["mpt"]["rank"],
                                     shared_init=prompts.sampled_vocab(num_most_frequent=vocab_rows))
 
   def model(module):
     return distill.PromptDistillationModel(module=module, teacher_prompts=teachers,
-                                           distill_weight=recipe["mpt"]["distill_weight"])
+                                           distill_weight=own_settings["mpt"]["distill_weight"])
 
-  return runs.Plan(student, model=model, train_task=suite.SOURCE_MIXTURE, task_names=names,
-                   evaluate=False,
-                   key=_key("mpt_distill", recipe["mpt"], teachers=runs.array_digest(teachers)))
-
-
-def distill_members(seed: int) -> list[runs.Member]:
-  """The distillation job's one run (the sources' seed)."""
-  return [runs.Member("sources", seed)]
+  return methods.recipe(methods.MPT_SOURCE, settings, vocab_rows, prompt=student, model=model,
+                        source=True, evaluate=False, task_names=names,
+                        key=_key("mpt_distill", own_settings["mpt"],
+                                 teachers=methods.array_digest(teachers)))
 
 
-def run_dir(result: runs.JobResult) -> str:
-  return str(pathlib.Path(result.outcomes[0].run_dir))
+def distill_requests(seed: int) -> list[RunRequest]:
+  """The distillation job's one run on the source mixture (the sources' seed)."""
+  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
+  return [RunRequest(suite.SOURCE_MIXTURE, seed, label="sources")]

@@ -1,14 +1,14 @@
 """The SPoT layer (Vu et al. 2022), above the trainer: prompt library, task embeddings,
 similarity, retrieval, the transferability study and its reports.
 
-  settings        what every run of this layer shares (model, lengths, budgets), from flags
-  runs            prompt-tuning runs: one `train.train(...)` call (one run, or K in one step)
+  settings        what every run of this layer shares (model, lengths, budgets), from flags, and
+                  the experiment recipe its runs train with (`spot_jax.experiment` runs them)
   prompt_library  the on-disk prompt library (atomic, lock-protected, validating)
   similarity      the two task-embedding similarities, vectorised over the library
   experts         source prompts compressed into SMoP experts
   retrieval       ranking and the retrieval strategies
   grid            the sources x targets x seeds study as jobs of K runs (resumable, shardable)
-  results         its rows and seeded aggregates (intervals from spot_jax.stats)
+  study_tables    its rows and seeded aggregates (intervals from spot_jax.stats)
   figures         heatmaps, scatter plots and retrieval bars with intervals, readable
   study_report    the report: figures + report.md
   keys            retrieval's runs and reports keyed by their settings (never overwritten)

@@ -164,7 +164,7 @@ def scatter(plt, targets: Sequence[str], points: dict, correlations: dict, short
     plt: matplotlib.pyplot.
     targets: the panels.
     points: {target: [(source, similarity Interval, rer Interval)]}.
-    correlations: `results.correlations` output.
+    correlations: `study_tables.correlations` output.
     short: {task: short name}.
     caption: text under the figure.
     metric: the similarity's name.

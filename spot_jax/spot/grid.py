@@ -1,7 +1,7 @@
 """The transferability study (SPoT section 3): sources x targets x seeds, baselines, retrieval.
 
 Every run is an ordinary run directory; the runs of one job are trained as K runs in one jitted
-step (`spot_jax.train`'s runs API), so seeds cost little more than one run:
+step (`spot_jax.experiment.runner`), so seeds cost little more than one run:
 
   stage 1  sources/<source>                              Prompt Tuning on each source
            baselines/<target>.seed_<s>                   Prompt Tuning on each target and seed;
@@ -38,10 +38,12 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from spot_jax import experiment
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
+from spot_jax.experiment import RunOutcome, RunRequest
 from spot_jax.spot import retrieval
-from spot_jax.spot import runs as runs_lib
+from spot_jax.spot import settings as settings_lib
 from spot_jax.spot import similarity
 from spot_jax.spot.settings import RunSettings
 
@@ -202,8 +204,8 @@ def check_config(study_dir: pathlib.Path, settings: RunSettings, grid: Grid) -> 
     fileio.atomic_write_bytes(path, json.dumps(record, indent=1).encode())
 
 
-def read(study_dir: pathlib.Path, layout: Layout, cell: Cell) -> Optional[runs_lib.RunOutcome]:
-  return runs_lib.read_record(study_dir / layout.path(cell))
+def read(study_dir: pathlib.Path, layout: Layout, cell: Cell) -> Optional[RunOutcome]:
+  return experiment.read_outcome(study_dir / layout.path(cell))
 
 
 def ranking(study_dir: pathlib.Path, layout: Layout, grid: Grid, target: str, seed: int,
@@ -218,13 +220,13 @@ def ranking(study_dir: pathlib.Path, layout: Layout, grid: Grid, target: str, se
 
 
 def _request(study_dir: pathlib.Path, layout: Layout, grid: Grid,
-             cell: Cell) -> Optional[runs_lib.RunRequest]:
+             cell: Cell) -> Optional[RunRequest]:
   """The trainer's request for a cell, or None when a run it starts from is not finished."""
   if cell.kind in ("source", "baseline"):
-    return runs_lib.RunRequest(cell.name, cell.task, cell.seed)
+    return RunRequest(cell.task, cell.seed, name=cell.name)
   if cell.kind == "generic_source":
-    return runs_lib.RunRequest(cell.name, retrieval.register_runtime_mixture("spot_generic", grid.sources),
-                               cell.seed)
+    return RunRequest(retrieval.register_runtime_mixture("spot_generic", grid.sources), cell.seed,
+                      name=cell.name)
   if cell.kind in ("transfer", "generic", "mixture"):
     origin = {"transfer": Cell("source", cell.source, grid.source_seed),
               "generic": Cell("generic_source", "", grid.source_seed),
@@ -232,21 +234,22 @@ def _request(study_dir: pathlib.Path, layout: Layout, grid: Grid,
     done = read(study_dir, layout, origin)
     if done is None:
       return None
-    return runs_lib.RunRequest(cell.name, cell.task, cell.seed, done.prompt(),
-                               f"best prompt of {layout.path(origin)}")
+    return RunRequest(cell.task, cell.seed, name=cell.name, init=done.prompt(),
+                      init_note=f"best prompt of {layout.path(origin)}")
   ranked = ranking(study_dir, layout, grid, cell.task, cell.seed, grid.similarity)
   if ranked is None:
     return None
   top = ranked[:grid.retrieval_k]
   if cell.kind == "mixture_source":
     mixture = retrieval.register_runtime_mixture("spot_mixture", [s for s, _ in top] + [cell.task])
-    return runs_lib.RunRequest(cell.name, mixture, cell.seed)
+    return RunRequest(mixture, cell.seed, name=cell.name)
   prompts = [read(study_dir, layout, Cell("source", s, grid.source_seed)).prompt() for s, _ in top]
   sims = np.array([v for _, v in top])
   if not sims.sum() > 0:  # SPoT's weights need a positive total; fall back to equal weights
     sims = np.ones_like(sims)
-  return runs_lib.RunRequest(cell.name, cell.task, cell.seed, similarity.weighted_average(prompts, sims),
-                             "weighted average of " + ", ".join(s for s, _ in top))
+  return RunRequest(cell.task, cell.seed, name=cell.name,
+                    init=similarity.weighted_average(prompts, sims),
+                    init_note="weighted average of " + ", ".join(s for s, _ in top))
 
 
 def shard_jobs(jobs: Sequence, shard_index: int, num_shards: int) -> list:
@@ -255,25 +258,21 @@ def shard_jobs(jobs: Sequence, shard_index: int, num_shards: int) -> list:
 
 
 def _train_job(settings: RunSettings, study_dir: pathlib.Path, job_dir: str, cells: Sequence[Cell],
-               requests: Sequence[runs_lib.RunRequest], grid: Grid, one_at_a_time: bool,
+               requests: Sequence[RunRequest], grid: Grid, one_at_a_time: bool,
                verbose: bool) -> None:
+  """The cells' runs as one K-run job of the experiment runner (or one at a time)."""
   kind = cells[0].kind
   steps = grid.source_train_steps if kind in _SOURCE_BUDGET and grid.source_train_steps else None
   job_settings = dataclasses.replace(settings, train_steps=steps) if steps else settings
-  evaluate = kind not in _NOT_EVALUATED
-  if not one_at_a_time:
-    runs_lib.train_runs(job_settings, study_dir / job_dir, requests, backbone_seed=grid.source_seed,
-                        evaluate=evaluate, verbose=verbose)
-    return
-  for r in requests:
-    runs_lib.train_prompt(job_settings, r.task, study_dir / job_dir / r.name, r.seed, init=r.init,
-                          init_note=r.init_note, evaluate=evaluate, verbose=verbose)
+  recipe = settings_lib.recipe(job_settings, requests[0].task, evaluate=kind not in _NOT_EVALUATED,
+                               backbone_seed=grid.source_seed)
+  experiment.run(recipe, study_dir / job_dir, requests, alone=one_at_a_time, verbose=verbose)
 
 
 def run(settings: RunSettings, study_dir: str | pathlib.Path, grid: Grid, *, shard_index: int = 0,
         num_shards: int = 1, one_at_a_time: bool = False, log: Callable[[str], None] = print,
         verbose: bool = False) -> dict:
-  """Runs this shard's unfinished jobs; returns counts (in runs). Tables: `spot.results`."""
+  """Runs this shard's unfinished jobs; returns counts (in runs). Tables: `spot.study_tables`."""
   if num_shards < 1 or not 0 <= shard_index < num_shards:
     raise ConfigError(f"--shard_index={shard_index} --num_shards={num_shards}; valid: "
                       f"num_shards >= 1 and 0 <= shard_index < num_shards")

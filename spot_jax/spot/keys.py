@@ -52,7 +52,7 @@ def settings_record(settings: RunSettings, task: str, seed: int, evaluate: bool 
 
 def run_key(settings: RunSettings, task: str, seed: int, *, init: Optional[np.ndarray] = None,
             smop: Optional[Mapping[str, int]] = None, evaluate: bool = True) -> str:
-  """The key of `runs.train_prompt(settings, task, _, seed, init=, smop=, evaluate=)`."""
+  """The key of a run of `task` with `seed` from `init` (SMoP: `smop`), evaluated or not."""
   return digest({"run": settings_record(settings, task, seed, evaluate),
                  "init": None if init is None else array_digest(init),
                  "smop": None if smop is None else {k: int(v) for k, v in smop.items()}})

@@ -16,7 +16,7 @@ one strategy turns the top-k into a target run:
                     target run from it
   baseline          Prompt Tuning from the sampled-vocabulary start
 
-Every run is `runs.train_prompt`, i.e. one ordinary trainer run, in its own directory
+Every run is one ordinary trainer run of the experiment runner, in its own directory
 <work_dir>/runs/<label>-<key>, the key being the hash of everything that determines the run
 (`keys.run_key`: task, seed, frozen model, lengths, budgets, metric, method and the values of its
 starting prompt). A finished run is reused, an unfinished one resumes, and a run of other
@@ -35,13 +35,15 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from spot_jax import experiment
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
+from spot_jax.experiment import RunOutcome, RunRequest
 from spot_jax.spot import experts
 from spot_jax.spot import keys
 from spot_jax.spot import similarity
 from spot_jax.spot.prompt_library import Entry
-from spot_jax.spot.runs import RunOutcome, train_prompt
+from spot_jax.spot import settings as settings_lib
 from spot_jax.spot.settings import RunSettings
 
 STRATEGIES = ("best_of_top_k", "weighted_average", "mixture", "smop_experts", "smop", "generic",
@@ -87,10 +89,11 @@ class Options:
 def _train(settings: RunSettings, task: str, work_dir: pathlib.Path, label: str, seed: int, *,
            init: Optional[np.ndarray] = None, init_note: str = "sampled vocabulary",
            smop: Optional[dict] = None, evaluate: bool = True, verbose: bool = False) -> RunOutcome:
-  """`train_prompt` in <work_dir>/runs/<label>-<key>: one directory per distinct run (`keys.py`)."""
+  """One run alone in <work_dir>/runs/<label>-<key>: one directory per distinct run (`keys.py`)."""
   key = keys.run_key(settings, task, seed, init=init, smop=smop, evaluate=evaluate)
-  return train_prompt(settings, task, work_dir / RUNS / f"{label}-{key}", seed, init=init,
-                      init_note=init_note, smop=smop, evaluate=evaluate, verbose=verbose)
+  request = RunRequest(task, seed, name=f"{label}-{key}", init=init, init_note=init_note)
+  recipe = settings_lib.recipe(settings, task, smop=smop, evaluate=evaluate)
+  return experiment.run(recipe, work_dir / RUNS, [request], alone=True, verbose=verbose).outcomes[0]
 
 
 def target_embedding(settings: RunSettings, target: str, work_dir: pathlib.Path, seed: int,

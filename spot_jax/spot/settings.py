@@ -1,4 +1,5 @@
-"""What every run of the SPoT layer shares: the frozen model, the data lengths and the budgets.
+"""What every run of the SPoT layer shares: the frozen model, the data lengths and the budgets,
+and the experiment recipe (`recipe`) its runs train with.
 
 Each command line (`spot_jax.library`, `spot_jax.retrieve`, `spot_jax.study`) takes the same
 flags, so the same study runs on a tiny test model, the embedded toy T5 or T5.1.1 XXL by
@@ -13,13 +14,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
+from spot_jax import experiment
 from spot_jax import models
+from spot_jax import prompts
 from spot_jax.cli import flags
 from spot_jax.cli import model_file
 from spot_jax.errors import ConfigError
 from spot_jax import backbone as backbone_lib
+from spot_jax.train import optimizers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +100,43 @@ def model_fingerprint(model: models.EncoderDecoderModel, checkpoint: Optional[st
   if checkpoint:
     backbone_lib.check_initial_checkpoint(checkpoint)
   return backbone_lib.fingerprint(model.config, checkpoint, seed)
+
+
+def prompt_module(settings: RunSettings, smop: Optional[Mapping[str, int]] = None) -> Any:
+  """Prompt Tuning of `settings.prompt_length` from sampled vocabulary, or SMoP.
+
+  Args:
+    smop: {"num_prompts": k, "length": l} to train SMoP instead.
+  """
+  start = prompts.sampled_vocab(num_most_frequent=min(5000, settings.model.config.vocab_size))
+  if smop is not None:
+    return prompts.SMoP(num_prompts=int(smop["num_prompts"]), length=int(smop["length"]),
+                        prompt_init=start)
+  return prompts.PromptTuning(length=settings.prompt_length, prompt_init=start)
+
+
+def recipe(settings: RunSettings, task: str, *, smop: Optional[Mapping[str, int]] = None,
+           evaluate: bool = True, backbone_seed: int = 0) -> experiment.Recipe:
+  """The experiment recipe of this layer's runs of `task` (its metric selects the best prompt).
+
+  Args:
+    settings: the shared settings (the runs train `settings.train_steps` steps).
+    task: the task whose metric the runs are evaluated with (K runs: every run's).
+    smop: train SMoP with these settings instead of Prompt Tuning.
+    evaluate: evaluate on the validation split and keep the best prompt (mixtures: False).
+    backbone_seed: the random backbone's seed of a K-run job when there is no checkpoint.
+  """
+  prompt = prompt_module(settings, smop)
+  model = dataclasses.replace(settings.model, module=settings.model.module.clone(prompt=prompt))
+  return experiment.Recipe(
+      name="prompt_tuning" if smop is None else "smop", model=model,
+      optimizer=optimizers.adafactor(learning_rate=settings.learning_rate),
+      steps=settings.train_steps, lengths=dict(settings.lengths), batch_size=settings.batch_size,
+      task_module=settings.task_module, initial_checkpoint_path=settings.initial_checkpoint_path,
+      backbone_seed=backbone_seed, metric=settings.metric_for(task) if evaluate else None,
+      eval_period=settings.eval_period, eval_batch_size=settings.eval_batch_size,
+      eval_num_examples=settings.eval_num_examples, checkpoint_period=settings.checkpoint_period,
+      embedding_step=settings.embedding_step)
 
 
 def check_tasks(task_names: Sequence[str], module: str) -> None:

@@ -1,7 +1,7 @@
 """The report of a study: the figures (`figures.py`) and report.md, every number with its interval.
 
 Reads <study_dir>/results.json (written by `python -m spot_jax.study`) and the task embeddings it
-points to; the aggregates are `results.py`'s. Where a sample is too small for an interval the
+points to; the aggregates are `study_tables.py`'s. Where a sample is too small for an interval the
 report says so ("n=3: too few points for an interval") instead of printing one.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from spot_jax import fileio
 from spot_jax import stats
 from spot_jax.errors import ConfigError
 from spot_jax.spot import figures
-from spot_jax.spot import results
+from spot_jax.spot import study_tables
 from spot_jax.spot import similarity
 
 PM = "± is the 95% Student-t half-width over seeds"
@@ -104,7 +104,7 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   short, how = figures.short_names(sources + targets)
-  gains = results.transfer_gains(rows, targets, sources)
+  gains = study_tables.transfer_gains(rows, targets, sources)
   transfer = [[gains[(t, s)]["rer"] for s in sources] for t in targets]
   _save(plt, figures.heatmap(plt, transfer, [short[t] for t in targets], [short[s] for s in sources],
                              "relative error reduction (rows: targets, columns: sources)",
@@ -122,17 +122,17 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
                              f"one seed, no ±", "viridis"),
         out / "similarity_heatmap.png")
 
-  corr = results.correlations(rows, targets, sources, metric)
-  ranking = results.source_ranking(rows, targets, sources, metric)
+  corr = study_tables.correlations(rows, targets, sources, metric)
+  ranking = study_tables.source_ranking(rows, targets, sources, metric)
   _save(plt, figures.scatter(plt, targets, ranking, corr, short,
                              f"{how}. Points: seed means, bars: 95% t intervals over seeds; "
                              f"correlations over the points, bootstrap 95% intervals", metric),
         out / "similarity_vs_transfer.png")
 
-  retrieval = results.retrieval_table(rows, sources, metric, retrieval_k=int(grid.get("retrieval_k") or 0))
+  retrieval = study_tables.retrieval_table(rows, sources, metric, retrieval_k=int(grid.get("retrieval_k") or 0))
   _save(plt, figures.retrieval_bars(plt, retrieval,
                                     f"bootstrap 95% intervals over the {retrieval[0]['cases']} "
-                                    f"(target, seed) cases (none below {results.MIN_CASES})"),
+                                    f"(target, seed) cases (none below {study_tables.MIN_CASES})"),
         out / "retrieval.png")
 
   md = _markdown(study_dir, doc, short, how, gains, ordered, sim_ordered, ranking, corr, retrieval, metric)
@@ -176,7 +176,7 @@ def _markdown(study_dir, doc, short, how, gains, ordered, sim, ranking, corr, re
         "## Retrieval vs the brute-force oracle", "", "![retrieval](retrieval.png)", "",
         "Mean score: mean over targets, then a t interval over seeds. Share of the oracle's gain: "
         "(mean(method) - mean(baseline)) / (mean(oracle) - mean(baseline)) over the complete "
-        f"(target, seed) cases, percentile-bootstrap interval over cases (none below {results.MIN_CASES}).", "",
+        f"(target, seed) cases, percentile-bootstrap interval over cases (none below {study_tables.MIN_CASES}).", "",
         _table(["method", "k", "cases", "target runs per case", "mean score", "share of oracle gain kept"],
                [[r["method"], r["k"] or "-", r["cases"], r["runs"], r["mean_score"], r["oracle_gain_kept"]]
                 for r in retrieval]), ""]

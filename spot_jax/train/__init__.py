@@ -2,9 +2,9 @@
 
   loop         train(): check config -> mesh -> backbone -> split -> runs -> state -> step -> loop
   checks       section 0: every setting checked before anything is written; the job's plan
-  runs         K runs in one jitted step: RunSpec, SEEDS / TASKS, the stacked runs axis
+  run_spec     K runs in one jitted step: RunSpec, SEEDS / TASKS, the stacked runs axis
   prompt_init  each run's initial prompt parameters, traced once per initialiser
-  results      what the trainer returns: TrainResult and each run's RunResult
+  train_result what the trainer returns: TrainResult and each run's RunResult
   job          per-run bookkeeping: records, checkpoints, exports, evaluation, best states
   streams      each run's data stream as the step's global batches
   step         the pure jitted train step (gradients of the trainable tree only), and its vmap
@@ -18,9 +18,9 @@
 """
 from spot_jax.train.checks import (TRAINABLE_ALL, TRAINABLE_PROMPT, CheckpointConfig,
                                    check_finite)
-from spot_jax.train.results import RunResult, TrainResult
+from spot_jax.train.train_result import RunResult, TrainResult
 from spot_jax.train.loop import train
-from spot_jax.train.runs import RunSpec
+from spot_jax.train.run_spec import RunSpec
 from spot_jax.train.state import TrainState
 from spot_jax.train.step import DROPOUT_RNGS, dropout_key, make_runs_step, make_train_step
 

@@ -1,7 +1,7 @@
 """Section 0 of the trainer: check every setting before anything heavy is read or anything written.
 
 `plan(...)` validates the settings (one-line `ConfigError`s naming the gin macro), resolves the
-job's runs (`spot_jax.train.runs`), checks the run directories that already exist (MODEL_DIR, the
+job's runs (`spot_jax.train.run_spec`), checks the run directories that already exist (MODEL_DIR, the
 job's run list, each run's record: same task and seed) and returns the `Plan` the loop follows.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from spot_jax import backbone as backbone_lib
 from spot_jax import data as data_lib
 from spot_jax import models
 from spot_jax.errors import ConfigError
-from spot_jax.train import runs as runs_lib
+from spot_jax.train import run_spec as runs_lib
 from spot_jax.train.evaluator import EvalConfig
 from spot_jax.train.step import DROPOUT_RNGS
 

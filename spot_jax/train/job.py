@@ -24,11 +24,11 @@ from spot_jax.run_dir import RunRecord, companion_file
 from spot_jax.train import checks
 from spot_jax.train import progress
 from spot_jax.train import prompt_init
-from spot_jax.train import runs as runs_lib
+from spot_jax.train import run_spec as runs_lib
 from spot_jax.train import streams
 from spot_jax.train.checkpointer import Checkpointer
 from spot_jax.train.evaluator import EvalConfig, Evaluator, ModelOutputs, lookup_metric
-from spot_jax.train.results import RunResult, TrainResult
+from spot_jax.train.train_result import RunResult, TrainResult
 from spot_jax.train.state import TrainState
 
 

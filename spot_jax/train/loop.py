@@ -10,7 +10,7 @@ so the frozen backbone never gets gradients, optimizer state or re-saving. Step 
 `fold_in(state.rng, state.step)`, and the data stream is positioned by `state.data_position`, so
 a run killed at any point and restarted with the same command ends where an uninterrupted run
 would. With `seeds`/`tasks`/`runs` the job trains K runs in the same step, stacked along a
-leading runs axis (`spot_jax.train.runs`); each run's directory is an ordinary run directory.
+leading runs axis (`spot_jax.train.run_spec`); each run's directory is an ordinary run directory.
 """
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ from spot_jax.errors import ConfigError
 from spot_jax.train import checks
 from spot_jax.train import job as job_lib
 from spot_jax.train import optimizers
-from spot_jax.train import runs as runs_lib
+from spot_jax.train import run_spec as runs_lib
 from spot_jax.train.checks import TRAINABLE_ALL, TRAINABLE_PROMPT, CheckpointConfig
 from spot_jax.train.evaluator import EvalConfig
-from spot_jax.train.results import RunResult, TrainResult
+from spot_jax.train.train_result import RunResult, TrainResult
 from spot_jax.train.state import TrainState
 from spot_jax.train.step import make_runs_step, make_train_step
 
@@ -74,7 +74,7 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
     verbose: print progress lines.
     compilation_cache_dir: JAX's persistent compilation cache directory (None: off).
     dropout_rng: PRNG of the dropout masks: "threefry", "rbg" or "unsafe_rbg".
-    seeds, tasks: K runs in one step (gin SEEDS / TASKS; see `spot_jax.train.runs`).
+    seeds, tasks: K runs in one step (gin SEEDS / TASKS; see `spot_jax.train.run_spec`).
     runs: K runs from Python (`RunSpec`s: seed, task, name, per-run prompt initialiser).
     shard_runs: shard the runs axis over the data-parallel mesh axis when K divides by it.
     allow_backbone_change: resume runs recorded with another frozen backbone on purpose.

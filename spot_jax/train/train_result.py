@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from spot_jax.train import runs as runs_lib
+from spot_jax.train import run_spec as runs_lib
 from spot_jax.train.state import TrainState
 
 
