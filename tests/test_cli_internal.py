@@ -142,6 +142,31 @@ def test_debug_shows_the_traceback_instead(prog, main_spec, patched, args, tmp_p
     _run_in_process(prog, main_spec, [*_fill(args, tmp_path), "--debug"])
 
 
+def _misspelled(flag: str) -> str:
+  """--gin_file -> --gin_flie: the last two letters swapped."""
+  return flag[:-2] + flag[-1] + flag[-2]
+
+
+@pytest.mark.parametrize("prog, main_spec, args", [(p[0], p[1], p[3]) for p in PROGRAMS],
+                         ids=[p[0] for p in PROGRAMS])
+def test_a_misspelled_flag_is_one_line_naming_the_flag_meant(prog, main_spec, args, tmp_path, capsys,
+                                                             clean_gin):
+  """Each program's own first flag, misspelled (required or not, subcommand or not), and the
+  --debug every parser takes: exit 2, one line suggesting the flag meant; nothing runs."""
+  args = _fill(args, tmp_path)
+  own = next((i for i, a in enumerate(args) if a.startswith("--")), None)
+  cases = [[*args, "--debgu"]]
+  if own is not None:
+    flag, sep, value = args[own].partition("=")
+    cases.append([*args[:own], f"{_misspelled(flag)}{sep}{value}", *args[own + 1:]])
+  for case, meant in zip(cases, ["--debug", flag if own is not None else None]):
+    code = _run_in_process(prog, main_spec, case)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"{prog}: error: "), (case, err)
+    assert f"did you mean {meant}?" in err[0], (case, err)
+  assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_no_parser_declares_debug_itself():
   declared = [str(p.relative_to(REPO)) for p in (REPO / "spot_jax").rglob("*.py")
               if re.search(r"""add_argument\(\s*["']--debug["']""", p.read_text())]

@@ -52,7 +52,10 @@ def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Nam
       key, value = item[len("--gin."):].split("=", 1)
       args.gin_bindings.append(f"{key}={value}")
     else:
-      parser.error(f"unrecognised argument {item!r}; gin overrides look like --gin.TRAIN_STEPS=100")
+      close = renamed.closest_flags([item], parser.defined_flags())
+      hint = (f"did you mean {' or '.join(close)}?" if close
+              else "gin overrides look like --gin.TRAIN_STEPS=100")
+      parser.error(f"unrecognised argument {item!r}; {hint}")
   if not args.gin_file:
     parser.error("at least one --gin_file is required, e.g. --gin_file=gin/runs/prompt_tune.gin")
   return args

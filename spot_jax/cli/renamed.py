@@ -1,7 +1,9 @@
-"""Renamed flags and gin macros: an old spelling is refused in one line naming the new one (the
-policy of every program; `spot_jax.cli.runner.ArgumentParser` and `gin_flags` apply it)."""
+"""Flag spellings: an old (renamed) flag or gin macro is refused in one line naming the new one,
+and an unknown flag in one line naming the closest defined flag (the policy of every program;
+`spot_jax.cli.runner.ArgumentParser` and `gin_flags` apply it)."""
 from __future__ import annotations
 
+import difflib
 from typing import Optional, Sequence
 
 # Old spelling -> new spelling. Refused (never accepted silently) by every parser that defines
@@ -33,3 +35,22 @@ def renamed_flag_message(argv: Sequence[str], defined: Sequence[str]) -> Optiona
       value, sep = argv[i + 1], "="
     return f"{old} was renamed {new}; use {new}{sep}{value}"
   return None
+
+
+def closest_flags(unknown: Sequence[str], defined: Sequence[str]) -> list[str]:
+  """The defined flag closest to each unknown "--flag" (or "--flag=..."), where one is close."""
+  flags = [d for d in defined if d.startswith("--")]
+  close = []
+  for arg in unknown:
+    name = arg.partition("=")[0]
+    if name.startswith("--") and name not in flags:
+      close += difflib.get_close_matches(name, flags, n=1, cutoff=0.75)
+  return list(dict.fromkeys(close))
+
+
+def unknown_flags_message(unknown: Sequence[str], defined: Sequence[str]) -> str:
+  """"unrecognized arguments: --promt run1k; did you mean --prompt?" for the arguments a parser
+  did not take."""
+  close = closest_flags(unknown, defined)
+  hint = f"; did you mean {' or '.join(close)}?" if close else ""
+  return f"unrecognized arguments: {' '.join(unknown)}{hint}"

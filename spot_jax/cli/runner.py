@@ -43,8 +43,9 @@ class UsageError(ConfigError):
 
 class ArgumentParser(argparse.ArgumentParser):
   """argparse for `run`: a usage error raises `UsageError` (one line through `run`) instead of
-  exiting, every parser (subcommands too) takes `--debug`, and a renamed flag's old spelling
-  (`renamed.RENAMED`) is refused with one line naming the new one."""
+  exiting, every parser (subcommands too) takes `--debug`, a renamed flag's old spelling
+  (`renamed.RENAMED`) is refused with one line naming the new one, and an unknown flag with one
+  line naming the closest defined flag."""
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
@@ -53,12 +54,35 @@ class ArgumentParser(argparse.ArgumentParser):
 
   def parse_known_args(self, args=None, namespace=None):
     argv = list(sys.argv[1:] if args is None else args)
+    self._given = argv
     message = renamed.renamed_flag_message(argv, list(self._option_string_actions))
     if message:
       self.error(message)
     return super().parse_known_args(argv, namespace)
 
+  def parse_args(self, args=None, namespace=None):
+    """argparse's, with the flag closest to each unknown one suggested ("did you mean")."""
+    namespace, unknown = self.parse_known_args(args, namespace)
+    if unknown:
+      self.error(renamed.unknown_flags_message(unknown, self.defined_flags(namespace)))
+    return namespace
+
+  def defined_flags(self, namespace: Optional[argparse.Namespace] = None) -> list[str]:
+    """This parser's flags, and those of the subcommand `namespace` chose."""
+    names = list(self._option_string_actions)
+    for action in self._actions:
+      if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
+        chosen = action.choices.get(getattr(namespace, action.dest, None) or "")
+        if isinstance(chosen, ArgumentParser):
+          names += chosen.defined_flags(namespace)
+    return names
+
   def error(self, message: str) -> NoReturn:
+    if message.startswith("the following arguments are required"):
+      # A required flag misspelled is reported missing before the unknown flags are.
+      for arg in getattr(self, "_given", []):
+        close = renamed.closest_flags([arg], self.defined_flags())
+        message += f"; {arg.partition('=')[0]} is unknown: did you mean {close[0]}?" if close else ""
     raise UsageError(f"{message} (see --help)")
 
 
