@@ -146,6 +146,9 @@ def _loop(job: job_lib.Job, model: models.EncoderDecoderModel, state: TrainState
   for step in range(start, total_steps):
     state, metrics = step_fn(state, frozen, next(batches))
     done = step + 1
+    if step == start:  # the first step compiled: progress rates and the ETA count from its end
+      jax.block_until_ready(metrics)
+      job.log.compiled(done)
     job.pending.append((done, metrics))
     evaluate = evaluators is not None and (done % eval_period == 0 or done == total_steps)
     checkpoint = done % plan.checkpoint_period == 0 or done == total_steps

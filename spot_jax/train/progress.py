@@ -48,6 +48,11 @@ class ProgressLogger:
   def start(self, step: int) -> None:
     self._last_time, self._last_step = time.perf_counter(), step
 
+  def compiled(self, step: int) -> None:
+    """`step`, the process's first, has run: it compiled the step function, so rates and the ETA
+    count from its end (a first line at `step` itself has no rate yet)."""
+    self._last_time, self._last_step = time.perf_counter(), step
+
   def scalars(self, group: str, step: int, values: Mapping[str, float]) -> None:
     """Writes scalars to the TensorBoard run `group` ("train", "eval")."""
     writer = self._writer(group)
@@ -69,16 +74,20 @@ class ProgressLogger:
     if self._last_time is not None and step > self._last_step:
       steps_per_s = (step - self._last_step) / max(now - self._last_time, 1e-9)
     self._last_time, self._last_step = now, step
+    timed = steps_per_s == steps_per_s and steps_per_s > 0
     rate = dict(values)
-    rate["steps_per_sec"] = steps_per_s
-    rate["examples_per_sec"] = steps_per_s * self.batch_size
-    eta = (self.total_steps - step) / steps_per_s if steps_per_s == steps_per_s and steps_per_s > 0 else float("nan")
+    if timed:
+      rate["steps_per_sec"] = steps_per_s
+      rate["examples_per_sec"] = steps_per_s * self.batch_size
     parts = [f"step {step}/{self.total_steps}", f"loss {values['loss']:.4f}{note}"]
     if "learning_rate" in values:
       parts.append(f"lr {values['learning_rate']:.3g}")
-    parts.append(f"{steps_per_s:.2f} steps/s")
-    parts.append(f"{rate['examples_per_sec']:.1f} ex/s")
-    parts.append(f"ETA {format_duration(eta) if eta == eta else '?'}")
+    if timed:
+      parts.append(f"{steps_per_s:.2f} steps/s")
+      parts.append(f"{rate['examples_per_sec']:.1f} ex/s")
+      parts.append(f"ETA {format_duration((self.total_steps - step) / steps_per_s)}")
+    else:  # only the compiling first step has run: no rate yet
+      parts.append("ETA 0s" if step >= self.total_steps else "ETA after compile")
     line = " | ".join(parts)
     if self._enabled:
       print(line, file=self._stream or sys.stdout, flush=True)
