@@ -387,8 +387,8 @@ def _tokens(args, vocab, examples) -> np.ndarray:
     return out
   tokens, cut = inputs.tokenize(vocab, [ex.input for ex in examples], args.input_length)
   if cut:
-    print(f"warning: {cut} of {len(examples)} inputs were longer than --input_length="
-          f"{args.input_length} tokens and were truncated", file=sys.stderr)
+    where = "stdin" if args.input == "-" else args.input
+    print(inputs.truncation_warning(examples, cut, args.input_length, where), file=sys.stderr)
   return tokens
 
 

@@ -134,5 +134,5 @@ def test_read_examples_text_jsonl_stdin(tmp_path):
     inputs.read_examples(str(tmp_path / "missing.txt"))
   vocab = __import__("seqio").ByteVocabulary()
   tokens, cut = inputs.tokenize(vocab, ["ab", "abcdef"], 4)
-  assert cut == 1 and tokens.tolist() == [[100, 101, 1, 0], [100, 101, 102, 1]]
+  assert cut == [(1, 7)] and tokens.tolist() == [[100, 101, 1, 0], [100, 101, 102, 1]]
   assert inputs.decode(vocab, np.array([100, 101, 1, 0])) == "ab"

@@ -99,6 +99,20 @@ def test_mixed_predictions_jsonl(files, capsys):
       "a": float(records[0]["prediction"] == "pos")}}
 
 
+def test_the_inputs_cut_are_named_with_their_line_and_length(files, capsys):
+  root, _ = files
+  long = "this input is much longer than sixteen bytes"
+  (root / "long.txt").write_text(f"fine\n\n{long}\nok\n{'x' * 20}\n")
+  status, _, err = _run(COMMON + [f"--prompt={root}/a.npy", f"--checkpoint={root}/ckpt",
+                                  f"--input={root}/long.txt", f"--output={root}/long.jsonl"], capsys)
+  assert status == 0, err
+  # Byte ids: one per character, plus EOS; the blank line 2 still counts as a line.
+  assert err.splitlines() == [
+      f"warning: 2 of 4 inputs of {root}/long.txt were longer than --input_length=16 tokens (EOS "
+      f"included) and were cut, so their answers may be wrong: line 3: {len(long) + 1} tokens; "
+      f"line 5: 21 tokens; --input_length={len(long) + 1} keeps them whole"]
+
+
 def test_class_labels_and_ensemble(files, capsys):
   root, _ = files
   text = root / "in.txt"

@@ -22,12 +22,14 @@ from spot_jax.errors import ConfigError
 
 @dataclasses.dataclass
 class Example:
-  """One input. `tokens` is set for seqio inputs (already tokenized), else None."""
+  """One input. `tokens` is set for seqio inputs (already tokenized), else None; `line` is its
+  line of the --input file (or stdin), None for task inputs."""
   input: str
   prompt: Optional[str] = None
   target: Optional[str] = None
   id: Any = None
   tokens: Optional[np.ndarray] = None
+  line: Optional[int] = None
 
 
 def read_examples(path: str, stdin: Optional[IO[str]] = None) -> list[Example]:
@@ -53,7 +55,7 @@ def read_examples(path: str, stdin: Optional[IO[str]] = None) -> list[Example]:
                       f"JSON object per line with an \"input\" field (JSONL)")
   is_jsonl = path.endswith((".jsonl", ".json")) or (path == "-" and lines[0][1].lstrip()[:1] == "{")
   if not is_jsonl:
-    return [Example(line.strip()) for _, line in lines]
+    return [Example(line.strip(), line=n) for n, line in lines]
   return [_example(where, n, line) for n, line in lines]
 
 
@@ -69,7 +71,7 @@ def _example(where: str, n: int, line: str) -> Example:
   for key in ("prompt", "target"):
     if obj.get(key) is not None and not isinstance(obj[key], str):
       raise ConfigError(f"{where} line {n}: \"{key}\" must be a string, got {obj[key]!r}")
-  return Example(obj["input"], obj.get("prompt"), obj.get("target"), obj.get("id"))
+  return Example(obj["input"], obj.get("prompt"), obj.get("target"), obj.get("id"), line=n)
 
 
 def task_examples(task_name: str, split: str, input_length: int, module: Optional[str] = None,
@@ -103,14 +105,15 @@ def get_vocabulary(name: Optional[str]) -> Any:
 
 
 def tokenize(vocab: Any, texts: Sequence[str], length: int, eos_id: int = 1
-             ) -> tuple[np.ndarray, int]:
-  """([N, length] int32 right-padded ids ending in EOS, number of inputs truncated)."""
+             ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+  """[N, length] int32 right-padded ids ending in EOS, and (index, ids with EOS) of each text
+  that was longer and was cut."""
   out = np.zeros((len(texts), length), np.int32)
-  truncated = 0
+  truncated = []
   for i, text in enumerate(texts):
     ids = list(vocab.encode(text))
     if len(ids) > length - 1:
-      truncated += 1
+      truncated.append((i, len(ids) + 1))
       ids = ids[:length - 1]
     out[i, :len(ids) + 1] = ids + [eos_id]
   return out, truncated
@@ -145,3 +148,18 @@ def atomic_jsonl(path: str) -> Iterator[IO[str]]:
   fileio.output_file(path, "--output")
   with fileio.atomic_open(path, "w", encoding="utf-8") as f:
     yield f
+
+
+def truncation_warning(examples: Sequence[Example], cut: Sequence[tuple[int, int]], length: int,
+                       where: str, shown: int = 10) -> str:
+  """The warning naming each input `tokenize` cut (its line, id and length), so the answers
+  that may be wrong can be found."""
+  def name(i: int, n: int) -> str:
+    ex = examples[i]
+    place = f"line {ex.line}" if ex.line is not None else f"input {i + 1}"
+    return f"{place}{f' (id {ex.id!r})' if ex.id is not None else ''}: {n} tokens"
+  listed = "; ".join(name(i, n) for i, n in cut[:shown])
+  more = f"; and {len(cut) - shown} more" if len(cut) > shown else ""
+  return (f"warning: {len(cut)} of {len(examples)} inputs of {where} were longer than "
+          f"--input_length={length} tokens (EOS included) and were cut, so their answers may be "
+          f"wrong: {listed}{more}; --input_length={max(n for _, n in cut)} keeps them whole")
