@@ -15,6 +15,14 @@
   peft_mpt     PEFT MULTITASK_PROMPT_TUNING adapters <-> MPT prompts; MPT targets' start
   inputs       text / JSONL / stdin / seqio inputs, class labels' tokens; outputs written
                atomically as JSONL
+  capacity     SizedTable: a table padded to power-of-two room, so prompts that fit are added
+               without recompiling
+  catalog      the prompts a running service holds (added, removed) and a server per setting
+  batcher      the batching loop: queued requests of any prompts, one mixed pass per batch
+  api          HTTP requests checked field by field, OpenAI-style responses and errors
+  app          the Starlette routes; metrics: the Prometheus metrics
+  service      `python -m spot_jax.serve` (flags, listening, SIGTERM); assemble: its start-up
 
-The command line is `python -m spot_jax.infer` (see docs/serving.md).
+The command lines are `python -m spot_jax.infer` (files) and `python -m spot_jax.serve` (HTTP);
+see docs/serving.md.
 """

@@ -64,7 +64,7 @@ def _parser() -> cli.ArgumentParser:
   a("--request_timeout", type=float, default=60.0, help="seconds a request may wait for its "
     "answer (then 504)")
   a("--batch_buckets", default=None, help="padded batch sizes, comma-separated (default: powers "
-    "of 4 below --max_batch_size, and it)")
+    "of 2 below --max_batch_size, and it)")
   a("--length_buckets", default=None, help="padded input lengths, comma-separated (default: "
     "powers of 2 from 16 below --input_length, and it)")
   a("--table_rows", type=int, default=8, help="prompts the table has room for at start "
@@ -132,7 +132,7 @@ def main(argv: Sequence[str]) -> int:
   except ImportError as e:
     raise ConfigError(f"serving over HTTP needs {e.name}; pip install starlette uvicorn "
                       f"prometheus-client") from None
-  batch_buckets = _buckets("--batch_buckets", args.batch_buckets, args.max_batch_size, 1, 4)
+  batch_buckets = _buckets("--batch_buckets", args.batch_buckets, args.max_batch_size, 1, 2)
   length_buckets = _buckets("--length_buckets", args.length_buckets, args.input_length,
                             min(16, args.input_length), 2)
   sock = listen(args.host, args.port)
