@@ -26,7 +26,12 @@ Python's own warnings and errors are untouched, and failures still raise. One mo
 noise is Python's: libraries repeat their advice through absl's logger (seqio warns "Using an
 uncached FunctionDataset for training is not recommended ..." for every training stream, so a
 study of 13 jobs printed it 56 times). `quiet()` lets each distinct absl warning through once per
-process.
+process, and drops advice that cannot apply to a spot-jax run (`NOT_APPLICABLE`): seqio's
+"It is highly recommended that you cache this task" warns that an uncached function dataset
+reshuffles differently on a restart, but the trainer resumes every training stream at its
+recorded position with its seed (`spot_jax.data`), so a restart reads the very batches it would
+have read, and there is nothing to cache for the in-memory tasks (the toy model's, a TSV of
+one's own).
 
 It applies to programs only: `python -m spot_jax.<prog>` (the package's `__init__` calls it
 while Python locates the module) and every `spot_jax.cli.runner.run`. Asking for the lines
@@ -58,6 +63,12 @@ _CPU_NOTE_TAIL = re.compile(rb"^To enable the following instructions: .* rebuild
 _SEVERITY = {b"I": 0, b"W": 1, b"E": 2, b"F": 3}
 
 _installed = False
+
+# Beginnings of library warnings that never apply to a spot-jax run (see the module docstring).
+NOT_APPLICABLE = (
+    "Using an uncached FunctionDataset for training is not recommended since it often results "
+    "in insufficient shuffling on restarts",
+)
 
 
 def user_wants_logs(environ=os.environ) -> bool:
@@ -92,7 +103,8 @@ def quiet() -> None:
 
 
 class _EachWarningOnce(logging.Filter):
-  """Lets each distinct warning (logger and text) through the first time only; other levels pass."""
+  """Lets each distinct warning (logger and text) through the first time only, and none of
+  `NOT_APPLICABLE`; other levels pass."""
 
   def __init__(self):
     super().__init__()
@@ -102,7 +114,7 @@ class _EachWarningOnce(logging.Filter):
     if record.levelno != logging.WARNING:
       return True
     key = (record.name, record.getMessage())
-    if key in self._seen:
+    if key in self._seen or key[1].startswith(NOT_APPLICABLE):
       return False
     self._seen.add(key)
     return True

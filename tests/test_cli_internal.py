@@ -239,6 +239,22 @@ def test_a_repeated_library_warning_is_shown_once():
     assert proc.returncode == 0 and proc.stderr.splitlines() == lines, proc.stderr[-3000:]
 
 
+def test_advice_that_cannot_apply_is_dropped_and_other_warnings_kept():
+  """seqio's advice to cache a function dataset before training (the toy and in-memory tasks):
+  the trainer resumes each stream at its position, so a program drops it; SPOT_JAX_VERBOSE=1
+  shows it."""
+  code = ("from spot_jax import startup; startup.quiet(); import seqio, tasks.synthetic; "
+          "seqio.get_mixture_or_task('spot_synthetic_sentiment_v100').source.get_dataset("
+          "'train', shuffle=True, seed=0); from absl import logging; logging.warning('advice')")
+  for verbose in ("", "1"):
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO,
+                          env=dict(_env_without_log_settings(), SPOT_JAX_VERBOSE=verbose),
+                          capture_output=True, text=True, timeout=600)
+    seqio_advice = [l for l in proc.stderr.splitlines() if "highly recommended that you cache" in l]
+    assert proc.returncode == 0 and len(seqio_advice) == (1 if verbose else 0), proc.stderr[-3000:]
+    assert "WARNING:absl:advice" in proc.stderr.splitlines(), proc.stderr[-3000:]
+
+
 def test_a_reader_that_stops_early_ends_the_program_quietly():
   # `python -m tasks list | head -1`: the reader goes away before the listing is written. The
   # program ends with the status a shell reports for SIGPIPE, and says nothing on stderr (no
