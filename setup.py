@@ -61,6 +61,7 @@ setuptools.setup(
         # beyond spot-jax's own dependencies.
         "t5x": ["grain", "cached-property", "chex", "aqtp", "fiddle", "clu"],
         # The peers of `python -m benchmarks` (run from a checkout; benchmarks/ is not installed).
-        "bench": ["torch==2.13.0", "transformers>=4.45,<6", "peft==0.21.2"],
+        "bench": ["torch==2.13.0", "transformers>=4.45,<6", "peft==0.21.2",
+                  "aiohttp>=3.9"],  # benchmarks.serve_http's load generator
     },
 )
