@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -136,8 +136,22 @@ def add(args) -> int:
       fingerprint=found["fingerprint"], prompt=prompt, embedding=embedding, score=found["score"],
       metric=found["metric"], embedding_step=found["embedding_step"], embed_dim=embed_dim)
   print(f"added {entry.id}: task {entry.task}, prompt {list(entry.prompt.shape)}, "
-        f"embedding {list(entry.embedding.shape)}, score {entry.score}")
+        f"embedding {list(entry.embedding.shape)}, score {_score(entry.score)}")
   return 0
+
+
+def _score(score: Optional[float]) -> str:
+  """A score as people write it: 4 significant digits (28.499999999999996 -> 28.5)."""
+  return "-" if score is None else f"{score:.4g}"
+
+
+def _columns(header: Sequence[str], rows: Sequence[Sequence[str]],
+             right: Sequence[int] = ()) -> list[str]:
+  """Lines of a table whose every column is as wide as its widest cell (`right`: numbers)."""
+  widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+  return ["  ".join(cell.rjust(w) if i in right else cell.ljust(w)
+                    for i, (cell, w) in enumerate(zip(cells, widths))).rstrip()
+          for cells in (header, *rows)]
 
 
 def _report_problems(problems: Sequence[str]) -> None:
@@ -156,11 +170,10 @@ def main(argv: Sequence[str]) -> int:
   if args.command == "list":
     entries, problems = lib.load()
     _report_problems(problems)
-    print(f"{'id':40s} {'task':32s} {'seed':>4s} {'score':>8s}  prompt     embedding")
-    for e in entries:
-      score = "-" if e.score is None else f"{e.score:.4g}"
-      print(f"{e.id:40s} {e.task:32s} {e.seed:4d} {score:>8s}  {str(list(e.prompt.shape)):10s} "
-            f"{list(e.embedding.shape)}")
+    rows = [(e.id, e.task, str(e.seed), _score(e.score), str(list(e.prompt.shape)),
+             str(list(e.embedding.shape))) for e in entries]
+    header = ("id", "task", "seed", "score", "prompt", "embedding")
+    print("\n".join(_columns(header, rows, right=(2, 3))))
     print(f"{len(entries)} entries" + (f", {len(problems)} skipped" if problems else ""))
   elif args.command == "show":
     e = lib.get(args.id)

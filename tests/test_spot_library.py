@@ -68,6 +68,28 @@ def test_entries_round_trip(lib, tmp_path, capsys):
   assert not list((lib / "arrays").glob("spot_test_parity_v1.p1.*"))
 
 
+def test_scores_print_rounded_and_list_columns_line_up(tmp_path, capsys):
+  root = tmp_path / "lib"
+  for i, (task, run, score) in enumerate([("spot_test_sentiment_v1", "a_run_with_a_long_name_0123456789",
+                                           0.57 * 50), ("spot_test_parity_v1", "r", 100.0)]):
+    code, out, err = _run(["add", f"--library={root}", f"--prompt={_npy(tmp_path / f'p{i}.npy', (4, E), i)}",
+                           f"--embedding={_npy(tmp_path / f'e{i}.npy', (3 + 9 * i, E), i)}",
+                           f"--task={task}", f"--run_id={run}", f"--score={score!r}", *MODEL], capsys)
+    assert code == 0, err
+    assert out.rstrip().endswith(f"score {['28.5', '100'][i]}"), out  # 0.57 * 50 = 28.499999999999996
+  code, out, _ = _run(["list", f"--library={root}"], capsys)
+  lines = out.splitlines()
+  assert code == 0 and lines[-1] == "2 entries"
+  table = lines[:-1]
+  # Every column starts at the same place on each line: the header's words mark them.
+  starts = [table[0].index(word) for word in ("task", "prompt", "embedding")]
+  for line in table[1:]:
+    assert [line[s - 1] for s in starts] == [" "] * 3 and all(line[s] != " " for s in starts), table
+  assert table[1].split()[3] == "100" and table[2].split()[3] == "28.5"
+  score_end = table[0].index("score") + len("score")
+  assert {line[score_end - 1] for line in table} <= set("e0123456789"), table  # right-aligned
+
+
 def test_add_from_a_run_directory_record(tmp_path, capsys):
   run_dir = tmp_path / "run"
   (run_dir / "prompts").mkdir(parents=True)
