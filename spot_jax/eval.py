@@ -17,7 +17,9 @@ import sys
 from spot_jax.cli import gin_flags
 
 # main() calls these configurables; gin overrides they never reach are refused.
-PROGRAM = gin_flags.Program("spot_jax.eval", __doc__.splitlines()[0], roots=("spot_jax.train.evaluate.evaluate_run",))
+PROGRAM = gin_flags.Program("spot_jax.eval", __doc__.splitlines()[0],
+                           roots=("spot_jax.train.evaluate.evaluate_run",),
+                           run_example="gin/runs/eval.gin")
 GIN_ROOTS = PROGRAM.roots
 main = PROGRAM.main
 

@@ -25,6 +25,7 @@ from spot_jax import cli
 from spot_jax import paths
 from spot_jax.cli import distributed
 from spot_jax.cli import renamed
+from spot_jax.cli import gin_files
 from spot_jax.cli import gin_overrides
 from spot_jax.cli import gin_settings
 from spot_jax.errors import ConfigError
@@ -67,14 +68,17 @@ def search_paths(extra: Sequence[str]) -> list[str]:
   return paths.search_roots(extra)
 
 
-def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -> None:
-  """Registers search paths, parses the files, then each binding (t5x order), finalizes, and
-  checks the configuration: unused overrides and the types of the values it binds.
+def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None,
+              run_example: str = "gin/runs/prompt_tune.gin") -> None:
+  """Registers search paths, parses the files, checks that each kind of gin file is there
+  (`gin_files`), then parses each binding (t5x order), finalizes, and checks the configuration:
+  unused overrides and the types of the values it binds.
 
   Args:
     args: from `parse_args`.
     roots: the configurables the program calls ("spot_jax.train.train"); overrides they never
       reach are refused. None: the configurables the files bind that nothing references.
+    run_example: the run file a command without one is told to add.
 
   Raises:
     ConfigError: one line naming the gin file (and line) or the --gin.X override at fault.
@@ -90,6 +94,8 @@ def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None) -
   for f in args.gin_file:
     gin_overrides.parse_file(f)
   from_files = gin_overrides.config_keys()
+  if roots is not None:
+    gin_files.check(roots, run_example)
   keys = []
   for binding in args.gin_bindings:
     old = binding.partition("=")[0].strip()
@@ -119,7 +125,8 @@ def call_roots(roots: Sequence[str]) -> int:
 
 
 def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str], prog: str,
-        description: str, roots: Optional[Sequence[str]] = None) -> int:
+        description: str, roots: Optional[Sequence[str]] = None,
+        run_example: str = "gin/runs/prompt_tune.gin") -> int:
   """Parses flags and gin, runs `main`; user errors become one line + exit 2 (`spot_jax.cli`).
 
   `roots` names the configurables `main` calls (e.g. ("spot_jax.train.train",)), which decide
@@ -130,7 +137,7 @@ def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str]
     args = parse_args(argv, prog, description)
     distributed.set_cpu_devices(args.cpu_devices)
     distributed.setup(args)
-    parse_gin(args, roots)
+    parse_gin(args, roots, run_example)
     try:
       return main(args)
     except ConfigError as e:
@@ -146,15 +153,17 @@ def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str]
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-  """A gin program (`spot_jax.train`, `spot_jax.eval`): its name, its --help line and the
-  configurables (`roots`, as `run` takes them) its main calls with their gin bindings."""
+  """A gin program (`spot_jax.train`, `spot_jax.eval`): its name, its --help line, the
+  configurables (`roots`, as `run` takes them) its main calls with their gin bindings, and the
+  run file that binds them (suggested to a command that gives none)."""
   name: str
   description: str
   roots: tuple[str, ...]
+  run_example: str = "gin/runs/prompt_tune.gin"
 
   def main(self, args: argparse.Namespace) -> int:
     del args  # everything comes through gin
     return call_roots(self.roots)
 
   def __call__(self, argv: Sequence[str]) -> int:
-    return run(self.main, argv, self.name, self.description, self.roots)
+    return run(self.main, argv, self.name, self.description, self.roots, self.run_example)

@@ -222,6 +222,17 @@ def used_keys(root_selectors: Iterable[str]) -> set[ConfigKey]:
   return used
 
 
+def macros_read(root_selectors: Iterable[str]) -> set[str]:
+  """The names of the macros (`%NAME`) the roots' calls read, whether bound or not."""
+  config = _gin_state().config
+  names = set()
+  for key in used_keys(root_selectors):
+    for ref in gin.config.iterate_references(config[key]):
+      if ref.configurable.selector == MACRO:
+        names.add("/".join(ref.scopes))
+  return names
+
+
 def default_roots(keys_from_files: Iterable[ConfigKey]) -> list[str]:
   """Without declared roots: the configurables the gin files bind and nothing references."""
   config = _gin_state().config
