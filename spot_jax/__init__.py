@@ -23,6 +23,7 @@ Modules:
   losses       token cross-entropy with t5x's z-loss
   stats        intervals and paired verdicts over seeds
   verdicts     superiority, non-inferiority and equivalence verdicts over paired seeds
+  power        seeds a table needs: power analysis over paired seeds
   runtime      process settings: host memory, compilation cache, XLA compiles
   paths        where a relative path given to a program points
   run_dir      the run directory and its run.json record

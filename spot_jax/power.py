@@ -148,7 +148,7 @@ class Plan:
             else f"{self.test.label} at a true difference of {self.difference:+g}")
     family = (f"{self.comparisons} comparisons at {100 * self.level:g}% together"
               if self.comparisons > 1 else f"one comparison at {100 * self.level:g}%")
-    return f"{what}, SD {self.sd:g}, {family}"
+    return f"{what}, SD {self.sd:.3g}, {family}"
 
 
 def plan(sd: float, difference: float, test: Test = Test(), target: float = POWER,

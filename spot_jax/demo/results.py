@@ -67,7 +67,8 @@ class Summary:
     found = [(m, BASELINE) for m in self.methods if m != BASELINE]
     found += [(m, b) for m, b, _, _ in _PAIRED_CLAIMS
               if m in self.methods and b in self.methods and (m, b) not in found]
-    return found + [p for p in self.tests if p not in found]
+    return found + [(m, b) for m, b in self.tests
+                    if m in self.methods and b in self.methods and (m, b) not in found]
 
   @property
   def comparisons(self) -> int:
