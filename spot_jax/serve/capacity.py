@@ -65,7 +65,8 @@ def pad_arrays(arrays: TableArrays, capacity: Capacity) -> TableArrays:
   have = Capacity.of(arrays)
   n = capacity.rows - have.rows
   k, length = capacity.num_prompts - have.num_prompts, capacity.length - have.length
-  s, r = capacity.offset_length - have.offset_length, capacity.attention_width - have.attention_width
+  s = capacity.offset_length - have.offset_length
+  r = capacity.attention_width - have.attention_width
 
   def pad(x: np.ndarray, *widths: int, value=0) -> np.ndarray:
     return np.pad(x, [(0, w) for w in widths] + [(0, 0)] * (x.ndim - len(widths)),

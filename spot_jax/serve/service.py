@@ -128,7 +128,8 @@ def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
   _check(args)
   try:
-    import starlette, uvicorn, prometheus_client  # pylint: disable=g-import-not-at-top,multiple-imports,unused-import
+    # pylint: disable-next=g-import-not-at-top,multiple-imports,unused-import
+    import starlette, uvicorn, prometheus_client
   except ImportError as e:
     raise ConfigError(f"serving over HTTP needs {e.name}; pip install starlette uvicorn "
                       f"prometheus-client") from None
