@@ -200,4 +200,6 @@ def name_setting(error: ConfigError) -> ConfigError:
   value, macro = _resolve(raw)
   if value is _NO_VALUE or (macro and macro in line):
     return error
+  if str(value) not in line and repr(value) not in line:
+    return error  # the message names the parameter's word, not the value it refuses
   return ConfigError(f"{_setting(key_scope, found.selector, param, value, macro)}: {line}")

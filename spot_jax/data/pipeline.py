@@ -124,16 +124,20 @@ def _import_file(path: str) -> None:
     raise
 
 
-def get_mixture_or_task(name: str, split: Optional[str] = None, setting: str = "split"):
+def get_mixture_or_task(name: str, split: Optional[str] = None, setting: str = "split",
+                        module: tuple[str, Optional[str]] = ("MIXTURE_OR_TASK_MODULE", None)):
   """The seqio task or mixture `name`; unknown names list close registered names.
 
   Args:
     name: a registered task or mixture.
     split: if given, a split every task of `name` must declare (checked without reading data).
     setting: what the user set `split` with, for the message (e.g. "EVAL_SPLIT").
+    module: the setting that names the modules registering tasks, as the user writes it
+      ("MIXTURE_OR_TASK_MODULE", "--task_module"), and its value (imported already).
 
   Raises:
-    ConfigError: an unknown name (with close names) or a split a task does not have.
+    ConfigError: an unknown name (with close names, else naming the module setting to give)
+      or a split a task does not have.
   """
   import seqio  # pylint: disable=g-import-not-at-top
   try:
@@ -141,10 +145,16 @@ def get_mixture_or_task(name: str, split: Optional[str] = None, setting: str = "
   except ValueError:
     names = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else (
-        f"; {len(names)} are registered (set MIXTURE_OR_TASK_MODULE to the module that "
-        f"registers yours, e.g. 'tasks'; `python -m tasks list` shows them)")
-    raise ConfigError(f"unknown seqio task or mixture {name!r}{hint}") from None
+    if close:
+      raise ConfigError(f"unknown seqio task or mixture {name!r}; did you mean "
+                        f"{', '.join(repr(c) for c in close)}?") from None
+    flag, value = module
+    imported = (f"{flag}={value!r} registers {len(names)} others" if value
+                else f"no {flag} given, {len(names)} registered")
+    raise ConfigError(
+        f"unknown seqio task or mixture {name!r} ({imported}); set {flag} "
+        f"to the module that registers it: 'my_tasks' for ./my_tasks.py, or the path of a .py "
+        f"file (`python -m tasks list` shows the registered ones)") from None
   for task in (found.tasks if isinstance(found, seqio.Mixture) else [found]):
     splits = _declared_splits(task)
     if split is not None and splits is not None and split not in splits:

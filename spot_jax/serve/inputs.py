@@ -79,7 +79,7 @@ def task_examples(task_name: str, split: str, input_length: int, module: Optiona
   """(examples, vocabulary) of a seqio task split; inputs come tokenized as the task makes them."""
   from spot_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   data_lib.import_modules(module)
-  task = data_lib.get_mixture_or_task(task_name, split, "--split")
+  task = data_lib.get_mixture_or_task(task_name, split, "--split", ("--task_module", module))
   ds = task.get_dataset({"inputs": input_length, "targets": 512}, split=split, shuffle=False)
   if num_examples:
     ds = ds.take(num_examples)

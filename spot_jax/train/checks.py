@@ -189,11 +189,13 @@ def plan(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Datas
   data_lib.import_modules(train_dataset_cfg.module)
   for cfg in train_cfgs:
     data_lib.validate(cfg, model.prompt_length)
-    data_lib.get_mixture_or_task(cfg.mixture_or_task_name, cfg.split, "DatasetConfig.split")
+    data_lib.get_mixture_or_task(cfg.mixture_or_task_name, cfg.split, "DatasetConfig.split",
+                                 ("MIXTURE_OR_TASK_MODULE", train_dataset_cfg.module))
   _check_input_length(model, train_dataset_cfg)
   if eval_cfg is not None:
     data_lib.import_modules(eval_cfg.module)
-    data_lib.get_mixture_or_task(eval_cfg.mixture_or_task_name, eval_cfg.split, "EVAL_SPLIT")
+    data_lib.get_mixture_or_task(eval_cfg.mixture_or_task_name, eval_cfg.split, "EVAL_SPLIT",
+                                 ("MIXTURE_OR_TASK_MODULE", eval_cfg.module))
   if initial_checkpoint_path:
     backbone_lib.check_initial_checkpoint(initial_checkpoint_path)
   if stacked:
