@@ -75,6 +75,35 @@ def writable_dir(path: str | os.PathLike, what: str) -> pathlib.Path:
   return folder
 
 
+def creatable_dir(path: str | os.PathLike, what: str) -> pathlib.Path:
+  """Checks, creating nothing, that `writable_dir(path)` will succeed; returns `path` absolute.
+
+  For a command that may still refuse its input: it checks here, refuses, and only then makes
+  the directory, so a refusal leaves nothing behind. The nearest existing folder (the directory
+  itself, or the ancestor it would be made in) must take a new file (a probe is written and
+  removed).
+
+  Raises:
+    ConfigError: one line naming `what` and the reason.
+  """
+  folder = pathlib.Path(path).expanduser().absolute()
+  existing = folder
+  while not existing.exists() and existing != existing.parent:
+    existing = existing.parent
+  if not existing.is_dir():
+    where = "" if existing == folder else f" ({str(existing)!r} is a file)"
+    raise ConfigError(f"{what} {str(folder)!r} cannot be a directory{where}; give a directory "
+                      f"you can create and write to")
+  try:
+    fd, probe = tempfile.mkstemp(dir=existing, prefix=".spot_jax_write_test.", suffix=".probe")
+    os.close(fd)
+    os.unlink(probe)
+  except OSError as e:
+    raise ConfigError(f"{what} {str(folder)!r} is not writable ({e.strerror or e}); give a "
+                      f"directory you can create and write to") from None
+  return folder
+
+
 def read_text(path: str | os.PathLike, what: str) -> str:
   """The UTF-8 text of a file the user named.
 

@@ -27,13 +27,15 @@ warnings.filterwarnings("ignore", message=".*found in sys.modules after import o
 
 
 def tree_hash(path) -> str:
-  """sha256 over the relative names and bytes of every file under `path` ("" if absent)."""
+  """sha256 over the relative names and bytes of every file and the names of every folder under
+  `path` ("" if absent): a refusal that leaves an empty folder behind changes it."""
   root = pathlib.Path(path)
   if not root.exists():
     return ""
   digest = hashlib.sha256()
-  for f in sorted(p for p in root.rglob("*") if p.is_file()):
-    digest.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+  for f in sorted(root.rglob("*")):
+    data = f.read_bytes() if f.is_file() else b"/"
+    digest.update(str(f.relative_to(root)).encode() + b"\0" + data + b"\0")
   return digest.hexdigest()
 
 

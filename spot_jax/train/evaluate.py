@@ -80,7 +80,7 @@ def evaluate_run(*, model: models.EncoderDecoderModel, eval_cfg: EvalConfig,
       backbone_lib.check_same(record.fingerprint, current, str(run_dir.path),
                               "--gin.ALLOW_BACKBONE_CHANGE=True")
   out = pathlib.Path(output_dir or (run_dir.path if run_dir else pathlib.Path(".")) / f"eval_{eval_cfg.split}")
-  out = fileio.writable_dir(out, "OUTPUT_DIR")
+  out = fileio.creatable_dir(out, "OUTPUT_DIR")  # made once nothing can refuse the run
   mesh = partitioning.create_mesh(num_partitions)
   rules = partitioning.logical_rules()
   lengths = eval_cfg.task_feature_lengths
@@ -97,6 +97,7 @@ def evaluate_run(*, model: models.EncoderDecoderModel, eval_cfg: EvalConfig,
       source = prompt_file
     params = dict(trained) if models.PROMPT_KEY not in trained else models.merge_params(backbone, trained)
     evaluator = Evaluator(model, eval_cfg, log_dir=str(out), mesh=mesh)
+    fileio.writable_dir(out, "OUTPUT_DIR")
     metrics = evaluator.evaluate(params)
   if jax.process_index() == 0:
     record = {"source": str(source), "split": eval_cfg.split, "metrics": metrics}
