@@ -59,3 +59,20 @@ def test_writable_dir_creates_the_folder_or_says_why_not_in_one_line(tmp_path):
   with pytest.raises(ConfigError, match=r"^--output_dir '.*plain.txt/r' is not writable \(Not a directory\)"):
     fileio.writable_dir(tmp_path / "plain.txt" / "r", "--output_dir")
   assert (tmp_path / "plain.txt").read_text() == "x"
+
+
+def test_creatable_dir_checks_what_writable_dir_would_refuse_and_makes_nothing(tmp_path):
+  before = sorted(tmp_path.rglob("*"))
+  assert fileio.creatable_dir(tmp_path / "a" / "b", "OUTPUT_DIR") == tmp_path / "a" / "b"
+  assert fileio.creatable_dir(tmp_path, "OUTPUT_DIR") == tmp_path
+  assert sorted(tmp_path.rglob("*")) == before  # neither folder nor probe left
+  (tmp_path / "plain.txt").write_text("x")
+  for path in (tmp_path / "plain.txt", tmp_path / "plain.txt" / "r" / "s"):
+    with pytest.raises(ConfigError, match=r"^OUTPUT_DIR '.*' cannot be a directory"):
+      fileio.creatable_dir(path, "OUTPUT_DIR")
+    with pytest.raises(ConfigError):
+      fileio.writable_dir(path, "OUTPUT_DIR")
+  if os.path.isdir("/proc/self"):
+    with pytest.raises(ConfigError, match=r"^OUTPUT_DIR '/proc/self/x' is not writable"):
+      fileio.creatable_dir("/proc/self/x", "OUTPUT_DIR")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.txt"]
