@@ -22,6 +22,7 @@
   api          HTTP requests checked field by field, OpenAI-style responses and errors
   app          the Starlette routes; metrics: the Prometheus metrics
   service      `python -m spot_jax.serve` (flags, listening, SIGTERM); assemble: its start-up
+  follow       several processes: process 0 serves, the others repeat its calls
 
 The command lines are `python -m spot_jax.infer` (files) and `python -m spot_jax.serve` (HTTP);
 see docs/serving.md.

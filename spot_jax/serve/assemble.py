@@ -3,7 +3,9 @@
 The backbone and vocabulary are `infer`'s (the --model given, or the one the run directories
 recorded; a run of another backbone is refused), and so are the prompt sources. Prompts added
 while serving go through the same checks. Warm-up compiles the greedy decoder at every padded
-batch size and input length, so the first requests do not wait for a compilation.
+batch size and input length, so the first requests do not wait for a compilation. Under
+several processes every one builds the same service and warms up in step; then process 0
+serves and the others follow it (`follow`).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from spot_jax import infer
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 from spot_jax.serve import api, batcher as batcher_lib, capacity as capacity_lib
-from spot_jax.serve import catalog as catalog_lib
+from spot_jax.serve import catalog as catalog_lib, follow
 from spot_jax.serve import metrics as metrics_lib, prompt_sources, run_backbone
 from spot_jax.serve.app import Service
 
@@ -88,9 +90,6 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
           length_buckets: Sequence[int]) -> tuple[Service, tuple[int, float]]:
   """(the service of the parsed flags, (shapes compiled, seconds) of its warm-up)."""
   import jax  # pylint: disable=g-import-not-at-top
-  if jax.process_count() > 1:
-    raise ConfigError("spot_jax.serve runs as one process; on a pod run one server per host "
-                      "(see docs/serving.md)")
   _cache(args, prog)
   metrics = metrics_lib.Metrics(args.max_batch_size)
   metrics.watch_compiles()
@@ -111,11 +110,14 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
     from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
     inputs.label_tokens(vocab, args.label, args.target_length)  # checked now, not per request
   from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  params, _ = infer._backbone(served)  # pylint: disable=protected-access
+  params, mesh = infer._backbone(served)  # pylint: disable=protected-access
+  several = jax.process_count() > 1  # the others repeat process 0's calls (`follow`)
+  mirror = follow.Mirror(several)
   capacity = capacity_lib.Capacity(capacity_lib.next_power_of_two(args.table_rows), 0, 0, 0, 0)
   catalog = catalog_lib.Catalog(Transformer(config), params, entries, emb_dim=config.emb_dim,
                                 target_length=args.target_length, load=loader,
-                                placement=args.placement, seed=args.seed, capacity=capacity)
+                                placement=args.placement, seed=args.seed, capacity=capacity,
+                                mesh=mesh if several else None, mirror=mirror)
 
   def observe(kind: str, rows: int, unused_padded: int, seconds: float, results: list) -> None:
     tokens = 0
@@ -128,7 +130,7 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
   loop = batcher_lib.Batcher(catalog, max_batch=args.max_batch_size,
                              max_wait=args.max_wait_ms / 1000, max_queue=args.max_queue,
                              batch_buckets=batch_buckets, length_buckets=length_buckets,
-                             observe=observe)
+                             observe=observe, mirror=mirror)
   from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
   described = backbone_lib.describe(loader.fingerprint())
   service = Service(catalog, loop, metrics, vocab, limits, described, args.request_timeout)

@@ -23,6 +23,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from spot_jax.serve import follow
+
 Done = Callable[[Any], None]  # called once with the result, or with an Exception
 
 
@@ -85,16 +87,18 @@ class Batcher:
     max_queue: requests waiting at most.
     batch_buckets, length_buckets: the padded batch sizes and input lengths (sorted).
     observe: called after each batch as observe(kind, rows, padded_rows, seconds, results).
+    mirror: a `follow.Mirror`: other processes repeat each forward pass (on a pod).
     batches: forward passes run.
   """
 
   def __init__(self, catalog: Any, *, max_batch: int, max_wait: float, max_queue: int,
                batch_buckets: Sequence[int], length_buckets: Sequence[int],
-               observe: Optional[Callable[..., None]] = None):
+               observe: Optional[Callable[..., None]] = None, mirror: Any = None):
     self.catalog, self.max_batch, self.max_wait, self.max_queue = (catalog, max_batch, max_wait,
                                                                     max_queue)
     self.batch_buckets, self.length_buckets = sorted(batch_buckets), sorted(length_buckets)
     self.observe = observe or (lambda *args: None)
+    self.mirror = mirror or follow.Mirror(False)
     self.batches, self.seconds_per_batch = 0, 0.0
     self._queue: collections.deque[Work] = collections.deque()
     self._cond = threading.Condition()
@@ -198,17 +202,45 @@ class Batcher:
   def _run(self, batch: list[Work]) -> None:
     start = time.monotonic()
     kind, key = batch[0].kind, batch[0].key
-    table, server = self.catalog.snapshot(key if kind == "generate" else ("greedy", 0.0, 0))
-    known = set(table.names)
-    ready = []
-    for w in batch:
-      if all(n in known for n in w.names):
-        ready.append(w)
-      else:
-        w.done(PromptGone(next(n for n in w.names if n not in known)))
-    if not ready:
-      return
-    offsets = table.offset_lengths()
+    setting = key if kind == "generate" else ("greedy", 0.0, 0)
+    with self.mirror.turn():  # the table and the call, in the order every process sees them
+      table, server = self.catalog.snapshot(setting)
+      known = set(table.names)
+      ready = []
+      for w in batch:
+        if all(n in known for n in w.names):
+          ready.append(w)
+        else:
+          w.done(PromptGone(next(n for n in w.names if n not in known)))
+      if not ready:
+        return
+      count = sum(w.rows for w in ready)
+      names, rows = self._pad(ready, table.offset_lengths())
+      meta = {"key": list(setting), "names": names, "index": self.batches}
+      try:
+        if kind == "generate":
+          self.mirror.send(follow.GENERATE, meta, [rows])
+          out, scores = server.generate(names, rows, self.batches)
+          results = list(zip(out, scores))
+        else:
+          self.mirror.send(follow.CLASSIFY, meta, [rows, ready[0].labels])
+          results = list(server.classify(names, rows, ready[0].labels))
+      except Exception as e:  # pylint: disable=broad-except  (every request hears of it)
+        for w in ready:
+          w.done(e)
+        return
+    self.batches += 1
+    seconds = time.monotonic() - start
+    self.seconds_per_batch = 0.8 * self.seconds_per_batch + 0.2 * seconds
+    at = 0
+    for w in ready:
+      w.done(results[at:at + w.rows])
+      at += w.rows
+    self.observe(kind, count, len(names), seconds, results[:count])
+
+  def _pad(self, ready: list[Work], offsets: dict[str, int]) -> tuple[list[str], np.ndarray]:
+    """The batch's prompt names and token rows [size, width], padded to the buckets (extra
+    rows repeat the first, so they end when it does)."""
     names = [n for w in ready for n in w.names]
     tokens = [t for w in ready for t in w.tokens]
     caps = [offsets[n] for n in names if offsets.get(n)]
@@ -218,22 +250,4 @@ class Batcher:
     for i in range(size):
       ids = tokens[i] if i < len(tokens) else tokens[0]
       rows[i, :len(ids)] = ids
-    padded = names + [names[0]] * (size - len(names))
-    try:
-      if kind == "generate":
-        out, scores = server.generate(padded, rows, self.batches)
-        results = list(zip(out, scores))
-      else:
-        results = list(server.classify(padded, rows, ready[0].labels))
-    except Exception as e:  # pylint: disable=broad-except  (every request hears of it)
-      for w in ready:
-        w.done(e)
-      return
-    self.batches += 1
-    seconds = time.monotonic() - start
-    self.seconds_per_batch = 0.8 * self.seconds_per_batch + 0.2 * seconds
-    at = 0
-    for w in ready:
-      w.done(results[at:at + w.rows])
-      at += w.rows
-    self.observe(kind, len(names), size, seconds, results[:len(names)])
+    return names + [names[0]] * (size - len(names)), rows

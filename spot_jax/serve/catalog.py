@@ -12,6 +12,7 @@ import threading
 from typing import Any, Callable, Optional, Sequence
 
 from spot_jax.errors import ConfigError
+from spot_jax.serve import follow
 from spot_jax.serve.capacity import Capacity, SizedTable
 from spot_jax.serve.server import DecodeSettings, Server
 from spot_jax.serve.table import ServedPrompt
@@ -32,14 +33,17 @@ class Catalog:
     seed: sampling's seed.
     load: (name, path) -> the entries a prompt path holds (refusing another backbone's).
     growths: how often the capacity grew since start-up.
+    mirror: a `follow.Mirror`: other processes repeat each addition and removal (on a pod).
   """
 
   def __init__(self, model: Any, params: Any, entries: Sequence[ServedPrompt], *,
                emb_dim: int, target_length: int, load: Loader, placement: str = "prefix",
-               mesh: Any = None, seed: int = 0, capacity: Optional[Capacity] = None):
+               mesh: Any = None, seed: int = 0, capacity: Optional[Capacity] = None,
+               mirror: Optional[follow.Mirror] = None):
     self.model, self.params, self.mesh, self.placement = model, params, mesh, placement
     self.emb_dim, self.target_length, self.seed, self.load = emb_dim, target_length, seed, load
     self.growths = 0
+    self.mirror = mirror or follow.Mirror(False)
     self._lock = threading.Lock()
     self._table = SizedTable(entries, emb_dim, capacity)
     self._servers: dict[DecodeKey, Server] = {}
@@ -75,10 +79,11 @@ class Catalog:
       raise ConfigError(f"prompt {name!r} is already served; DELETE /v1/prompts/{name} first or "
                         f"choose another name")
     entries = self.load(name, path)  # file reads and checks, outside the lock
-    with self._lock:
+    with self.mirror.turn(), self._lock:
       clash = sorted(set(e.name for e in entries) & set(self._table.names))
       if clash:
         raise ConfigError(f"prompt {clash[0]!r} is already served; choose another name")
+      self.mirror.send(follow.ADD, {"name": name, "path": path})
       self._swap(self._table.entries + list(entries))
     return [e.name for e in entries]
 
@@ -89,13 +94,14 @@ class Catalog:
       KeyError: no such prompt.
       ConfigError: it is the last one (a table holds at least one prompt).
     """
-    with self._lock:
+    with self.mirror.turn(), self._lock:
       gone = [n for n in self._table.names if n == name or n.startswith(name + "/")]
       if not gone:
         raise KeyError(name)
       kept = [e for e in self._table.entries if e.name not in gone]
       if not kept:
         raise ConfigError(f"{name!r} is the last prompt served; add another before removing it")
+      self.mirror.send(follow.REMOVE, {"name": name})
       self._swap(kept)
     return gone
 

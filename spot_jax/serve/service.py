@@ -23,7 +23,7 @@ import time
 from typing import Sequence
 
 from spot_jax import cli, infer
-from spot_jax.cli import flags
+from spot_jax.cli import distributed, flags
 from spot_jax.errors import ConfigError
 
 PROG = "spot_jax.serve"
@@ -70,6 +70,7 @@ def _parser() -> cli.ArgumentParser:
   a("--table_rows", type=int, default=8, help="prompts the table has room for at start "
     "(it grows in powers of two)")
   a("--no_warmup", action="store_true", help="compile on first use instead of at start-up")
+  distributed.add_arguments(p)
   a("--compilation_cache_dir", default=None, help="JAX's persistent compilation cache (default: "
     "$SPOT_JAX_COMPILATION_CACHE, else ~/.cache/spot_jax/jax; 'none' turns it off)")
   return p
@@ -126,6 +127,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
+  distributed.setup(args)  # on a pod: process 0 serves HTTP, the others follow its calls
   _check(args)
   try:
     # pylint: disable-next=g-import-not-at-top,multiple-imports,unused-import
@@ -136,9 +138,12 @@ def main(argv: Sequence[str]) -> int:
   batch_buckets = _buckets("--batch_buckets", args.batch_buckets, args.max_batch_size, 1, 2)
   length_buckets = _buckets("--length_buckets", args.length_buckets, args.input_length,
                             min(16, args.input_length), 2)
-  sock = listen(args.host, args.port)
-  from spot_jax.serve import assemble  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  sock = listen(args.host, args.port) if jax.process_index() == 0 else None
+  from spot_jax.serve import assemble, follow  # pylint: disable=g-import-not-at-top
   service, warm = assemble.build(args, PROG, _specs(args), batch_buckets, length_buckets)
+  if sock is None:
+    return follow.follow(service.catalog)
   host, port = sock.getsockname()[:2]
   print(f"{PROG}: {len(service.catalog.table)} prompts on {service.backbone}: "
         f"{', '.join(service.catalog.table.names)}", flush=True)
@@ -152,13 +157,15 @@ def main(argv: Sequence[str]) -> int:
 def serve(service, sock: socket.socket, prog: str = PROG) -> int:
   """Runs uvicorn on `sock` until SIGTERM/SIGINT, then answers every accepted request."""
   import uvicorn  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import app as app_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve import app as app_lib, follow  # pylint: disable=g-import-not-at-top
 
   @contextlib.asynccontextmanager
   async def lifespan(unused_app):
     service.batcher.start()
     yield
     service.batcher.stop()  # every request still queued runs before the process ends
+    with service.batcher.mirror.turn():
+      service.batcher.mirror.send(follow.STOP, {})  # the other processes end too
 
   application = app_lib.create(service)
   application.router.lifespan_context = lifespan
