@@ -1,6 +1,6 @@
 """How a vocabulary spells texts and label words: pieces per text, and the characters it lacks.
 
-`python -m tasks vocab` prints it (docs/tasks.md, "Checking words against the vocabulary"). A
+`python -m tasks vocab` prints it (docs/tasks.md, "Checking label words against the vocabulary"). A
 label word the model must write costs one decoding step per piece, and a character the
 vocabulary lacks becomes <unk>, which decodes to nothing: a label holding one can never be
 written back as itself.

@@ -46,7 +46,7 @@ METRIC = "accuracy"
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """The recipe every run of one demo shares (docs/embedded.md: the sweep that chose it).
+  """The recipe every run of one demo shares (docs/embedded.md, "The recipe").
 
   Attributes:
     source_steps: training steps of a source prompt.
