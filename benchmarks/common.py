@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax import fileio, prompts
+from spot_jax import fileio, prompts, validate
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import config_by_name
 
@@ -234,8 +234,8 @@ def t5x_shape(config) -> dict:
 
 def output_files(args) -> dict[str, pathlib.Path]:
   """A bench's `--json` and `--markdown` files (None: not asked for), checked before any work by
-  `fileio.output_file` (one line naming the flag)."""
-  return {flag: fileio.output_file(path, flag)
+  `validate.output_file` (one line naming the flag)."""
+  return {flag: validate.output_file(path, flag)
           for flag, path in (("--json", args.json), ("--markdown", args.markdown)) if path}
 
 

@@ -15,6 +15,7 @@ Sub-packages:
 
 Modules:
   errors       ConfigError: one line naming what is wrong and what would be valid
+  validate     checks of user settings (numbers, fractions, names, paths), each refused in one line
   startup      quiet start-up of TensorFlow and XLA for `python -m spot_jax.<prog>`
   fileio       atomic files and directories
   partitioning meshes and the logical-axis rule table

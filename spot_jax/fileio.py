@@ -4,9 +4,9 @@
 the block completes. `staged_directory(path)` does the same for a directory: it hands out a fresh
 path beside `path` to fill, which takes `path`'s place at the end (the old directory, if any, is
 moved aside first and removed after). A failure leaves `path` as it was and nothing behind.
-`output_file(path, flag)` and `writable_dir(path, flag)` check a command's output file or folder
-before the command does its work; `read_text`, `read_json` and `read_npy` read a file a user
-named, any failure one ConfigError line naming it.
+`writable_dir(path, flag)` checks a command's output folder before the command does its work
+(`validate.output_file` checks an output file); `read_text`, `read_json` and `read_npy` read a
+file a user named, any failure one ConfigError line naming it.
 """
 from __future__ import annotations
 
@@ -143,34 +143,6 @@ def read_npy(path: str | os.PathLike, what: str) -> np.ndarray:
     why = getattr(e, "strerror", None) or one_line(e)
     raise ConfigError(f"{what} {str(path)!r} is not a readable .npy file ({why}); give an array "
                       f"saved with numpy.save") from None
-
-
-def output_file(path: str | os.PathLike, flag: str) -> pathlib.Path:
-  """Checks, before any work, that `path` can be written as a file; returns it absolute.
-
-  The folder must already exist and take a new file (a probe file is written and removed), and
-  `path` must not be a directory. An existing file is left alone: it is replaced only when the
-  command writes its result (through `atomic_open`).
-
-  Raises:
-    ConfigError: one line naming `flag` (e.g. "--json") and what is wrong.
-  """
-  target = pathlib.Path(path).expanduser().absolute()
-  folder = target.parent
-  if target.is_dir():
-    raise ConfigError(f"{flag} {str(path)!r} is a directory; give a file path")
-  if not folder.is_dir():
-    what = "is not a directory" if folder.exists() else "does not exist"
-    raise ConfigError(f"{flag} {str(path)!r}: {str(folder)!r} {what}; give a file in an existing "
-                      f"directory")
-  try:
-    fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".probe")
-    os.close(fd)
-    os.unlink(probe)
-  except OSError as e:
-    raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(folder)!r} ({e.strerror or e}); "
-                      f"give a file in a directory you can write to") from None
-  return target
 
 
 @contextlib.contextmanager

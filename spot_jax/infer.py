@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from spot_jax import cli, fileio
+from spot_jax import cli, fileio, validate
 from spot_jax.cli import distributed
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
@@ -233,7 +233,7 @@ def _export(args, table, config) -> int:
           f"{entry.name!r} to {args.export_peft}")
   else:
     entry = _single(table, "--export_npy")
-    fileio.output_file(args.export_npy, "--export_npy")
+    validate.output_file(args.export_npy, "--export_npy")
     if os.path.exists(args.export_npy) and not args.overwrite:
       raise ConfigError(f"{args.export_npy} exists; pass --overwrite to replace it")
     peft_io.export_npy(entry.prompts[0], args.export_npy)
@@ -268,7 +268,7 @@ def _interpret(args, table, served) -> int:
     raise ConfigError(f"--interpret reads input prompts; {', '.join(deep)} are deep prompts "
                       f"(per-layer keys and values, no vocabulary neighbours)")
   if args.output:
-    fileio.output_file(args.output, "--output")
+    validate.output_file(args.output, "--output")
   if served.checkpoint:
     from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
     from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
@@ -306,7 +306,7 @@ def _predict(args, table, served, phases) -> int:
     raise ConfigError("--output is required: the predictions JSONL to write")
   if (args.input is None) == (args.task is None):
     raise ConfigError("give exactly one of --input (file or -) or --task (a seqio task)")
-  fileio.output_file(args.output, "--output")
+  validate.output_file(args.output, "--output")
   if args.task:
     examples, vocab = inputs.task_examples(args.task, args.split, args.input_length,
                                            args.task_module, args.num_examples)

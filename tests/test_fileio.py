@@ -1,40 +1,10 @@
-"""fileio: output files checked before the work, and files that appear whole or not at all."""
+"""fileio: files and folders that appear whole or not at all, and output folders checked."""
 import os
 
 import pytest
 
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
-
-
-def test_output_file_accepts_a_new_or_existing_file_and_leaves_it_alone(tmp_path):
-  assert fileio.output_file(tmp_path / "new.json", "--json") == tmp_path / "new.json"
-  assert not (tmp_path / "new.json").exists()
-  (tmp_path / "old.json").write_text("kept")
-  fileio.output_file(tmp_path / "old.json", "--json")
-  assert (tmp_path / "old.json").read_text() == "kept"
-  assert sorted(os.listdir(tmp_path)) == ["old.json"]  # the probe is gone
-
-
-@pytest.mark.parametrize("make, message", [
-    (lambda d: d / "missing" / "x.json", "missing' does not exist; give a file in an existing directory"),
-    (lambda d: d, "is a directory; give a file path"),
-    (lambda d: d / "plain.txt" / "x.json", "plain.txt' is not a directory"),
-])
-def test_output_file_rejects_in_one_line_naming_the_flag(tmp_path, make, message):
-  (tmp_path / "plain.txt").write_text("x")
-  with pytest.raises(ConfigError) as e:
-    fileio.output_file(make(tmp_path), "--markdown")
-  text = str(e.value)
-  assert text.startswith("--markdown ") and message in text and "\n" not in text
-  assert not (tmp_path / "missing").exists()
-
-
-def test_output_file_rejects_a_folder_that_takes_no_files():
-  if not os.path.isdir("/proc/self"):
-    pytest.skip("needs /proc, a folder where nobody (root included) can create files")
-  with pytest.raises(ConfigError, match=r"^--json '/proc/self/x.json': cannot write in '/proc/self' "):
-    fileio.output_file("/proc/self/x.json", "--json")
 
 
 def test_atomic_open_keeps_the_previous_file_when_the_block_fails(tmp_path):

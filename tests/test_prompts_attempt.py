@@ -168,7 +168,7 @@ def test_sources_are_constants_and_the_parameter_count_is_the_papers():
     ({"source_prompts": np.full((1, 4, 8), np.nan)}, "NaN"),
     ({"temperature": 0.0}, "Attempt.temperature=0.0"),
     ({"num_targets": 2, "default_task": 2}, "valid: 0..1"),
-    ({"bottleneck": 0}, "bottleneck must be a positive integer"),
+    ({"bottleneck": 0}, "Attempt.bottleneck=0 must be a positive integer"),
 ])
 def test_bad_settings_are_one_line_errors(kwargs, message):
   kwargs = dict({"source_prompts": np.zeros((2, 4, 8), np.float32)}, **kwargs)

@@ -161,7 +161,7 @@ def test_bad_settings_are_one_line_config_errors():
            (dict(length=2, max_length=0), "DePT.max_length=0"),
            (dict(length=2, max_length=8, rank=-1), "DePT.rank=-1"),
            (dict(length=2, max_length=8, alpha=0.0), "DePT.alpha=0.0"),
-           (dict(length=2, max_length=8, placement="middle"), "unknown prompt placement")]
+           (dict(length=2, max_length=8, placement="middle"), "DePT.placement='middle' is unknown")]
   for kwargs, message in cases:
     with pytest.raises(ValueError, match=message) as e:
       prompts.DePT(**kwargs)

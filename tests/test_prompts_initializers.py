@@ -199,13 +199,13 @@ def test_from_checkpoint_errors(tmp_path):
 
 
 def test_invalid_module_settings_name_the_problem():
-  with pytest.raises(ValueError, match="PromptTuning.length must be a positive integer, got 0"):
+  with pytest.raises(ValueError, match="PromptTuning.length=0 must be a positive integer"):
     prompts.PromptTuning(0)
-  with pytest.raises(ValueError, match="unknown prompt placement 'middle'"):
+  with pytest.raises(ValueError, match="PromptTuning.placement='middle' is unknown"):
     prompts.PromptTuning(3, placement="middle")
-  with pytest.raises(ValueError, match="SMoP.length must be a positive integer"):
+  with pytest.raises(ValueError, match="SMoP.length=0 must be a positive integer"):
     prompts.SMoP(length=0)
-  with pytest.raises(ValueError, match="ResidualPrompt.bottleneck must be a positive integer"):
+  with pytest.raises(ValueError, match="ResidualPrompt.bottleneck=0 must be a positive integer"):
     prompts.ResidualPrompt(4, bottleneck=0)
 
 
@@ -243,3 +243,23 @@ def test_initialisers_see_the_loaded_table_through_the_hook(tiny_table, vocab, t
   model, frozen = _tiny_model_with_table(tiny_table, spot)
   np.testing.assert_array_equal(np.asarray(util.create_prompt_params(model, frozen)["prompt"]),
                                 source)
+
+
+def test_every_initialiser_states_its_origin_for_the_run_record(tmp_path):
+  from spot_jax.run_dir import BestMetric, RunDir  # pylint: disable=g-import-not-at-top
+  assert initializers.origin(initializers.uniform(0.5)) == "uniform(scale=0.5)"
+  assert initializers.origin(initializers.sampled_vocab(7)) == "sampled_vocab(num_most_frequent=7)"
+  assert initializers.origin(initializers.from_array(np.ones((2, 4)), "library entry rte")) == (
+      "library entry rte")
+  run = RunDir(tmp_path / "source")
+  run.prompts.mkdir(parents=True)
+  np.save(run.prompt_path(12), np.ones((2, 4), np.float32))
+  np.save(run.prompt_path("best"), np.ones((2, 4), np.float32))
+  assert initializers.origin(initializers.from_checkpoint(run.path)) == (
+      f"run {run.path}, step 12 (prompts/prompt_step_12.npy)")
+  run.write_best_metric(BestMetric(8, "accuracy", 90.0))
+  assert initializers.origin(initializers.from_checkpoint(run.path, "best")) == (
+      f"run {run.path}, best, step 8 (prompts/prompt_best.npy)")
+  assert initializers.origin(initializers.from_file(run.prompt_path(12))) == (
+      f"file {run.prompt_path(12)}")
+  assert initializers.origin(jax.nn.initializers.normal(1.0)) == "normal"

@@ -94,8 +94,8 @@ def test_folded_target_serves_like_the_factored_one(frozen):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"length": 0}, "length must be a positive integer"),
-    ({"length": 4, "rank": 0}, "rank must be a positive integer"),
+    ({"length": 0}, "MultitaskPrompt.length=0 must be a positive integer"),
+    ({"length": 4, "rank": 0}, "MultitaskPrompt.rank=0 must be a positive integer"),
     ({"length": 4, "num_tasks": 2, "default_task": 2}, "valid: 0..1"),
     ({"length": 4, "frozen_shared": np.zeros((3, 8))}, "give the shared prompt [4, E]"),
 ])

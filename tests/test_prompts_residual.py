@@ -149,11 +149,11 @@ def test_parameter_axes():
 
 
 def test_invalid_settings_name_the_problem():
-  with pytest.raises(ValueError, match="ResidualPrompt.activation 'swish' is unknown"):
+  with pytest.raises(ValueError, match="ResidualPrompt.activation='swish' is unknown"):
     prompts.ResidualPrompt(4, activation="swish")
-  with pytest.raises(ValueError, match=r"ResidualPrompt.dropout must be in \[0, 1\)"):
+  with pytest.raises(ValueError, match=r"ResidualPrompt.dropout=1.0 must be in \[0, 1\)"):
     prompts.ResidualPrompt(4, dropout=1.0)
-  with pytest.raises(ValueError, match="ResidualPrompt.length must be a positive integer"):
+  with pytest.raises(ValueError, match="ResidualPrompt.length=0 must be a positive integer"):
     prompts.ResidualPrompt(0)
   with pytest.raises(ValueError, match=r"lacks \['mlp'\]"):
     prompts.ResidualPrompt(4, bottleneck=M).fold({"prompt": np.zeros((4, E), np.float32)})

@@ -146,9 +146,9 @@ def test_parameter_axes():
 
 
 def test_bad_settings_are_one_line_errors():
-  for kwargs, message in [(dict(bottleneck=0), "ResidualSMoP.bottleneck must be a positive integer, got 0"),
-                          (dict(activation="swish"), "ResidualSMoP.activation 'swish' is unknown"),
-                          (dict(dropout=1.0), r"ResidualSMoP.dropout must be in \[0, 1\), got 1.0"),
+  for kwargs, message in [(dict(bottleneck=0), "ResidualSMoP.bottleneck=0 must be a positive integer"),
+                          (dict(activation="swish"), "ResidualSMoP.activation='swish' is unknown"),
+                          (dict(dropout=1.0), r"ResidualSMoP.dropout=1.0 must be in \[0, 1\)"),
                           (dict(routing="top2", num_prompts=1), "needs num_prompts >= 2")]:
     with pytest.raises(ValueError, match=message) as e:
       prompts.ResidualSMoP(**kwargs)

@@ -211,7 +211,7 @@ def test_router_parameters_and_axes_in_the_backbone():
 
 
 def test_invalid_smop_settings_name_the_problem():
-  with pytest.raises(ValueError, match="SMoP.routing 'soft' is unknown"):
+  with pytest.raises(ValueError, match="SMoP.routing='soft' is unknown"):
     prompts.SMoP(routing="soft")
   with pytest.raises(ValueError, match="routing='top2' needs num_prompts >= 2, got 1"):
     prompts.SMoP(1, routing="top2")
@@ -219,9 +219,9 @@ def test_invalid_smop_settings_name_the_problem():
     prompts.SMoP(4, routing="single")
   with pytest.raises(ValueError, match="load_balancing_weight needs a learned router"):
     prompts.SMoP(4, routing="stochastic", load_balancing_weight=0.1)
-  with pytest.raises(ValueError, match="perturbation_std must be >= 0"):
+  with pytest.raises(ValueError, match="SMoP.perturbation_std=-1.0 must be a number >= 0"):
     prompts.SMoP(perturbation_std=-1.0)
-  with pytest.raises(ValueError, match="gumbel_temperature must be > 0"):
+  with pytest.raises(ValueError, match="SMoP.gumbel_temperature=0.0 must be a number > 0"):
     prompts.SMoP(routing="gumbel", gumbel_temperature=0.0)
-  with pytest.raises(ValueError, match="SMoP.num_prompts must be a positive integer"):
+  with pytest.raises(ValueError, match="SMoP.num_prompts=0 must be a positive integer"):
     prompts.SMoP(0)

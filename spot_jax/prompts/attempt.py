@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, initializers
 
@@ -91,8 +92,8 @@ class Attempt(common.TaskIndexed):
     if not np.all(np.isfinite(sources.value)):
       raise ConfigError("Attempt.source_prompts hold NaN or infinite values; give finite prompts")
     object.__setattr__(self, "source_prompts", sources)
-    k = common.check_positive_int(self.num_targets, "Attempt.num_targets")
-    common.check_positive_int(self.bottleneck, "Attempt.bottleneck")
+    k = validate.positive_int(self.num_targets, "Attempt.num_targets")
+    validate.positive_int(self.bottleneck, "Attempt.bottleneck")
     self.check_task_settings(k, "Attempt")
     if self.temperature is not None and not self.temperature > 0:
       raise ConfigError(f"Attempt.temperature={self.temperature!r}; give a positive number or "

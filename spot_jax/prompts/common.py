@@ -10,18 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import placement as placement_lib
 from spot_jax.prompts.initializers import Initializer
 
 Array = jax.Array
-
-
-def check_positive_int(value: Any, what: str) -> int:
-  """Returns `value` if it is an integer >= 1, else raises naming `what`."""
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-    raise ConfigError(f"{what} must be a positive integer, got {value!r}")
-  return int(value)
 
 
 def check_dtype(dtype: Optional[Any], embedded: Array, who: str) -> None:
@@ -123,7 +117,7 @@ class TaskIndexed(nn.Module):
 
   def check_task_settings(self, num_tasks: int, who: str) -> None:
     """Checks placement and that `default_task` is one of `num_tasks` tasks."""
-    placement_lib.check_placement(self.placement)
+    validate.one_of(self.placement, f"{who}.placement", placement_lib.PLACEMENTS)
     if not isinstance(self.default_task, int) or not 0 <= self.default_task < num_tasks:
       raise ConfigError(f"{who}.default_task={self.default_task!r}; valid: 0..{num_tasks - 1}")
 

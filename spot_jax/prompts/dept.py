@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, initializers, placement as placement_lib
 
@@ -93,15 +94,11 @@ class DePT(nn.Module):
   dtype: Optional[Any] = None
 
   def __post_init__(self):
-    for name in ("length", "max_length"):
-      value = getattr(self, name)
-      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"DePT.{name}={value!r}; give a positive integer")
-    if not isinstance(self.rank, (int, np.integer)) or isinstance(self.rank, bool) or self.rank < 0:
-      raise ConfigError(f"DePT.rank={self.rank!r}; give an integer >= 0 (0 is Prompt Tuning)")
-    if not np.isfinite(self.alpha) or self.alpha <= 0:
-      raise ConfigError(f"DePT.alpha={self.alpha!r}; give a positive number (the paper's code: 8)")
-    placement_lib.check_placement(self.placement)
+    validate.positive_int(self.length, "DePT.length")
+    validate.positive_int(self.max_length, "DePT.max_length")
+    validate.positive_int(self.rank, "DePT.rank", minimum=0, note="0 is Prompt Tuning")
+    validate.positive(self.alpha, "DePT.alpha", note="the paper's code uses 8", example=8)
+    validate.one_of(self.placement, "DePT.placement", placement_lib.PLACEMENTS)
     super().__post_init__()
 
   @property

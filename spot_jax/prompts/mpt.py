@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, initializers
 from spot_jax.prompts.prompt_tuning import PromptTuning
@@ -76,9 +77,9 @@ class MultitaskPrompt(common.TaskIndexed):
   frozen_shared: Optional[Any] = None
 
   def __post_init__(self):
-    length = common.check_positive_int(self.length, "MultitaskPrompt.length")
-    k = common.check_positive_int(self.num_tasks, "MultitaskPrompt.num_tasks")
-    common.check_positive_int(self.rank, "MultitaskPrompt.rank")
+    length = validate.positive_int(self.length, "MultitaskPrompt.length")
+    k = validate.positive_int(self.num_tasks, "MultitaskPrompt.num_tasks")
+    validate.positive_int(self.rank, "MultitaskPrompt.rank")
     self.check_task_settings(k, "MultitaskPrompt")
     if self.frozen_shared is not None:
       shared = common.Constant(self.frozen_shared)

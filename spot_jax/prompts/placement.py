@@ -13,19 +13,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import layers
 
 Array = jax.Array
 
 PLACEMENTS = ("prefix", "after_bos", "suffix")
-
-
-def check_placement(placement: str) -> str:
-  """Returns `placement` or raises naming the valid ones."""
-  if placement not in PLACEMENTS:
-    raise ConfigError(f"unknown prompt placement {placement!r}; valid: {', '.join(PLACEMENTS)}")
-  return placement
 
 
 def combine(prompt: Array, embedded: Array, valid: Array, placement: str = "prefix"
@@ -41,7 +35,7 @@ def combine(prompt: Array, embedded: Array, valid: Array, placement: str = "pref
   Returns:
     (x [B, L + T, E] in `embedded`'s dtype, valid [B, L + T] bool).
   """
-  check_placement(placement)
+  validate.one_of(placement, "placement", PLACEMENTS)
   batch, length, embed = embedded.shape
   if prompt.ndim == 2:
     prompt = jnp.broadcast_to(prompt[None], (batch,) + prompt.shape)

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, deep, initializers
 from spot_jax.t5 import prefixes as prefixes_lib
@@ -113,7 +114,7 @@ class PrefixTuning(nn.Module):
   dtype: Optional[Any] = None
 
   def __post_init__(self):
-    _check_positive(self.length, "PrefixTuning.length")
+    validate.positive_int(self.length, "PrefixTuning.length", example=10)
     attention = (self.attention,) if isinstance(self.attention, str) else tuple(self.attention)
     unknown = [a for a in attention if a not in prefixes_lib.ATTENTION_TYPES]
     if unknown or not attention or len(set(attention)) != len(attention):
@@ -127,7 +128,7 @@ class PrefixTuning(nn.Module):
                         f"(as peft 0.21.2 does for T5); set attention=('decoder',), not "
                         f"{attention}")
     if self.projection_dim is not None:
-      _check_positive(self.projection_dim, "PrefixTuning.projection_dim")
+      validate.positive_int(self.projection_dim, "PrefixTuning.projection_dim", example=512)
     super().__post_init__()
 
   def _check_config(self, config: T5Config) -> None:
@@ -222,9 +223,3 @@ class PrefixTuning(nn.Module):
       raise ConfigError("PrefixTuning.export_prompt needs the model's T5Config (heads, head_dim, "
                         "layers) to lay out its prefixes")
     return deep.to_record(self.export_parts(params, config))
-
-
-def _check_positive(value: Any, what: str) -> int:
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-    raise ConfigError(f"{what} must be a positive integer, got {value!r}; e.g. 10")
-  return int(value)

@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.prompts import common, initializers, placement as placement_lib
 
 Array = jax.Array
@@ -30,8 +31,8 @@ class PromptTuning(nn.Module):
   dtype: Optional[Any] = None
 
   def __post_init__(self):
-    common.check_positive_int(self.length, "PromptTuning.length")
-    placement_lib.check_placement(self.placement)
+    validate.positive_int(self.length, "PromptTuning.length")
+    validate.one_of(self.placement, "PromptTuning.placement", placement_lib.PLACEMENTS)
     super().__post_init__()
 
   @nn.compact

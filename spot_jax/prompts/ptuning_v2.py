@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, deep, initializers
 from spot_jax.prompts.prefix_tuning import PrefixTuning
@@ -65,10 +66,7 @@ class PTuningV2(nn.Module):
   dtype: Optional[Any] = None
 
   def __post_init__(self):
-    if not isinstance(self.length, (int, np.integer)) or isinstance(self.length, bool) \
-        or self.length < 1:
-      raise ConfigError(f"PTuningV2.length must be a positive integer, got {self.length!r}; "
-                        f"e.g. 10")
+    validate.positive_int(self.length, "PTuningV2.length", example=10)
     stacks = (self.stacks,) if isinstance(self.stacks, str) else tuple(self.stacks)
     if not stacks or any(s not in STACKS for s in stacks) or len(set(stacks)) != len(stacks):
       raise ConfigError(f"PTuningV2.stacks={self.stacks!r}; give distinct names from "

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, initializers, placement as placement_lib
 from spot_jax.prompts.prompt_tuning import PromptTuning
@@ -35,14 +36,10 @@ ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 
 def check_mlp_settings(module: Any, owner: str) -> None:
   """The reparameterisation MLP's settings of a module (`owner` names it in the errors)."""
-  common.check_positive_int(module.bottleneck, f"{owner}.bottleneck")
-  if module.activation not in ACTIVATIONS:
-    raise ConfigError(f"{owner}.activation {module.activation!r} is unknown; valid: "
-                      f"{', '.join(ACTIVATIONS)}")
-  if not 0.0 <= module.dropout < 1.0:
-    raise ConfigError(f"{owner}.dropout must be in [0, 1), got {module.dropout}")
-  if not module.layer_norm_epsilon > 0:
-    raise ConfigError(f"{owner}.layer_norm_epsilon must be > 0, got {module.layer_norm_epsilon}")
+  validate.positive_int(module.bottleneck, f"{owner}.bottleneck")
+  validate.one_of(module.activation, f"{owner}.activation", tuple(ACTIVATIONS))
+  validate.fraction(module.dropout, f"{owner}.dropout", low_closed=True)
+  validate.positive(module.layer_norm_epsilon, f"{owner}.layer_norm_epsilon")
 
 
 def _torch_linear_init(fan_in: int) -> Callable[..., Array]:
@@ -160,8 +157,8 @@ class ResidualPrompt(MlpSettings):
   dtype: Optional[Any] = None
 
   def __post_init__(self):
-    common.check_positive_int(self.length, "ResidualPrompt.length")
-    placement_lib.check_placement(self.placement)
+    validate.positive_int(self.length, "ResidualPrompt.length")
+    validate.one_of(self.placement, "ResidualPrompt.placement", placement_lib.PLACEMENTS)
     check_mlp_settings(self, "ResidualPrompt")
     super().__post_init__()
 

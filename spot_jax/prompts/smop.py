@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, initializers, placement as placement_lib
 
@@ -73,22 +74,17 @@ class SMoP(nn.Module):
   dtype: Optional[Any] = None
 
   def __post_init__(self):
-    k = common.check_positive_int(self.num_prompts, "SMoP.num_prompts")
-    common.check_positive_int(self.length, "SMoP.length")
-    placement_lib.check_placement(self.placement)
-    if self.routing not in ROUTINGS:
-      raise ConfigError(f"SMoP.routing {self.routing!r} is unknown; valid: {', '.join(ROUTINGS)}")
+    k = validate.positive_int(self.num_prompts, "SMoP.num_prompts")
+    validate.positive_int(self.length, "SMoP.length")
+    validate.one_of(self.placement, "SMoP.placement", placement_lib.PLACEMENTS)
+    validate.one_of(self.routing, "SMoP.routing", ROUTINGS)
     if self.routing == "top2" and k < 2:
       raise ConfigError(f"SMoP.routing='top2' needs num_prompts >= 2, got {k}")
     if self.routing == "single" and k != 1:
       raise ConfigError(f"SMoP.routing='single' needs num_prompts == 1, got {k}")
-    if not self.perturbation_std >= 0:
-      raise ConfigError(f"SMoP.perturbation_std must be >= 0, got {self.perturbation_std}")
-    if not self.gumbel_temperature > 0:
-      raise ConfigError(f"SMoP.gumbel_temperature must be > 0, got {self.gumbel_temperature}")
-    if not self.load_balancing_weight >= 0:
-      raise ConfigError(f"SMoP.load_balancing_weight must be >= 0, got "
-                        f"{self.load_balancing_weight}")
+    validate.non_negative(self.perturbation_std, "SMoP.perturbation_std")
+    validate.positive(self.gumbel_temperature, "SMoP.gumbel_temperature")
+    validate.non_negative(self.load_balancing_weight, "SMoP.load_balancing_weight")
     if self.load_balancing_weight > 0 and self.routing not in _ROUTED:
       raise ConfigError(f"SMoP.load_balancing_weight needs a learned router; routing="
                         f"{self.routing!r} has none (use one of {', '.join(_ROUTED)})")

@@ -16,7 +16,7 @@ from typing import IO, Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from spot_jax import fileio
+from spot_jax import fileio, validate
 from spot_jax.errors import ConfigError
 
 
@@ -145,7 +145,7 @@ def decode(vocab: Any, ids: np.ndarray, eos_id: int = 1) -> str:
 @contextlib.contextmanager
 def atomic_jsonl(path: str) -> Iterator[IO[str]]:
   """A text file at `path` that appears only if the block completes (temp file + rename)."""
-  fileio.output_file(path, "--output")
+  validate.output_file(path, "--output")
   with fileio.atomic_open(path, "w", encoding="utf-8") as f:
     yield f
 
