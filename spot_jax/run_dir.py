@@ -17,6 +17,10 @@
   prompts/prompt_params_step_<N>.npz  the raw prompt parameters at step N (t5x.train runs, whose
                                   states are t5x's own checkpoints)
   eval/, tensorboard/             seqio's evaluation logs, TensorBoard events
+  config.gin                      the operative gin configuration of the latest start (as
+                                  t5x saves it), when gin configured the run; a resume with
+                                  another one first moves the earlier one to
+                                  config.until_step_<N>.gin (N: the step it reached)
 
 A run directory is written by `spot_jax.train` (and every layer above it: the demo, the study,
 retrieval); `spot_jax.eval`, `spot_jax.infer`, `spot_jax.library add`, the SPoT layer, the prompt
@@ -72,7 +76,10 @@ class RunRecord:
     metric: the metric selecting the best prompt ("task/metric" or "metric"), or None.
     score: its best value so far (None before the first evaluation).
     finished: True once the run reached `train_steps`.
-    init: how the prompt was initialised (free text, for reports).
+    init: where the trained parameters started, in words: the source run and step of a SPoT
+      transfer ("run <dir>, step <N> (prompts/<file>)"), a prompt file, a library entry, an
+      initialiser with its settings ("sampled_vocab(num_most_frequent=5000)"); a resumed run
+      keeps its first start's.
   """
   task: str
   seed: int
@@ -136,6 +143,7 @@ class RunDir:
   eval_logs = _under("eval", doc="eval/: seqio's evaluation logs")
   tensorboard = _under("tensorboard", doc="tensorboard/: TensorBoard events")
   record_path = _under(RECORD, doc="run.json: the run's record")
+  config_path = _under("config.gin", doc="config.gin: the operative gin configuration")
 
   def state_path(self, step: int) -> pathlib.Path:
     """checkpoints/<step> (a training state)."""
@@ -216,6 +224,21 @@ class RunDir:
   def write_record(self, record: RunRecord) -> None:
     """Writes run.json atomically (the caller writes from one process only)."""
     fileio.atomic_write_bytes(self.record_path, json.dumps(record.to_json(), indent=1).encode())
+
+  def write_config(self, text: str, resumed_step: Optional[int] = None) -> None:
+    """Writes config.gin atomically; a different one of a run resumed at `resumed_step` is kept
+    as config.until_step_<resumed_step>.gin first (a fresh start replaces it)."""
+    path = self.config_path
+    if path.is_file():
+      old = path.read_text()
+      if old == text:
+        return
+      if resumed_step is not None:
+        aside, n = path.with_name(f"config.until_step_{int(resumed_step)}.gin"), 1
+        while aside.exists():
+          aside, n = path.with_name(f"config.until_step_{int(resumed_step)}.{n}.gin"), n + 1
+        fileio.atomic_write_bytes(aside, old.encode())
+    fileio.atomic_write_bytes(path, text.encode())
 
   def best_metric(self) -> Optional[BestMetric]:
     """best/metric.json, or None before the first best evaluation."""

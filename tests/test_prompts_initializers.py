@@ -10,6 +10,7 @@ import pytest
 
 from tests import prompt_train_util as util
 from spot_jax import prompts
+from spot_jax.prompts import initializers
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 

@@ -1,6 +1,7 @@
 """`python -m spot_jax.train` as a user runs it: errors, kill/resume, model-tuning baselines."""
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -154,3 +155,43 @@ def test_dropout_rng_is_wired_and_deterministic(tmp_path):
   assert losses["a"] != losses["c"]
   bad = _run([*SMOKE, f"--gin.MODEL_DIR='{tmp_path / 'bad'}'", "--gin.DROPOUT_RNG='philox'"])
   _assert_one_line_error(bad, "DROPOUT_RNG='philox'; valid: 'threefry', 'rbg', 'unsafe_rbg'")
+
+
+def test_a_spot_transfer_records_its_source_and_keeps_every_config_it_ran_with(tmp_path):
+  source, target, job = tmp_path / "source", tmp_path / "target", tmp_path / "job"
+  few = [*NO_EVAL, "--gin.CHECKPOINT_PERIOD=4"]
+  proc = _run([*SMOKE, *few, f"--gin.MODEL_DIR='{source}'", "--gin.TRAIN_STEPS=4"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  source_record = json.loads((source / "run.json").read_text())
+  assert source_record["init"] == "sampled_vocab(num_most_frequent=256)"
+  assert "prompts.sampled_vocab.num_most_frequent = 256" in (source / "config.gin").read_text()
+
+  transfer = ["--gin_file=gin/models/t5_1_1_byte_tiny.gin", "--gin_file=gin/prompts/spot_transfer.gin",
+              "--gin_file=gin/runs/prompt_tune.gin", "--gin.MIXTURE_OR_TASK_MODULE='tasks.synthetic'",
+              "--gin.MIXTURE_OR_TASK_NAME='spot_synthetic_sentiment_v100'",
+              "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 12}", "--gin.BATCH_SIZE=8",
+              "--gin.PROMPT_LENGTH=10", f"--gin.SOURCE_MODEL_DIR='{source}'", *few,
+              f"--gin.MODEL_DIR='{target}'"]
+  proc = _run([*transfer, "--gin.TRAIN_STEPS=4"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  named = f"run {source}, step 4 (prompts/prompt_step_4.npy)"
+  assert json.loads((target / "run.json").read_text())["init"] == named
+  first = (target / "config.gin").read_text()
+  assert "PROMPT/prompts.from_checkpoint.model_dir = %SOURCE_MODEL_DIR" in first
+  assert f"'{source}'" in first and "TRAIN_STEPS = 4" in first  # gin wraps long values
+  # A resume with another configuration: the record keeps its start, config.gin the new one,
+  # and the one that ran steps 1-4 is kept beside it.
+  proc = _run([*transfer, "--gin.TRAIN_STEPS=8"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "resumed from" in proc.stdout
+  assert json.loads((target / "run.json").read_text())["init"] == named
+  assert "TRAIN_STEPS = 8" in (target / "config.gin").read_text()
+  assert (target / "config.until_step_4.gin").read_text() == first
+
+  # K runs in one job: each run directory holds its config.gin and its own record
+  proc = _run([*SMOKE, *few, f"--gin.MODEL_DIR='{job}'", "--gin.TRAIN_STEPS=4", "--gin.SEEDS=[0, 1]"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for name in ("seed_0", "seed_1"):
+    assert "SEEDS = [0, 1]" in (job / name / "config.gin").read_text()
+    assert json.loads((job / name / "run.json").read_text())["init"] == (
+        "sampled_vocab(num_most_frequent=256)")

@@ -114,14 +114,31 @@ def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None,
   gin_settings.check_types(gin_overrides.used_keys(selectors))
 
 
+_calling_roots = False  # True while a gin program's roots run (`operative_config`)
+
+
 def call_roots(roots: Sequence[str]) -> int:
   """A gin program's whole work: calls each configurable of `roots` ("module.function", as
   `run` takes them) with its gin bindings."""
   import gin  # pylint: disable=g-import-not-at-top
-  for root in roots:
-    module, _, name = root.rpartition(".")
-    gin.get_configurable(getattr(importlib.import_module(module), name))()
+  global _calling_roots
+  _calling_roots = True
+  try:
+    for root in roots:
+      module, _, name = root.rpartition(".")
+      gin.get_configurable(getattr(importlib.import_module(module), name))()
+  finally:
+    _calling_roots = False
   return 0
+
+
+def operative_config() -> Optional[str]:
+  """The gin configuration the running program's calls read so far (gin's operative config, as
+  t5x saves it in config.gin); None outside a gin program's roots (a call from Python)."""
+  if not _calling_roots:
+    return None
+  import gin  # pylint: disable=g-import-not-at-top
+  return gin.operative_config_str()
 
 
 def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str], prog: str,

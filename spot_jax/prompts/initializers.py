@@ -31,6 +31,27 @@ Initializer = Callable[[Array, Shape, Array], Array]
 
 
 
+def with_origin(init: Initializer, origin: str) -> Initializer:
+  """`init`, carrying `origin`: where its values come from, in words, for a run's record."""
+  init.origin = origin
+  return init
+
+
+def origin(init: Optional[Callable[..., Any]]) -> str:
+  """Where an initialiser's values come from, as a run's record states it (`RunRecord.init`).
+
+  Ours say it with their settings and sources ("run /runs/mnli, step 40 (prompts/
+  prompt_step_40.npy)"); any other function is named by its name ("normal", "ones").
+  """
+  if init is None:
+    return ""
+  text = getattr(init, "origin", None)
+  if text:
+    return str(text)
+  name = getattr(init, "__qualname__", None) or type(init).__name__
+  return name.split(".<locals>")[0]
+
+
 class Vocabulary(Protocol):
   """Anything that tokenizes a string (seqio's SentencePieceVocabulary qualifies)."""
 
@@ -72,7 +93,7 @@ def uniform(scale: float = 0.5) -> Initializer:
     _rows(shape, "uniform")
     return jax.random.uniform(rng, tuple(shape), jnp.float32, -scale, scale)
 
-  return init
+  return with_origin(init, f"uniform(scale={scale})")
 
 
 def sampled_vocab(num_most_frequent: int = 5000) -> Initializer:
@@ -99,7 +120,7 @@ def sampled_vocab(num_most_frequent: int = 5000) -> Initializer:
     table = jnp.asarray(embedding, jnp.float32)
     return jnp.take(table, ids, axis=0).reshape(tuple(shape))
 
-  return init
+  return with_origin(init, f"sampled_vocab(num_most_frequent={num_most_frequent})")
 
 
 def class_labels(label_token_ids: Sequence[Sequence[int]],
@@ -138,7 +159,7 @@ def class_labels(label_token_ids: Sequence[Sequence[int]],
       means = jnp.concatenate([means, jnp.asarray(rest, jnp.float32)], axis=0)
     return means.reshape(tuple(shape))
 
-  return init
+  return with_origin(init, f"class_labels(token ids {labels}), then {origin(fallback)}")
 
 
 def _encode(vocabulary: Vocabulary, text: str, who: str) -> list[int]:
@@ -211,7 +232,7 @@ def from_text(text: str, vocabulary: Vocabulary, fit: str = "exact") -> Initiali
     table = jnp.asarray(embedding, jnp.float32)
     return jnp.take(table, jnp.asarray(ids), axis=0).reshape(tuple(shape))
 
-  return init
+  return with_origin(init, f"from_text({text!r}, fit={fit!r})")
 
 
 def from_array(value: Union[np.ndarray, Any], source: str = "array") -> Initializer:
@@ -236,7 +257,7 @@ def from_array(value: Union[np.ndarray, Any], source: str = "array") -> Initiali
     return jnp.asarray(value)
 
   init.value = value  # read by the trainer: runs starting from arrays of one shape share a trace
-  return init
+  return with_origin(init, source)
 
 
 def from_file(path: Union[str, os.PathLike]) -> Initializer:
@@ -245,10 +266,12 @@ def from_file(path: Union[str, os.PathLike]) -> Initializer:
   Args:
     path: a local .npy file.
   """
-  path = os.fspath(path)
+  path = os.path.abspath(os.fspath(path))
   if not os.path.isfile(path):
     raise ConfigError(f"from_file: no prompt file at {path!r}")
-  return from_array(fileio.read_npy(path, "from_file: the prompt file"), source=f"from_file({path!r})")
+  init = from_array(fileio.read_npy(path, "from_file: the prompt file"),
+                    source=f"from_file({path!r})")
+  return with_origin(init, f"file {path}")
 
 
 def exported_prompt_path(model_dir: Union[str, os.PathLike],
@@ -291,5 +314,24 @@ def from_checkpoint(model_dir: Union[str, os.PathLike],
     step: a step number, "best" for `prompt_best.npy`, or None for the latest step.
   """
   path = exported_prompt_path(model_dir, step)
-  return from_array(fileio.read_npy(path, "from_checkpoint: the exported prompt"),
+  init = from_array(fileio.read_npy(path, "from_checkpoint: the exported prompt"),
                     source=f"from_checkpoint({path!r})")
+  return with_origin(init, exported_prompt_origin(path))
+
+
+def exported_prompt_origin(path: Union[str, os.PathLike]) -> str:
+  """"run <dir>, step <N> (prompts/<file>)" for a prompt a run exported; the best prompt names
+  the step of the evaluation that chose it when best/metric.json records one."""
+  from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
+  path = os.path.abspath(os.fspath(path))
+  run_dir = RunDir(os.path.dirname(os.path.dirname(path)))
+  name = os.path.basename(path)
+  if name == run_dir.prompt_path("best").name:
+    try:
+      best = run_dir.best_metric()
+    except ConfigError:
+      best = None
+    step = "best" if best is None else f"best, step {best.step}"
+  else:
+    step = f"step {name[len('prompt_step_'):-len('.npy')]}"
+  return f"run {run_dir.path}, {step} (prompts/{name})"

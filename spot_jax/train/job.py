@@ -88,6 +88,7 @@ class Job:
     self.model: Optional[models.EncoderDecoderModel] = None
     self.run_shardings: Any = None    # one run's state shardings
     self.state_shardings: Any = None  # the job's (stacked for K runs)
+    self._resumed, self._resumed_step = False, None
 
   # --- sharding helpers ---------------------------------------------------------------------
 
@@ -146,18 +147,32 @@ class Job:
                           for run in self.plan.runs]
 
   def write_records(self) -> None:
-    """Each run's record (run.json) as the run starts, and the job's run list (K runs)."""
+    """Each run's record (run.json) and operative gin config (config.gin) as the run starts,
+    and the job's run list (K runs)."""
     if not self.main:
       return
     if self.stacked:
       runs_lib.write_job(self.plan.model_dir, self.plan.runs)
+    from spot_jax.cli import gin_flags  # pylint: disable=g-import-not-at-top  (gin at the edge)
+    config = gin_flags.operative_config()
     for run, old in zip(self.plan.runs, self._existing):
+      if config is not None:
+        run.run_dir.write_config(config, self._resumed_step if old is not None else None)
       run.run_dir.write_record(RunRecord(
           task=run.task, seed=run.seed, method=self.plan.method, backbone=self._backbone_record,
           task_module=self.plan.task_module, train_steps=self.plan.total_steps,
           embedding_step=self.plan.embedding_step, metric=self.plan.checkpoint_cfg.best_metric,
           score=None if old is None else old.score, finished=False,
-          init=run.init_note or (old.init if old is not None else "")))
+          init=old.init if (self._resumed and old is not None and old.init)
+          else self._init_origin(run)))
+
+  def _init_origin(self, run: runs_lib.Run) -> str:
+    """Where the run's trainable parameters start (`RunRecord.init`)."""
+    if self.model is not None and self.model.has_prompt:
+      return prompt_init.origin(self.model, run)
+    checkpoint = self._backbone_record.get("checkpoint")
+    return (f"the frozen model's weights, {checkpoint}" if checkpoint
+            else f"random weights (seed {self._backbone_record.get('seed')})")
 
   # --- 5. state: fresh or restored --------------------------------------------------------------
 
@@ -185,6 +200,8 @@ class Job:
         ck.check_best(abstract, warn=self.log.info)
     restored = (self._restore_one(abstract) if not self.stacked
                 else self._restore_common(abstract))
+    self._resumed = restored is not None  # a resumed run keeps the start its record names
+    self._resumed_step = self.step_of(restored) if restored is not None else None
     return fresh if restored is None else restored
 
   def _unstacked(self, sharding: NamedSharding) -> NamedSharding:

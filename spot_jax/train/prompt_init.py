@@ -16,6 +16,7 @@ from spot_jax import backbone as backbone_lib
 from spot_jax import models
 from spot_jax import partitioning
 from spot_jax.errors import ConfigError
+from spot_jax.prompts import initializers
 
 
 def with_init(model: models.EncoderDecoderModel, prompt_init: Any) -> models.EncoderDecoderModel:
@@ -59,3 +60,22 @@ def initial_prompts(model: models.EncoderDecoderModel, runs: Sequence[Any], back
                                 out_shardings=shardings)
     per_run.append(compiled[key](rng, backbone, value) if given else compiled[key](rng, backbone))
   return per_run, shardings
+
+
+def origin(model: models.EncoderDecoderModel, run: Any) -> str:
+  """Where a run's prompt starts, in words, for its record (`RunRecord.init`).
+
+  The run's own note when it has one (a SPoT layer's "library entry ..."), else its own
+  initialiser's origin, else the prompt module's initialisers' ("prompt_init: ...; router_init:
+  ..." when there are several).
+  """
+  if run.init_note:
+    return run.init_note
+  if run.prompt_init is not None:
+    return initializers.origin(run.prompt_init)
+  prompt = model.module.prompt
+  inits = {f.name: getattr(prompt, f.name) for f in dataclasses.fields(prompt)
+           if f.name.endswith("_init") and callable(getattr(prompt, f.name, None))}
+  if len(inits) == 1:
+    return initializers.origin(next(iter(inits.values())))
+  return "; ".join(f"{name}: {initializers.origin(init)}" for name, init in inits.items())
