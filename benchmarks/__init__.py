@@ -13,5 +13,6 @@ Run from a checkout (`python -m benchmarks.<name>`; not installed with the packa
   serve           `python -m benchmarks.serve`: many-task serving, mixed vs one prompt vs PEFT
   serve_workload  its request queues and pass statistics (numpy only, shared with the peer)
   serve_e2e       `python -m benchmarks.serve_e2e`: whole processes on the toy T5, cold start
+  serve_http      `python -m benchmarks.serve_http`: load test of `python -m spot_jax.serve`
   peers/          the peer programs (PyTorch + PEFT, t5x + prompt-tuning), each in its own process
 """

@@ -20,8 +20,10 @@
   catalog      the prompts a running service holds (added, removed) and a server per setting
   batcher      the batching loop: queued requests of any prompts, one mixed pass per batch
   api          HTTP requests checked field by field, OpenAI-style responses and errors
-  app          the Starlette routes; metrics: the Prometheus metrics
-  service      `python -m spot_jax.serve` (flags, listening, SIGTERM); assemble: its start-up
+  app          the Starlette routes
+  metrics      the Prometheus metrics
+  service      `python -m spot_jax.serve` (flags, listening, SIGTERM)
+  assemble     its start-up: backbone, prompts, batching loop
   follow       several processes: process 0 serves, the others repeat its calls
 
 The command lines are `python -m spot_jax.infer` (files) and `python -m spot_jax.serve` (HTTP);
