@@ -1,4 +1,4 @@
-"""`SizedTable`: a prompt table padded to power-of-two room serves every row exactly as the
+"""`SizedTable`: a prompt table padded to power-of-two room decodes every row exactly as the
 unpadded table does, keeps its shapes while prompts that fit come and go, and grows (once) for
 one that does not."""
 from __future__ import annotations
@@ -38,7 +38,7 @@ def setup():
   return mixed_setup(CONFIG, modules, _params, [10, 4, 7, 2, 9, 5], WIDTH)
 
 
-def test_padded_table_decodes_and_scores_every_row_as_the_unpadded_one(setup):
+def test_padded_table_decodes_every_row_as_the_unpadded_one(setup):
   backbone, _, _, table, tokens = setup
   sized = SizedTable(table.entries, CONFIG.emb_dim, Capacity(16, 0, 0, 0, 0))
   assert sized.capacity == Capacity(16, 4, 8, 16, 0)
@@ -53,11 +53,7 @@ def test_padded_table_decodes_and_scores_every_row_as_the_unpadded_one(setup):
   (want, want_scores), (got, got_scores) = run(table.arrays), run(sized.arrays)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   np.testing.assert_allclose(np.asarray(got_scores), np.asarray(want_scores), atol=1e-5)
-  targets = jnp.asarray(np.asarray(want))
-  score = lambda arrays: mixed.score_mixed(Transformer(CONFIG), backbone, arrays, mix,
-                                           jnp.asarray(tokens), targets, placement="prefix")
-  np.testing.assert_allclose(np.asarray(score(sized.arrays)), np.asarray(score(table.arrays)),
-                             atol=1e-5)
+  # scoring through padded tables: tests/test_serve_http.py compares the server's with infer's
 
 
 def test_prompts_that_fit_keep_the_shapes_and_one_that_does_not_grows_them(setup):
