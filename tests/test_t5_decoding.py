@@ -517,7 +517,7 @@ def test_bad_arguments_are_rejected():
   model, params, enc = _base("t5_1_1")
   enc = jnp.asarray(enc)
   cases = [
-      (dict(method="topp"), "unknown generation method"),
+      (dict(method="topp"), "method='topp' is unknown; valid: "),
       (dict(method="sample"), "needs rng"),
       (dict(max_decode_length=0), "max_decode_length"),
       (dict(method="beam", num_beams=0), "num_beams"),

@@ -15,8 +15,7 @@ refuses a value (a `ConfigError` raised inside a configurable call), `name_setti
 leads its message with the binding that supplied the value, found from gin's note of the call
 and the parameter the message names:
 
-  LEARNING_RATE=-1 (optimizers.adafactor.learning_rate): learning_rate must be a positive
-  number, got -1
+  LEARNING_RATE=-1 (optimizers.adafactor.learning_rate): learning_rate=-1 must be a number > 0
 """
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from typing import Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from spot_jax import validate as validate_lib
 from spot_jax.data import bucketing
 from spot_jax.data import task_index
 from spot_jax.errors import ConfigError
@@ -187,16 +188,13 @@ def validate(cfg: DatasetConfig, prompt_length: int = 0) -> None:
                       "row, so set pack=False in the DatasetConfig")
   lengths = dict(cfg.task_feature_lengths or {})
   for key in ("inputs", "targets"):
-    value = lengths.get(key)
-    if not isinstance(value, int) or value <= 0:
-      raise ConfigError(f"TASK_FEATURE_LENGTHS[{key!r}] must be a positive integer, got {value!r} "
-                        f"(e.g. TASK_FEATURE_LENGTHS={{'inputs': 512, 'targets': 16}})")
+    validate_lib.positive_int(lengths.get(key), f"TASK_FEATURE_LENGTHS[{key!r}]",
+                              example=512 if key == "inputs" else 16)
   if lengths["inputs"] < prompt_length:
     raise ConfigError(f"TASK_FEATURE_LENGTHS['inputs']={lengths['inputs']} is shorter than the "
                       f"prompt ({prompt_length} tokens); the input length counts real tokens only "
                       f"and must be at least the prompt length")
-  if cfg.batch_size <= 0:
-    raise ConfigError(f"BATCH_SIZE must be a positive integer, got {cfg.batch_size}")
+  validate_lib.positive_int(cfg.batch_size, "BATCH_SIZE")
   if cfg.task_names is not None and (isinstance(cfg.task_names, str) or not all(
       isinstance(n, str) for n in cfg.task_names)):
     raise ConfigError(f"TASK_NAMES={cfg.task_names!r}; give a list of seqio task names, e.g. "

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Optional, Sequence
 
 import jax.numpy as jnp
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 
 
@@ -53,17 +53,13 @@ class T5Config:
     for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
                  "num_encoder_layers", "num_decoder_layers",
                  "relative_attention_num_buckets", "relative_attention_max_distance"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"T5Config.{name} must be a positive integer, got {value!r}")
-    if self.dtype not in ("float32", "bfloat16", "float16"):
-      raise ConfigError(f"T5Config.dtype must be 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
+      validate.positive_int(getattr(self, name), f"T5Config.{name}")
+    validate.one_of(self.dtype, "T5Config.dtype", ("float32", "bfloat16", "float16"))
     unknown = [a for a in self.mlp_activations if a not in _ACTIVATION_NAMES]
     if unknown or not self.mlp_activations:
       raise ConfigError(f"T5Config.mlp_activations {self.mlp_activations!r} must be a non-empty "
                         f"sequence of {sorted(_ACTIVATION_NAMES)}")
-    if not 0.0 <= self.dropout_rate < 1.0:
-      raise ConfigError(f"T5Config.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+    validate.fraction(self.dropout_rate, "T5Config.dropout_rate", low_closed=True)
 
   @property
   def activation_dtype(self) -> jnp.dtype:
@@ -161,7 +157,7 @@ def config_by_name(name: str, *, dtype: Optional[str] = None,
   try:
     config = CONFIGS[name]
   except KeyError:
-    close = difflib.get_close_matches(name, CONFIGS, n=3)
+    close = validate.close_names(name, list(CONFIGS))
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise ConfigError(f"unknown T5 config {name!r}{hint}; valid names: {', '.join(sorted(CONFIGS))}") from None
   changes = {k: v for k, v in (("dtype", dtype), ("dropout_rate", dropout_rate)) if v is not None}

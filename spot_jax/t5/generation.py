@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import decoding, layers
 from spot_jax.t5.network import Transformer
@@ -140,16 +141,13 @@ def search_settings(model: Transformer, *, max_decode_length: int, method: str =
   """
   if not isinstance(model, Transformer):
     raise ValueError(f"generate needs a spot_jax.t5.Transformer, got {type(model).__name__}")
-  if method not in METHODS:
-    raise ConfigError(f"unknown generation method {method!r}; valid methods: {', '.join(METHODS)}")
-  if not isinstance(max_decode_length, int) or max_decode_length <= 0:
-    raise ConfigError(f"max_decode_length must be a positive integer, got {max_decode_length!r}")
+  validate.one_of(method, "method", METHODS)
+  validate.positive_int(max_decode_length, "max_decode_length")
   if not isinstance(eos_id, int) or not 0 < eos_id < model.config.vocab_size:
     raise ConfigError(f"eos_id must be an integer in [1, vocab_size={model.config.vocab_size}), "
                       f"got {eos_id!r}")
   if method == "beam":
-    if not isinstance(num_beams, int) or num_beams < 1:
-      raise ConfigError(f"num_beams must be a positive integer, got {num_beams!r}")
+    validate.positive_int(num_beams, "num_beams")
   else:
     if return_all_beams:
       raise ConfigError(f"return_all_beams applies to method='beam' only, not {method!r}")

@@ -16,6 +16,7 @@ import numpy as np
 from spot_jax import backbone as backbone_lib
 from spot_jax import data as data_lib
 from spot_jax import models
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.train import run_spec as runs_lib
 from spot_jax.train.evaluator import EvalConfig
@@ -81,12 +82,6 @@ class Plan:
   vocabulary: Any
   task_module: Optional[str]
   method: dict
-
-
-def _positive_int(name: str, value: Any) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-    raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-  return int(value)
 
 
 def _check_input_length(model: Any, cfg: Any) -> None:
@@ -161,18 +156,17 @@ def plan(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Datas
   if trainable == TRAINABLE_PROMPT and not model.has_prompt:
     raise ConfigError("prompt tuning needs a prompt method: add a --gin_file from gin/prompts/ "
                       "(e.g. gin/prompts/prompt_tuning_sampled_vocab.gin), or use gin/runs/model_tune.gin")
-  total_steps = _positive_int("TRAIN_STEPS", total_steps)
-  _positive_int("EVAL_PERIOD", eval_period)
-  _positive_int("log_period", log_period)
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-    raise ConfigError(f"RANDOM_SEED must be a non-negative integer, got {seed!r}")
+  total_steps = validate.positive_int(total_steps, "TRAIN_STEPS")
+  validate.positive_int(eval_period, "EVAL_PERIOD")
+  validate.positive_int(log_period, "log_period")
+  validate.positive_int(seed, "RANDOM_SEED", minimum=0)
   if dropout_rng not in DROPOUT_RNGS:
     raise ConfigError(f"DROPOUT_RNG={dropout_rng!r}; valid: {', '.join(map(repr, DROPOUT_RNGS))}")
   cc = checkpoint_cfg
-  keep = _positive_int("CHECKPOINTS_TO_KEEP", cc.keep)
-  if cc.best_mode not in ("max", "min"):
-    raise ConfigError(f"best_mode={cc.best_mode!r}; valid: 'max' or 'min'")
-  period = _positive_int("CHECKPOINT_PERIOD", cc.period) if cc.period is not None else eval_period
+  keep = validate.positive_int(cc.keep, "CHECKPOINTS_TO_KEEP")
+  validate.one_of(cc.best_mode, "best_mode", ("max", "min"))
+  period = (validate.positive_int(cc.period, "CHECKPOINT_PERIOD") if cc.period is not None
+            else eval_period)
   save_steps = _steps("SAVE_PROMPT_STEPS", cc.save_prompt_steps, total_steps)
   embedding_step = (max(1, total_steps // 3) if cc.embedding_step is None
                     else _steps("EMBEDDING_STEP", [cc.embedding_step], total_steps)[0])

@@ -13,29 +13,19 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 
 Schedule = Union[float, Callable[[int], float]]
 
 
-def _check_positive(name: str, value: float) -> None:
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # NaN too
-    raise ConfigError(f"{name} must be a positive number, got {value!r}")
-
-
-def _check_steps(**steps: int) -> None:
-  for name, value in steps.items():
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-      raise ConfigError(f"{name} must be a whole number of steps >= 0, got {value!r}")
-
-
 def _with_learning_rate(make: Callable[[Schedule], optax.GradientTransformation], learning_rate: Schedule,
                         grad_clip_norm: Optional[float]) -> optax.GradientTransformation:
   if not callable(learning_rate):
-    _check_positive("learning_rate", learning_rate)
+    validate.positive(learning_rate, "learning_rate")
   tx = optax.inject_hyperparams(lambda learning_rate: make(learning_rate))(learning_rate=learning_rate)
   if grad_clip_norm is not None:
-    _check_positive("grad_clip_norm", grad_clip_norm)
+    validate.positive(grad_clip_norm, "grad_clip_norm")
     tx = optax.chain(optax.clip_by_global_norm(grad_clip_norm), tx)
   return tx
 
@@ -105,15 +95,16 @@ def two_learning_rates(optimizer: Callable[..., optax.GradientTransformation] = 
 
 def constant_schedule(value: float) -> Callable[[int], jnp.ndarray]:
   """A constant learning rate."""
-  _check_positive("learning rate", value)
+  validate.positive(value, "value")
   return optax.constant_schedule(value)
 
 
 def warmup_linear_decay(peak_value: float, warmup_steps: int, decay_steps: int,
                         end_value: float = 0.0, init_value: float = 0.0) -> optax.Schedule:
   """Linear warmup to `peak_value`, then linear decay to `end_value` over `decay_steps`."""
-  _check_positive("peak_value", peak_value)
-  _check_steps(warmup_steps=warmup_steps, decay_steps=decay_steps)
+  validate.positive(peak_value, "peak_value")
+  validate.positive_int(warmup_steps, "warmup_steps", minimum=0)
+  validate.positive_int(decay_steps, "decay_steps", minimum=0)
   return optax.join_schedules(
       [optax.linear_schedule(init_value, peak_value, max(warmup_steps, 1)),
        optax.linear_schedule(peak_value, end_value, max(decay_steps, 1))], [warmup_steps])
@@ -122,16 +113,17 @@ def warmup_linear_decay(peak_value: float, warmup_steps: int, decay_steps: int,
 def warmup_cosine_decay(peak_value: float, warmup_steps: int, decay_steps: int,
                         end_value: float = 0.0, init_value: float = 0.0) -> optax.Schedule:
   """Linear warmup then cosine decay (optax.warmup_cosine_decay_schedule)."""
-  _check_positive("peak_value", peak_value)
-  _check_steps(warmup_steps=warmup_steps, decay_steps=decay_steps)
+  validate.positive(peak_value, "peak_value")
+  validate.positive_int(warmup_steps, "warmup_steps", minimum=0)
+  validate.positive_int(decay_steps, "decay_steps", minimum=0)
   return optax.warmup_cosine_decay_schedule(init_value, peak_value, warmup_steps,
                                             warmup_steps + decay_steps, end_value)
 
 
 def rsqrt_decay(base_value: float = 1.0, warmup_steps: int = 10000) -> optax.Schedule:
   """T5's pre-training schedule: base / sqrt(max(step, warmup_steps))."""
-  _check_positive("base_value", base_value)
-  _check_steps(warmup_steps=warmup_steps)
+  validate.positive(base_value, "base_value")
+  validate.positive_int(warmup_steps, "warmup_steps", minimum=0)
   return lambda step: base_value / jnp.sqrt(jnp.maximum(step, warmup_steps).astype(jnp.float32))
 
 
