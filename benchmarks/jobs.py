@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Optional, Sequence
 
-from spot_jax import cli
+from spot_jax import cli, validate
 from benchmarks import common
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
@@ -131,7 +131,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
     raise ConfigError(f"--task {args.task!r} is not a target of the embedded suite; valid: "
                       f"{', '.join(suite.TARGETS + suite.HARD_TARGETS)}")
   runs = flags.int_list("--runs", args.runs, minimum=1)
-  flags.positive("--repeats", args.repeats)
+  validate.positive_int(args.repeats, "--repeats", optional=True)
   outputs = common.output_files(args)
   rows = measure(runs, args.repeats, args.task)
   table = markdown(rows, args.task, args.repeats)

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from spot_jax import backbone as backbone_lib
-from spot_jax import cli, models, partitioning
+from spot_jax import cli, models, partitioning, validate
 from benchmarks import common
 from benchmarks.peers import worker as bench_worker
 from spot_jax.cli import flags
@@ -180,8 +180,8 @@ def main(argv: Sequence[str]) -> int:
                       f"backbone, give a prompt method (e.g. pt100)")
   runs = sorted(set(flags.int_list("--runs", args.runs, minimum=1)) | {1})
   for flag in ("batch_size", "input_length", "target_length", "steps"):
-    flags.positive(f"--{flag}", getattr(args, flag))
-  flags.positive("--warmup", args.warmup, minimum=0)
+    validate.positive_int(getattr(args, flag), f"--{flag}", optional=True)
+  validate.positive_int(args.warmup, "--warmup", minimum=0, optional=True)
   if not 0.0 <= args.dropout_rate < 1.0:
     raise ConfigError(f"--dropout_rate={args.dropout_rate} must be in [0, 1)")
   outputs = common.output_files(args)

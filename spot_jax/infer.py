@@ -121,9 +121,9 @@ def _check_numbers(args) -> None:
   """Every numeric flag in its range, by name."""
   for flag in ("batch_size", "input_length", "target_length", "num_beams", "top_tokens",
                "num_examples"):
-    flags.positive(f"--{flag}", getattr(args, flag))
-  flags.positive("--top_k", args.top_k, minimum=0)
-  flags.positive("--seed", args.seed, minimum=0)
+    validate.positive_int(getattr(args, flag), f"--{flag}", optional=True)
+  validate.positive_int(args.top_k, "--top_k", minimum=0, optional=True)
+  validate.positive_int(args.seed, "--seed", minimum=0, optional=True)
   if not args.temperature >= 0:  # NaN fails too
     raise ConfigError(f"--temperature={args.temperature} must be >= 0 (0: greedy)")
   if not abs(args.alpha) < float("inf"):

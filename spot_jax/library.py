@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from spot_jax import cli, fileio
+from spot_jax import cli, fileio, validate
 from spot_jax.cli import flags
 from spot_jax.cli import model_file
 from spot_jax.errors import ConfigError
@@ -98,8 +98,8 @@ def _refuse_offset_prompts(prompt_file: pathlib.Path) -> None:
 
 
 def add(args) -> int:
-  flags.positive("--seed", args.seed, minimum=0)
-  flags.positive("--embedding_step", args.embedding_step)
+  validate.positive_int(args.seed, "--seed", minimum=0, optional=True)
+  validate.positive_int(args.embedding_step, "--embedding_step", optional=True)
   if (args.run_dir is None) == (args.prompt is None):
     raise ConfigError("give exactly one source: --run_dir=<run directory> or --prompt=<.npy> "
                       "(with --embedding)")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from spot_jax import cli
+from spot_jax import cli, validate
 from spot_jax.cli import flags
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
@@ -53,8 +53,8 @@ def _parser() -> cli.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
   strategies = list(flags.name_list("--strategy", args.strategy, retrieval.STRATEGIES))
-  flags.positive("--k", args.k)
-  flags.positive("--expert_length", args.expert_length)
+  validate.positive_int(args.k, "--k", optional=True)
+  validate.positive_int(args.expert_length, "--expert_length", optional=True)
   options = retrieval.Options(k=args.k, metric=args.similarity, seed=args.seed,
                               expert_length=args.expert_length, compression=args.compression)
   settings = settings_lib.from_flags(args)

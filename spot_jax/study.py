@@ -21,6 +21,7 @@ from typing import Sequence
 from spot_jax import cli
 from spot_jax import fileio
 from spot_jax import stats
+from spot_jax import validate
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 from spot_jax.spot import grid as grid_lib
@@ -78,8 +79,8 @@ def main(argv: Sequence[str]) -> int:
     from tasks import names  # pylint: disable=g-import-not-at-top
     default_sources, default_targets = names.SOURCE_TASKS.values(), names.TARGET_TASKS.values()
   seeds = tuple(stats.check_seeds(flags.int_list("--seeds", args.seeds, minimum=0), "--seeds"))
-  flags.positive("--source_seed", args.source_seed, minimum=0)
-  flags.positive("--retrieval_k", args.retrieval_k, minimum=0)
+  validate.positive_int(args.source_seed, "--source_seed", minimum=0, optional=True)
+  validate.positive_int(args.retrieval_k, "--retrieval_k", minimum=0, optional=True)
   settings = settings_lib.from_flags(args)
   if args.source_train_steps is not None and not settings.embedding_step <= args.source_train_steps:
     raise ConfigError(f"--source_train_steps={args.source_train_steps} must be a positive integer >= "

@@ -41,9 +41,14 @@ def _is_number(value: Any) -> bool:
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def positive_int(value: Any, setting: str, *, minimum: int = 1, note: Optional[str] = None,
-                 example: Optional[Any] = None) -> int:
-  """`value` as an int if it is an integer (not a bool) >= `minimum` (1 by default)."""
+def positive_int(value: Any, setting: str, *, minimum: int = 1, optional: bool = False,
+                 note: Optional[str] = None, example: Optional[Any] = None) -> Optional[int]:
+  """`value` as an int if it is an integer (not a bool) >= `minimum` (1 by default).
+
+  With `optional`, None (a flag left unset) passes and comes back as None.
+  """
+  if optional and value is None:
+    return None
   if not _is_int(value) or value < minimum:
     valid = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     raise _refuse(setting, value, valid, note, example)

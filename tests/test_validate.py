@@ -37,6 +37,13 @@ def test_positive_int_refuses(value, minimum, message):
   assert _refusal(validate.positive_int, value, "--steps", minimum=minimum) == message
 
 
+def test_an_optional_setting_left_unset_passes():
+  assert validate.positive_int(None, "--top_k", minimum=0, optional=True) is None
+  assert validate.positive_int(4, "--top_k", minimum=0, optional=True) == 4
+  assert _refusal(validate.positive_int, -1, "--top_k", minimum=0, optional=True) == (
+      "--top_k=-1 must be an integer >= 0")
+
+
 def test_note_and_example_make_the_message_specific():
   message = _refusal(validate.positive_int, 1, "seeds", minimum=2,
                      note="one seed carries no interval", example=5)

@@ -63,16 +63,6 @@ def add_output(parser: argparse.ArgumentParser, help: str, *,  # pylint: disable
   parser.add_argument("--output", required=required, default=None, help=help)
 
 
-def positive(flag: str, value, minimum: int = 1) -> Optional[int]:
-  """`value` (None passes) if it is an integer >= `minimum`; else a ConfigError naming `flag`."""
-  if value is None:
-    return None
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    valid = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-    raise ConfigError(f"{flag}={value!r} must be {valid}")
-  return value
-
-
 def _entries(flag: str, value: str) -> list[str]:
   entries = [v.strip() for v in value.split(",")]
   if entries == [""]:

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Sequence
 
-from spot_jax import cli, infer
+from spot_jax import cli, infer, validate
 from spot_jax.cli import distributed, flags
 from spot_jax.errors import ConfigError
 
@@ -109,8 +109,8 @@ def _specs(args) -> list[tuple[str, str]]:
 
 def _check(args) -> None:
   for flag in ("input_length", "target_length", "max_batch_size", "max_queue", "table_rows"):
-    flags.positive(f"--{flag}", getattr(args, flag))
-  flags.positive("--port", args.port, minimum=0)
+    validate.positive_int(getattr(args, flag), f"--{flag}", optional=True)
+  validate.positive_int(args.port, "--port", minimum=0, optional=True)
   for flag in ("max_wait_ms", "request_timeout"):
     if not getattr(args, flag) >= 0:
       raise ConfigError(f"--{flag}={getattr(args, flag)} must be >= 0")

@@ -37,6 +37,7 @@ import numpy as np
 
 from spot_jax import experiment
 from spot_jax import fileio
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.experiment import RunOutcome, RunRequest
 from spot_jax.spot import experts
@@ -77,13 +78,9 @@ class Options:
   compression: str = "mean_pool"
 
   def __post_init__(self):
-    if not isinstance(self.k, int) or self.k < 1:
-      raise ConfigError(f"--k must be a positive integer, got {self.k!r}")
-    if self.metric not in similarity.METRICS:
-      raise ConfigError(f"--similarity {self.metric!r} is unknown; valid: {', '.join(similarity.METRICS)}")
-    if self.compression not in experts.COMPRESSIONS:
-      raise ConfigError(f"--compression {self.compression!r} is unknown; valid: "
-                        f"{', '.join(experts.COMPRESSIONS)}")
+    validate.positive_int(self.k, "--k")
+    validate.one_of(self.metric, "--similarity", similarity.METRICS)
+    validate.one_of(self.compression, "--compression", experts.COMPRESSIONS)
 
 
 def _train(settings: RunSettings, task: str, work_dir: pathlib.Path, label: str, seed: int, *,

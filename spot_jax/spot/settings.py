@@ -19,6 +19,7 @@ from typing import Any, Mapping, Optional, Sequence
 from spot_jax import experiment
 from spot_jax import models
 from spot_jax import prompts
+from spot_jax import validate
 from spot_jax.cli import flags
 from spot_jax.cli import model_file
 from spot_jax.errors import ConfigError
@@ -71,12 +72,8 @@ class RunSettings:
 
   def __post_init__(self):
     for name in ("batch_size", "train_steps", "embedding_step", "eval_period", "prompt_length"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
-    if self.checkpoint_period is not None and (not isinstance(self.checkpoint_period, int)
-                                               or self.checkpoint_period <= 0):
-      raise ConfigError(f"--checkpoint_period must be a positive integer, got {self.checkpoint_period!r}")
+      validate.positive_int(getattr(self, name), f"--{name}")
+    validate.positive_int(self.checkpoint_period, "--checkpoint_period", optional=True)
     if self.embedding_step > self.train_steps:
       raise ConfigError(f"--embedding_step={self.embedding_step} is after the end of training "
                         f"(--train_steps={self.train_steps}); give a step <= train_steps")
@@ -178,12 +175,11 @@ def add_flags(parser: argparse.ArgumentParser, seed: bool = False) -> None:
 def from_flags(args: argparse.Namespace) -> RunSettings:
   """`RunSettings` from the `add_flags` flags, each checked by name."""
   for flag in ("input_length", "target_length", "batch_size", "eval_batch_size"):
-    flags.positive(f"--{flag}", getattr(args, flag))
-  flags.positive("--eval_num_examples", args.eval_num_examples)
+    validate.positive_int(getattr(args, flag), f"--{flag}", optional=True)
+  validate.positive_int(args.eval_num_examples, "--eval_num_examples", optional=True)
   for flag in ("learning_rate", "metric_max"):
-    if not getattr(args, flag) > 0:  # NaN fails too
-      raise ConfigError(f"--{flag}={getattr(args, flag)} must be a positive number")
-  flags.positive("--prompt_length", args.prompt_length)
+    validate.positive(getattr(args, flag), f"--{flag}")
+  validate.positive_int(args.prompt_length, "--prompt_length", optional=True)
   if args.input_length < args.prompt_length:
     raise ConfigError(f"--input_length={args.input_length} is shorter than --prompt_length="
                       f"{args.prompt_length}; the input length counts real tokens only and must be "
