@@ -161,6 +161,7 @@ def _loop(job: job_lib.Job, model: models.EncoderDecoderModel, state: TrainState
       job.export(state, f"prompt_step_{done}")
     if evaluate:
       job.evaluate(evaluators, frozen, state, done)
+      job.log.start(done)  # rates time training steps, not an evaluation (nor its compilation)
     # Saved after the evaluation: a run killed between the two redoes this segment and its
     # evaluation (deterministically), instead of resuming past an evaluation that never ran.
     if checkpoint:
