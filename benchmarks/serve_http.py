@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import re
@@ -107,10 +108,10 @@ async def _one(session, url: str, name: str, text: str, out: list) -> None:
     async with session.post(url + "/v1/completions", json={"model": name, "prompt": text,
                                                            "max_tokens": TARGET}) as r:
       await r.read()
-      ok = r.status == 200
-  except Exception:  # pylint: disable=broad-except  (counted as a failure)
-    ok = False
-  out.append((time.perf_counter() - t0, ok))
+      why = "" if r.status == 200 else f"HTTP {r.status}"
+  except Exception as e:  # pylint: disable=broad-except  (counted as a failure, by kind)
+    why = type(e).__name__
+  out.append((time.perf_counter() - t0, why))
 
 
 async def drive(url: str, seconds: float, rate: Optional[float], clients: int, names, rs,
@@ -121,7 +122,9 @@ async def drive(url: str, seconds: float, rate: Optional[float], clients: int, n
   import aiohttp  # pylint: disable=g-import-not-at-top
   text = lambda: " ".join(rs.choice(WORDS, rs.randint(3, 9)))
   out: list = []
-  connector = aiohttp.TCPConnector(limit=max_in_flight)
+  # Idle connections are dropped after 1 s, before the server's 5 s keep-alive closes them: a
+  # request sent on a connection the server is closing would fail as the client's doing.
+  connector = aiohttp.TCPConnector(limit=max_in_flight, keepalive_timeout=1)
   timeout = aiohttp.ClientTimeout(total=120)
   async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
     t0 = time.perf_counter()
@@ -142,13 +145,14 @@ async def drive(url: str, seconds: float, rate: Optional[float], clients: int, n
           tasks.add(task)
           task.add_done_callback(tasks.discard)
         else:
-          out.append((0.0, False))
+          out.append((0.0, "client in-flight limit"))
       await asyncio.gather(*tasks)
     wall = time.perf_counter() - t0
-  good = np.array([t for t, ok in out if ok]) * 1000
+  good = np.array([t for t, why in out if not why]) * 1000
+  failed = collections.Counter(why for _, why in out if why)
   return {"requests_per_s": len(good) / wall, "p50_ms": float(np.percentile(good, 50)),
-          "p99_ms": float(np.percentile(good, 99)), "failures": sum(not ok for _, ok in out),
-          "requests": len(out)}
+          "p99_ms": float(np.percentile(good, 99)), "failures": sum(failed.values()),
+          "failure_kinds": dict(failed), "requests": len(out)}
 
 
 def batch_rows(url: str) -> tuple[float, float]:
@@ -238,6 +242,8 @@ def soak(work: str, backbone, names, args) -> dict:
           "growth_percent": 100 * (samples[-1][1] / warm - 1),
           "requests": sum(r["requests"] for r in results),
           "failures": sum(r["failures"] for r in results),
+          "failure_kinds": dict(sum((collections.Counter(r["failure_kinds"]) for r in results),
+                                    collections.Counter())),
           "p99_ms_worst_window": max(r["p99_ms"] for r in results)}
 
 
