@@ -22,8 +22,9 @@ from scipy import integrate
 from scipy import stats as scipy_stats
 
 from spot_jax import stats
+from spot_jax import validate
 from spot_jax.errors import ConfigError
-from spot_jax.verdicts import EQUIVALENCE, NONINFERIORITY, SUPERIORITY, Test, check_fraction
+from spot_jax.verdicts import EQUIVALENCE, NONINFERIORITY, SUPERIORITY, Test
 
 POWER = 0.9
 MAX_SEEDS = 2000
@@ -47,11 +48,9 @@ def difference_sd(training: float, evaluation: float = 0.0, rounding: float = 0.
   """
   for name, value in (("training", training), ("evaluation", evaluation),
                       ("rounding", rounding)):
-    if not value >= 0:
-      raise ConfigError(f"{name} SD={value!r} must be >= 0 points")
-  if not evaluation_scale > 0:
-    raise ConfigError(f"evaluation_scale={evaluation_scale!r} must be > 0 (pilot examples / "
-                      f"planned examples, e.g. 0.2)")
+    validate.non_negative(value, f"{name} SD", unit="points")
+  validate.positive(evaluation_scale, "evaluation_scale",
+                    note="pilot examples / planned examples", example=0.2)
   if not -1 < correlation < 1:
     raise ConfigError(f"correlation={correlation!r} must be in (-1, 1), e.g. 0")
   run = training ** 2 + evaluation ** 2 * evaluation_scale + rounding ** 2
@@ -59,16 +58,13 @@ def difference_sd(training: float, evaluation: float = 0.0, rounding: float = 0.
 
 
 def _check(sd: float, difference: float, test: Test, level: float, comparisons: int) -> None:
-  if isinstance(sd, bool) or not isinstance(sd, (int, float)) or not 0 < sd < math.inf:
-    raise ConfigError(f"sd={sd!r} must be > 0 points (the pilot's SD of one seed's paired "
-                      f"difference), e.g. sd=4")
-  check_fraction(level, "level", "0.95")
-  if isinstance(comparisons, bool) or not isinstance(comparisons, int) or comparisons < 1:
-    raise ConfigError(f"comparisons={comparisons!r} must be a positive integer (the table's "
-                      f"family size), e.g. comparisons=5")
-  if test.kind == SUPERIORITY and not difference > 0:
-    raise ConfigError(f"difference={difference!r} must be > 0 points for superiority (the "
-                      f"smallest effect worth reporting), e.g. difference=3")
+  validate.positive(sd, "sd", unit="points", note="the pilot's SD of one seed's paired difference",
+                    example=4)
+  validate.fraction(level, "level", example=0.95)
+  validate.positive_int(comparisons, "comparisons", note="the table's family size", example=5)
+  if test.kind == SUPERIORITY:
+    validate.positive(difference, "difference", unit="points",
+                      note="superiority: the smallest effect worth reporting", example=3)
   if test.kind == EQUIVALENCE and not abs(difference) < test.margin:
     raise ConfigError(f"difference={difference!r} lies outside the equivalence margin "
                       f"{test.margin:g}; equivalence can only hold for |difference| < margin")
@@ -92,8 +88,7 @@ def power(seeds: int, sd: float, difference: float, test: Test = Test(),
     comparisons: the family's size; each interval is at 1 - (1 - level) / comparisons.
   """
   _check(sd, difference, test, level, comparisons)
-  if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 2:
-    raise ConfigError(f"seeds={seeds!r} must be an integer >= 2 (one seed carries no interval)")
+  validate.positive_int(seeds, "seeds", minimum=2, note="one seed carries no interval")
   df, root = seeds - 1, math.sqrt(seeds)
   crit = scipy_stats.t.ppf(1 - (1 - stats.family_level(level, comparisons)) / 2, df)
   if test.kind == SUPERIORITY:  # better: mean - crit s / sqrt(n) > 0
@@ -158,7 +153,7 @@ def plan(sd: float, difference: float, test: Test = Test(), target: float = POWE
   Raises:
     ConfigError: a setting is out of range, or no table of up to MAX_SEEDS seeds reaches it.
   """
-  check_fraction(target, "power", "0.9")
+  validate.fraction(target, "power", example=0.9)
   _check(sd, difference, test, level, comparisons)
   at = lambda n: power(n, sd, difference, test, level, comparisons)
   if at(MAX_SEEDS) < target:

@@ -21,6 +21,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from scipy import stats as scipy_stats
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 
 LEVEL = 0.95
@@ -63,11 +64,6 @@ class Interval:
             **({"why": self.why} if self.why else {})}
 
 
-def _check_level(level: float) -> None:
-  if not 0 < level < 1:
-    raise ConfigError(f"confidence level {level!r} must be in (0, 1), e.g. 0.95")
-
-
 def interval(values: Sequence[float], level: float = LEVEL) -> Interval:
   """Student-t interval of the mean of `values` (seeds as independent samples).
 
@@ -78,7 +74,7 @@ def interval(values: Sequence[float], level: float = LEVEL) -> Interval:
   Returns:
     The mean and its interval; with fewer than 2 values (or NaNs) no interval.
   """
-  _check_level(level)
+  validate.fraction(level, "level", example=0.95)
   x = np.asarray(values, np.float64).ravel()
   if x.size == 0:
     return Interval(math.nan, math.nan, math.nan, 0, "no values")
@@ -105,9 +101,8 @@ def family_level(level: float, comparisons: int) -> float:
   """The per-comparison level that keeps `comparisons` intervals simultaneous at `level`
   (Bonferroni): with probability at least `level` every one of them covers its true value, so
   a table of verdicts holds one wrong "better" or "worse" with probability at most 1 - level."""
-  _check_level(level)
-  if comparisons < 1:
-    raise ConfigError(f"a family of comparisons needs at least one, got {comparisons}")
+  validate.fraction(level, "level", example=0.95)
+  validate.positive_int(comparisons, "comparisons", note="a family needs one comparison or more")
   return 1 - (1 - level) / comparisons
 
 
@@ -143,7 +138,7 @@ def bootstrap(samples: np.ndarray, statistic: Callable[[np.ndarray], float],
   Returns:
     statistic(samples) with its percentile interval.
   """
-  _check_level(level)
+  validate.fraction(level, "level", example=0.95)
   samples = np.asarray(samples, np.float64)
   n = samples.shape[0] if samples.ndim else 0
   point = float(statistic(samples)) if n else math.nan
@@ -168,8 +163,7 @@ def correlation(x: Sequence[float], y: Sequence[float], method: str = "pearson",
   """
   funcs = {"pearson": lambda a, b: scipy_stats.pearsonr(a, b)[0],
            "spearman": lambda a, b: scipy_stats.spearmanr(a, b)[0]}
-  if method not in funcs:
-    raise ConfigError(f"correlation method {method!r} is unknown; valid: {sorted(funcs)}")
+  validate.one_of(method, "correlation method", sorted(funcs))
   points = np.stack([np.asarray(x, np.float64).ravel(), np.asarray(y, np.float64).ravel()], 1)
 
   def stat(p: np.ndarray) -> float:

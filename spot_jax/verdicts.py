@@ -30,6 +30,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from spot_jax import stats
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 
 SUPERIORITY, NONINFERIORITY, EQUIVALENCE = "superiority", "non-inferiority", "equivalence"
@@ -40,23 +41,6 @@ _NAMES = {SUPERIORITY: {1: stats.BETTER, -1: stats.WORSE, 0: stats.UNRESOLVED},
           NONINFERIORITY: {1: HOLDS, -1: DOES_NOT_HOLD, 0: stats.UNRESOLVED},
           EQUIVALENCE: {1: HOLDS, -1: DOES_NOT_HOLD, 0: stats.UNRESOLVED}}
 CODES = {stats.BETTER: 1, HOLDS: 1, stats.WORSE: -1, DOES_NOT_HOLD: -1, stats.UNRESOLVED: 0}
-
-
-def check_margin(margin: float, setting: str = "margin") -> float:
-  """A margin in points: finite and > 0."""
-  if isinstance(margin, bool) or not isinstance(margin, (int, float, np.floating, np.integer)) \
-      or not math.isfinite(margin) or margin <= 0:
-    raise ConfigError(f"{setting}={margin!r} must be a number of points > 0 (the difference the "
-                      f"claim tolerates), e.g. {setting}=3")
-  return float(margin)
-
-
-def check_fraction(value: float, setting: str, example: str) -> float:
-  """A level or a power: a number strictly between 0 and 1."""
-  if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
-      or not 0 < value < 1:
-    raise ConfigError(f"{setting}={value!r} must be in (0, 1), e.g. {setting}={example}")
-  return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,14 +55,15 @@ class Test:
   margin: Optional[float] = None
 
   def __post_init__(self):
-    if self.kind not in KINDS:
-      raise ConfigError(f"test {self.kind!r} is unknown; valid: {', '.join(KINDS)}")
+    validate.one_of(self.kind, "test", KINDS)
     if self.kind == SUPERIORITY:
       if self.margin is not None:
         raise ConfigError(f"a superiority test takes no margin (got {self.margin!r}); give "
                           f"{NONINFERIORITY}:{self.margin} or {EQUIVALENCE}:{self.margin}")
     else:
-      object.__setattr__(self, "margin", check_margin(self.margin, f"{self.kind} margin"))
+      margin = validate.positive(self.margin, f"{self.kind} margin", unit="points",
+                                 note="the difference the claim tolerates", example=3)
+      object.__setattr__(self, "margin", margin)
 
   @classmethod
   def parse(cls, text: str) -> "Test":
@@ -146,7 +131,7 @@ def table(baselines: Sequence[Sequence[float]], others: Sequence[Sequence[float]
   """The verdicts of one table: comparison i judges others[i] - baselines[i] (paired by seed)
   by tests[i], every interval at the family's level (Bonferroni over the comparisons), so the
   table holds a false verdict with probability at most 1 - `level`."""
-  check_fraction(level, "level", "0.95")
+  validate.fraction(level, "level", example=0.95)
   if not len(baselines) == len(others) == len(tests) > 0:
     raise ConfigError(f"a table needs one baseline, other and test per comparison; got "
                       f"{len(baselines)}, {len(others)} and {len(tests)}")

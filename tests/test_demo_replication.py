@@ -250,7 +250,7 @@ def test_the_command_judges_comparisons_by_the_tests_given(tmp_path, capsys):
     ("--test=smop=equivalence:-1", "equivalence margin=-1.0 must be a number of points > 0"),
     ("--test=smop=equivalence", "names no margin"),
     ("--test=prefix=equivalence:2", "with methods the folders ran (pt, smop)"),
-    ("--test=smop=better:2", "test 'better' is unknown"),
+    ("--test=smop=better:2", "test='better' is unknown"),
 ])
 def test_a_bad_test_is_one_line_and_writes_nothing(tmp_path, capsys, flag, fragment):
   two = {("sum", "pt"): [1.0, 2.0], ("sum", "smop"): [3.0, 4.0]}

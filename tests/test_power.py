@@ -86,13 +86,14 @@ def test_variance_components_and_the_shortfall_line():
     (lambda: power.power(5, 4.0, 3.0, level=0.0), "level=0.0 must be in (0, 1)"),
     (lambda: power.plan(4.0, 0.0, verdicts.Test(NONINFERIORITY, 0.0)),
      "non-inferiority margin=0.0 must be a number of points > 0"),
-    (lambda: power.plan(0.0, 3.0), "sd=0.0 must be > 0 points"),
-    (lambda: power.plan(4.0, -1.0), "difference=-1.0 must be > 0 points for superiority"),
+    (lambda: power.plan(0.0, 3.0), "sd=0.0 must be a number of points > 0"),
+    (lambda: power.plan(4.0, -1.0),
+     "difference=-1.0 must be a number of points > 0 (superiority: "),
     (lambda: power.plan(4.0, 3.0, verdicts.Test(EQUIVALENCE, 2.0)), "outside the equivalence"),
     (lambda: power.plan(4.0, 3.0, comparisons=0), "comparisons=0 must be a positive integer"),
     (lambda: power.power(1, 4.0, 3.0), "seeds=1 must be an integer >= 2"),
     (lambda: power.plan(40.0, 0.01), "no table of up to 2000 seeds reaches power 0.9"),
-    (lambda: power.difference_sd(-1.0), "training SD=-1.0 must be >= 0"),
+    (lambda: power.difference_sd(-1.0), "training SD=-1.0 must be a number of points >= 0"),
 ])
 def test_bad_settings_are_one_line_naming_the_setting(call, fragment):
   with pytest.raises(ConfigError) as err:
