@@ -199,17 +199,17 @@ def _one_line_error(capsys, main, argv, prog):
 @pytest.mark.parametrize("argv, expected", [
     (["--methods=pt,sopt"], "unknown method 'sopt' in --methods (entry 1; did you mean 'spot'?)"),
     (["--targets=sentiment_hotel"], "unknown target task 'sentiment_hotel'"),
-    (["--target_steps=0"], "--target_steps must be a positive integer"),
-    (["--prompt_length=0"], "--prompt_length must be a positive integer, got 0"),
-    (["--input_length=-3"], "--input_length must be a positive integer, got -3"),
+    (["--target_steps=0"], "--target_steps=0 must be a positive integer"),
+    (["--prompt_length=0"], "--prompt_length=0 must be a positive integer"),
+    (["--input_length=-3"], "--input_length=-3 must be a positive integer"),
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["--seeds="], "--seeds is empty; give at least one seed"),
     (["--seeds=0,1,0"], "--seeds: entry 2 (0) repeats entry 0; seeds must be distinct"),
     (["--seeds=0,-1"], "--seeds: entry 1 (-1) must be a non-negative integer"),
     (["--seeds=0,x"], "--seeds: entry 1 ('x') must be a non-negative integer"),
     (["--seeds=0,1", "--seed_offset=5"], "give --seeds or --seed_offset, not both"),
-    (["--seed_offset=-5"], "--seed_offset must be a non-negative integer, got -5"),
-    (["--num_seeds=0"], "--num_seeds must be a positive integer, got 0"),
+    (["--seed_offset=-5"], "--seed_offset=-5 must be an integer >= 0"),
+    (["--num_seeds=0"], "--num_seeds=0 must be a positive integer"),
     (["--methods=pt,all"], "--methods=all stands alone; give 'all' or a comma list of methods"),
 ])
 def test_demo_bad_input_is_one_line(capsys, tmp_path, argv, expected):

@@ -31,7 +31,6 @@ spot_jax/demo/successors.py) run only when named: each adds one job (MPT two).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import os
 import shutil
@@ -46,6 +45,7 @@ from spot_jax import fileio
 from spot_jax import runtime
 from spot_jax import stats
 from spot_jax import experiment
+from spot_jax import validate
 from spot_jax.demo import methods as methods_lib
 from spot_jax.demo import results as results_lib
 from spot_jax.demo import spot_sources
@@ -63,7 +63,7 @@ def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str
     raise ConfigError(f"{flag} is empty; valid {what}s: {', '.join(valid)}")
   for i, v in enumerate(chosen):
     if v not in valid:
-      close = difflib.get_close_matches(v, valid, n=1)
+      close = validate.close_names(v, valid, n=1)
       hint = f"; did you mean {close[0]!r}?" if close else ""
       raise ConfigError(f"unknown {what} {v!r} in {flag} (entry {i}{hint}); valid: {', '.join(valid)}")
   return list(dict.fromkeys(chosen))
@@ -84,10 +84,8 @@ def _seeds(args) -> list[int]:
         raise ConfigError(f"--seeds: entry {i} ({text!r}) must be a non-negative integer") from None
     return stats.check_seeds(values, "--seeds")
   offset = 0 if args.seed_offset is None else args.seed_offset
-  if offset < 0:
-    raise ConfigError(f"--seed_offset must be a non-negative integer, got {offset}")
-  if args.num_seeds < 1:
-    raise ConfigError(f"--num_seeds must be a positive integer, got {args.num_seeds}")
+  validate.positive_int(offset, "--seed_offset", minimum=0)
+  validate.positive_int(args.num_seeds, "--num_seeds")
   return list(range(offset, offset + args.num_seeds))
 
 
@@ -131,9 +129,7 @@ def _settings(args) -> methods_lib.Settings:
   changes = dict(QUICK if args.quick else FULL if args.full else {})
   for name in ("source_steps", "target_steps", "prompt_length", "input_length"):
     if getattr(args, name) is not None:
-      if getattr(args, name) <= 0:
-        raise ConfigError(f"--{name} must be a positive integer, got {getattr(args, name)}")
-      changes[name] = getattr(args, name)
+      changes[name] = validate.positive_int(getattr(args, name), f"--{name}")
   return dataclasses.replace(methods_lib.Settings(), **changes)
 
 

@@ -34,6 +34,7 @@ import numpy as np
 from spot_jax import cli
 from spot_jax import fileio
 from spot_jax import verdicts as verdicts_lib
+from spot_jax import validate
 from spot_jax.demo import results as results_lib
 from spot_jax.demo.methods import METHOD_NAMES
 from spot_jax.errors import ConfigError
@@ -124,8 +125,7 @@ def replicate(pooled: results_lib.Summary, table_seeds: int = DEFAULT_TABLE_SEED
     raise ConfigError(f"--seeds_per_table={table_seeds} needs a pool of at least "
                       f"{2 * table_seeds} seeds for two disjoint tables; the folders hold "
                       f"{len(pooled.seeds)}")
-  if draws < 1:
-    raise ConfigError(f"--draws={draws} must be a positive integer, e.g. {DEFAULT_DRAWS}")
+  validate.positive_int(draws, "--draws", example=DEFAULT_DRAWS)
   if not pooled.pairs():
     raise ConfigError("the folders ran Prompt Tuning alone: there is no comparison to replicate")
   rng = np.random.default_rng(seed)
