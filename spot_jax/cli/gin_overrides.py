@@ -16,7 +16,6 @@ spot-jax that reads it. Everything else goes through this module's functions.
 """
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import logging
@@ -28,6 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Seque
 import gin
 from gin import config_parser
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError, one_line
 
 MACRO = "gin.macro"
@@ -265,10 +265,10 @@ def _names_in_use(used: Iterable[ConfigKey]) -> list[str]:
 
 
 def suggest(key: ConfigKey, binding: str, candidates: Sequence[str]) -> list[str]:
-  """Close names (difflib), compared case-insensitively."""
+  """Close names (`validate.close_names`), and names of the same last word."""
   word = key[0] if key[1] == MACRO else binding.split("=", 1)[0].strip()
   lowered = {c.lower(): c for c in candidates}
-  close = [lowered[c] for c in difflib.get_close_matches(word.lower(), list(lowered), n=3, cutoff=0.6)]
+  close = validate.close_names(word, candidates)
   # PROMPT_LENGTH -> prompts.PromptTuning.length: same last word, another spelling
   tail = word.lower().split(".")[-1].split("_")[-1]
   close += [c for low, c in lowered.items() if low.split(".")[-1] == tail and c not in close]

@@ -3,8 +3,9 @@ and an unknown flag in one line naming the closest defined flag (the policy of e
 `spot_jax.cli.runner.ArgumentParser` and `gin_flags` apply it)."""
 from __future__ import annotations
 
-import difflib
 from typing import Optional, Sequence
+
+from spot_jax import validate
 
 # Old spelling -> new spelling. Refused (never accepted silently) by every parser that defines
 # the new flag and not the old one; see `spot_jax.cli.runner.ArgumentParser`.
@@ -44,7 +45,7 @@ def closest_flags(unknown: Sequence[str], defined: Sequence[str]) -> list[str]:
   for arg in unknown:
     name = arg.partition("=")[0]
     if name.startswith("--") and name not in flags:
-      close += difflib.get_close_matches(name, flags, n=1, cutoff=0.75)
+      close += validate.close_names(name, flags, n=1, cutoff=0.75)
   return list(dict.fromkeys(close))
 
 

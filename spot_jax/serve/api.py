@@ -8,7 +8,6 @@ JSON error naming the field and what would be valid, so one bad request never re
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import time
 import uuid
@@ -16,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.serve import inputs
 
 COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_k", "n", "stop",
@@ -153,7 +153,7 @@ def model_name(body: dict, names: Sequence[str]) -> str:
     raise ApiError(400, f"model must be a string (a prompt's name), not {json.dumps(name)[:60]}",
                    "model")
   if name not in names:
-    close = difflib.get_close_matches(name, names, n=3)
+    close = validate.close_names(name, names)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise ApiError(404, f"model {name!r} is not a served prompt{hint}; GET /v1/models lists the "
                         f"served prompts", "model")

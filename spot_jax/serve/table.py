@@ -38,11 +38,11 @@ plain prefixes with the frozen backbone by `PromptTable.fold_tokens` before serv
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 
 # "mean": weight 1/k each (a plain prompt when k = 1; SMoP "stochastic"/"single" at evaluation).
@@ -294,7 +294,7 @@ class PromptTable:
       ConfigError: an unknown name (the message lists the known ones).
     """
     if name not in self._index:
-      close = difflib.get_close_matches(str(name), self.names, n=3)
+      close = validate.close_names(str(name), self.names)
       hint = f" (did you mean {', '.join(close)}?)" if close else ""
       raise ConfigError(f"unknown prompt name {name!r}{hint}; valid: {', '.join(self.names)}")
     return self._index[name]
