@@ -166,8 +166,9 @@ def test_a_spot_transfer_records_its_source_and_keeps_every_config_it_ran_with(t
   assert source_record["init"] == "sampled_vocab(num_most_frequent=256)"
   assert "prompts.sampled_vocab.num_most_frequent = 256" in (source / "config.gin").read_text()
 
-  transfer = ["--gin_file=gin/models/t5_1_1_byte_tiny.gin", "--gin_file=gin/prompts/spot_transfer.gin",
-              "--gin_file=gin/runs/prompt_tune.gin", "--gin.MIXTURE_OR_TASK_MODULE='tasks.synthetic'",
+  transfer = ["--gin_file=gin/models/t5_1_1_byte_tiny.gin",
+              "--gin_file=gin/prompts/spot_transfer.gin", "--gin_file=gin/runs/prompt_tune.gin",
+              "--gin.MIXTURE_OR_TASK_MODULE='tasks.synthetic'",
               "--gin.MIXTURE_OR_TASK_NAME='spot_synthetic_sentiment_v100'",
               "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 12}", "--gin.BATCH_SIZE=8",
               "--gin.PROMPT_LENGTH=10", f"--gin.SOURCE_MODEL_DIR='{source}'", *few,
@@ -189,7 +190,8 @@ def test_a_spot_transfer_records_its_source_and_keeps_every_config_it_ran_with(t
   assert (target / "config.until_step_4.gin").read_text() == first
 
   # K runs in one job: each run directory holds its config.gin and its own record
-  proc = _run([*SMOKE, *few, f"--gin.MODEL_DIR='{job}'", "--gin.TRAIN_STEPS=4", "--gin.SEEDS=[0, 1]"])
+  proc = _run([*SMOKE, *few, f"--gin.MODEL_DIR='{job}'", "--gin.TRAIN_STEPS=4",
+               "--gin.SEEDS=[0, 1]"])
   assert proc.returncode == 0, proc.stderr[-3000:]
   for name in ("seed_0", "seed_1"):
     assert "SEEDS = [0, 1]" in (job / name / "config.gin").read_text()

@@ -89,8 +89,8 @@ def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None,
     gin.add_config_file_search_path(path)
   for f in args.gin_file:
     if not any(pathlib.Path(p, f).is_file() for p in roots_here) and not pathlib.Path(f).is_file():
-      raise ConfigError(f"--gin_file={f}: not found in {roots_here}; the shipped ones are under gin/ "
-                        f"(models/, prompts/, runs/)")
+      raise ConfigError(f"--gin_file={f}: not found in {roots_here}; the shipped ones are under "
+                        f"gin/ (models/, prompts/, runs/)")
   for f in args.gin_file:
     gin_overrides.parse_file(f)
   from_files = gin_overrides.config_keys()
