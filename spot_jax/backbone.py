@@ -65,7 +65,9 @@ def checkpoint_identity(path: Optional[str], seed: int) -> str:
 
 
 def fingerprint(config: Any, checkpoint_path: Optional[str], seed: int = 0) -> dict[str, str]:
-  """{"id": short combined hash, "config": ..., "checkpoint": ...} of a frozen backbone.
+  """{"id": short combined hash, "config": ..., "checkpoint": ..., "model": ...} of a frozen
+  backbone; "model" names it as a user writes it (`model_name`), for messages only: the identity
+  is "id" (`same_model`).
 
   Args:
     config: the backbone's T5Config.
@@ -74,7 +76,32 @@ def fingerprint(config: Any, checkpoint_path: Optional[str], seed: int = 0) -> d
   """
   cfg, ckpt = config_hash(config), checkpoint_identity(checkpoint_path, seed)
   ident = hashlib.sha256(f"{cfg}|{ckpt}".encode()).hexdigest()[:16]
-  return {"id": ident, "config": cfg, "checkpoint": ckpt}
+  return {"id": ident, "config": cfg, "checkpoint": ckpt,
+          "model": model_name(cfg, checkpoint_path, seed)}
+
+
+def config_names(config_digest: str) -> list[str]:
+  """The registered config names (`spot_jax.t5.config.CONFIGS`, the gin/models/<name>.gin files)
+  whose weight-defining fields hash to `config_digest` (several share one: t5_1_1_small and
+  t5_1_1_lm100k_small)."""
+  from spot_jax.t5 import config as config_lib  # pylint: disable=g-import-not-at-top
+  return [name for name, c in config_lib.CONFIGS.items() if config_hash(c) == config_digest]
+
+
+def model_name(config_digest: str, checkpoint_path: Optional[str], seed: int) -> str:
+  """A backbone as a user names it: "t5_1_1_toy + checkpoint spot_jax/embedded/toy_t5/checkpoint",
+  "t5_1_1_small + random weights of seed 0" (a config of no registered name: "config <hash>")."""
+  names = config_names(config_digest)
+  config = " or ".join(names) if names else f"config {config_digest[:16]}"
+  if not checkpoint_path:
+    return f"{config} + random weights of seed {int(seed)}"
+  found = resolve_checkpoint_path(str(checkpoint_path))
+  if not paths.is_remote(found):
+    from spot_jax import embedded  # pylint: disable=g-import-not-at-top
+    portable = embedded.portable(found)
+    found = (os.path.join("spot_jax", "embedded", portable[len(embedded.EMBEDDED_PREFIX):])
+             if portable.startswith(embedded.EMBEDDED_PREFIX) else portable)
+  return f"{config} + checkpoint {found}"
 
 
 def describe_vocabulary(vocab: Any) -> Optional[dict]:
@@ -128,6 +155,10 @@ def same_model(a: dict, b: dict) -> bool:
 
 
 def describe(fp: dict) -> str:
+  """"t5_1_1_toy + checkpoint ... (fingerprint 55ef93f43347aa1f)": the name, the id as proof
+  (a fingerprint recorded without a name: the id and the start of its checkpoint identity)."""
+  if fp.get("model"):
+    return f"{fp['model']} (fingerprint {fp.get('id', '?')})"
   ckpt = str(fp.get("checkpoint", "?"))
   return f"{fp.get('id', '?')} ({ckpt[:22]}{'...' if len(ckpt) > 22 else ''})"
 
