@@ -149,8 +149,8 @@ def _misspelled(flag: str) -> str:
 
 @pytest.mark.parametrize("prog, main_spec, args", [(p[0], p[1], p[3]) for p in PROGRAMS],
                          ids=[p[0] for p in PROGRAMS])
-def test_a_misspelled_flag_is_one_line_naming_the_flag_meant(prog, main_spec, args, tmp_path, capsys,
-                                                             clean_gin):
+def test_a_misspelled_flag_is_one_line_naming_the_flag_meant(prog, main_spec, args, tmp_path,
+                                                             capsys, clean_gin):
   """Each program's own first flag, misspelled (required or not, subcommand or not), and the
   --debug every parser takes: exit 2, one line suggesting the flag meant; nothing runs."""
   args = _fill(args, tmp_path)

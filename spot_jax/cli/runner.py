@@ -82,7 +82,8 @@ class ArgumentParser(argparse.ArgumentParser):
       # A required flag misspelled is reported missing before the unknown flags are.
       for arg in getattr(self, "_given", []):
         close = renamed.closest_flags([arg], self.defined_flags())
-        message += f"; {arg.partition('=')[0]} is unknown: did you mean {close[0]}?" if close else ""
+        if close:
+          message += f"; {arg.partition('=')[0]} is unknown: did you mean {close[0]}?"
     raise UsageError(f"{message} (see --help)")
 
 
