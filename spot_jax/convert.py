@@ -23,6 +23,7 @@ import sys
 from typing import Optional, Sequence
 
 from spot_jax import cli, fileio
+from spot_jax import validate
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import checkpoints, hf
@@ -57,8 +58,7 @@ def convert(hf_dir: str, output_dir: str, *, format: str = "t5x",  # pylint: dis
     ConfigError: (including `CheckpointError`) `hf_dir` or its config.json is missing or does
       not fit, or `output_dir` exists and `overwrite` is False.
   """
-  if not os.path.isdir(hf_dir):
-    raise ConfigError(f"--hf_dir {hf_dir} is not a directory; give a Hugging Face T5 directory")
+  validate.existing_dir(hf_dir, "--hf_dir", "a Hugging Face T5 directory")
   config_file = os.path.join(hf_dir, "config.json")
   if not os.path.isfile(config_file):
     raise ConfigError(f"{config_file} not found; --hf_dir must be a Hugging Face T5 directory")

@@ -68,9 +68,7 @@ def _parser() -> cli.ArgumentParser:
 
 def _from_run_dir(args) -> dict:
   """What a run directory's record says about its prompt (every spot_jax.train run has one)."""
-  run_dir = RunDir(args.run_dir)
-  if not run_dir.path.is_dir():
-    raise ConfigError(f"--run_dir {args.run_dir!r} is not a directory; give a training run's directory")
+  run_dir = RunDir(validate.existing_dir(args.run_dir, "--run_dir", "a training run's directory"))
   record = run_dir.read_record()
   if record is None:
     raise ConfigError(f"--run_dir {args.run_dir!r} has no run.json (not a spot_jax.train run, or one "

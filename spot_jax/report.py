@@ -10,18 +10,19 @@ and nothing is written.
 """
 from __future__ import annotations
 
-import pathlib
 import sys
 from typing import Sequence
 
 from spot_jax import cli
+from spot_jax import validate
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 from spot_jax.spot import similarity
 from spot_jax.spot import study_report
 
 PROG = "spot_jax.report"
-EXPECTED = "give the folder of a `python -m spot_jax.study` run, where it wrote results.json"
+STUDY_DIR = "the folder of a `python -m spot_jax.study` run, where it wrote results.json"
+EXPECTED = f"give {STUDY_DIR}"
 
 
 def check_study_dir(study_dir: str) -> None:
@@ -29,11 +30,7 @@ def check_study_dir(study_dir: str) -> None:
 
   What that results.json holds is checked where it is read (`study_report.load`).
   """
-  path = pathlib.Path(study_dir)
-  if not path.exists():
-    raise ConfigError(f"--study_dir {study_dir!r} does not exist; {EXPECTED}")
-  if not path.is_dir():
-    raise ConfigError(f"--study_dir {study_dir!r} is a file, not a folder; {EXPECTED}")
+  path = validate.existing_dir(study_dir, "--study_dir", STUDY_DIR)
   if (path / "results.json").is_file():
     return
   try:

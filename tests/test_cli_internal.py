@@ -38,7 +38,7 @@ PROGRAMS = [
       "--output={tmp}/out.jsonl"], "missing.npy"),
     ("spot_jax.convert", "spot_jax.convert:main", "spot_jax.fileio:writable_dir",
      ["--hf_dir={tmp}", "--output_dir={tmp}/out"], ["--hf_dir={tmp}/absent", "--output_dir={tmp}/out"],
-     "is not a directory"),
+     "absent' does not exist; give a Hugging Face T5 directory"),
     ("spot_jax.library", "spot_jax.library:main", "spot_jax.spot.prompt_library:Library.load",
      ["list", "--library={tmp}"], ["list", "--library={tmp}/nolib"], "does not exist"),
     ("spot_jax.retrieve", "spot_jax.retrieve:main", "spot_jax.spot.settings:from_flags",

@@ -114,7 +114,7 @@ def test_bad_input_is_one_line_and_nonzero(hf_model, tmp_path, case):
       "bad_format": [f"--hf_dir={hf_dir}", f"--output_dir={out}", "--format=npz"],
       "no_flags": [],
   }[case]
-  needle = {"missing_dir": "is not a directory", "not_hf": "config.json not found",
+  needle = {"missing_dir": "absent' does not exist", "not_hf": "config.json not found",
             "exists": "exists; pass --overwrite", "bad_format": "invalid choice",
             "no_flags": "--hf_dir"}[case]
   if case == "missing_dir":

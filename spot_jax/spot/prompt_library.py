@@ -31,6 +31,7 @@ import numpy as np
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax import backbone as backbone_lib
+from spot_jax import validate
 
 FORMAT = "spot_jax.library/1"
 ENTRY_FORMAT = "spot_jax.library.entry/1"
@@ -66,9 +67,7 @@ class Entry:
 
 def load_npy(path: str | os.PathLike, what: str) -> np.ndarray:
   """A float [L, E] array from a .npy, or a one-line ConfigError (missing, truncated, pickled)."""
-  path = pathlib.Path(path)
-  if not path.is_file():
-    raise ConfigError(f"{what} {str(path)!r} does not exist; give a .npy prompt file")
+  path = validate.existing_file(path, what, "a .npy prompt file")
   try:
     array = np.load(path, allow_pickle=False)
   except (ValueError, EOFError, OSError) as e:

@@ -21,6 +21,7 @@ from spot_jax import backbone as backbone_lib
 from spot_jax import fileio
 from spot_jax import models
 from spot_jax import partitioning
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import RunDir
 from spot_jax.train.evaluator import EvalConfig, Evaluator
@@ -28,9 +29,7 @@ from spot_jax.train.evaluator import EvalConfig, Evaluator
 
 def _prompt_file_params(model: models.EncoderDecoderModel, prompt_file: str, backbone: Any,
                         dummy: Any, seed: int) -> dict:
-  path = pathlib.Path(prompt_file)
-  if not path.is_file():
-    raise ConfigError(f"PROMPT_FILE {prompt_file!r} does not exist; give a .npy exported by spot_jax.train")
+  path = validate.existing_file(prompt_file, "PROMPT_FILE", "a .npy exported by spot_jax.train")
   abstract = jax.eval_shape(model.init_prompt, backbone_lib.seed_keys(seed)[1], backbone, dummy)
   names = sorted(models.unbox(abstract).get(models.PROMPT_KEY, {}))
   if names != ["prompt"]:
@@ -71,9 +70,7 @@ def evaluate_run(*, model: models.EncoderDecoderModel, eval_cfg: EvalConfig,
     backbone_lib.check_initial_checkpoint(initial_checkpoint_path)
   run_dir = None
   if model_dir is not None:
-    run_dir = RunDir(model_dir)
-    if not run_dir.path.is_dir():
-      raise ConfigError(f"MODEL_DIR {model_dir!r} is not a directory; give a training run's directory")
+    run_dir = RunDir(validate.existing_dir(model_dir, "MODEL_DIR", "a training run's directory"))
     record = run_dir.read_record()
     if record is not None and not allow_backbone_change:
       current = backbone_lib.fingerprint(model.config, initial_checkpoint_path, seed)
