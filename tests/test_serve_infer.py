@@ -104,7 +104,8 @@ def test_the_inputs_cut_are_named_with_their_line_and_length(files, capsys):
   long = "this input is much longer than sixteen bytes"
   (root / "long.txt").write_text(f"fine\n\n{long}\nok\n{'x' * 20}\n")
   status, _, err = _run(COMMON + [f"--prompt={root}/a.npy", f"--checkpoint={root}/ckpt",
-                                  f"--input={root}/long.txt", f"--output={root}/long.jsonl"], capsys)
+                                  f"--input={root}/long.txt", f"--output={root}/long.jsonl"],
+                        capsys)
   assert status == 0, err
   # Byte ids: one per character, plus EOS; the blank line 2 still counts as a line.
   assert err.splitlines() == [

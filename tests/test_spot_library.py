@@ -70,13 +70,16 @@ def test_entries_round_trip(lib, tmp_path, capsys):
 
 def test_scores_print_rounded_and_list_columns_line_up(tmp_path, capsys):
   root = tmp_path / "lib"
-  for i, (task, run, score) in enumerate([("spot_test_sentiment_v1", "a_run_with_a_long_name_0123456789",
-                                           0.57 * 50), ("spot_test_parity_v1", "r", 100.0)]):
-    code, out, err = _run(["add", f"--library={root}", f"--prompt={_npy(tmp_path / f'p{i}.npy', (4, E), i)}",
-                           f"--embedding={_npy(tmp_path / f'e{i}.npy', (3 + 9 * i, E), i)}",
-                           f"--task={task}", f"--run_id={run}", f"--score={score!r}", *MODEL], capsys)
+  adds = [("spot_test_sentiment_v1", "a_run_with_a_long_name_0123456789", 0.57 * 50, "28.5"),
+          ("spot_test_parity_v1", "r", 100.0, "100")]  # 0.57 * 50 = 28.499999999999996
+  for i, (task, run, score, printed) in enumerate(adds):
+    prompt = _npy(tmp_path / f"p{i}.npy", (4, E), i)
+    embedding = _npy(tmp_path / f"e{i}.npy", (3 + 9 * i, E), i)
+    code, out, err = _run(["add", f"--library={root}", f"--prompt={prompt}",
+                           f"--embedding={embedding}", f"--task={task}", f"--run_id={run}",
+                           f"--score={score!r}", *MODEL], capsys)
     assert code == 0, err
-    assert out.rstrip().endswith(f"score {['28.5', '100'][i]}"), out  # 0.57 * 50 = 28.499999999999996
+    assert out.rstrip().endswith(f"score {printed}"), out
   code, out, _ = _run(["list", f"--library={root}"], capsys)
   lines = out.splitlines()
   assert code == 0 and lines[-1] == "2 entries"

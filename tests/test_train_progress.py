@@ -48,7 +48,8 @@ def _train(model_dir: pathlib.Path, steps: int, log_period: int, eval_period: in
 def test_rates_and_eta_leave_compilation_and_evaluation_out(tmp_path):
   lines, times = _train(tmp_path / "run", steps=30, log_period=1, eval_period=15)
   # The first step compiled (seconds; each later step takes milliseconds): no rate yet.
-  assert lines[0].startswith("step 1/30 | loss ") and lines[0].endswith(" | ETA after compile"), lines
+  assert lines[0].startswith("step 1/30 | loss "), lines
+  assert lines[0].endswith(" | ETA after compile"), lines
   assert "steps/s" not in lines[0]
   evaluation = lines.index(next(l for l in lines if l.startswith("eval step 15:")))
   steps = [int(line.split()[1].split("/")[0]) for line in lines if line.startswith("step ")]
