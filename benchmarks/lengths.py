@@ -37,6 +37,7 @@ from benchmarks.peers import worker as bench_worker
 from spot_jax.data import bucketing
 from spot_jax.train import optimizers
 from spot_jax import train as train_lib
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from spot_jax.train.state import TrainState
@@ -267,15 +268,14 @@ def _buckets(spec: str, input_length: int) -> tuple[int, ...]:
 
 def main(argv: Sequence[str]) -> int:
   args = _parse(argv)
-  if args.method not in common.METHODS:
-    raise ConfigError(f"unknown method {args.method!r}; valid: {', '.join(common.METHODS)}")
+  validate.one_of(args.method, "--method", list(common.METHODS))
   config_by_name(args.model)
-  if min(args.batch_size, args.target_length, args.prompt_length, args.steps, args.max_examples,
-         args.bucket_window) <= 0 or args.warmup < 0 or (args.input_length is not None and args.input_length <= 0):
-    raise ConfigError("batch_size, input_length, target_length, prompt_length, steps, max_examples and "
-                      "bucket_window must be positive and warmup >= 0")
-  if not 0.0 <= args.dropout_rate < 1.0:
-    raise ConfigError(f"dropout_rate must be in [0, 1), got {args.dropout_rate}")
+  for flag in ("batch_size", "target_length", "prompt_length", "steps", "max_examples",
+               "bucket_window"):
+    validate.positive_int(getattr(args, flag), f"--{flag}")
+  validate.positive_int(args.input_length, "--input_length", optional=True)
+  validate.positive_int(args.warmup, "--warmup", minimum=0)
+  validate.fraction(args.dropout_rate, "--dropout_rate", low_closed=True)
   outputs = common.output_files(args)
   specs = args.lengths or list(DEFAULT_LENGTHS)
   plans = []

@@ -182,8 +182,7 @@ def main(argv: Sequence[str]) -> int:
   for flag in ("batch_size", "input_length", "target_length", "steps"):
     validate.positive_int(getattr(args, flag), f"--{flag}", optional=True)
   validate.positive_int(args.warmup, "--warmup", minimum=0, optional=True)
-  if not 0.0 <= args.dropout_rate < 1.0:
-    raise ConfigError(f"--dropout_rate={args.dropout_rate} must be in [0, 1)")
+  validate.fraction(args.dropout_rate, "--dropout_rate", low_closed=True)
   outputs = common.output_files(args)
   rows = []
   for name in model_names:

@@ -43,6 +43,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from spot_jax import cli, runtime
+from spot_jax import validate
 from benchmarks import common, serve_workload
 from spot_jax.errors import ConfigError
 
@@ -289,11 +290,10 @@ def _check(args) -> tuple[list[str], list[str], list[str], dict]:
     serve_workload.parse_workload(w)
   sizes = ("input_length", "target_length", "num_labels", "label_length", "num_beams",
            "batch_size", "repeats")
-  bad = [f"--{k}={getattr(args, k)}" for k in sizes if getattr(args, k) < 1]
-  overrides = {k: getattr(args, k) for k in common.OVERRIDE_FLAGS if getattr(args, k) is not None}
-  bad += [f"--{k}={v}" for k, v in overrides.items() if v < 1]
-  if bad:
-    raise ConfigError(f"{', '.join(bad)}: sizes must be positive integers")
+  for k in sizes:
+    validate.positive_int(getattr(args, k), f"--{k}")
+  overrides = {k: validate.positive_int(getattr(args, k), f"--{k}")
+               for k in common.OVERRIDE_FLAGS if getattr(args, k) is not None}
   return methods, tasks, workloads, overrides
 
 

@@ -44,6 +44,7 @@ from spot_jax.cli import distributed, flags
 from spot_jax import runtime
 from spot_jax.train import optimizers
 from spot_jax import train as train_lib
+from spot_jax import validate
 from benchmarks import common
 from benchmarks.common import (DEFAULT_METHODS, METHODS, OVERRIDE_FLAGS, SHAPE_FIELDS, T5X_DROPOUT_RNGS, bench_config, device_batch,
                                    hlo_op_counts, nbytes, timed, xla_flops)
@@ -299,17 +300,15 @@ def main(argv: Sequence[str]) -> int:
   methods = list(flags.name_list("--methods", args.methods, list(METHODS), unique=False))
   outputs = common.output_files(args)
   config_by_name(args.model)
-  overrides = {k: getattr(args, k) for k in OVERRIDE_FLAGS if getattr(args, k) is not None}
-  bad = [f"--{k}={v}" for k, v in overrides.items() if v <= 0]
-  if bad:
-    raise ConfigError(f"{', '.join(bad)}: shape overrides must be positive integers")
+  overrides = {k: validate.positive_int(getattr(args, k), f"--{k}")
+               for k in OVERRIDE_FLAGS if getattr(args, k) is not None}
   lengths = _input_lengths(args)
-  if min(args.batch_size, *lengths, args.target_length, args.steps, args.prompt_length,
-         args.inference_steps) <= 0 or args.warmup < 0:
-    raise ConfigError("batch_size, input_length, target_length, prompt_length, steps and "
-                      "inference_steps must be positive and warmup >= 0")
-  if not 0.0 <= args.dropout_rate < 1.0:
-    raise ConfigError(f"dropout_rate must be in [0, 1), got {args.dropout_rate}")
+  for flag in ("batch_size", "target_length", "steps", "prompt_length", "inference_steps"):
+    validate.positive_int(getattr(args, flag), f"--{flag}")
+  for length in lengths:
+    validate.positive_int(length, "--input_lengths" if args.input_lengths else "--input_length")
+  validate.positive_int(args.warmup, "--warmup", minimum=0)
+  validate.fraction(args.dropout_rate, "--dropout_rate", low_closed=True)
   if args.vs == "t5x":
     if not any(METHODS[m][0] == "prompt_tuning" for m in methods):
       raise ConfigError("--vs=t5x compares Prompt Tuning; put pt100, pt20 or prompt_tuning in --methods")

@@ -112,7 +112,7 @@ def test_without_t5x_one_line_error_naming_pythonpath(module, args):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--num_heads=0"], "--num_heads=0: shape overrides must be positive"),
+    (["--num_heads=0"], "--num_heads=0 must be a positive integer"),
     (["--vs=t5x", "--methods=smop4x5"], "--vs=t5x compares Prompt Tuning"),
     (["--vs=t5x", "--model=t5_small"], "--vs=t5x needs a T5.1.1 config"),
     (["--vs=t5y"], "invalid choice"),

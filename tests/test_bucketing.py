@@ -218,7 +218,7 @@ def test_command_lines(tmp_path):
       ([*bench_args, "--lengths=rte"], "valid: file:<path>", bench),
       ([*bench_args, "--lengths=task:spot_toy_revrse_v100"], "did you mean 'spot_toy_reverse_v100'", bench),
       ([*bench_args, "--buckets=8,4"], "not strictly increasing", bench),
-      ([*bench_args, "--method=pt1000"], "unknown method 'pt1000'", bench),
+      ([*bench_args, "--method=pt1000"], "--method='pt1000' is unknown", bench),
       ([*bench_args, f"--markdown={tmp_path}/no_dir/bench.md"], "no_dir' does not exist", bench),
       ([*bench_args, f"--json={tmp_path}/bench.json"], None, bench),
       ([*TRAIN, f"--gin.MODEL_DIR='{tmp_path}/bad'", "--gin.LENGTH_BUCKETS=(32, 16)"], "not strictly increasing"),

@@ -58,7 +58,7 @@ PROGRAMS = [
     ("benchmarks.jobs", "benchmarks.jobs:main", "benchmarks.jobs:measure",
      ["--runs=1", "--repeats=1"], ["--runs=0,2"], "--runs='0,2': entry 0 (0) must be >= 1"),
     ("benchmarks.lengths", "benchmarks.lengths:main", "benchmarks.lengths:config_by_name",
-     [], ["--method=pt1000"], "unknown method 'pt1000'"),
+     [], ["--method=pt1000"], "--method='pt1000' is unknown"),
     ("benchmarks.peers.peft_train", "benchmarks.peers.peft_train:main", "benchmarks.peers.worker:parse",
      ["--shape={{}}", "--method=pt"], ["--shape=x", "--method=pt"], "--shape is not JSON"),
     ("benchmarks.peers.t5x_train", "benchmarks.peers.t5x_train:main", "benchmarks.peers.worker:parse",

@@ -138,7 +138,7 @@ def test_cpu_devices_splits_the_batch_and_keeps_the_run(tmp_path):
   np.testing.assert_allclose(runs[2][0], runs[1][0], rtol=1e-5)
   np.testing.assert_allclose(runs[2][1], runs[1][1], atol=1e-5)
   bad = _run([*SMOKE, "--cpu_devices=0", f"--gin.MODEL_DIR='{tmp_path / 'bad'}'"])
-  _assert_one_line_error(bad, "--cpu_devices=0 must be >= 1")
+  _assert_one_line_error(bad, "--cpu_devices=0 must be a positive integer")
 
 
 def test_dropout_rng_is_wired_and_deterministic(tmp_path):

@@ -19,6 +19,7 @@ import dataclasses
 import os
 from typing import Mapping, Optional
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 
 def _setting(*env: str, minimum: Optional[int] = None):
@@ -57,9 +58,7 @@ def _int(name: str, value, minimum: int) -> Optional[int]:
     number = int(value)
   except (TypeError, ValueError):
     raise ConfigError(f"{name}={value!r} is not an integer; give an integer >= {minimum}") from None
-  if number < minimum:
-    raise ConfigError(f"{name}={number} must be >= {minimum}")
-  return number
+  return validate.positive_int(number, name, minimum=minimum)
 
 
 def resolve(coordinator_address: Optional[str] = None, num_processes=None, process_id=None,

@@ -33,6 +33,7 @@ from spot_jax import embedded
 from spot_jax import fileio
 from spot_jax import models
 from spot_jax import t5
+from spot_jax import validate
 from spot_jax.embedded import toy_data
 from spot_jax.errors import ConfigError
 from tasks import embedded as suite
@@ -58,6 +59,7 @@ GIN_TEXT = """\
 from __gin__ import dynamic_registration
 from spot_jax import models
 from spot_jax import t5
+from spot_jax import validate
 
 PROMPT = None
 DROPOUT_RATE = 0.1
@@ -228,9 +230,9 @@ def main(argv: Sequence[str]) -> Optional[int]:
   parser.add_argument("--batch_size", type=int, default=BATCH_SIZE)
   parser.add_argument("--no_eval", action="store_true", help="skip the final accuracy check")
   args = parser.parse_args(argv)
-  if args.steps <= 0 or args.batch_size <= 1 or (args.stop_after is not None and args.stop_after <= 0):
-    raise ConfigError(f"--steps ({args.steps}) and --stop_after ({args.stop_after}) must be positive "
-                      f"and --batch_size ({args.batch_size}) > 1")
+  validate.positive_int(args.steps, "--steps")
+  validate.positive_int(args.stop_after, "--stop_after", optional=True)
+  validate.positive_int(args.batch_size, "--batch_size", minimum=2)
   fileio.writable_dir(args.output_dir, "--output_dir")
   pretrain(args.output_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
            stop_after=args.stop_after, evaluate=not args.no_eval)
