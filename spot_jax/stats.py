@@ -176,8 +176,7 @@ def correlation(x: Sequence[float], y: Sequence[float], method: str = "pearson",
 
 def check_seeds(seeds: Optional[Sequence[int]], flag: str = "--seeds") -> list[int]:
   """A seed list for a seeded table: non-empty, distinct, non-negative integers."""
-  if seeds is None or len(seeds) == 0:
-    raise ConfigError(f"{flag} is empty; give at least one seed, e.g. {flag}=0,1,2,3,4")
+  seeds = validate.non_empty(seeds, flag, f"at least one seed, e.g. {flag}=0,1,2,3,4")
   out = []
   for i, s in enumerate(seeds):
     if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:

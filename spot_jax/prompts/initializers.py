@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spot_jax import fileio
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 
 Array = jax.Array
@@ -107,10 +108,7 @@ def sampled_vocab(num_most_frequent: int = 5000) -> Initializer:
   Args:
     num_most_frequent: how many leading ids are candidates; must be >= 1.
   """
-  if not isinstance(num_most_frequent, numbers.Integral) or isinstance(num_most_frequent, bool) \
-      or num_most_frequent < 1:
-    raise ConfigError(f"sampled_vocab: num_most_frequent must be a positive integer, "
-                      f"got {num_most_frequent!r}")
+  validate.positive_int(num_most_frequent, "sampled_vocab.num_most_frequent", example=5000)
 
   def init(rng: Array, shape: Shape, embedding: Array) -> Array:
     rows, embed = _rows(shape, "sampled_vocab")
