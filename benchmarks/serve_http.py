@@ -85,15 +85,18 @@ def command(system: str, work: str, backbone: Sequence[str], num_prompts: int, a
           *(f"--prompt=p{i}={work}/p{i}.npy" for i in range(num_prompts))]
 
 
-def start(cmd: Sequence[str]) -> tuple[subprocess.Popen, str]:
-  proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  lines = []
-  for line in proc.stdout:
-    lines.append(line)
-    found = re.search(r"listening on (http://\S+)", line)
+def start(cmd: Sequence[str], log: str) -> tuple[subprocess.Popen, str]:
+  """Starts a server writing to the file `log` (never a pipe nobody reads); its URL."""
+  with open(log, "w", encoding="utf-8") as f:
+    proc = subprocess.Popen(list(cmd), stdout=f, stderr=subprocess.STDOUT, text=True)
+  while proc.poll() is None:
+    with open(log, encoding="utf-8") as f:
+      found = re.search(r"listening on (http://\S+)", f.read())
     if found:
       return proc, found.group(1)
-  raise RuntimeError("the server did not start:\n" + "".join(lines[-20:]))
+    time.sleep(0.2)
+  with open(log, encoding="utf-8") as f:
+    raise RuntimeError("the server did not start:\n" + f.read()[-3000:])
 
 
 def status_kib(pid: int, field: str) -> int:
@@ -102,13 +105,22 @@ def status_kib(pid: int, field: str) -> int:
     return int(next(l.split()[1] for l in f if l.startswith(field + ":")))
 
 
+def texts(rs, count: int = 2000) -> list[str]:
+  """Inputs of 3 to 8 words that fit the servers' input length in the toy vocabulary's tokens
+  (EOS included): a longer one would be refused (400), as it should be."""
+  from spot_jax import vocabulary  # pylint: disable=g-import-not-at-top
+  vocab = vocabulary.get(embedded.VOCAB_PATH)
+  out = [" ".join(rs.choice(WORDS, rs.randint(3, 9))) for _ in range(count)]
+  return [t for t in out if len(vocab.encode(t)) < INPUT]
+
+
 async def _one(session, url: str, name: str, text: str, out: list) -> None:
   t0 = time.perf_counter()
   try:
     async with session.post(url + "/v1/completions", json={"model": name, "prompt": text,
                                                            "max_tokens": TARGET}) as r:
-      await r.read()
-      why = "" if r.status == 200 else f"HTTP {r.status}"
+      body = await r.read()
+      why = "" if r.status == 200 else f"HTTP {r.status}: {body[:120].decode(errors='replace')}"
   except Exception as e:  # pylint: disable=broad-except  (counted as a failure, by kind)
     why = type(e).__name__
   out.append((time.perf_counter() - t0, why))
@@ -120,7 +132,8 @@ async def drive(url: str, seconds: float, rate: Optional[float], clients: int, n
   None). Returns requests/s, latencies, failures. aiohttp's client: httpx's async pool, at 64
   concurrent requests, was the bottleneck (48 requests/s where aiohttp drives 300)."""
   import aiohttp  # pylint: disable=g-import-not-at-top
-  text = lambda: " ".join(rs.choice(WORDS, rs.randint(3, 9)))
+  pool = texts(rs)
+  text = lambda: pool[rs.randint(len(pool))]
   out: list = []
   # Idle connections are dropped after 1 s, before the server's 5 s keep-alive closes them: a
   # request sent on a connection the server is closing would fail as the client's doing.
@@ -175,7 +188,8 @@ def measure(url: str, label: str, seconds: float, rate, clients: int, names, rs,
 
 def run_system(system: str, work: str, backbone, names, args, saturated: Optional[float]
                ) -> list[dict]:
-  proc, url = start(command(system, work, backbone, len(names), args))
+  proc, url = start(command(system, work, backbone, len(names), args),
+                    os.path.join(work, f"{system}.log"))
   rs = np.random.RandomState(1)
   rows = []
   try:
@@ -224,7 +238,8 @@ def markdown(shape: str, rows: Sequence[dict], ratios: dict) -> str:
 
 def soak(work: str, backbone, names, args) -> dict:
   """Half the saturated rate for --soak seconds: RSS after warm-up and at the end, failures."""
-  proc, url = start(command("dynamic", work, backbone, len(names), args))
+  log = os.path.join(work, "soak.log")
+  proc, url = start(command("dynamic", work, backbone, len(names), args), log)
   rs = np.random.RandomState(2)
   try:
     sat = measure(url, "saturated", args.seconds, None, args.clients, names, rs, args)
@@ -236,6 +251,8 @@ def soak(work: str, backbone, names, args) -> dict:
   finally:
     proc.terminate()
     proc.wait(120)
+  with open(log, encoding="utf-8") as f:
+    server_lines = f.read().splitlines()[3:]  # after its three start-up lines
   warm = next((m for t, m in samples if t >= args.soak_warmup), samples[0][1])
   return {"seconds": args.soak, "rate_per_s": rate, "rss_after_warmup_mb": warm,
           "rss_end_mb": samples[-1][1], "rss_max_mb": max(m for _, m in samples),
@@ -244,7 +261,8 @@ def soak(work: str, backbone, names, args) -> dict:
           "failures": sum(r["failures"] for r in results),
           "failure_kinds": dict(sum((collections.Counter(r["failure_kinds"]) for r in results),
                                     collections.Counter())),
-          "p99_ms_worst_window": max(r["p99_ms"] for r in results)}
+          "p99_ms_worst_window": max(r["p99_ms"] for r in results),
+          "server_log": server_lines[-20:]}
 
 
 def main(argv: Sequence[str]) -> int:
