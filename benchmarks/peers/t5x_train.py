@@ -106,9 +106,9 @@ def build_contrib_model(config: Any, prompt_length: int, *bindings: str):
   = False"). No vocabulary is read.
   """
   import gin  # pylint: disable=import-outside-toplevel
-  from spot_jax.cli import gin_flags  # pylint: disable=import-outside-toplevel
+  from spot_jax import paths  # pylint: disable=import-outside-toplevel
   gin.clear_config(clear_constants=True)
-  gin.add_config_file_search_path(str(gin_flags.REPO_ROOT))
+  gin.add_config_file_search_path(str(paths.ROOT))
   fields = [f"t5.T5Config.{k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
   gin.parse_config("\n".join([
       "from __gin__ import dynamic_registration", "from spot_jax import t5",
