@@ -30,7 +30,6 @@ from typing import Optional, Sequence
 from spot_jax import cli, validate
 from benchmarks import common
 from spot_jax.cli import flags
-from spot_jax.errors import ConfigError
 
 PROG = "benchmarks.jobs"
 DEFAULT_RUNS = (1, 2, 4, 5, 8)
@@ -127,9 +126,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
     print(json.dumps(_worker(args.k, args.task, args.work_dir)))
     return 0
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
-  if args.task not in suite.TARGETS + suite.HARD_TARGETS:
-    raise ConfigError(f"--task {args.task!r} is not a target of the embedded suite; valid: "
-                      f"{', '.join(suite.TARGETS + suite.HARD_TARGETS)}")
+  validate.one_of(args.task, "--task", suite.TARGETS + suite.HARD_TARGETS)
   runs = flags.int_list("--runs", args.runs, minimum=1)
   validate.positive_int(args.repeats, "--repeats", optional=True)
   outputs = common.output_files(args)

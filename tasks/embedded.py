@@ -28,7 +28,7 @@ import tensorflow as tf
 from tasks import metrics as metrics_lib
 from tasks import postprocessors
 
-from spot_jax.errors import ConfigError
+from spot_jax import validate
 
 VERSION = "v100"
 EXTRA_IDS = 100
@@ -268,8 +268,7 @@ def task_name(key: str, taskless: bool = False) -> str:
 @functools.lru_cache(maxsize=None)
 def examples(key: str, split: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
   """(inputs with the task name, targets) of one split, the same on every machine."""
-  if split not in SPLIT_SIZES:
-    raise ConfigError(f"unknown split {split!r}; valid: {', '.join(SPLIT_SIZES)}")
+  validate.one_of(split, "split", list(SPLIT_SIZES))
   task = TASKS[key]
   rng = _rng(key, split)
   inputs, targets = [], []

@@ -46,7 +46,7 @@ def test_table_states_the_goal():
 
 @pytest.mark.parametrize("argv, message", [
     (["--runs=0,2"], "--runs='0,2': entry 0 (0) must be >= 1"),
-    (["--task=bogus"], "--task 'bogus' is not a target of the embedded suite"),
+    (["--task=bogus"], "--task='bogus' is unknown; valid: "),
     (["--repeats=0"], "--repeats"),
 ])
 def test_bad_input_is_one_line(argv, message, capsys, tmp_path):

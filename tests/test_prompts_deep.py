@@ -305,7 +305,7 @@ def test_bad_settings_are_one_line_config_errors():
   for make, match in [
       (lambda: prompts.PrefixTuning(0), "PrefixTuning.length=0 must be a positive integer, e.g. PrefixTuning.length=10"),
       (lambda: prompts.PrefixTuning(2, attention=("encoder", "self")), "give distinct names"),
-      (lambda: prompts.PrefixTuning(2, layout="hf"), "layout='hf'; valid"),
+      (lambda: prompts.PrefixTuning(2, layout="hf"), "PrefixTuning.layout='hf' is unknown; valid"),
       (lambda: prompts.PrefixTuning(2, layout="peft"), "set attention=\\('decoder',\\)"),
       (lambda: prompts.PTuningV2(2, stacks=("cross",)), "give distinct names"),
       (lambda: prompts.PTuningV2(-1), "PTuningV2.length=-1 must be a positive integer")]:

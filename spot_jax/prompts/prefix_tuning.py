@@ -121,8 +121,7 @@ class PrefixTuning(nn.Module):
       raise ConfigError(f"PrefixTuning.attention={self.attention!r}; give distinct names from "
                         f"{', '.join(prefixes_lib.ATTENTION_TYPES)}")
     object.__setattr__(self, "attention", attention)
-    if self.layout not in LAYOUTS:
-      raise ConfigError(f"PrefixTuning.layout={self.layout!r}; valid: {', '.join(LAYOUTS)}")
+    validate.one_of(self.layout, "PrefixTuning.layout", LAYOUTS)
     if self.layout == "peft" and attention != ("decoder",):
       raise ConfigError(f"PrefixTuning.layout='peft' puts prefixes in decoder self-attention only "
                         f"(as peft 0.21.2 does for T5); set attention=('decoder',), not "

@@ -25,6 +25,7 @@ from typing import Optional
 
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
 from spot_jax.serve import peft_io
@@ -143,10 +144,8 @@ def initializer(source: str, part: str, factors: str = "average", task: int = 0
       `task`'s), as PEFT's AVERAGE_SOURCE_TASKS / EXACT_SOURCE_TASK.
     task: the source task for factors="task".
   """
-  if part not in KEYS:
-    raise ConfigError(f"peft_mpt.initializer part={part!r}; valid: {', '.join(KEYS)}")
-  if factors not in FACTORS:
-    raise ConfigError(f"peft_mpt.initializer factors={factors!r}; valid: {', '.join(FACTORS)}")
+  validate.one_of(part, "peft_mpt.initializer part", KEYS)
+  validate.one_of(factors, "peft_mpt.initializer factors", FACTORS)
 
   start = source_arrays(source)[part]
   if part != "shared":

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 
 COMPRESSIONS = ("first", "mean_pool")
@@ -21,8 +22,7 @@ COMPRESSIONS = ("first", "mean_pool")
 def compress(prompt: np.ndarray, length: int, method: str) -> np.ndarray:
   """[L, E] -> [length, E] float32 (length <= L)."""
   prompt = np.asarray(prompt, np.float32)
-  if method not in COMPRESSIONS:
-    raise ConfigError(f"compression {method!r} is unknown; valid: {', '.join(COMPRESSIONS)}")
+  validate.one_of(method, "compression", COMPRESSIONS)
   if prompt.ndim != 2 or not 1 <= length <= prompt.shape[0]:
     raise ConfigError(f"cannot compress a prompt of shape {prompt.shape} to {length} tokens; "
                       f"give 1 <= expert length <= {prompt.shape[0] if prompt.ndim == 2 else '?'}")

@@ -40,6 +40,7 @@ import numpy as np
 
 from spot_jax import experiment
 from spot_jax import fileio
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.experiment import RunOutcome, RunRequest
 from spot_jax.spot import retrieval
@@ -125,8 +126,7 @@ class Grid:
     if not isinstance(self.retrieval_k, int) or not 0 <= self.retrieval_k <= len(self.sources):
       raise ConfigError(f"--retrieval_k={self.retrieval_k!r}; give 0 (no retrieval runs) up to the "
                         f"number of sources ({len(self.sources)})")
-    if self.similarity not in similarity.METRICS:
-      raise ConfigError(f"--similarity {self.similarity!r} is unknown; valid: {', '.join(similarity.METRICS)}")
+    validate.one_of(self.similarity, "--similarity", similarity.METRICS)
 
   def stages(self) -> list[list[Cell]]:
     """The cells of each stage, in job order."""

@@ -134,8 +134,7 @@ def run_strategy(strategy: str, settings: RunSettings, target: str, ranked: Sequ
   Every run goes to its own keyed directory under <work_dir>/runs (see `_train`), so the runs
   of another k, metric or library are others, and the same ones are reused.
   """
-  if strategy not in STRATEGIES:
-    raise ConfigError(f"--strategy {strategy!r} is unknown; valid: {', '.join(STRATEGIES)}")
+  validate.one_of(strategy, "--strategy", STRATEGIES)
   top = list(ranked[:options.k])
   sims = {r.entry.id: r.similarity for r in top}
   seed = options.seed
@@ -206,8 +205,7 @@ def retrieve(settings: RunSettings, target: str, entries: Sequence[Entry], strat
   """
   work_dir = pathlib.Path(work_dir)
   for s in strategies:
-    if s not in STRATEGIES:
-      raise ConfigError(f"--strategy {s!r} is unknown; valid: {', '.join(STRATEGIES)}")
+    validate.one_of(s, "--strategy", STRATEGIES)
   if not entries:
     raise ConfigError("the library has no usable entries; add source prompts with "
                       "`python -m spot_jax.library add`")

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 
 METRICS = ("average", "per_token")
@@ -46,8 +47,7 @@ def summaries(prompts: Sequence[np.ndarray], metric: str) -> np.ndarray:
   "average": the unit-normalised mean token; "per_token": the mean of the unit tokens
   (not renormalised: its dot products are the mean pairwise cosines).
   """
-  if metric not in METRICS:
-    raise ConfigError(f"similarity metric {metric!r} is unknown; valid: {', '.join(METRICS)}")
+  validate.one_of(metric, "similarity metric", METRICS)
   out = _check(prompts)
   if not out:
     return np.zeros((0, 0))

@@ -14,6 +14,7 @@ import numpy as np
 
 from spot_jax import fileio
 from spot_jax import stats
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.spot import figures
 from spot_jax.spot import study_tables
@@ -90,8 +91,7 @@ def _save(plt, fig, path: pathlib.Path) -> None:
 def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] = None,
           metric: str = "average") -> dict:
   """Writes the figures and report.md; returns the numbers (for callers and tests)."""
-  if metric not in similarity.METRICS:
-    raise ConfigError(f"--similarity {metric!r} is unknown; valid: {', '.join(similarity.METRICS)}")
+  validate.one_of(metric, "--similarity", similarity.METRICS)
   study_dir = pathlib.Path(study_dir)
   doc = load(study_dir)
   rows, grid = doc["rows"], doc["grid"]
