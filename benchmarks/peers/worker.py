@@ -15,6 +15,7 @@ from typing import Callable, Optional, Sequence
 from spot_jax import cli
 from spot_jax.cli import flags
 from spot_jax import runtime
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 
 
@@ -40,8 +41,8 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str], shape_source: str
       `shape_source`, the function whose output it should be).
   """
   args = p.parse_args(argv)
-  if min(args.batch_size, args.input_length, args.target_length, args.prompt_length, args.steps) <= 0:
-    raise ConfigError("batch_size, input_length, target_length, prompt_length and steps must be positive")
+  for flag in ("batch_size", "input_length", "target_length", "prompt_length", "steps"):
+    validate.positive_int(getattr(args, flag), f"--{flag}")
   try:
     shape = json.loads(args.shape)
   except json.JSONDecodeError as e:

@@ -95,9 +95,8 @@ class Attempt(common.TaskIndexed):
     k = validate.positive_int(self.num_targets, "Attempt.num_targets")
     validate.positive_int(self.bottleneck, "Attempt.bottleneck")
     self.check_task_settings(k, "Attempt")
-    if self.temperature is not None and not self.temperature > 0:
-      raise ConfigError(f"Attempt.temperature={self.temperature!r}; give a positive number or "
-                        f"None (E * e, the paper's)")
+    if self.temperature is not None:
+      validate.positive(self.temperature, "Attempt.temperature", note="None: E * e, the paper's")
     super().__post_init__()
 
   @property

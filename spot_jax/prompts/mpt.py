@@ -38,8 +38,7 @@ def ones() -> initializers.Initializer:
 
 def normal(std: float = 0.02) -> initializers.Initializer:
   """N(0, std^2) entries (PEFT's initialisation of the task factors)."""
-  if not std >= 0:
-    raise ConfigError(f"mpt.normal: std={std!r}; give a standard deviation >= 0")
+  validate.non_negative(std, "mpt.normal std")
   return lambda rng, shape, embedding: std * jax.random.normal(rng, tuple(shape), jnp.float32)
 
 
