@@ -30,7 +30,7 @@ SPOT = ["--model=t5_1_1_byte_tiny", "--task_module=tests.spot_tasks", "--train_s
 PROGRAMS = [
     ("spot_jax.train", "spot_jax.train.__main__:main", "spot_jax.data:validate", SMOKE,
      [*SMOKE, "--gin.TRAIN_STEPS=-5"], "TRAIN_STEPS=-5 must be a positive integer"),
-    ("spot_jax.eval", "spot_jax.eval:main", "spot_jax.fileio:writable_dir",
+    ("spot_jax.eval", "spot_jax.eval:main", "spot_jax.fileio:creatable_dir",
      [*EVAL, "--gin.MODEL_DIR='{tmp}'"], EVAL, "give exactly one of MODEL_DIR"),
     ("spot_jax.infer", "spot_jax.infer:main", "spot_jax.t5.config:config_by_name",
      ["--model=t5_1_1_byte_tiny", "--prompt={tmp}/p.npy"],
