@@ -303,7 +303,8 @@ def test_ptuning_v2_parameter_count_is_the_formula():
 
 def test_bad_settings_are_one_line_config_errors():
   for make, match in [
-      (lambda: prompts.PrefixTuning(0), "PrefixTuning.length=0 must be a positive integer, e.g. PrefixTuning.length=10"),
+      (lambda: prompts.PrefixTuning(0),
+       "PrefixTuning.length=0 must be a positive integer, e.g. PrefixTuning.length=10"),
       (lambda: prompts.PrefixTuning(2, attention=("encoder", "self")), "give distinct names"),
       (lambda: prompts.PrefixTuning(2, layout="hf"), "PrefixTuning.layout='hf' is unknown; valid"),
       (lambda: prompts.PrefixTuning(2, layout="peft"), "set attention=\\('decoder',\\)"),

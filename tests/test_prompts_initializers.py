@@ -82,7 +82,8 @@ def test_sampled_vocab_fills_smop_shape_and_small_tables():
 
 
 def test_sampled_vocab_errors():
-  with pytest.raises(ValueError, match="sampled_vocab.num_most_frequent=0 must be a positive integer"):
+  with pytest.raises(ValueError,
+                     match="sampled_vocab.num_most_frequent=0 must be a positive integer"):
     prompts.sampled_vocab(0)
   with pytest.raises(ValueError, match="differs from the embedding table width"):
     prompts.sampled_vocab()(RNG, (3, 5), np.zeros((10, 4), np.float32))

@@ -62,7 +62,8 @@ def test_combine_rejects_bad_shapes_and_placements():
   embedded, prompt = _inputs()
   with pytest.raises(ValueError, match="does not fit an input of shape"):
     prompts.combine(jnp.zeros((L, E + 1)), jnp.asarray(embedded), jnp.asarray(TOKENS > 0))
-  with pytest.raises(ValueError, match="placement='infix' is unknown; valid: prefix, after_bos, suffix"):
+  with pytest.raises(ValueError,
+                     match="placement='infix' is unknown; valid: prefix, after_bos, suffix"):
     prompts.combine(jnp.asarray(prompt), jnp.asarray(embedded), jnp.asarray(TOKENS > 0), "infix")
 
 

@@ -146,7 +146,7 @@ def test_parameter_axes():
 
 
 def test_bad_settings_are_one_line_errors():
-  for kwargs, message in [(dict(bottleneck=0), "ResidualSMoP.bottleneck=0 must be a positive integer"),
+  for kwargs, message in [(dict(bottleneck=0), "ResidualSMoP.bottleneck=0 must be a positive"),
                           (dict(activation="swish"), "ResidualSMoP.activation='swish' is unknown"),
                           (dict(dropout=1.0), r"ResidualSMoP.dropout=1.0 must be in \[0, 1\)"),
                           (dict(routing="top2", num_prompts=1), "needs num_prompts >= 2")]:
