@@ -21,7 +21,8 @@ from spot_jax.train import checkpointer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = config_by_name(embedded.CONFIG_NAME, dropout_rate=0.0)
-BACKBONE = [f"--model={embedded.CONFIG_NAME}", f"--checkpoint={embedded.CHECKPOINT_PATH}",
+CHECKPOINT = embedded.CHECKPOINT_PATH
+BACKBONE = [f"--model={embedded.CONFIG_NAME}", f"--checkpoint={CHECKPOINT}",
             f"--vocab={embedded.VOCAB_PATH}"]
 OFFSET = 16  # the DePT prompt offsets this many input positions
 

@@ -196,3 +196,33 @@ def test_prompts_added_and_removed_while_requests_are_in_flight(served):
     assert _post(server, "/v1/completions", {"model": name, "prompt": "y"}).status_code == 200
   assert server.get("/health")["compiles"] == after
   assert _post(server, "/v1/prompts/peft", {"path": prompts["peft"]}).status_code == 200
+
+
+def _library(root, name: str, fingerprint: dict):
+  from spot_jax.spot import prompt_library  # pylint: disable=g-import-not-at-top
+  prompt = np.random.RandomState(3).normal(0, 0.5, (4, util.CONFIG.emb_dim)).astype(np.float32)
+  library = prompt_library.Library(root / name)
+  for entry_id in ("src.a", "src.b"):
+    library.add(entry_id=entry_id, task="spot_synthetic_sentiment_v100", run_id=entry_id, seed=0,
+                fingerprint=fingerprint, prompt=prompt, embedding=prompt, score=1.0,
+                metric="accuracy", embed_dim=util.CONFIG.emb_dim)
+  return root / name
+
+
+def test_library_entries_by_id_and_another_backbones_refused(served):
+  from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve import service  # pylint: disable=g-import-not-at-top
+  server, _, root = served
+  ours = _library(root, "ours", backbone_lib.fingerprint(util.CONFIG, util.CHECKPOINT, 0))
+  other = _library(root, "other", backbone_lib.fingerprint(util.CONFIG, None, 1))
+  args = service._parser().parse_args([f"--library={ours}"])  # pylint: disable=protected-access
+  assert service._specs(args) == [("src.a", f"{ours}#src.a"),  # pylint: disable=protected-access
+                                  ("src.b", f"{ours}#src.b")]
+  added = _post(server, "/v1/prompts/src.a", {"path": f"{ours}#src.a"})
+  assert added.status_code == 200, added.text
+  ok = _post(server, "/v1/completions", {"model": "src.a", "prompt": "x", "max_tokens": 8})
+  assert ok.status_code == 200
+  refused = _post(server, "/v1/prompts/foreign", {"path": f"{other}#src.a"})
+  assert refused.status_code == 400 and refused.json()["error"]["param"] == "path"
+  assert "was trained against frozen model" in refused.json()["error"]["message"]
+  assert httpx.delete(server.url + "/v1/prompts/src.a").status_code == 200
