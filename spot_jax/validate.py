@@ -56,24 +56,29 @@ def positive_int(value: Any, setting: str, *, minimum: int = 1, optional: bool =
 
 
 def _number(value: Any, setting: str, low: float, strict: bool, unit: Optional[str],
-            note: Optional[str], example: Optional[Any]) -> float:
-  if not _is_number(value) or not math.isfinite(value) or value < low or (strict and value == low):
+            note: Optional[str], example: Optional[Any], finite: bool) -> float:
+  if not _is_number(value) or math.isnan(value) or (finite and math.isinf(value)) \
+      or value < low or (strict and value == low):
     noun = f"a number of {unit}" if unit else "a number"
     valid = f"{noun} {'>' if strict else '>='} {low:g}"
     raise _refuse(setting, value, valid, note, example)
   return float(value)
 
 
-def positive(value: Any, setting: str, *, unit: Optional[str] = None,
+def positive(value: Any, setting: str, *, unit: Optional[str] = None, finite: bool = True,
              note: Optional[str] = None, example: Optional[Any] = None) -> float:
-  """`value` as a float if it is a finite number > 0; `unit` ("points") names what it counts."""
-  return _number(value, setting, 0, True, unit, note, example)
+  """`value` as a float if it is a finite number > 0; `unit` ("points") names what it counts.
+
+  `finite=False` lets +inf through (a learning rate may diverge on purpose; the trainer stops
+  such a run at its first non-finite loss).
+  """
+  return _number(value, setting, 0, True, unit, note, example, finite)
 
 
-def non_negative(value: Any, setting: str, *, unit: Optional[str] = None,
+def non_negative(value: Any, setting: str, *, unit: Optional[str] = None, finite: bool = True,
                  note: Optional[str] = None, example: Optional[Any] = None) -> float:
-  """`value` as a float if it is a finite number >= 0."""
-  return _number(value, setting, 0, False, unit, note, example)
+  """`value` as a float if it is a finite number >= 0 (`finite=False`: +inf too)."""
+  return _number(value, setting, 0, False, unit, note, example, finite)
 
 
 def fraction(value: Any, setting: str, *, low_closed: bool = False, high_closed: bool = False,

@@ -73,6 +73,14 @@ def test_numbers_refuse(check, value, valid):
   assert message == f"SMoP.gumbel_temperature={value!r} must be {valid}"
 
 
+def test_infinity_passes_only_where_allowed():
+  assert validate.positive(float("inf"), "learning_rate", finite=False) == float("inf")
+  assert validate.non_negative(float("inf"), "--max_wait_ms", finite=False) == float("inf")
+  for value in (float("nan"), 0.0, -float("inf")):
+    assert _refusal(validate.positive, value, "learning_rate", finite=False) == (
+        f"learning_rate={value!r} must be a number > 0")
+
+
 def test_a_unit_names_what_a_number_counts():
   message = _refusal(validate.positive, -1.0, "margin", unit="points",
                      note="the difference the claim tolerates", example=3)

@@ -22,10 +22,10 @@ Schedule = Union[float, Callable[[int], float]]
 def _with_learning_rate(make: Callable[[Schedule], optax.GradientTransformation], learning_rate: Schedule,
                         grad_clip_norm: Optional[float]) -> optax.GradientTransformation:
   if not callable(learning_rate):
-    validate.positive(learning_rate, "learning_rate")
+    validate.positive(learning_rate, "learning_rate", finite=False)
   tx = optax.inject_hyperparams(lambda learning_rate: make(learning_rate))(learning_rate=learning_rate)
   if grad_clip_norm is not None:
-    validate.positive(grad_clip_norm, "grad_clip_norm")
+    validate.positive(grad_clip_norm, "grad_clip_norm", finite=False)
     tx = optax.chain(optax.clip_by_global_norm(grad_clip_norm), tx)
   return tx
 
@@ -95,14 +95,14 @@ def two_learning_rates(optimizer: Callable[..., optax.GradientTransformation] = 
 
 def constant_schedule(value: float) -> Callable[[int], jnp.ndarray]:
   """A constant learning rate."""
-  validate.positive(value, "value")
+  validate.positive(value, "value", finite=False)
   return optax.constant_schedule(value)
 
 
 def warmup_linear_decay(peak_value: float, warmup_steps: int, decay_steps: int,
                         end_value: float = 0.0, init_value: float = 0.0) -> optax.Schedule:
   """Linear warmup to `peak_value`, then linear decay to `end_value` over `decay_steps`."""
-  validate.positive(peak_value, "peak_value")
+  validate.positive(peak_value, "peak_value", finite=False)
   validate.positive_int(warmup_steps, "warmup_steps", minimum=0)
   validate.positive_int(decay_steps, "decay_steps", minimum=0)
   return optax.join_schedules(
@@ -113,7 +113,7 @@ def warmup_linear_decay(peak_value: float, warmup_steps: int, decay_steps: int,
 def warmup_cosine_decay(peak_value: float, warmup_steps: int, decay_steps: int,
                         end_value: float = 0.0, init_value: float = 0.0) -> optax.Schedule:
   """Linear warmup then cosine decay (optax.warmup_cosine_decay_schedule)."""
-  validate.positive(peak_value, "peak_value")
+  validate.positive(peak_value, "peak_value", finite=False)
   validate.positive_int(warmup_steps, "warmup_steps", minimum=0)
   validate.positive_int(decay_steps, "decay_steps", minimum=0)
   return optax.warmup_cosine_decay_schedule(init_value, peak_value, warmup_steps,
@@ -122,7 +122,7 @@ def warmup_cosine_decay(peak_value: float, warmup_steps: int, decay_steps: int,
 
 def rsqrt_decay(base_value: float = 1.0, warmup_steps: int = 10000) -> optax.Schedule:
   """T5's pre-training schedule: base / sqrt(max(step, warmup_steps))."""
-  validate.positive(base_value, "base_value")
+  validate.positive(base_value, "base_value", finite=False)
   validate.positive_int(warmup_steps, "warmup_steps", minimum=0)
   return lambda step: base_value / jnp.sqrt(jnp.maximum(step, warmup_steps).astype(jnp.float32))
 
