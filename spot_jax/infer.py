@@ -124,7 +124,7 @@ def _check_numbers(args) -> None:
     validate.positive_int(getattr(args, flag), f"--{flag}", optional=True)
   validate.positive_int(args.top_k, "--top_k", minimum=0, optional=True)
   validate.positive_int(args.seed, "--seed", minimum=0, optional=True)
-  validate.non_negative(args.temperature, "--temperature", note="0: greedy")
+  validate.non_negative(args.temperature, "--temperature", finite=False, note="0: greedy")
   if not abs(args.alpha) < float("inf"):
     raise ConfigError(f"--alpha={args.alpha} must be a finite number")
 

@@ -112,7 +112,7 @@ def _check(args) -> None:
     validate.positive_int(getattr(args, flag), f"--{flag}", optional=True)
   validate.positive_int(args.port, "--port", minimum=0, optional=True)
   for flag in ("max_wait_ms", "request_timeout"):
-    validate.non_negative(getattr(args, flag), f"--{flag}")
+    validate.non_negative(getattr(args, flag), f"--{flag}", finite=False)
 
 
 def listen(host: str, port: int) -> socket.socket:

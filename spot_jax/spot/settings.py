@@ -178,7 +178,7 @@ def from_flags(args: argparse.Namespace) -> RunSettings:
     validate.positive_int(getattr(args, flag), f"--{flag}", optional=True)
   validate.positive_int(args.eval_num_examples, "--eval_num_examples", optional=True)
   for flag in ("learning_rate", "metric_max"):
-    validate.positive(getattr(args, flag), f"--{flag}")
+    validate.positive(getattr(args, flag), f"--{flag}", finite=False)
   validate.positive_int(args.prompt_length, "--prompt_length", optional=True)
   if args.input_length < args.prompt_length:
     raise ConfigError(f"--input_length={args.input_length} is shorter than --prompt_length="
