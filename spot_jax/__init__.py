@@ -16,7 +16,7 @@ Sub-packages:
 Modules:
   errors       ConfigError: one line naming what is wrong and what would be valid
   validate     checks of user settings (numbers, fractions, names, paths), each refused in one line
-  startup      quiet start-up of TensorFlow and XLA for `python -m spot_jax.<prog>`
+  quiet_logs   quiet start-up of TensorFlow and XLA for `python -m spot_jax.<prog>`
   fileio       atomic files and directories
   partitioning meshes and the logical-axis rule table
   orbax_io     reading orbax states with one-line causes
@@ -39,9 +39,9 @@ Modules:
   report       `python -m spot_jax.report`: a study's figures and tables
 """
 
-from spot_jax import startup as _startup
+from spot_jax import quiet_logs as _quiet_logs
 
 __version__ = "0.1.0"
 
-# `python -m spot_jax.<prog>`: TensorFlow's and XLA's start-up log lines stay off (see startup.py)
-_startup.quiet_if_module_run()
+# `python -m spot_jax.<prog>`: TensorFlow's and XLA's start-up log lines stay off (see quiet_logs.py)
+_quiet_logs.quiet_if_module_run()

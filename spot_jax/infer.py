@@ -23,7 +23,7 @@ multitask-prompt-tuning adapter directory, or a SPoT prompt library entry
 backbone). A multi-task run or adapter serves each task as NAME/<k>.
 
 Run directories record their backbone and vocabulary (run.json): without --model, infer serves
-on the recorded config, checkpoint and vocabulary (spot_jax.serve.run_backbone); a --model or
+on the recorded config, checkpoint and vocabulary (spot_jax.serve.served_backbone); a --model or
 --checkpoint other than the recorded one is refused unless --allow_backbone_change. With
 --model and no --checkpoint the backbone is the random one of --seed (what a smoke run trains
 against). See docs/serving.md.
@@ -148,14 +148,14 @@ def main(argv: Sequence[str]) -> int:
     # The default cache: serving goes on without it where it cannot be written.
     print(f"{PROG}: note: no compilation cache ({e})", file=sys.stderr)
   from spot_jax.serve import table as table_lib  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import prompt_sources, run_backbone  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve import prompt_loaders, served_backbone  # pylint: disable=g-import-not-at-top
   modes = [m for m in ("interpret", "export_peft", "export_npy", "export_peft_mpt")
            if getattr(args, m)]
   if len(modes) > 1:
     raise ConfigError(f"give one of --interpret, --export_peft, --export_npy, --export_peft_mpt, "
                       f"not {len(modes)}")
   specs = _prompt_specs(args.prompt)
-  served = run_backbone.resolve(  # --model's, or the one the run directories recorded
+  served = served_backbone.resolve(  # --model's, or the one the run directories recorded
       [p for _, p in specs], checkpoint=args.checkpoint, seed=args.seed,
       config=flags.model_config(args.model, args.model_binding, dropout_rate=0.0) if args.model
       else None, allow_backbone_change=args.allow_backbone_change,
@@ -164,10 +164,10 @@ def main(argv: Sequence[str]) -> int:
   if args.export_peft_mpt:
     return _export_mpt(args, specs, config)
   fingerprint = None  # library entries must match the served model
-  if any(prompt_sources.library_reference(p) for _, p in specs):
+  if any(prompt_loaders.library_reference(p) for _, p in specs):
     fingerprint = served.fingerprint()
   # A multi-task run (ATTEMPT targets, MPT tasks) serves one entry per task, NAME/<task index>.
-  entries = [e for n, p in specs for e in prompt_sources.load_all(
+  entries = [e for n, p in specs for e in prompt_loaders.load_all(
       n, p, smop_routing=args.smop_routing, config=config, fingerprint=fingerprint,
       attempt_temperature=args.attempt_temperature)]
   table = table_lib.PromptTable(entries, config.emb_dim)

@@ -26,11 +26,11 @@ import numpy as np
 
 from spot_jax import cli, fileio, validate
 from spot_jax.cli import flags
-from spot_jax.cli import model_file
+from spot_jax.cli import model_flag
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import PROMPT_FILE_RE, RunDir, companion_file
 from spot_jax import backbone as backbone_lib
-from spot_jax.spot import prompt_library
+from spot_jax.spot import library as prompt_library
 from spot_jax.spot import settings as settings_lib
 
 PROG = "spot_jax.library"
@@ -116,7 +116,7 @@ def add(args) -> int:
   fileio.writable_dir(args.library, "--library")  # before loading the model
   embed_dim = None
   if args.model:
-    model, _ = model_file.load_model(args.model, args.model_binding)
+    model, _ = model_flag.load_model(args.model, args.model_binding)
     embed_dim = int(model.config.emb_dim)
     given = settings_lib.model_fingerprint(model, args.checkpoint, found["seed"])
     if found["fingerprint"] is not None and not args.allow_backbone_change:

@@ -3,7 +3,7 @@
   python -m spot_jax.report --study_dir=/runs/study [--output_dir=/runs/study/report] [--similarity=average]
 
 Writes transfer_heatmap.png, similarity_heatmap.png, similarity_vs_transfer.png, retrieval.png
-and report.md, every number with its interval over seeds (spot_jax/spot/study_report.py).
+and report.md, every number with its interval over seeds (spot_jax/spot/report.py).
 A --study_dir that is not a study's folder (missing, a file, empty, without results.json, or
 with a results.json of something else) is a one-line error that says what was expected,
 and nothing is written.
@@ -18,7 +18,7 @@ from spot_jax import validate
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 from spot_jax.spot import similarity
-from spot_jax.spot import study_report
+from spot_jax.spot import report as study_report
 
 PROG = "spot_jax.report"
 STUDY_DIR = "the folder of a `python -m spot_jax.study` run, where it wrote results.json"

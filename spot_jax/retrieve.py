@@ -23,9 +23,9 @@ from spot_jax.cli import flags
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax import backbone as backbone_lib
-from spot_jax.spot import prompt_library
+from spot_jax.spot import library as prompt_library
 from spot_jax.spot import experts
-from spot_jax.spot import retrieval
+from spot_jax.spot import retrieve as retrieval
 from spot_jax.spot import settings as settings_lib
 from spot_jax.spot import similarity
 

@@ -7,7 +7,7 @@
 
 Defaults: the paper's 16 source and 10 target tasks (tasks.names) and seeds 0,1,2. The runs of
 each job (every source; every target x seed; every target x seed from one source; ...) train
-as K runs in one jitted step (spot_jax/spot/grid.py). Resumable: rerun the same command after
+as K runs in one jitted step (spot_jax/spot/study.py). Resumable: rerun the same command after
 an interruption; finished runs are skipped and a half-finished job resumes from its checkpoints.
 Writes <study_dir>/results.csv and results.json (scores and relative error reduction against
 the same seed's prompt-tuning baseline); `python -m spot_jax.report` draws them with intervals.
@@ -24,7 +24,7 @@ from spot_jax import stats
 from spot_jax import validate
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
-from spot_jax.spot import grid as grid_lib
+from spot_jax.spot import study as grid_lib
 from spot_jax.spot import study_tables
 from spot_jax.spot import settings as settings_lib
 from spot_jax.spot import similarity

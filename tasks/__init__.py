@@ -27,7 +27,7 @@ looked up when a dataset is built. Every name is listed in `tasks.names`;
   user            your own task from a TSV or JSONL file
   prepare         write a TFDS dataset from examples you already have
 """
-# First, so that `python -m tasks` starts without TensorFlow's log lines (spot_jax/startup.py).
+# First, so that `python -m tasks` starts without TensorFlow's log lines (spot_jax/quiet_logs.py).
 import spot_jax  # pylint: disable=unused-import
 from tasks import c4
 from tasks import classification

@@ -70,8 +70,8 @@ def run_case(module: str, args: list[str]) -> tuple[int, str, str]:
 
 
 def main(cases_file: str, results_file: str) -> None:
-  from spot_jax import startup  # pylint: disable=g-import-not-at-top
-  startup.quiet()  # as `python -m spot_jax.<prog>` does before anything loads TensorFlow
+  from spot_jax import quiet_logs  # pylint: disable=g-import-not-at-top
+  quiet_logs.quiet()  # as `python -m spot_jax.<prog>` does before anything loads TensorFlow
   from spot_jax import runtime  # pylint: disable=g-import-not-at-top
 
   def exit_now(status: int) -> None:  # infer's os._exit would end this runner with its case

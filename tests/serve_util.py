@@ -5,7 +5,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from spot_jax.serve import prompt_sources
+from spot_jax.serve import prompt_loaders
 from spot_jax.serve.table import PromptTable
 from tests.prompt_train_util import frozen_backbone
 
@@ -18,7 +18,7 @@ def mixed_setup(config, modules: Mapping, make_params: Callable, lengths: Sequen
   -> (backbone, modules, params by name, table, rows)."""
   backbone = frozen_backbone(config, 0)
   params = {n: make_params(m, backbone, i + 1) for i, (n, m) in enumerate(modules.items())}
-  table = PromptTable([prompt_sources.from_module(n, m, params[n]) for n, m in modules.items()],
+  table = PromptTable([prompt_loaders.from_module(n, m, params[n]) for n, m in modules.items()],
                       config.emb_dim)
   rng = np.random.RandomState(0)
   tokens = rng.randint(2, config.vocab_size, size=(len(lengths), width)).astype(np.int32)

@@ -14,7 +14,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # Bottom to top; the same list (with what each holds) is in docs/architecture.md.
 LAYERS = [
-    ["errors", "validate", "startup", "spot_jax"],  # spot_jax: the package's face
+    ["errors", "validate", "quiet_logs", "spot_jax"],  # spot_jax: the package's face
     ["fileio", "paths", "partitioning", "orbax_io", "vocabulary", "losses", "stats", "verdicts",
      "power", "data", "runtime"],
     ["t5", "run_dir"],

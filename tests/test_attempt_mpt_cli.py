@@ -14,10 +14,10 @@ import pytest
 
 from spot_jax import backbone as backbone_lib
 from spot_jax import prompts
-from spot_jax.serve import peft_mpt, prompt_sources
+from spot_jax.serve import peft_mpt, prompt_loaders
 from spot_jax.run_dir import RunDir
 from spot_jax.serve.table import PromptTable
-from spot_jax.spot import prompt_library
+from spot_jax.spot import library as prompt_library
 from spot_jax.t5 import config_by_name
 from tests.test_train_cli import _env, _losses
 from tests.kill_util import kill_at_checkpoint  # noqa: E402
@@ -114,8 +114,8 @@ def test_attempt_multitask_trains_resumes_and_serves(tmp_path, library):
                       for i in ("parity.p0", "sentiment.p0", "extra.p0")])
   module = prompts.Attempt(sources, num_targets=2, bottleneck=16)
   params = RunDir(tmp_path / "ref").prompt_params()
-  served = PromptTable(prompt_sources.load_all("att", str(tmp_path / "ref")), CONFIG.emb_dim)
-  want = PromptTable([prompt_sources.from_module(f"att/{k}", module, params, task=k) for k in (0, 1)],
+  served = PromptTable(prompt_loaders.load_all("att", str(tmp_path / "ref")), CONFIG.emb_dim)
+  want = PromptTable([prompt_loaders.from_module(f"att/{k}", module, params, task=k) for k in (0, 1)],
                      CONFIG.emb_dim)
   assert served.names == want.names == ["att/0", "att/1"]
   for field, a, b in zip(want.arrays._fields, want.arrays, served.arrays):

@@ -11,7 +11,7 @@ parameter train.train does not have), {foreign} folders that are not a study's (
 (the run's) and 1 and of t5_1_1_test's of seed 0, {ckpt} a t5_1_1_byte_tiny checkpoint (other
 weights than the run's) and {fp_ckpt} its description. For every row the test asserts: exit
 status 2; exactly one stderr line, `<prog>: error: ...`, containing the fragment (nothing else:
-the libraries' start-up lines are off, spot_jax/startup.py; rows in TRAINS may show their run's
+the libraries' start-up lines are off, spot_jax/quiet_logs.py; rows in TRAINS may show their run's
 warnings first); no "Traceback"; and the files of {run} / {damaged} / {foreign} byte-identical
 afterwards.
 
@@ -81,7 +81,7 @@ ROWS = load_rows(TABLE)
 TRAINS = {"train diverges"}
 RUN_WARNING = re.compile(r"^WARNING:absl:")
 
-# Library notes printed while loading, before a program's own output, in the past (spot_jax/startup.py
+# Library notes printed while loading, before a program's own output, in the past (spot_jax/quiet_logs.py
 # now keeps them off; other tests still filter with this).
 STARTUP_NOTE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
                           r"|[IWE]\d{4} [\d:. ]+\d+ [\w.]+:\d+\] .*"

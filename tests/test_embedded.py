@@ -367,7 +367,7 @@ def test_seeded_demo_from_real_runs_retrieves_spot_sources_and_reuses_them(tmp_p
   from spot_jax import stats  # pylint: disable=g-import-not-at-top
   from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
   from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
-  from spot_jax.spot import prompt_library, similarity  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import library as prompt_library, similarity  # pylint: disable=g-import-not-at-top
   argv = ["--targets=sum", "--methods=pt,spot", "--seeds=3,4", "--source_steps=4", "--target_steps=4",
           f"--output_dir={tmp_path}"]
   assert main(argv) == 0
@@ -410,7 +410,7 @@ def test_demo_successors_run_from_the_library_and_enter_the_tables(tmp_path, cap
   from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
   from spot_jax.demo import methods as demo_methods  # pylint: disable=g-import-not-at-top
   from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
-  from spot_jax.spot import prompt_library  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import library as prompt_library  # pylint: disable=g-import-not-at-top
   methods = ["pt", "prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt"]
   assert main(["--targets=category", f"--methods={','.join(methods)}", "--seeds=0,1",
                "--source_steps=3", "--target_steps=3", f"--output_dir={tmp_path}"]) == 0
@@ -451,16 +451,16 @@ def test_successor_job_keys_hold_their_own_settings_only():
   """Changing one successor's setting changes that method's job key and no other's (so a rerun
   retrains it alone); every successor has settings, and an unknown one is refused."""
   from spot_jax.demo import methods as demo_methods  # pylint: disable=g-import-not-at-top
-  from spot_jax.demo import successors  # pylint: disable=g-import-not-at-top
+  from spot_jax.demo import successor_methods  # pylint: disable=g-import-not-at-top
   settings = demo_methods.Settings()
-  own = successors.OWN_SETTINGS
+  own = successor_methods.OWN_SETTINGS
   assert sorted(own) == sorted(demo_methods.SUCCESSORS)
   changed = {**own, "dept": {**own["dept"], "rank": 4}}
   for method in ("prefix", "ptuning_v2", "dept", "residual_smop"):
-    before = successors.recipe(method, settings, 100).key
-    after = successors.recipe(method, settings, 100, own_settings=changed).key
+    before = successor_methods.recipe(method, settings, 100).key
+    after = successor_methods.recipe(method, settings, 100, own_settings=changed).key
     assert (before != after) == (method == "dept"), method
-  changed_dept = successors.recipe("dept", settings, 100, own_settings=changed)
+  changed_dept = successor_methods.recipe("dept", settings, 100, own_settings=changed)
   assert changed_dept.model.module.prompt.rank == 4 and changed_dept.name == "dept"
   with pytest.raises(ValueError, match="unknown successor 'lora'; valid: prefix, ptuning_v2"):
-    successors.recipe("lora", settings, 100)
+    successor_methods.recipe("lora", settings, 100)

@@ -35,9 +35,9 @@ from spot_jax import infer as infer_cli
 from spot_jax import library as library_cli
 from spot_jax.prompts import initializers
 from spot_jax.run_dir import RunDir
-from spot_jax.serve import prompt_sources
+from spot_jax.serve import prompt_loaders
 from spot_jax import experiment
-from spot_jax.spot import prompt_library
+from spot_jax.spot import library as prompt_library
 from tests.cli_error_runner import tree_hash
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -131,7 +131,7 @@ def test_every_reader_names_the_same_state_and_prompt(run, tmp_path, monkeypatch
   _arrays_equal(outcome.embedding(), embedding)
 
   # the serving layer's prompt source
-  entry = prompt_sources.load("smoke", str(run))
+  entry = prompt_loaders.load("smoke", str(run))
   assert entry.num_prompts == 1
   _arrays_equal(entry.prompts[0], best_prompt)
 

@@ -10,7 +10,7 @@ import pytest
 from spot_jax import models
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import Attempt, MultitaskPrompt, PromptTuning, SMoP, initializers, mpt
-from spot_jax.serve import mixed, prompt_sources
+from spot_jax.serve import mixed, prompt_loaders
 from spot_jax.serve.table import PromptTable
 from spot_jax.t5 import Transformer, config_by_name, generate
 from spot_jax.t5.generation import search_settings
@@ -41,7 +41,7 @@ def setup():
       lambda x: jnp.asarray(rs.normal(0, 3, x.shape), jnp.float32), params["attempt"]["attention"]))
   entries = {"attempt/0": ("attempt", 0), "attempt/1": ("attempt", 1), "mpt/2": ("mpt", 2),
              "mpt/0": ("mpt", 0), "pt": ("pt", None), "smop": ("smop", None)}
-  table = PromptTable([prompt_sources.from_module(n, modules[m], params[m], task=t)
+  table = PromptTable([prompt_loaders.from_module(n, modules[m], params[m], task=t)
                        for n, (m, t) in entries.items()], CONFIG.emb_dim)
   tokens = rs.randint(2, CONFIG.vocab_size, size=(8, 9)).astype(np.int32)
   for row, n in enumerate([9, 4, 7, 2, 9, 5, 8, 3]):
@@ -98,11 +98,11 @@ def test_mixed_greedy_decoding_equals_per_example(setup):
 
 def test_tables_without_attempt_pay_nothing_and_entries_are_checked(setup):
   _, modules, params, _, table, _ = setup
-  plain = PromptTable([prompt_sources.from_module("pt", modules["pt"], params["pt"])], CONFIG.emb_dim)
+  plain = PromptTable([prompt_loaders.from_module("pt", modules["pt"], params["pt"])], CONFIG.emb_dim)
   assert plain.arrays.attn_down.shape == (1, CONFIG.emb_dim, 0) and list(plain.arrays.target) == [-1]
   assert table.arrays.attn_down.shape == (6, CONFIG.emb_dim, 6)
   assert list(table.arrays.target) == [3, 3, -1, -1, -1, -1]
   with pytest.raises(ConfigError, match="task 2 is not one of its targets"):
-    prompt_sources.from_module("a", modules["attempt"], params["attempt"], task=2)
+    prompt_loaders.from_module("a", modules["attempt"], params["attempt"], task=2)
   with pytest.raises(ConfigError, match="task 3 is not in 0..2"):
-    prompt_sources.from_module("m", modules["mpt"], params["mpt"], task=3)
+    prompt_loaders.from_module("m", modules["mpt"], params["mpt"], task=3)

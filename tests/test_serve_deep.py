@@ -14,7 +14,7 @@ import pytest
 from spot_jax import prompts
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import PromptTuning, deep, initializers
-from spot_jax.serve import prompt_sources
+from spot_jax.serve import prompt_loaders
 from spot_jax.serve.server import DecodeSettings, Server
 from spot_jax.serve.table import PromptTable, ServedPrompt
 from spot_jax.t5 import Transformer, config_by_name, generate
@@ -43,10 +43,10 @@ def setup():
   params = {"pt": create_prompt_params(Transformer(CONFIG, prompt=modules["pt"]), backbone, 1)}
   params.update({n: _random(modules[n], backbone, i + 2) for i, n in enumerate(
       ["prefix", "dec2", "ptv2"])})
-  entries = [prompt_sources.from_module("pt", modules["pt"], params["pt"])]
+  entries = [prompt_loaders.from_module("pt", modules["pt"], params["pt"])]
   for n in ("prefix", "dec2", "ptv2"):
     record = prompts.effective_prompt(modules[n], params[n], CONFIG)
-    entries.append(prompt_sources.from_deep(n, deep.from_record(record), CONFIG, n))
+    entries.append(prompt_loaders.from_deep(n, deep.from_record(record), CONFIG, n))
   table = PromptTable(entries, CONFIG.emb_dim)
   rng = np.random.RandomState(0)
   tokens = rng.randint(2, CONFIG.vocab_size, size=(8, 9)).astype(np.int32)
@@ -109,8 +109,8 @@ def test_deep_entries_are_checked(setup):
   parts = table.entries[1].deep
   other = CONFIG.replace(num_decoder_layers=3)
   with pytest.raises(ConfigError, match="does not fit the model"):
-    prompt_sources.from_deep("x", parts, other, "x.npy")
+    prompt_loaders.from_deep("x", parts, other, "x.npy")
   with pytest.raises(ConfigError, match="serving it needs the model's config"):
-    prompt_sources.from_deep("x", parts, None, "x.npy")
+    prompt_loaders.from_deep("x", parts, None, "x.npy")
   with pytest.raises(ConfigError, match="expected \\[L, E\\]"):
     ServedPrompt("x", np.zeros((1, 0, CONFIG.emb_dim), np.float32))  # empty without a deep prompt

@@ -10,7 +10,7 @@ import pytest
 
 from spot_jax import cli, infer
 from spot_jax.prompts import DePT, PromptTuning, ResidualSMoP, SMoP, initializers
-from spot_jax.serve import mixed, prompt_sources
+from spot_jax.serve import mixed, prompt_loaders
 from spot_jax.serve.table import PromptTable, ServedPrompt
 from spot_jax.t5 import Transformer, config_by_name, generate
 from spot_jax.t5.generation import search_settings
@@ -133,9 +133,9 @@ def test_run_directories_and_exports_bring_the_offset_and_folded_prompts(setup, 
   _export(run, "offset_step_5", dept.fold(p)["offset"])
   _export(run, "prompt_step_5", p["prompt"])
   run.close()
-  want = prompt_sources.from_module("d", dept, p)
+  want = prompt_loaders.from_module("d", dept, p)
   for path in (tmp_path / "dept_run", tmp_path / "dept_run" / "prompts" / "prompt_step_5.npy"):
-    got = prompt_sources.load("d", str(path))
+    got = prompt_loaders.load("d", str(path))
     np.testing.assert_array_equal(got.prompts, want.prompts)
     np.testing.assert_array_equal(got.offset, want.offset)
     assert got.source.endswith("prompt_step_5.npy + offset_step_5.npy")
@@ -145,8 +145,8 @@ def test_run_directories_and_exports_bring_the_offset_and_folded_prompts(setup, 
   run.save_best(7, {"params": {"prompt": p}, "step": np.int32(7)}, "accuracy", 0.5)
   _export(run, "prompt_best", rsmop.export_prompt(p))
   run.close()
-  got = prompt_sources.load("r", str(tmp_path / "rsmop_run"))
-  want = prompt_sources.from_module("r", rsmop, p)
+  got = prompt_loaders.load("r", str(tmp_path / "rsmop_run"))
+  want = prompt_loaders.from_module("r", rsmop, p)
   np.testing.assert_array_equal(got.prompts, want.prompts)
   np.testing.assert_array_equal(got.router, want.router)
   assert got.routing == want.routing == "linear"

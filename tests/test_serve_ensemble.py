@@ -102,11 +102,11 @@ def test_nearest_tokens_of_vocabulary_rows():
 
 def test_interpret_reads_the_folded_residual_prompt():
   from spot_jax.prompts import ResidualPrompt  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import prompt_sources  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve import prompt_loaders  # pylint: disable=g-import-not-at-top
   from tests.prompt_train_util import create_prompt_params  # pylint: disable=g-import-not-at-top
   module = ResidualPrompt(3, bottleneck=8)
   params = create_prompt_params(Transformer(CONFIG, prompt=module), frozen_backbone(CONFIG, 0))
-  entry = prompt_sources.from_module("r", module, params)
+  entry = prompt_loaders.from_module("r", module, params)
   folded = np.asarray(module.fold(params)["prompt"])
   assert np.array_equal(entry.prompts[0], folded) and not np.allclose(folded, params["prompt"])
   embedding = np.asarray(frozen_backbone(CONFIG, 0)["token_embedder"]["embedding"])

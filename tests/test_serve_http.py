@@ -199,7 +199,7 @@ def test_prompts_added_and_removed_while_requests_are_in_flight(served):
 
 
 def _library(root, name: str, fingerprint: dict):
-  from spot_jax.spot import prompt_library  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import library as prompt_library  # pylint: disable=g-import-not-at-top
   prompt = np.random.RandomState(3).normal(0, 0.5, (4, util.CONFIG.emb_dim)).astype(np.float32)
   library = prompt_library.Library(root / name)
   for entry_id in ("src.a", "src.b"):

@@ -292,7 +292,7 @@ def test_module_entry_point_bad_input(files):
 def test_library_entry_is_served_and_another_models_entry_refused(files, capsys, tmp_path):
   """`LIBRARY_DIR#ID` serves the entry's best prompt; an entry of another frozen model is refused."""
   from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
-  from spot_jax.spot import prompt_library  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import library as prompt_library  # pylint: disable=g-import-not-at-top
   root, backbone = files
   prompt = np.load(root / "a.npy")
   for entry_id, checkpoint in (("a.served", str(root / "ckpt")), ("a.other", None)):

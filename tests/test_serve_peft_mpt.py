@@ -17,7 +17,7 @@ peft = pytest.importorskip("peft")
 from spot_jax import cli, infer  # noqa: E402
 from spot_jax.errors import ConfigError  # noqa: E402
 from spot_jax.prompts import MultitaskPrompt  # noqa: E402
-from spot_jax.serve import peft_io, peft_mpt, prompt_sources  # noqa: E402
+from spot_jax.serve import peft_io, peft_mpt, prompt_loaders  # noqa: E402
 from spot_jax.t5 import Transformer  # noqa: E402
 from tests.peft_util import peft_base, padded_batch  # noqa: E402
 from tests.prompt_train_util import create_prompt_params, frozen_backbone  # noqa: E402
@@ -110,7 +110,7 @@ def test_round_trips_both_ways(exported, tmp_path):
 
 def test_served_tasks_are_the_folded_prompts(exported):
   config, _, module, params, _, adapter_dir = exported
-  entries = prompt_sources.load_all("m", str(adapter_dir), config=config)
+  entries = prompt_loaders.load_all("m", str(adapter_dir), config=config)
   assert [e.name for e in entries] == ["m/0", "m/1", "m/2"]
   for k, e in enumerate(entries):
     np.testing.assert_array_equal(e.prompts[0], module.task_prompts(params)[k])
@@ -153,4 +153,4 @@ def test_cli_export_and_bad_adapters(exported, tmp_path):
   with pytest.raises(ConfigError, match="exists; pass --overwrite"):
     peft_mpt.export_adapter(params, config, str(adapter_dir))
   with pytest.raises(ConfigError, match="task 3 is not one"):
-    prompt_sources.load("m", str(adapter_dir), config=config, task=3)
+    prompt_loaders.load("m", str(adapter_dir), config=config, task=3)

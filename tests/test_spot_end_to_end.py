@@ -26,11 +26,11 @@ from spot_jax import library as library_cli
 from spot_jax import report as report_cli
 from spot_jax import retrieve as retrieve_cli
 from spot_jax import study as study_cli
-from spot_jax.cli import model_file
+from spot_jax.cli import model_flag
 from spot_jax import experiment
 from spot_jax.spot import similarity
-from spot_jax.spot import prompt_library
-from spot_jax.spot import grid as grid_lib
+from spot_jax.spot import library as prompt_library
+from spot_jax.spot import study as grid_lib
 from spot_jax.spot import study_tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def _run(env, prog, *args, timeout=900) -> subprocess.CompletedProcess:
 
 def _settings(**change):
   from spot_jax.spot import settings as settings_lib  # pylint: disable=g-import-not-at-top
-  model, name = model_file.load_model("t5_1_1_byte_tiny")
+  model, name = model_flag.load_model("t5_1_1_byte_tiny")
   base = dict(model=model, model_name=name, initial_checkpoint_path=None, task_module="tests.spot_tasks",
               lengths={"inputs": 24, "targets": 6}, train_steps=4, embedding_step=2, eval_period=4,
               prompt_length=4, metric="char_match", fingerprint=settings_lib.model_fingerprint(model, None, 0))
@@ -397,8 +397,8 @@ def test_restart_with_other_settings_is_refused(tmp_path):
 
 def test_model_from_gin_file_has_the_config_names_fingerprint(tmp_path):
   from spot_jax.spot import settings as settings_lib  # pylint: disable=g-import-not-at-top
-  by_name, _ = model_file.load_model("t5_1_1_byte_tiny")
-  by_file, _ = model_file.load_model("gin/models/t5_1_1_byte_tiny.gin", ["DROPOUT_RATE=0.3"])
+  by_name, _ = model_flag.load_model("t5_1_1_byte_tiny")
+  by_file, _ = model_flag.load_model("gin/models/t5_1_1_byte_tiny.gin", ["DROPOUT_RATE=0.3"])
   assert by_file.config.dropout_rate == 0.3 and not by_file.has_prompt
   assert settings_lib.model_fingerprint(by_file, None, 0) == settings_lib.model_fingerprint(by_name, None, 0)
   assert settings_lib.model_fingerprint(by_file, None, 1) != settings_lib.model_fingerprint(by_name, None, 0)

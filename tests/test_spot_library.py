@@ -16,7 +16,7 @@ from spot_jax import cli
 from spot_jax import library as library_cli
 from spot_jax.run_dir import RunDir, RunRecord
 from spot_jax import backbone as backbone_lib
-from spot_jax.spot import prompt_library
+from spot_jax.spot import library as prompt_library
 from spot_jax.t5 import config_by_name
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -194,7 +194,7 @@ def test_corrupt_and_foreign_entries_are_reported_and_skipped(lib, capsys):
 _WRITER = textwrap.dedent("""
     import pathlib, sys, time
     import numpy as np
-    from spot_jax.spot import prompt_library
+    from spot_jax.spot import library as prompt_library
     root, tag, go, n = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]), int(sys.argv[4])
     fp = {"id": "abc", "config": "c", "checkpoint": "random:0"}
     while not go.exists():

@@ -18,9 +18,9 @@ import pytest
 
 from spot_jax import cli
 from spot_jax import retrieve as retrieve_cli
-from spot_jax.cli import model_file
+from spot_jax.cli import model_flag
 from spot_jax.spot import keys
-from spot_jax.spot import prompt_library
+from spot_jax.spot import library as prompt_library
 from spot_jax import experiment
 from spot_jax.spot import settings as settings_lib
 from tests.cli_error_runner import tree_hash
@@ -36,7 +36,7 @@ RUN_FLAGS = ["--model=t5_1_1_byte_tiny", "--task_module=tests.spot_tasks", "--in
 @pytest.fixture(scope="module")
 def library(tmp_path_factory) -> pathlib.Path:
   root = tmp_path_factory.mktemp("lib") / "library"
-  model, _ = model_file.load_model("t5_1_1_byte_tiny")
+  model, _ = model_flag.load_model("t5_1_1_byte_tiny")
   fingerprint = settings_lib.model_fingerprint(model, None, 0)
   lib = prompt_library.Library(root)
   rs = np.random.RandomState(0)
@@ -107,7 +107,7 @@ def test_other_settings_keep_both_results_and_the_same_settings_train_nothing(li
 
 
 def test_run_keys_follow_what_determines_the_run():
-  model, name = model_file.load_model("t5_1_1_byte_tiny")
+  model, name = model_flag.load_model("t5_1_1_byte_tiny")
   base = settings_lib.RunSettings(model=model, model_name=name, initial_checkpoint_path=None,
                                   task_module="tests.spot_tasks", lengths={"inputs": 24, "targets": 6},
                                   train_steps=4, embedding_step=2, eval_period=4, prompt_length=4)

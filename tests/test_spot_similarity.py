@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from spot_jax.spot import experts, similarity
-from spot_jax.spot import figures
+from spot_jax.spot import report_figures
 from spot_jax.spot import study_tables
 
 
@@ -156,7 +156,7 @@ def test_correlations_match_scipy_on_the_seed_averaged_points():
   assert got["t1"]["pearson"].resolved and got["t1"]["pearson"].low <= got["t1"]["pearson"].mean
   few = study_tables.correlations(_rows(sources="abc"), ["t1"], list("abc"), "average")["t1"]
   assert few["n"] == 3 and not few["pearson"].resolved and "too few" in few["pearson"].why
-  assert figures.describe(few).endswith("n=3: too few points for an interval")
+  assert report_figures.describe(few).endswith("n=3: too few points for an interval")
 
 
 def test_retrieval_table_against_hand_computation():
@@ -188,30 +188,30 @@ def test_retrieval_table_against_hand_computation():
 def test_short_names_drop_shared_words_and_say_so():
   names = ["spot_toy_sentiment_movies_taskless_v100", "spot_toy_topic_taskless_v100",
            "spot_toy_sentiment_travel_taskless_v100", "spot_toy_sum_taskless_v100"]
-  short, caption = figures.short_names(names)
+  short, caption = report_figures.short_names(names)
   assert list(short.values()) == ["sent_movies", "topic", "sent_travel", "sum"]
   assert "prefix 'spot_toy_'" in caption and "suffix '_taskless_v100'" in caption
   assert "sent = sentiment" in caption
-  short, _ = figures.short_names(["a_x", "b_x"])
+  short, _ = report_figures.short_names(["a_x", "b_x"])
   assert short == {"a_x": "a", "b_x": "b"}
 
 
 def test_label_colour_contrasts_with_the_cell():
   from matplotlib import colormaps  # pylint: disable=g-import-not-at-top
-  assert figures.text_colour((0.0, 0.0, 0.0)) == "white" and figures.text_colour((1.0, 1.0, 1.0)) == "black"
+  assert report_figures.text_colour((0.0, 0.0, 0.0)) == "white" and report_figures.text_colour((1.0, 1.0, 1.0)) == "black"
   rdbu = colormaps["RdBu"]
-  assert figures.text_colour(rdbu(0.0)) == "white" and figures.text_colour(rdbu(1.0)) == "white"  # dark ends
-  assert figures.text_colour(rdbu(0.5)) == "black"  # the light middle
+  assert report_figures.text_colour(rdbu(0.0)) == "white" and report_figures.text_colour(rdbu(1.0)) == "white"  # dark ends
+  assert report_figures.text_colour(rdbu(0.5)) == "black"  # the light middle
   for value in np.linspace(0, 1, 11):  # every cell's label has a contrast ratio of at least 4.5
     rgb = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rdbu(value)[:3]]
     lum = 0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2]
-    ratio = (lum + 0.05) / 0.05 if figures.text_colour(rdbu(value)) == "black" else 1.05 / (lum + 0.05)
+    ratio = (lum + 0.05) / 0.05 if report_figures.text_colour(rdbu(value)) == "black" else 1.05 / (lum + 0.05)
     assert ratio >= 4.5, (value, ratio)
 
 
 def test_cluster_order_groups_related_tasks():
   sim = np.array([[1, .9, .1, .2], [.9, 1, .15, .1], [.1, .15, 1, .95], [.2, .1, .95, 1]])
-  order = list(figures.cluster_order(sim))
+  order = list(report_figures.cluster_order(sim))
   pos = {v: i for i, v in enumerate(order)}
   assert abs(pos[0] - pos[1]) == 1 and abs(pos[2] - pos[3]) == 1
   assert not math.isnan(sim.sum())

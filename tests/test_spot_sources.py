@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from spot_jax.errors import ConfigError
-from spot_jax.spot import prompt_library
+from spot_jax.spot import library as prompt_library
 from spot_jax.spot.sources import library_prompts
 
 FP, OTHER = {"id": "model-a"}, {"id": "model-b"}

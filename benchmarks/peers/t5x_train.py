@@ -111,7 +111,7 @@ def build_contrib_model(config: Any, prompt_length: int, *bindings: str):
   gin.add_config_file_search_path(str(paths.ROOT))
   fields = [f"t5.T5Config.{k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
   gin.parse_config("\n".join([
-      "from __gin__ import dynamic_registration", "from spot_jax import t5",
+      "from __gin__ import dynamic_registration", "from spot_jax import t5", 
       "from spot_jax.contrib.t5x import models as spot_t5x_models",
       "include 'gin/prompts/prompt_tuning_uniform.gin'", "include 'gin/t5x/models/common.gin'",
       "CONFIG_NAME = 't5_1_1_small'", f"PROMPT_LENGTH = {int(prompt_length)}", "VOCABULARY = None",

@@ -3,10 +3,10 @@
   runner          the error boundary: one line and exit 2 for user errors, 1 for bugs
   flags           the shared flag vocabulary (backbone, lengths, outputs) and list checks
   renamed         old flag and macro spellings, refused naming the new ones
-  model_file      --model as a config name or a gin model file
+  model_flag      --model as a config name or a gin model file
   gin_flags       t5x-style --gin_file / --gin.KEY=VALUE command lines
   gin_files       the kinds of gin files a command combines (models/, prompts/, runs/), checked
-  gin_files       the kinds of gin files a command combines, checked before the rest
+                  before the rest
   gin_overrides   gin files and overrides: one-line errors, overrides nothing uses are refused
   gin_settings    values type-checked against their parameters, errors named by their binding
   distributed     joining a multi-process job (jax.distributed)

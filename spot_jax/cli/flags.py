@@ -123,8 +123,8 @@ def model_config(spec: str, bindings: Sequence[str] = (), **overrides):
     ConfigError: an unknown config name or gin file, or --model_binding without a gin file.
   """
   if spec.endswith(".gin"):
-    from spot_jax.cli import model_file  # pylint: disable=g-import-not-at-top
-    config = model_file.load_model(spec, bindings)[0].config
+    from spot_jax.cli import model_flag  # pylint: disable=g-import-not-at-top
+    config = model_flag.load_model(spec, bindings)[0].config
   else:
     if bindings:
       raise ConfigError(f"--model_binding applies to a gin model file; --model={spec} is a config "

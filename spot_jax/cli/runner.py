@@ -5,7 +5,7 @@ exactly one line on stderr, `spot_jax.<prog>: error: <what is wrong>; <what woul
 exit status 2. Anything else is a bug: one line `spot_jax.<prog>: error: internal error: <Type>:
 <line> (rerun with --debug for the traceback)` and exit status 1. `--debug`, which every parser
 built on `ArgumentParser` takes, shows the traceback instead. Libraries' start-up log lines are
-kept off (`spot_jax.startup`), so the one line is the only one.
+kept off (`spot_jax.quiet_logs`), so the one line is the only one.
 
   def main(argv):
     parser = cli.ArgumentParser(prog="spot_jax.infer", description=...)
@@ -25,7 +25,7 @@ import threading
 from typing import Callable, NoReturn, Optional, Sequence
 
 from spot_jax import runtime
-from spot_jax import startup
+from spot_jax import quiet_logs
 from spot_jax.cli import renamed
 from spot_jax.errors import ConfigError, one_line
 
@@ -109,7 +109,7 @@ def run(main: Callable[[Sequence[str]], Optional[int]], argv: Sequence[str], pro
   """
   argv = list(argv)
   debug = "--debug" in argv
-  startup.quiet()
+  quiet_logs.quiet()
   try:
     if keep_heap:
       runtime.keep_heap()

@@ -26,7 +26,7 @@ tables, seconds); --fresh trains everything again.
   python -m spot_jax.demo --methods=pt,prefix,ptuning_v2,dept,residual_smop,attempt,mpt
 
 The successors (prefix tuning, P-tuning v2, DePT, Residual SMoP, ATTEMPT, MPT; see
-spot_jax/demo/successors.py) run only when named: each adds one job (MPT two).
+spot_jax/demo/successor_methods.py) run only when named: each adds one job (MPT two).
 """
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ from spot_jax import experiment
 from spot_jax import validate
 from spot_jax.demo import methods as methods_lib
 from spot_jax.demo import results as results_lib
-from spot_jax.demo import spot_sources
-from spot_jax.demo import successors
+from spot_jax.demo import source_library
+from spot_jax.demo import successor_methods
 from spot_jax.errors import ConfigError
 
 DEFAULT_SEEDS = 5
@@ -139,13 +139,13 @@ def _recipe(method: str, settings: methods_lib.Settings, vocab_rows: int, entrie
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   if method not in methods_lib.SUCCESSORS:
     return methods_lib.recipe(method, settings, vocab_rows)
-  sources = successors.source_prompts(entries, suite.SOURCES) if entries else None
+  sources = successor_methods.source_prompts(entries, suite.SOURCES) if entries else None
   mpt_source = None
   if method == "mpt":
-    distilled = job(successors.distill_recipe(settings, vocab_rows, sources),
-                    successors.distill_requests(max(seeds) + 1))
+    distilled = job(successor_methods.distill_recipe(settings, vocab_rows, sources),
+                    successor_methods.distill_requests(max(seeds) + 1))
     mpt_source = distilled.outcomes[0].run_dir
-  return successors.recipe(method, settings, vocab_rows, sources=sources, mpt_source=mpt_source)
+  return successor_methods.recipe(method, settings, vocab_rows, sources=sources, mpt_source=mpt_source)
 
 
 def main(argv: Sequence[str]) -> Optional[int]:
@@ -174,7 +174,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   logging.getLogger("absl").setLevel(logging.ERROR)
   started = time.time()
   vocab_rows = methods_lib.sampled_vocab_rows()
-  needs_library = bool({"spot", "spot_unrelated", *successors.NEEDS_LIBRARY} & set(methods))
+  needs_library = bool({"spot", "spot_unrelated", *successor_methods.NEEDS_LIBRARY} & set(methods))
   jobs = len(methods) + needs_library + ("mpt" in methods)
   print(f"spot_jax.demo: {len(targets)} targets x {len(methods)} methods x {len(seeds)} seeds "
         f"(seeds {', '.join(map(str, seeds))})" + (f" + {len(suite.SOURCES)} source prompts"
@@ -209,17 +209,17 @@ def main(argv: Sequence[str]) -> Optional[int]:
                                                           source_requests).name
     if args.fresh and library_dir.exists():
       shutil.rmtree(library_dir)
-    entries = spot_sources.build_library(library_dir, sources)
+    entries = source_library.build_library(library_dir, sources)
   every_run = [methods_lib.request(t, s) for t in targets for s in seeds]
   outcomes = list(job(methods_lib.recipe("pt", settings, vocab_rows), every_run).outcomes)
   if needs_library:
-    choices = spot_sources.choose(entries, outcomes, suite.RELATED)
+    choices = source_library.choose(entries, outcomes, suite.RELATED)
   for method in methods[1:]:
     requests = every_run
     if method == "spot":
-      requests = spot_sources.spot_requests(choices, entries, targets, seeds)
+      requests = source_library.spot_requests(choices, entries, targets, seeds)
     elif method == "spot_unrelated":
-      requests = spot_sources.unrelated_requests(entries, suite.UNRELATED, targets, seeds)
+      requests = source_library.unrelated_requests(entries, suite.UNRELATED, targets, seeds)
     outcomes += job(_recipe(method, settings, vocab_rows, entries, seeds, job), requests).outcomes
 
   chance = {t: round(suite.TASKS[t].chance, 1) for t in targets}

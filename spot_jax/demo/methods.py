@@ -29,7 +29,7 @@ from spot_jax.train import optimizers
 # Every method runs by default; "pt" always runs (the baseline of every verdict, and its early
 # prompt is the target's task embedding for SPoT's retrieval).
 METHODS = ("pt", "spot", "smop", "residual", "spot_unrelated")
-# The successors run on request (`--methods=...` or `--methods=all`; `spot_jax.demo.successors`).
+# The successors run on request (`--methods=...` or `--methods=all`; `spot_jax.demo.successor_methods`).
 SUCCESSORS = ("prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt")
 METHOD_NAMES = {"pt": "Prompt Tuning", "spot": "SPoT", "smop": "SMoP 4x5",
                 "residual": "Residual PT", "spot_unrelated": "SPoT unrelated",

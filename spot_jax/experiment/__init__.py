@@ -4,8 +4,8 @@
   runner   `run(recipe, job_dir, requests)`: K runs in one trainer call, finished ones reused
   outcome  `RunOutcome`, a finished run read from its directory (`read_outcome`)
 
-The demo (`spot_jax.demo`), the transferability study (`spot_jax.spot.grid`) and retrieval
-(`spot_jax.spot.retrieval`) train every prompt through `runner.run`; their results are summarised
+The demo (`spot_jax.demo`), the transferability study (`spot_jax.spot.study`) and retrieval
+(`spot_jax.spot.retrieve`) train every prompt through `runner.run`; their results are summarised
 in `spot_jax.demo.results` and `spot_jax.spot.study_tables`.
 """
 from spot_jax.experiment.outcome import RunOutcome, read_outcome

@@ -4,9 +4,9 @@
                Residual SMoP, ATTEMPT with its attention network, DePT with its input offset,
                deep prompts' per-layer prefixes) stacked
   mixed        jitted decoding / scoring of batches whose rows each name their prompt
-  prompt_sources  prompts from modules, .npy files, run directories, PEFT adapters, libraries
-  run_backbone the served backbone and vocabulary: --model's, or the one the run directories
-               recorded (run.json), refusing another backbone than recorded
+  prompt_loaders  prompts from modules, .npy files, run directories, PEFT adapters, libraries
+  served_backbone  the served backbone and vocabulary: --model's, or the one the run
+               directories recorded (run.json), refusing another backbone than recorded
   ensemble     N prompts of one task in one batched pass; majority vote or mean log-probs
   server       a frozen backbone + table; fixed-size jitted calls, counted
   predict      batches examples through a server into JSONL records and a summary; Phases

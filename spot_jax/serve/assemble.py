@@ -20,7 +20,7 @@ from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 from spot_jax.serve import api, batcher as batcher_lib, capacity as capacity_lib
 from spot_jax.serve import catalog as catalog_lib, follow
-from spot_jax.serve import metrics as metrics_lib, prompt_sources, run_backbone
+from spot_jax.serve import metrics as metrics_lib, prompt_loaders, served_backbone
 from spot_jax.serve.app import Service
 
 
@@ -42,11 +42,11 @@ class Loader:
   """(name, path) -> served entries, refusing a run or library entry of another backbone.
 
   Attributes:
-    served: the `run_backbone.ServedBackbone`.
+    served: the `served_backbone.ServedBackbone`.
     args: the parsed flags (routing, ATTEMPT temperature, --allow_backbone_change).
   """
 
-  def __init__(self, served: run_backbone.ServedBackbone, args: Any):
+  def __init__(self, served: served_backbone.ServedBackbone, args: Any):
     self.served, self.args = served, args
     self._fingerprint: Optional[dict] = None
 
@@ -58,11 +58,11 @@ class Loader:
   def __call__(self, name: str, path: str) -> list:
     from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
     if not self.args.allow_backbone_change:
-      for where, record in run_backbone.recorded_runs([path]):
+      for where, record in served_backbone.recorded_runs([path]):
         backbone_lib.check_same(record.fingerprint, self.fingerprint(), f"prompt {where}",
-                                run_backbone.OVERRIDE_FLAG)
-    library = prompt_sources.library_reference(path) is not None
-    return prompt_sources.load_all(
+                                served_backbone.OVERRIDE_FLAG)
+    library = prompt_loaders.library_reference(path) is not None
+    return prompt_loaders.load_all(
         name, path, smop_routing=self.args.smop_routing, config=self.served.config,
         fingerprint=self.fingerprint() if library else None,
         attempt_temperature=self.args.attempt_temperature)
@@ -93,7 +93,7 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
   _cache(args, prog)
   metrics = metrics_lib.Metrics(args.max_batch_size)
   metrics.watch_compiles()
-  served = run_backbone.resolve(
+  served = served_backbone.resolve(
       [p for _, p in specs], checkpoint=args.checkpoint, seed=args.seed,
       config=flags.model_config(args.model, args.model_binding, dropout_rate=0.0)
       if args.model else None, allow_backbone_change=args.allow_backbone_change)

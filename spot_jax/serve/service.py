@@ -93,7 +93,7 @@ def _specs(args) -> list[tuple[str, str]]:
   """(name, path) of every --prompt and every --library entry."""
   specs = infer._prompt_specs(args.prompt)  # pylint: disable=protected-access
   for root in args.library:
-    from spot_jax.spot import prompt_library  # pylint: disable=g-import-not-at-top
+    from spot_jax.spot import library as prompt_library  # pylint: disable=g-import-not-at-top
     ids = prompt_library.Library(root).ids()
     if not ids:
       raise ConfigError(f"--library {root} holds no entries; give a library with prompts")

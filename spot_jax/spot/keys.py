@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from spot_jax.spot.prompt_library import Entry
+from spot_jax.spot.library import Entry
 from spot_jax.spot.settings import RunSettings
 
 LENGTH = 12  # hex digits: 48 bits, ample for the results of one output folder

@@ -21,7 +21,7 @@ from spot_jax import models
 from spot_jax import prompts
 from spot_jax import validate
 from spot_jax.cli import flags
-from spot_jax.cli import model_file
+from spot_jax.cli import model_flag
 from spot_jax.errors import ConfigError
 from spot_jax import backbone as backbone_lib
 from spot_jax.train import optimizers
@@ -185,7 +185,7 @@ def from_flags(args: argparse.Namespace) -> RunSettings:
                       f"{args.prompt_length}; the input length counts real tokens only and must be "
                       f"at least the prompt length")
   task_metrics = flags.pairs("--task_metric", args.task_metric, "spot_glue_stsb_v200=pearson_corrcoef")
-  model, name = model_file.load_model(args.model, args.model_binding)
+  model, name = model_flag.load_model(args.model, args.model_binding)
   return RunSettings(
       model=model, model_name=name, initial_checkpoint_path=args.checkpoint,
       task_module=args.task_module,

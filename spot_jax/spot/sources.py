@@ -24,7 +24,7 @@ import numpy as np
 
 from spot_jax import backbone as backbone_lib
 from spot_jax.errors import ConfigError
-from spot_jax.spot.prompt_library import Entry, Library
+from spot_jax.spot.library import Entry, Library
 
 SEPARATOR = "#"
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from spot_jax import fileio
 from spot_jax import stats
-from spot_jax.spot import grid as grid_lib
+from spot_jax.spot import study as grid_lib
 from spot_jax.spot import similarity
 from spot_jax.spot.settings import RunSettings
 

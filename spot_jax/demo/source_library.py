@@ -1,10 +1,10 @@
 """SPoT's own pipeline in the demo: a source-prompt library and retrieval by task embedding.
 
   1. every source prompt (one ordinary run each) enters a prompt library
-     (`spot_jax.spot.prompt_library`) with its task embedding: its prompt at the embedding step;
+     (`spot_jax.spot.library`) with its task embedding: its prompt at the embedding step;
   2. the target's task embedding for seed s is the prompt of its Prompt Tuning run of seed s at
      the same step (`RunDir.embedding_prompt`: the step the run's record names);
-  3. retrieval (`spot_jax.spot.retrieval.rank`, cosine of average tokens) ranks the library; the
+  3. retrieval (`spot_jax.spot.retrieve.rank`, cosine of average tokens) ranks the library; the
      most similar source's best prompt starts the SPoT run of that seed.
 
 The suite's RELATED map plays no part in the choice: `Choice.related` only checks it afterwards.
@@ -19,8 +19,8 @@ from typing import Mapping, Sequence
 from spot_jax.demo import methods
 from spot_jax.errors import ConfigError
 from spot_jax.experiment import RunOutcome, RunRequest
-from spot_jax.spot import prompt_library
-from spot_jax.spot import retrieval
+from spot_jax.spot import library as prompt_library
+from spot_jax.spot import retrieve as retrieval
 
 SIMILARITY = "average"
 

@@ -1,4 +1,4 @@
-"""The report of a study: the figures (`figures.py`) and report.md, every number with its interval.
+"""The report of a study: the figures (`report_figures.py`) and report.md, every number with its interval.
 
 Reads <study_dir>/results.json (written by `python -m spot_jax.study`) and the task embeddings it
 points to; the aggregates are `study_tables.py`'s. Where a sample is too small for an interval the
@@ -16,7 +16,7 @@ from spot_jax import fileio
 from spot_jax import stats
 from spot_jax import validate
 from spot_jax.errors import ConfigError
-from spot_jax.spot import figures
+from spot_jax.spot import report_figures
 from spot_jax.spot import study_tables
 from spot_jax.spot import similarity
 
@@ -84,7 +84,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
 
 
 def _save(plt, fig, path: pathlib.Path) -> None:
-  fig.savefig(path, dpi=figures.DPI)
+  fig.savefig(path, dpi=report_figures.DPI)
   plt.close(fig)
 
 
@@ -103,19 +103,19 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  short, how = figures.short_names(sources + targets)
+  short, how = report_figures.short_names(sources + targets)
   gains = study_tables.transfer_gains(rows, targets, sources)
   transfer = [[gains[(t, s)]["rer"] for s in sources] for t in targets]
-  _save(plt, figures.heatmap(plt, transfer, [short[t] for t in targets], [short[s] for s in sources],
+  _save(plt, report_figures.heatmap(plt, transfer, [short[t] for t in targets], [short[s] for s in sources],
                              "relative error reduction (rows: targets, columns: sources)",
                              f"{how}\n{PM}; no ± with one seed", "RdBu", centre=0.0),
         out / "transfer_heatmap.png")
 
   names, sim = similarity_matrix(study_dir, doc["embeddings"], metric)
-  order = figures.cluster_order(np.array([[c.mean for c in row] for row in sim]))
+  order = report_figures.cluster_order(np.array([[c.mean for c in row] for row in sim]))
   ordered = [names[i] for i in order]
   sim_ordered = [[sim[i][j] for j in order] for i in order]
-  _save(plt, figures.heatmap(plt, sim_ordered, [short.get(n, n) for n in ordered],
+  _save(plt, report_figures.heatmap(plt, sim_ordered, [short.get(n, n) for n in ordered],
                              [short.get(n, n) for n in ordered],
                              f"task-embedding similarity ({metric}), clustered",
                              f"{how}\n{PM} (target embeddings differ by seed); source pairs: "
@@ -124,13 +124,13 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
 
   corr = study_tables.correlations(rows, targets, sources, metric)
   ranking = study_tables.source_ranking(rows, targets, sources, metric)
-  _save(plt, figures.scatter(plt, targets, ranking, corr, short,
+  _save(plt, report_figures.scatter(plt, targets, ranking, corr, short,
                              f"{how}. Points: seed means, bars: 95% t intervals over seeds; "
                              f"correlations over the points, bootstrap 95% intervals", metric),
         out / "similarity_vs_transfer.png")
 
   retrieval = study_tables.retrieval_table(rows, sources, metric, retrieval_k=int(grid.get("retrieval_k") or 0))
-  _save(plt, figures.retrieval_bars(plt, retrieval,
+  _save(plt, report_figures.retrieval_bars(plt, retrieval,
                                     f"bootstrap 95% intervals over the {retrieval[0]['cases']} "
                                     f"(target, seed) cases (none below {study_tables.MIN_CASES})"),
         out / "retrieval.png")

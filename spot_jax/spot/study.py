@@ -1,4 +1,4 @@
-"""The transferability study (SPoT section 3): sources x targets x seeds, baselines, retrieval.
+"""The transferability study (SPoT section 3): sources x targets x seeds, baselines, retrieve.
 
 Every run is an ordinary run directory; the runs of one job are trained as K runs in one jitted
 step (`spot_jax.experiment.runner`), so seeds cost little more than one run:
@@ -43,7 +43,7 @@ from spot_jax import fileio
 from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.experiment import RunOutcome, RunRequest
-from spot_jax.spot import retrieval
+from spot_jax.spot import retrieve
 from spot_jax.spot import settings as settings_lib
 from spot_jax.spot import similarity
 from spot_jax.spot.settings import RunSettings
@@ -225,7 +225,7 @@ def _request(study_dir: pathlib.Path, layout: Layout, grid: Grid,
   if cell.kind in ("source", "baseline"):
     return RunRequest(cell.task, cell.seed, name=cell.name)
   if cell.kind == "generic_source":
-    return RunRequest(retrieval.register_runtime_mixture("spot_generic", grid.sources), cell.seed,
+    return RunRequest(retrieve.register_runtime_mixture("spot_generic", grid.sources), cell.seed,
                       name=cell.name)
   if cell.kind in ("transfer", "generic", "mixture"):
     origin = {"transfer": Cell("source", cell.source, grid.source_seed),
@@ -241,7 +241,7 @@ def _request(study_dir: pathlib.Path, layout: Layout, grid: Grid,
     return None
   top = ranked[:grid.retrieval_k]
   if cell.kind == "mixture_source":
-    mixture = retrieval.register_runtime_mixture("spot_mixture", [s for s, _ in top] + [cell.task])
+    mixture = retrieve.register_runtime_mixture("spot_mixture", [s for s, _ in top] + [cell.task])
     return RunRequest(mixture, cell.seed, name=cell.name)
   prompts = [read(study_dir, layout, Cell("source", s, grid.source_seed)).prompt() for s, _ in top]
   sims = np.array([v for _, v in top])

@@ -238,7 +238,7 @@ def from_library(name: str, root: str, entry_id: str, fingerprint: Optional[dict
     fingerprint: the serving backbone's `spot_jax.backbone` (None: not checked).
   """
   from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
-  from spot_jax.spot import prompt_library  # pylint: disable=g-import-not-at-top
+  from spot_jax.spot import library as prompt_library  # pylint: disable=g-import-not-at-top
   entry = prompt_library.Library(root).get(entry_id)
   if fingerprint is not None and not backbone_lib.same_model(entry.fingerprint, fingerprint):
     raise ConfigError(f"library entry {entry_id!r} was trained against frozen model "

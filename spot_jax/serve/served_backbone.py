@@ -102,11 +102,11 @@ def recorded_vocabulary(vocab: dict, where: str) -> Any:
 
 def recorded_runs(paths: Sequence[str]) -> list[tuple[str, RunRecord]]:
   """(path as given, record) of every --prompt that is a run directory holding run.json."""
-  from spot_jax.serve import prompt_sources  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve import prompt_loaders  # pylint: disable=g-import-not-at-top
   out = []
   for path in paths:
     p = pathlib.Path(path)
-    if (prompt_sources.library_reference(path) is not None or not p.is_dir()
+    if (prompt_loaders.library_reference(path) is not None or not p.is_dir()
         or (p / "adapter_config.json").exists()):
       continue
     record = RunDir(p).read_record()

@@ -43,7 +43,7 @@ from spot_jax.experiment import RunOutcome, RunRequest
 from spot_jax.spot import experts
 from spot_jax.spot import keys
 from spot_jax.spot import similarity
-from spot_jax.spot.prompt_library import Entry
+from spot_jax.spot.library import Entry
 from spot_jax.spot import settings as settings_lib
 from spot_jax.spot.settings import RunSettings
 
