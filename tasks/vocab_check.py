@@ -109,8 +109,8 @@ def text_lines(vocab: Any, texts: Sequence[str]) -> list[str]:
   lines = [f"{'text':{width}s}  pieces  spelled"]
   lines += [f"{s.text:{width}s}  {len(s.pieces):6d}  {s.shown()}" for s in spellings]
   longest = max(len(s.pieces) for s in spellings)
-  lines.append(f"longest: {longest} pieces; as targets: TASK_FEATURE_LENGTHS['targets'] >= "
-               f"{longest + 1} (EOS included)")
+  lines.append(f"longest: {longest} piece{'s' * (longest != 1)}; as targets: "
+               f"TASK_FEATURE_LENGTHS['targets'] >= {longest + 1} (EOS included)")
   lines.append(_unknown_line(spellings))
   return lines
 
