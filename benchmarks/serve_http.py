@@ -262,6 +262,7 @@ def soak(work: str, backbone, names, args) -> dict:
           "failure_kinds": dict(sum((collections.Counter(r["failure_kinds"]) for r in results),
                                     collections.Counter())),
           "p99_ms_worst_window": max(r["p99_ms"] for r in results),
+          "rss_mb_every_30s": [round(m, 1) for _, m in samples],
           "server_log": server_lines[-20:]}
 
 
