@@ -120,7 +120,8 @@ def test_dropout_rng_choices_keep_rate_and_determinism(params):
           ("threefry", "unsafe_rbg")]
   np.testing.assert_allclose(same[0][0], same[1][0], rtol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), same[0][1], same[1][1])
-  with pytest.raises(ValueError, match="DROPOUT_RNG='philox'; valid: 'threefry', 'rbg', 'unsafe_rbg'"):
+  with pytest.raises(ValueError,
+                     match="DROPOUT_RNG='philox' is unknown; valid: threefry, rbg, unsafe_rbg"):
     train_lib.make_train_step(model, None, "philox")
 
 

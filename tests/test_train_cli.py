@@ -154,7 +154,7 @@ def test_dropout_rng_is_wired_and_deterministic(tmp_path):
   assert len(losses["a"]) == 4 and losses["a"] == losses["b"]
   assert losses["a"] != losses["c"]
   bad = _run([*SMOKE, f"--gin.MODEL_DIR='{tmp_path / 'bad'}'", "--gin.DROPOUT_RNG='philox'"])
-  _assert_one_line_error(bad, "DROPOUT_RNG='philox'; valid: 'threefry', 'rbg', 'unsafe_rbg'")
+  _assert_one_line_error(bad, "DROPOUT_RNG='philox' is unknown; valid: threefry, rbg, unsafe_rbg")
 
 
 def test_a_spot_transfer_records_its_source_and_keeps_every_config_it_ran_with(tmp_path):

@@ -160,8 +160,7 @@ def plan(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Datas
   validate.positive_int(eval_period, "EVAL_PERIOD")
   validate.positive_int(log_period, "log_period")
   validate.positive_int(seed, "RANDOM_SEED", minimum=0)
-  if dropout_rng not in DROPOUT_RNGS:
-    raise ConfigError(f"DROPOUT_RNG={dropout_rng!r}; valid: {', '.join(map(repr, DROPOUT_RNGS))}")
+  validate.one_of(dropout_rng, "DROPOUT_RNG", DROPOUT_RNGS)
   cc = checkpoint_cfg
   keep = validate.positive_int(cc.keep, "CHECKPOINTS_TO_KEEP")
   validate.one_of(cc.best_mode, "best_mode", ("max", "min"))

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from spot_jax import models
-from spot_jax.errors import ConfigError
+from spot_jax import validate
 from spot_jax.train import optimizers
 from spot_jax.train.state import TrainState
 
@@ -33,8 +33,7 @@ def dropout_key(step_rng: jax.Array, dropout_rng: str = "threefry") -> jax.Array
   """
   if dropout_rng == "threefry":
     return step_rng
-  if dropout_rng not in DROPOUT_RNGS:
-    raise ConfigError(f"DROPOUT_RNG={dropout_rng!r}; valid: {', '.join(map(repr, DROPOUT_RNGS))}")
+  validate.one_of(dropout_rng, "DROPOUT_RNG", DROPOUT_RNGS)
   return jax.random.wrap_key_data(jax.random.bits(step_rng, (4,), jnp.uint32), impl=dropout_rng)
 
 
