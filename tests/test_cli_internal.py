@@ -64,7 +64,7 @@ PROGRAMS = [
     ("benchmarks.peers.t5x_train", "benchmarks.peers.t5x_train:main", "benchmarks.peers.worker:parse",
      ["--shape={{}}"], ["--shape={{}}"], "--shape lacks"),
     ("spot_jax.embedded.pretrain", "spot_jax.embedded.pretrain:main", "spot_jax.embedded.pretrain:pretrain",
-     ["--output_dir={tmp}/toy", "--steps=1"], ["--steps=0", "--output_dir={tmp}/toy"], "--steps (0)"),
+     ["--output_dir={tmp}/toy", "--steps=1"], ["--steps=0", "--output_dir={tmp}/toy"], "--steps=0 must be a positive integer"),
     ("tasks", "tasks.__main__:main", "tasks.__main__:list_lines", ["list"], ["lst"], "invalid choice: 'lst'"),
     ("spot_jax.demo.replication", "spot_jax.demo.replication:main", "spot_jax.demo.replication:load",
      ["{tmp}"], ["{tmp}"], "has no results.json"),
