@@ -216,7 +216,7 @@ def test_a_probe_for_tensorflow_does_not_use_up_the_quiet_import():
                          text=True, timeout=600)
   if not any(ABSL_LINE.match(l) for l in plain.stderr.splitlines()):
     pytest.skip("TensorFlow prints no start-up lines on this machine")
-  code = ("from spot_jax import startup; startup.quiet(); import importlib.util; "
+  code = ("from spot_jax import quiet_logs; quiet_logs.quiet(); import importlib.util; "
           "assert importlib.util.find_spec('tensorflow') is not None; import tensorflow")
   proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=600)
@@ -226,7 +226,7 @@ def test_a_probe_for_tensorflow_does_not_use_up_the_quiet_import():
 def test_a_repeated_library_warning_is_shown_once():
   """seqio repeats its advice for every training stream; a program shows each absl warning once
   (errors every time), and SPOT_JAX_VERBOSE=1 shows every repeat."""
-  code = ("from spot_jax import startup; startup.quiet(); from absl import logging; "
+  code = ("from spot_jax import quiet_logs; quiet_logs.quiet(); from absl import logging; "
           "[logging.warning('advice %d', i % 2) for i in range(5)]; logging.error('failed'); "
           "logging.error('failed')")
   errors = ["ERROR:absl:failed"] * 2
@@ -243,7 +243,7 @@ def test_advice_that_cannot_apply_is_dropped_and_other_warnings_kept():
   """seqio's advice to cache a function dataset before training (the toy and in-memory tasks):
   the trainer resumes each stream at its position, so a program drops it; SPOT_JAX_VERBOSE=1
   shows it."""
-  code = ("from spot_jax import startup; startup.quiet(); import seqio, tasks.synthetic; "
+  code = ("from spot_jax import quiet_logs; quiet_logs.quiet(); import seqio, tasks.synthetic; "
           "seqio.get_mixture_or_task('spot_synthetic_sentiment_v100').source.get_dataset("
           "'train', shuffle=True, seed=0); from absl import logging; logging.warning('advice')")
   for verbose in ("", "1"):
