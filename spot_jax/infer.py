@@ -47,17 +47,23 @@ from spot_jax.errors import ConfigError
 PROG = "spot_jax.infer"
 
 
-def _parser() -> cli.ArgumentParser:
-  p = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-  a = p.add_argument
+def add_served_flags(p: cli.ArgumentParser) -> None:
+  """The flags `infer` and `serve` share: the backbone, and the prompts served on it."""
   flags.add_backbone(p, required=False, model_help="the frozen backbone: a config name or a gin "
                      "model file (default: the one the --prompt run directories recorded)",
                      checkpoint_help="the frozen backbone's checkpoint (default: the runs' "
                      "recorded one with no --model, else the random backbone of --seed)",
                      seed_help="seed of the random backbone (no --checkpoint) and of sampling")
-  a("--allow_backbone_change", action="store_true", help="serve run directories on the "
-    "--model/--checkpoint given, although they recorded another frozen backbone")
-  a("--prompt", action="append", default=[], metavar="NAME=PATH", help="a prompt (repeatable)")
+  p.add_argument("--allow_backbone_change", action="store_true", help="serve run directories "
+                 "on the --model/--checkpoint given, although they recorded another backbone")
+  p.add_argument("--prompt", action="append", default=[], metavar="NAME=PATH",
+                 help="a prompt (repeatable)")
+
+
+def _parser() -> cli.ArgumentParser:
+  p = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+  a = p.add_argument
+  add_served_flags(p)
   a("--smop_routing", default="linear", help="routing of SMoP runs: linear, top2, gumbel, "
     "stochastic or single")
   a("--attempt_temperature", type=float, default=None, help="softmax temperature of ATTEMPT "
@@ -136,17 +142,7 @@ def main(argv: Sequence[str]) -> int:
   from spot_jax.serve import predict  # pylint: disable=g-import-not-at-top
   phases = predict.Phases(PROG, args.timing)
   from spot_jax import runtime  # pylint: disable=g-import-not-at-top
-  default = args.compilation_cache_dir is None
-  cache = runtime.default_serving_cache() if default else args.compilation_cache_dir
-  try:
-    if cache and cache.strip().lower() != "none":
-      runtime.enable_compilation_cache(cache, max_bytes=runtime.SERVING_CACHE_MAX_BYTES,
-                                       what="--compilation_cache_dir")
-  except ConfigError as e:
-    if not default:
-      raise
-    # The default cache: serving goes on without it where it cannot be written.
-    print(f"{PROG}: note: no compilation cache ({e})", file=sys.stderr)
+  runtime.enable_serving_cache(args.compilation_cache_dir, PROG)
   from spot_jax.serve import table as table_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.serve import prompt_loaders, served_backbone  # pylint: disable=g-import-not-at-top
   modes = [m for m in ("interpret", "export_peft", "export_npy", "export_peft_mpt")

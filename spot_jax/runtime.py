@@ -190,3 +190,20 @@ def exit_now(status: int) -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(status)  # pylint: disable=protected-access
+
+
+def enable_serving_cache(value: Optional[str], prog: str) -> None:
+  """JAX's compilation cache for a serving program's --compilation_cache_dir `value`.
+
+  None is the default serving cache, which serving goes on without (one note line) where it
+  cannot be written; 'none' turns the cache off; a folder given that cannot be used is refused.
+  """
+  cache = default_serving_cache() if value is None else value
+  try:
+    if cache and cache.strip().lower() != "none":
+      enable_compilation_cache(cache, max_bytes=SERVING_CACHE_MAX_BYTES,
+                               what="--compilation_cache_dir")
+  except ConfigError as e:
+    if value is not None:
+      raise
+    print(f"{prog}: note: no compilation cache ({e})", file=sys.stderr)

@@ -9,7 +9,6 @@ serves and the others follow it (`follow`).
 """
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Optional, Sequence
 
@@ -22,20 +21,6 @@ from spot_jax.serve import api, batcher as batcher_lib, capacity as capacity_lib
 from spot_jax.serve import catalog as catalog_lib, follow
 from spot_jax.serve import metrics as metrics_lib, prompt_loaders, served_backbone
 from spot_jax.serve.app import Service
-
-
-def _cache(args, prog: str) -> None:
-  from spot_jax import runtime  # pylint: disable=g-import-not-at-top
-  default = args.compilation_cache_dir is None
-  cache = runtime.default_serving_cache() if default else args.compilation_cache_dir
-  try:
-    if cache and cache.strip().lower() != "none":
-      runtime.enable_compilation_cache(cache, max_bytes=runtime.SERVING_CACHE_MAX_BYTES,
-                                       what="--compilation_cache_dir")
-  except ConfigError as e:
-    if not default:
-      raise
-    print(f"{prog}: note: no compilation cache ({e})", file=sys.stderr)
 
 
 class Loader:
@@ -90,7 +75,8 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
           length_buckets: Sequence[int]) -> tuple[Service, tuple[int, float]]:
   """(the service of the parsed flags, (shapes compiled, seconds) of its warm-up)."""
   import jax  # pylint: disable=g-import-not-at-top
-  _cache(args, prog)
+  from spot_jax import runtime  # pylint: disable=g-import-not-at-top
+  runtime.enable_serving_cache(args.compilation_cache_dir, prog)
   metrics = metrics_lib.Metrics(args.max_batch_size)
   metrics.watch_compiles()
   served = served_backbone.resolve(

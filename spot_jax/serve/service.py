@@ -32,14 +32,7 @@ PROG = "spot_jax.serve"
 def _parser() -> cli.ArgumentParser:
   p = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
   a = p.add_argument
-  flags.add_backbone(p, required=False, model_help="the frozen backbone: a config name or a gin "
-                     "model file (default: the one the --prompt run directories recorded)",
-                     checkpoint_help="the frozen backbone's checkpoint (default: the runs' "
-                     "recorded one with no --model, else the random backbone of --seed)",
-                     seed_help="seed of the random backbone (no --checkpoint) and of sampling")
-  a("--allow_backbone_change", action="store_true", help="serve run directories on the "
-    "--model/--checkpoint given, although they recorded another frozen backbone")
-  a("--prompt", action="append", default=[], metavar="NAME=PATH", help="a prompt (repeatable)")
+  infer.add_served_flags(p)
   a("--library", action="append", default=[], metavar="DIR", help="serve every entry of this "
     "SPoT prompt library, by its id (repeatable)")
   a("--smop_routing", default="linear", help="routing of SMoP runs: linear, top2, gumbel, "
