@@ -25,3 +25,14 @@ def mixed_setup(config, modules: Mapping, make_params: Callable, lengths: Sequen
   for row, n in enumerate(lengths):
     tokens[row, n:] = 0
   return backbone, modules, params, table, tokens
+
+
+def trained_looking_params(config, module, backbone, seed: int):
+  """The module's parameters, every leaf moved off its initial value (B of DePT is not zero)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  from tests.prompt_train_util import create_prompt_params  # pylint: disable=g-import-not-at-top
+  params = create_prompt_params(Transformer(config, prompt=module), backbone, seed)
+  rs = np.random.RandomState(seed)
+  return jax.tree.map(lambda v: np.asarray(v) + rs.normal(0, 0.7, v.shape).astype(np.float32),
+                      params)

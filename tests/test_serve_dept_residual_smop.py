@@ -16,7 +16,7 @@ from spot_jax.t5 import Transformer, config_by_name, generate
 from spot_jax.t5.generation import search_settings
 from spot_jax import fileio
 from spot_jax.train import checkpointer
-from tests.serve_util import mixed_setup
+from tests.serve_util import mixed_setup, trained_looking_params
 
 CONFIG = config_by_name("t5_1_1_test", dropout_rate=0.0)
 DECODE = 6
@@ -24,12 +24,7 @@ WIDTH = 10
 
 
 def _trained_looking(module, backbone, seed):
-  """The module's parameters, every leaf moved off its initial value (B of DePT is not zero)."""
-  from tests.prompt_train_util import create_prompt_params  # pylint: disable=g-import-not-at-top
-  params = create_prompt_params(Transformer(CONFIG, prompt=module), backbone, seed)
-  rs = np.random.RandomState(seed)
-  return jax.tree.map(lambda v: np.asarray(v) + rs.normal(0, 0.7, v.shape).astype(np.float32),
-                      params)
+  return trained_looking_params(CONFIG, module, backbone, seed)
 
 
 @pytest.fixture(scope="module")
