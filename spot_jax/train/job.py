@@ -16,16 +16,11 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spot_jax import backbone as backbone_lib
-from spot_jax import fileio
-from spot_jax import models
-from spot_jax import partitioning
+from spot_jax import fileio, models, partitioning
 from spot_jax.orbax_io import DamagedCheckpoint
 from spot_jax.run_dir import RunRecord, companion_file
-from spot_jax.train import checks
-from spot_jax.train import progress
-from spot_jax.train import prompt_init
+from spot_jax.train import checks, progress, prompt_init, streams
 from spot_jax.train import run_spec as runs_lib
-from spot_jax.train import streams
 from spot_jax.train.checkpointer import Checkpointer
 from spot_jax.train.evaluator import EvalConfig, Evaluator, ModelOutputs, lookup_metric
 from spot_jax.train.train_result import RunResult, TrainResult
