@@ -4,7 +4,8 @@ import setuptools
 setuptools.setup(
     name="spot-jax",
     version="0.1.0",
-    description="Soft-prompt adaptation of frozen T5 models in JAX/Flax: Prompt Tuning, SPoT, SMoP, Residual Prompt Tuning.",
+    description="Soft-prompt adaptation of frozen T5 models in JAX/Flax: Prompt Tuning, SPoT, "
+                "SMoP, Residual Prompt Tuning.",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
@@ -46,14 +47,15 @@ setuptools.setup(
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.5",  # .ci/run: two workers, one test file each at a time
+            "ruff>=0.6",  # .ci/run: lines of at most 100 characters (ruff.toml)
             "torch==2.13.0",
             "transformers>=4.45,<6",
-            "peft==0.21.2",  # PEFT adapter interop tests (tests/test_serve_peft.py)
-            "openai>=1.30",  # the HTTP server's OpenAI-client test (tests/test_serve_http.py)
+            "peft==0.21.2",  # PEFT adapter interop tests (tests/serve/test_peft.py)
+            "openai>=1.30",  # the HTTP server's OpenAI-client test (tests/serve/test_http.py)
             "httpx>=0.27",
         ],
         "hf": ["datasets>=2.18"],
-        # T5 parity tests (tests/test_t5_parity_tasks.py): what t5's preprocessors, postprocessors
+        # T5 parity tests (tests/t5/test_parity_tasks.py): what t5's preprocessors, postprocessors
         # and metrics import. t5==0.9.4 itself pins tfds-nightly/seqio-nightly, so it is installed
         # separately with `pip install --no-deps t5==0.9.4` (see .ci/run).
         "t5parity": ["babel", "sacrebleu", "rouge-score", "editdistance", "immutabledict"],

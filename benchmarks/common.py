@@ -4,9 +4,9 @@ Public, so every bench (the train step, lengths, serving, the PEFT and t5x peers
 same definitions: `METHODS` (name -> prompt method and length), `bench_config` (a named T5Config
 with overrides), `numpy_batch` / `device_batch` (the random batch every peer gets),
 `xla_flops` / `hlo_op_counts` (from a compiled step) and `MatmulPeak` / `mfu` (the MFU's
-denominator, sampled through a run, and MFUs above 100% flagged). `t5x_shape` is the shape the t5x peer process takes; nothing here imports t5x.
-`output_files` / `write_outputs`: every bench's `--json` and `--markdown`, checked before any work
-and written atomically at the end.
+denominator, sampled through a run, and MFUs above 100% flagged). `t5x_shape` is the shape the t5x
+peer process takes; nothing here imports t5x. `output_files` / `write_outputs`: every bench's
+`--json` and `--markdown`, checked before any work and written atomically at the end.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ METHODS = {
     "pt100": ("prompt_tuning", 100), "pt20": ("prompt_tuning", 20), "smop4x5": ("smop", 20),
     "residual100": ("residual", 100), "residual10": ("residual", 10),
     "model_tuning": ("model_tuning", 0),
-    "prompt_tuning": ("prompt_tuning", None), "smop": ("smop", None), "residual": ("residual", None),
+    "prompt_tuning": ("prompt_tuning", None), "smop": ("smop", None),
+    "residual": ("residual", None),
     # deep prompts: prefixes in every layer (prefix tuning: encoder, decoder and cross-attention;
     # "_mlp" with PEFT's projection MLP of width 512; P-tuning v2: encoder prompt tokens)
     "prefix10": ("prefix_tuning", 10), "prefix_mlp10": ("prefix_projection", 10),
@@ -98,7 +99,8 @@ def with_task_index(kind: str, batch: dict) -> dict:
 
 # T5Config fields settable from the command line (--num_layers sets both stacks).
 SHAPE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers",
-                "num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance")
+                "num_decoder_layers", "relative_attention_num_buckets",
+                "relative_attention_max_distance")
 OVERRIDE_FLAGS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_layers")
 
 
@@ -183,9 +185,11 @@ def numpy_batch(vocab: int, batch_size: int, input_length: int, target_length: i
   rng = np.random.RandomState(seed)
   targets = rng.randint(2, vocab, size=(batch_size, target_length)).astype(np.int32)
   return {
-      "encoder_input_tokens": rng.randint(2, vocab, size=(batch_size, input_length)).astype(np.int32),
+      "encoder_input_tokens": rng.randint(2, vocab,
+                                          size=(batch_size, input_length)).astype(np.int32),
       "decoder_target_tokens": targets,
-      "decoder_input_tokens": np.concatenate([np.zeros((batch_size, 1), np.int32), targets[:, :-1]], 1),
+      "decoder_input_tokens": np.concatenate([np.zeros((batch_size, 1), np.int32),
+                                              targets[:, :-1]], 1),
   }
 
 
@@ -214,7 +218,8 @@ def timed(fn, n: int) -> list[float]:
 PYTHONPATH_HINT = ("put checkouts of google-research/t5x, flaxformer and prompt-tuning (plus t5x's "
                    "airio and jestimator) on PYTHONPATH")
 SHAPE_KEYS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers",
-              "num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance")
+              "num_decoder_layers", "relative_attention_num_buckets",
+              "relative_attention_max_distance")
 
 
 def t5x_importable() -> bool:
@@ -227,8 +232,8 @@ def t5x_importable() -> bool:
 def t5x_shape(config) -> dict:
   """The shape fields of a spot_jax `T5Config` that the t5x model takes (called by bench)."""
   if tuple(config.mlp_activations) != ("gelu", "linear") or config.logits_via_embedding:
-    raise ConfigError("--vs=t5x needs a T5.1.1 config (gated-GELU, untied logits) like prompt-tuning's "
-                      "t5_1_1_prompt.gin; e.g. --model=t5_1_1_small")
+    raise ConfigError("--vs=t5x needs a T5.1.1 config (gated-GELU, untied logits) like "
+                      "prompt-tuning's t5_1_1_prompt.gin; e.g. --model=t5_1_1_small")
   return {k: getattr(config, k) for k in SHAPE_KEYS}
 
 
@@ -240,7 +245,8 @@ def output_files(args) -> dict[str, pathlib.Path]:
 
 
 def write_outputs(files: Mapping[str, pathlib.Path], result: Any, markdown: str) -> None:
-  """Writes `result` as JSON to --json and `markdown` to --markdown, each atomically, where asked."""
+  """Writes `result` as JSON to --json and `markdown` to --markdown, each atomically,
+  where asked."""
   if "--json" in files:
     fileio.atomic_write_bytes(files["--json"], json.dumps(result, indent=2).encode())
   if "--markdown" in files:

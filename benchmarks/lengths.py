@@ -8,14 +8,14 @@ For each length distribution (`--lengths`, repeatable: `file:<path>` with one in
 line, or `task:<seqio task, mixture or glob of task names>[:split]` whose inputs are measured in
 tokens, EOS included) it takes one shuffled pass over the lengths as a stream of `--batch_size`
 examples, then groups it twice: fixed padding (every batch [B, --input_length], default the
-longest input rounded up to 64) and the trainer's length buckets (`spot_jax.data.bucketing.bucket_batches`
-with `--buckets`, default 'auto', and `--bucket_window`). The train step of `--method` (default
-PT-100 on t5_small, random weights, dropout 0.1, float32) is compiled for every input width either
-stream needs (compile seconds and the number of compiles are reported on their own), then timed
-in `--steps` interleaved rounds (one step of every width per round; median per width). Each
-mode's examples/s is its examples over the sum of its batches' step times; the FLOP ratio
-(fixed over bucketed XLA FLOPs of the same batches) is the speed-up a quiet machine should
-approach. Widths are shared between distributions, so each is compiled once per run.
+longest input rounded up to 64) and the trainer's length buckets
+(`spot_jax.data.bucketing.bucket_batches` with `--buckets`, default 'auto', and `--bucket_window`).
+The train step of `--method` (default PT-100 on t5_small, random weights, dropout 0.1, float32) is
+compiled for every input width either stream needs (compile seconds and the number of compiles are
+reported on their own), then timed in `--steps` interleaved rounds (one step of every width per
+round; median per width). Each mode's examples/s is its examples over the sum of its batches' step
+times; the FLOP ratio (fixed over bucketed XLA FLOPs of the same batches) is the speed-up a quiet
+machine should approach. Widths are shared between distributions, so each is compiled once per run.
 """
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ def read_lengths_task(spec: str, module: str, max_examples: int) -> np.ndarray:
     if (split or "train") not in source.splits:
       raise ConfigError(f"--lengths=task:{spec}: {source.name} has no split {split!r}; "
                         f"valid: {', '.join(source.splits)}")
-    ds = source.get_dataset(sequence_length=None, split=split or "train", shuffle=False, num_epochs=1)
+    ds = source.get_dataset(sequence_length=None, split=split or "train", shuffle=False,
+                            num_epochs=1)
     out += [len(ex["inputs"]) for ex in ds.take(max_examples).as_numpy_iterator()]
   return np.asarray(out)
 
@@ -96,7 +97,8 @@ def read_lengths(spec: str, module: str, max_examples: int) -> np.ndarray:
 
 def plan(lengths: np.ndarray, batch_size: int, input_length: int, boundaries: Sequence[int],
          window: int, seed: int) -> dict:
-  """One shuffled pass over `lengths` grouped as fixed and as bucketed batches (widths per batch)."""
+  """One shuffled pass over `lengths` grouped as fixed and as bucketed batches
+  (widths per batch)."""
   rng = np.random.RandomState(seed)
   stream = np.minimum(rng.permutation(lengths), input_length)  # truncated as the pipeline does
   num_batches = len(stream) // batch_size
@@ -110,7 +112,8 @@ def plan(lengths: np.ndarray, batch_size: int, input_length: int, boundaries: Se
   for index, lo in enumerate(range(0, len(stream), window * batch_size)):
     chunk = {"encoder_input_tokens": tokens[lo:lo + window * batch_size]}
     widths += [b["encoder_input_tokens"].shape[1]
-               for b in bucketing.bucket_batches(chunk, batch_size, boundaries, bucketing.window_rng(seed, index))]
+               for b in bucketing.bucket_batches(chunk, batch_size, boundaries,
+                                                 bucketing.window_rng(seed, index))]
   return {"examples": int(len(stream)), "real_tokens": int(stream.sum()), "bucket_window": window,
           "fixed_widths": [input_length] * num_batches, "bucketed_widths": widths}
 
@@ -131,8 +134,9 @@ def compile_steps(method: str, config_name: str, batch_size: int, widths: Sequen
   dummy = model.dummy_batch(max(widths), target_length)
   backbone_rng, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
   backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)
-  prompt_params = (jax.jit(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)))(prompt_rng, backbone)
-                   if model.has_prompt else {})
+  prompt_params = (
+      jax.jit(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)))(prompt_rng, backbone)
+      if model.has_prompt else {})
   if kind == "model_tuning":
     frozen, params, tx = {}, backbone, optimizers.adafactor(learning_rate=1e-3, factored=True,
                                                             multiply_by_parameter_scale=True,
@@ -146,7 +150,8 @@ def compile_steps(method: str, config_name: str, batch_size: int, widths: Sequen
     batches[width] = common.device_batch(config.vocab_size, batch_size, width, target_length, seed)
     t0 = time.perf_counter()
     compiled[width] = step_fn.lower(holder["state"], frozen, batches[width]).compile()
-    stats[width] = {"compile_sec": time.perf_counter() - t0, "flops_per_step": common.xla_flops(compiled[width])}
+    stats[width] = {"compile_sec": time.perf_counter() - t0,
+                    "flops_per_step": common.xla_flops(compiled[width])}
 
   def run(width: int) -> float:
     t0 = time.perf_counter()
@@ -179,19 +184,21 @@ def summarise(name: str, lengths: np.ndarray, p: dict, times: dict[int, list[flo
   step_sec = {w: float(np.median(t)) for w, t in times.items()}
   fixed_s, bucketed_s = speedup(p, step_sec)
   fixed_f, bucketed_f = speedup(p, flops) if all(flops.values()) else (None, None)
-  rounds = [speedup(p, {w: t[r] for w, t in times.items()}) for r in range(len(next(iter(times.values()))))]
+  rounds = [speedup(p, {w: t[r] for w, t in times.items()})
+            for r in range(len(next(iter(times.values()))))]
   batch_size = p["examples"] // len(p["fixed_widths"])
   counts = {int(w): p["bucketed_widths"].count(w) for w in sorted(set(p["bucketed_widths"]))}
   return {
       "distribution": name, "num_lengths": int(len(lengths)),
       "length_mean": float(lengths.mean()), "length_median": float(np.median(lengths)),
       "length_p90": float(np.percentile(lengths, 90)), "length_max": int(lengths.max()),
-      "examples": p["examples"], "batches": len(p["fixed_widths"]), "bucket_window": p["bucket_window"],
-      "fixed_input_length": p["fixed_widths"][0], "buckets": [int(b) for b in boundaries],
-      "bucketed_batches_per_width": counts,
+      "examples": p["examples"], "batches": len(p["fixed_widths"]),
+      "bucket_window": p["bucket_window"], "fixed_input_length": p["fixed_widths"][0],
+      "buckets": [int(b) for b in boundaries], "bucketed_batches_per_width": counts,
       "fixed_sec": fixed_s, "bucketed_sec": bucketed_s,
-      "fixed_examples_per_sec": p["examples"] / fixed_s, "bucketed_examples_per_sec": p["examples"] / bucketed_s,
-      "speedup": fixed_s / bucketed_s, "speedup_per_round": [f / b for f, b in rounds],
+      "fixed_examples_per_sec": p["examples"] / fixed_s,
+      "bucketed_examples_per_sec": p["examples"] / bucketed_s, "speedup": fixed_s / bucketed_s,
+      "speedup_per_round": [f / b for f, b in rounds],
       "flops_ratio": fixed_f / bucketed_f if fixed_f else None,
       "fixed_real_token_fraction": p["real_tokens"] / (p["examples"] * p["fixed_widths"][0]),
       "bucketed_real_token_fraction": p["real_tokens"] / (sum(p["bucketed_widths"]) * batch_size),
@@ -201,7 +208,8 @@ def summarise(name: str, lengths: np.ndarray, p: dict, times: dict[int, list[flo
 
 def markdown(result: dict) -> str:
   lines = ["| distribution | lengths: mean / median / p90 / max | fixed T | buckets | fixed ex/s | "
-           "bucketed ex/s | speed-up (per round) | FLOP ratio | real-token share fixed / bucketed |",
+           "bucketed ex/s | speed-up (per round) | FLOP ratio | real-token share fixed / "
+           "bucketed |",
            "|---|---|---|---|---|---|---|---|---|"]
   for r in result["distributions"]:
     name = r["distribution"]
@@ -212,14 +220,16 @@ def markdown(result: dict) -> str:
                  f"{r['bucketed_examples_per_sec']:.2f} | {r['speedup']:.2f}x "
                  f"({', '.join(f'{x:.2f}' for x in r['speedup_per_round'])}) | "
                  f"{'-' if r['flops_ratio'] is None else format(r['flops_ratio'], '.2f') + 'x'} | "
-                 f"{r['fixed_real_token_fraction']:.0%} / {r['bucketed_real_token_fraction']:.0%} |")
+                 f"{r['fixed_real_token_fraction']:.0%} / "
+                 f"{r['bucketed_real_token_fraction']:.0%} |")
   lines += ["", "| input width | step s (median) | compile s | GFLOP/step |", "|---|---|---|---|"]
   for w in result["widths"]:
     flops = w["flops_per_step"]
-    lines.append(f"| {w['width']} (+{result['prompt_length']} prompt) | {w['step_sec_median']:.3f} | "
-                 f"{w['compile_sec']:.1f} | {flops / 1e9:.1f} |" if flops else
+    lines.append(f"| {w['width']} (+{result['prompt_length']} prompt) | {w['step_sec_median']:.3f} "
+                 f"| {w['compile_sec']:.1f} | {flops / 1e9:.1f} |" if flops else
                  f"| {w['width']} | {w['step_sec_median']:.3f} | {w['compile_sec']:.1f} | - |")
-  lines.append(f"\n{result['num_compiles']} compiles, {result['compile_sec_total']:.1f} s in total.")
+  lines.append(f"\n{result['num_compiles']} compiles, {result['compile_sec_total']:.1f} "
+               "s in total.")
   return "\n".join(lines) + "\n"
 
 
@@ -230,20 +240,24 @@ def _parse(argv: Sequence[str]):
                            f"(default: {' and '.join(DEFAULT_LENGTHS)})")
   parser.add_argument("--task_module", default="tasks.embedded",
                       help="module(s) registering the seqio tasks of task: distributions")
-  parser.add_argument("--max_examples", type=int, default=1000, help="per task, for task: distributions")
+  parser.add_argument("--max_examples", type=int, default=1000,
+                      help="per task, for task: distributions")
   parser.add_argument("--method", default="pt100", help=f"one of: {', '.join(common.METHODS)}")
   flags.add_backbone(parser, required=False, gin_files=False, checkpoint=False,
                      model_default="t5_small", seed_help="stream order and bucketing windows")
   parser.add_argument("--batch_size", type=int, default=8)
   flags.add_lengths(parser, None, 16,
                     input_help="fixed padding length (default: the longest input rounded up to 64)")
-  parser.add_argument("--buckets", default="auto", help="'auto' or comma-separated lengths, e.g. 32,64,128")
-  parser.add_argument("--bucket_window", type=int, default=64, help="batches regrouped together (the trainer's)")
+  parser.add_argument("--buckets", default="auto",
+                      help="'auto' or comma-separated lengths, e.g. 32,64,128")
+  parser.add_argument("--bucket_window", type=int, default=64,
+                      help="batches regrouped together (the trainer's)")
   parser.add_argument("--prompt_length", type=int, default=100,
                       help="for methods named without a length (prompt_tuning, smop, residual)")
   parser.add_argument("--dropout_rate", type=float, default=0.1)
   parser.add_argument("--steps", type=int, default=3, help="timed rounds (median per width)")
-  parser.add_argument("--warmup", type=int, default=1, help="untimed steps per width after compiling")
+  parser.add_argument("--warmup", type=int, default=1,
+                      help="untimed steps per width after compiling")
   parser.add_argument("--compilation_cache_dir", default=None,
                       help="JAX persistent compilation cache directory (a rerun skips compiling)")
   parser.add_argument("--json", default=None, help="write the results to this file")
@@ -283,25 +297,30 @@ def main(argv: Sequence[str]) -> int:
     lengths = read_lengths(spec, args.task_module, args.max_examples)
     input_length = args.input_length or int(-(-lengths.max() // 64) * 64)
     boundaries = _buckets(args.buckets, input_length)
-    plans.append((spec, lengths, boundaries, plan(lengths, args.batch_size, input_length, boundaries,
-                                                  args.bucket_window, args.seed)))
+    plans.append((spec, lengths, boundaries, plan(lengths, args.batch_size, input_length,
+                                                  boundaries, args.bucket_window, args.seed)))
     print(f"{spec}: {len(lengths)} lengths, fixed {input_length}, buckets {boundaries}", flush=True)
   runtime.enable_compilation_cache(args.compilation_cache_dir)
   widths = sorted({w for *_, p in plans for w in p["fixed_widths"] + p["bucketed_widths"]})
-  run, stats, prompt = compile_steps(args.method, args.model, args.batch_size, widths, args.target_length,
-                                     args.prompt_length, args.dropout_rate, args.seed)
-  print(f"compiled {len(widths)} widths {widths} in {sum(s['compile_sec'] for s in stats.values()):.1f} s",
+  run, stats, prompt = compile_steps(args.method, args.model, args.batch_size, widths,
+                                     args.target_length, args.prompt_length, args.dropout_rate,
+                                     args.seed)
+  print(f"compiled {len(widths)} widths {widths} in "
+        f"{sum(s['compile_sec'] for s in stats.values()):.1f} s",
         flush=True)
   times = time_widths(run, widths, args.steps, args.warmup)
   step_sec = {w: float(np.median(t)) for w, t in times.items()}
   result = {
       "method": args.method, "config": args.model, "batch_size": args.batch_size,
-      "target_length": args.target_length, "prompt_length": prompt, "dropout_rate": args.dropout_rate,
+      "target_length": args.target_length, "prompt_length": prompt,
+      "dropout_rate": args.dropout_rate,
       "steps": args.steps, "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
       "argv": list(argv), "num_compiles": len(widths),
       "compile_sec_total": sum(s["compile_sec"] for s in stats.values()),
-      "widths": [dict(width=w, step_sec_median=step_sec[w], step_sec_all=times[w], **stats[w]) for w in widths],
-      "distributions": [summarise(spec, lengths, p, times, prompt, b, {w: stats[w]["flops_per_step"] for w in widths})
+      "widths": [dict(width=w, step_sec_median=step_sec[w], step_sec_all=times[w], **stats[w])
+                 for w in widths],
+      "distributions": [summarise(spec, lengths, p, times, prompt, b,
+                                  {w: stats[w]["flops_per_step"] for w in widths})
                         for spec, lengths, b, p in plans],
       "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(),
   }
@@ -309,7 +328,8 @@ def main(argv: Sequence[str]) -> int:
   print(table, end="", flush=True)
   common.write_outputs(outputs, result, (
       f"`python -m benchmarks.lengths {' '.join(argv)}`: {args.method} on {args.model}, batch "
-      f"{args.batch_size}, {args.target_length} targets, dropout {args.dropout_rate}, float32\n\n" + table))
+      f"{args.batch_size}, {args.target_length} targets, dropout {args.dropout_rate}, "
+      "float32\n\n" + table))
   return 0
 
 

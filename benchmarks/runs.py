@@ -122,7 +122,8 @@ def bench_model_runs(model_name: str, method: str, runs: Sequence[int], *, batch
 
 
 _COLUMNS = (("model", "model", "{}"), ("K runs", "runs", "{}"),
-            ("step s (median)", "step_sec_median", "{:.4f}"), ("s per run", "sec_per_run", "{:.4f}"),
+            ("step s (median)", "step_sec_median", "{:.4f}"),
+            ("s per run", "sec_per_run", "{:.4f}"),
             ("ex/s (all runs)", "examples_per_sec", "{:.1f}"),
             ("wall vs. one run", "wall_vs_one", "{:.2f}x"),
             ("GFLOP/step", "flops_per_step", "{:.2f}"), ("compile s", "compile_sec", "{:.1f}"))
@@ -135,7 +136,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
     if value is None:
       return "-"
     return fmt.format(value / 1e9 if key == "flops_per_step" else value)
-  lines = ["| " + " | ".join(c[0] for c in _COLUMNS) + " |", "|" + "|".join("---" for _ in _COLUMNS) + "|"]
+  lines = ["| " + " | ".join(c[0] for c in _COLUMNS) + " |",
+           "|" + "|".join("---" for _ in _COLUMNS) + "|"]
   lines += ["| " + " | ".join(cell(r, k, f) for _, k, f in _COLUMNS) + " |" for r in rows]
   return "\n".join(lines) + "\n"
 

@@ -86,7 +86,8 @@ def batches(workload, mode: str, batch_size: int) -> list[tuple[list[int], int]]
   """[(request indices, rows of the call)]: "mixed" in arrival order, "one-prompt" per prompt
   group in calls of min(batch_size, group size) rows; a short last batch is padded."""
   if mode == "mixed":
-    return [(c, batch_size) for c in serve_workload.chunks(range(workload.num_requests), batch_size)]
+    return [(c, batch_size)
+            for c in serve_workload.chunks(range(workload.num_requests), batch_size)]
   out = []
   for _, idx in serve_workload.prompt_groups(workload):
     size = min(batch_size, len(idx))
@@ -260,7 +261,8 @@ def _parse(argv: Sequence[str]):
                  f"{', '.join(SERVE_METHODS)}")
   p.add_argument("--workloads", default="64x2,8x16,1x128",
                  help="comma-separated PxN: P prompts with N requests each")
-  p.add_argument("--tasks", default="generate,score", help=f"comma-separated, from: {', '.join(TASKS)}")
+  p.add_argument("--tasks", default="generate,score",
+                 help=f"comma-separated, from: {', '.join(TASKS)}")
   p.add_argument("--input_length", type=int, default=128,
                  help="longest request in tokens (EOS included; lengths are uniform in [T/2, T])")
   p.add_argument("--target_length", type=int, default=16, help="tokens generated (EOS included)")
@@ -313,8 +315,10 @@ def main(argv: Sequence[str]) -> int:
   print(markdown_table([]), end="", flush=True)
   for method in methods:
     table = build_table(method, num_prompts, config, args.seed)
-    servers = {m: server_lib.Server(Transformer(config), params, table, settings=server_lib.DecodeSettings(
-        args.target_length, m, num_beams=args.num_beams)) for m in ("greedy", "beam")}
+    servers = {m: server_lib.Server(Transformer(config), params, table,
+                                    settings=server_lib.DecodeSettings(
+                                        args.target_length, m, num_beams=args.num_beams))
+               for m in ("greedy", "beam")}
     workloads = [serve_workload.make_workload(w, table.names, config.vocab_size, args.input_length,
                                               args.num_labels, args.label_length, args.seed)
                  for w in workload_names]
@@ -331,8 +335,8 @@ def main(argv: Sequence[str]) -> int:
     rows += ours
     if args.vs == "peft" and not peft_skipped and common.METHODS[method][0] == "prompt_tuning":
       for peft_row in run_peft(params, config, table, workloads, tasks, args):
-        mixed = next(r for r in ours if r["way"] == "mixed" and r["workload"] == peft_row["workload"]
-                     and r["task"] == peft_row["task"])
+        mixed = next(r for r in ours if r["way"] == "mixed"
+                     and r["workload"] == peft_row["workload"] and r["task"] == peft_row["task"])
         peft_row["mixed_speedup"] = mixed["examples_per_sec"] / peft_row["examples_per_sec"]
         peft_row["agreement_with_mixed"] = compare(
             peft_row["task"], mixed_outputs[(peft_row["workload"], peft_row["task"])],

@@ -59,7 +59,8 @@ def setup(work: str, num_prompts: int, seed: int) -> None:
     peft_io.export_adapter(prompt, config, os.path.join(work, "adapters", f"p{i}"),
                            base_model_name_or_path=os.path.join(work, "hf"))
   os.makedirs(os.path.join(work, "run", "prompts"))
-  np.save(os.path.join(work, "run", "prompts", "prompt_best.npy"), np.load(os.path.join(work, "p0.npy")))
+  np.save(os.path.join(work, "run", "prompts", "prompt_best.npy"),
+          np.load(os.path.join(work, "p0.npy")))
 
 
 def write_requests(path: str, workload: str, seed: int) -> None:
@@ -72,7 +73,8 @@ def write_requests(path: str, workload: str, seed: int) -> None:
   picks = rs.choice(len(texts), len(order), replace=False)
   with open(path, "w", encoding="utf-8") as f:
     for i, (slot, pick) in enumerate(zip(order, picks)):
-      f.write(json.dumps({"id": i, "input": texts[pick], "prompt": f"p{slot // per_prompt}"}) + "\n")
+      f.write(json.dumps({"id": i, "input": texts[pick],
+                          "prompt": f"p{slot // per_prompt}"}) + "\n")
 
 
 def infer_command(work: str, prompts: Sequence[str], requests: str, output: str, args,
@@ -170,16 +172,18 @@ def cold_start(work: str, args) -> dict:
 
 
 def markdown(rows: Sequence[dict], cold: Optional[dict]) -> str:
-  lines = ["| workload | spot-jax s (no cache) | spot-jax s (warm cache) | PEFT s | PEFT / spot-jax "
-           "(no cache, warm) | first prediction s: spot-jax no cache / warm / PEFT | "
+  lines = ["| workload | spot-jax s (no cache) | spot-jax s (warm cache) | PEFT s | PEFT / "
+           "spot-jax (no cache, warm) | first prediction s: spot-jax no cache / warm / PEFT | "
            "identical predictions |", "|---|---|---|---|---|---|---|"]
   for r in rows:
     lines.append(f"| {r['workload']} | {r['cold_wall_sec']:.2f} | {r['warm_wall_sec']:.2f} | "
-                 f"{r['peft_wall_sec']:.2f} | {r['peft_over_cold']:.2f}x, {r['peft_over_warm']:.2f}x | "
-                 f"{r['cold_first_prediction_sec']:.2f} / {r['warm_first_prediction_sec']:.2f} / "
-                 f"{r['peft_first_prediction_sec']:.2f} | {r['identical_predictions']}/{r['requests']} |")
+                 f"{r['peft_wall_sec']:.2f} | {r['peft_over_cold']:.2f}x, "
+                 f"{r['peft_over_warm']:.2f}x | {r['cold_first_prediction_sec']:.2f} / "
+                 f"{r['warm_first_prediction_sec']:.2f} / {r['peft_first_prediction_sec']:.2f} | "
+                 f"{r['identical_predictions']}/{r['requests']} |")
   if cold:
-    lines += ["", "| cold start (1 request, run directory) | first prediction s | exit s | phases (median s) |",
+    lines += ["", "| cold start (1 request, run directory) | first prediction s | exit s | phases "
+                  "(median s) |",
               "|---|---|---|---|"]
     for k, name in (("cold", "spot-jax, no cache"), ("warm", "spot-jax, warm cache"),
                     ("peft", "PyTorch + PEFT")):

@@ -57,7 +57,8 @@ def parse_workload(text: str) -> tuple[int, int]:
   """
   m = WORKLOAD_RE.match(text.strip())
   if not m or min(int(m.group(1)), int(m.group(2))) < 1:
-    raise ConfigError(f"workload {text!r} is not PxN; give prompts x requests per prompt, e.g. 64x2")
+    raise ConfigError(f"workload {text!r} is not PxN; give prompts x requests per "
+                      "prompt, e.g. 64x2")
   return int(m.group(1)), int(m.group(2))
 
 

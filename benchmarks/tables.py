@@ -27,9 +27,11 @@ _COLUMNS = (("method", "method", "{}"), ("input T", "input_length", "{}"),
             ("step s (median)", "step_sec_median", "{:.3f}"),
             ("ex/s", "examples_per_sec", "{:.2f}"), ("tok/s", "tokens_per_sec", "{:.0f}"),
             ("GFLOP/step", "flops_per_step", "{:.1f}"), ("MFU", "mfu", "{:.1%}"),
-            ("infer s", "inference_step_sec_median", "{:.3f}"), ("compile s", "compile_sec", "{:.1f}"),
+            ("infer s", "inference_step_sec_median", "{:.3f}"),
+            ("compile s", "compile_sec", "{:.1f}"),
             ("compile+1st s", "compile_plus_first_step_sec", "{:.1f}"),
-            ("trainable", "trainable_params", "{:,}"), ("peak RSS GiB", "peak_host_memory_bytes", "{:.2f}"))
+            ("trainable", "trainable_params", "{:,}"),
+            ("peak RSS GiB", "peak_host_memory_bytes", "{:.2f}"))
 
 
 def cell(row: dict, key: str, fmt: str) -> str:

@@ -46,7 +46,8 @@ from spot_jax.train import optimizers
 from spot_jax import train as train_lib
 from spot_jax import validate
 from benchmarks import common
-from benchmarks.common import (DEFAULT_METHODS, METHODS, OVERRIDE_FLAGS, SHAPE_FIELDS, T5X_DROPOUT_RNGS, bench_config, device_batch,
+from benchmarks.common import (DEFAULT_METHODS, METHODS, OVERRIDE_FLAGS, SHAPE_FIELDS,
+                               T5X_DROPOUT_RNGS, bench_config, device_batch,
                                    hlo_op_counts, nbytes, timed, xla_flops)
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import config_by_name
@@ -85,7 +86,8 @@ class _Run:
 def _prepare(method: str, config_name: str, batch_size: int, input_length: int, target_length: int,
              prompt_length: int, shardings, *, dropout_rate: float, warmup: int, seed: int,
              config_overrides: Optional[dict], dropout_rng: str) -> _Run:
-  """Builds `method`'s model and state, compiles its train step (timed) and runs 1 + `warmup` steps."""
+  """Builds `method`'s model and state, compiles its train step
+  (timed) and runs 1 + `warmup` steps."""
   kind, length = METHODS[method]
   length = prompt_length if length is None else length
   config = bench_config(config_name, config_overrides, dropout_rate)
@@ -93,8 +95,9 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
   dummy = model.dummy_batch(input_length, target_length)
   backbone_rng, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
   backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)
-  prompt_params = (jax.jit(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)))(prompt_rng, backbone)
-                   if model.has_prompt else {})
+  prompt_params = (
+      jax.jit(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)))(prompt_rng, backbone)
+      if model.has_prompt else {})
   if kind == "model_tuning":
     frozen, params = {}, backbone
     tx = optimizers.adafactor(learning_rate=1e-3, factored=True, multiply_by_parameter_scale=True,
@@ -110,7 +113,8 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
 
   t0 = time.perf_counter()
   traced = jax.jit(train_lib.make_train_step(model, tx, dropout_rng), donate_argnums=(0,),
-                   in_shardings=(rep, rep, split), out_shardings=(rep, rep)).trace(state, frozen, batch)
+                   in_shardings=(rep, rep, split),
+                   out_shardings=(rep, rep)).trace(state, frozen, batch)
   trace_s = time.perf_counter() - t0
   lowered = traced.lower()
   lower_s = time.perf_counter() - t0
@@ -127,8 +131,8 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
   row = {
       "method": method, "prompt_method": kind, "prompt_length": length if model.has_prompt else 0,
       "config": config_name, "config_overrides": dict(config_overrides or {}),
-      "shape": {k: getattr(config, k) for k in SHAPE_FIELDS}, "batch_size": batch_size, "input_length": input_length,
-      "target_length": target_length, "dropout_rate": dropout_rate,
+      "shape": {k: getattr(config, k) for k in SHAPE_FIELDS}, "batch_size": batch_size,
+      "input_length": input_length, "target_length": target_length, "dropout_rate": dropout_rate,
       "trace_sec": trace_s, "lower_sec": lower_s, "compile_sec": compile_s,
       "compile_plus_first_step_sec": first_step_s, "hlo_ops": hlo_op_counts(lowered, step),
       "flops_per_step": flops,
@@ -164,9 +168,9 @@ def _finish(run: _Run, times: Sequence[float], *, inference_steps: int,
   batch_size, tokens = row["batch_size"], row["input_length"] + row["target_length"]
   row.update({
       "timing": timing, "steps": len(times), "step_sec_all": [float(t) for t in times],
-      "step_sec_median": step_s, "step_sec_min": float(min(times)), "step_sec_max": float(max(times)),
-      "steps_per_sec": 1.0 / step_s, "examples_per_sec": batch_size / step_s,
-      "tokens_per_sec": batch_size * tokens / step_s,
+      "step_sec_median": step_s, "step_sec_min": float(min(times)),
+      "step_sec_max": float(max(times)), "steps_per_sec": 1.0 / step_s,
+      "examples_per_sec": batch_size / step_s, "tokens_per_sec": batch_size * tokens / step_s,
       "inference_step_sec_median": infer_s,
       "achieved_flops_per_sec": flops / step_s if flops else None,
       **common.mfu(flops, step_s, peak.max if peak else None),
@@ -234,8 +238,8 @@ def bench_methods(methods: Sequence[str], config_name: str, batch_size: int, inp
 def _parse(argv: Sequence[str]):
   parser = cli.ArgumentParser(prog="benchmarks", description=__doc__.splitlines()[0])
   flags.add_backbone(parser, required=False, gin_files=False, checkpoint=False, seed=False,
-                     model_help="a spot_jax.t5 config name (default t5_small; t5_1_1_small_like with "
-                                "--vs=t5x)")
+                     model_help="a spot_jax.t5 config name (default t5_small; t5_1_1_small_like "
+                                "with --vs=t5x)")
   parser.add_argument("--methods", default=None,
                       help=f"comma-separated, from: {', '.join(METHODS)} (default "
                            f"{','.join(DEFAULT_METHODS)}; pt100 with --vs=t5x)")
@@ -245,7 +249,8 @@ def _parse(argv: Sequence[str]):
                       help="comma-separated input lengths, each method at each (with --interleave: "
                            "all in one interleaved run, ratios paired per length)")
   parser.add_argument("--prompt_length", type=int, default=100,
-                      help="length for the methods named without one (prompt_tuning, smop, residual)")
+                      help="length for the methods named without one (prompt_tuning, "
+                           "smop, residual)")
   parser.add_argument("--dropout_rate", type=float, default=0.1)
   parser.add_argument("--steps", type=int, default=5, help="timed steps (median reported)")
   parser.add_argument("--warmup", type=int, default=1, help="untimed steps after the first")
@@ -260,10 +265,10 @@ def _parse(argv: Sequence[str]):
   parser.add_argument("--json", default=None, help="write the result rows to this file")
   parser.add_argument("--markdown", default=None, help="write a Markdown table to this file")
   parser.add_argument("--vs", default="", choices=("", "peft", "t5x"),
-                      help="also time the PyTorch + PEFT counterparts, or t5x's step of prompt-tuning's "
-                           "model and of spot-jax's contrib model for the prompt_tuning rows "
-                           "(separate processes; with --interleave the t5x process also times "
-                           "spot-jax's step in interleaved rounds)")
+                      help="also time the PyTorch + PEFT counterparts, or t5x's step of "
+                           "prompt-tuning's model and of spot-jax's contrib model for the "
+                           "prompt_tuning rows (separate processes; with --interleave the t5x "
+                           "process also times spot-jax's step in interleaved rounds)")
   for name in OVERRIDE_FLAGS:
     parser.add_argument(f"--{name}", type=int, default=None,
                         help=f"override the config's {name}" + (" (encoder and decoder)"
@@ -274,8 +279,8 @@ def _parse(argv: Sequence[str]):
                       help="split the CPU into this many JAX devices and run the trainer's "
                            "data-parallel mesh over them (as `spot_jax.train --cpu_devices`)")
   parser.add_argument("--peer_malloc", default="system", choices=runtime.MODES,
-                      help="host memory settings of the --vs peer's process: its defaults (system), "
-                           "or spot-jax's own (keep; see SPOT_JAX_MALLOC)")
+                      help="host memory settings of the --vs peer's process: its defaults "
+                           "(system), or spot-jax's own (keep; see SPOT_JAX_MALLOC)")
   return parser.parse_args(argv)
 
 
@@ -311,18 +316,19 @@ def main(argv: Sequence[str]) -> int:
   validate.fraction(args.dropout_rate, "--dropout_rate", low_closed=True)
   if args.vs == "t5x":
     if not any(METHODS[m][0] == "prompt_tuning" for m in methods):
-      raise ConfigError("--vs=t5x compares Prompt Tuning; put pt100, pt20 or prompt_tuning in --methods")
+      raise ConfigError("--vs=t5x compares Prompt Tuning; put pt100, pt20 or prompt_tuning "
+                        "in --methods")
     if args.dropout_rng not in T5X_DROPOUT_RNGS:
-      raise ConfigError(f"--vs=t5x with --dropout_rng={args.dropout_rng}: t5x has no such setting; valid: "
-                        f"{' or '.join(f'{k} ({v})' for k, v in T5X_DROPOUT_RNGS.items())}")
+      raise ConfigError(f"--vs=t5x with --dropout_rng={args.dropout_rng}: t5x has no such setting; "
+                        f"valid: {' or '.join(f'{k} ({v})' for k, v in T5X_DROPOUT_RNGS.items())}")
     common.t5x_shape(bench_config(args.model, overrides))
     if not common.t5x_importable():
       raise ConfigError(f"--vs=t5x: t5x, flaxformer or prompt_tuning is not importable; "
                         f"{common.PYTHONPATH_HINT}")
   distributed.set_cpu_devices(args.cpu_devices)
   if args.batch_size % jax.device_count():
-    raise ConfigError(f"--batch_size={args.batch_size} must be divisible by the {jax.device_count()} "
-                      f"devices (--cpu_devices)")
+    raise ConfigError(f"--batch_size={args.batch_size} must be divisible by the "
+                      f"{jax.device_count()} devices (--cpu_devices)")
   if args.compilation_cache_dir:
     runtime.enable_compilation_cache(args.compilation_cache_dir)
   peak = common.MatmulPeak()
@@ -350,8 +356,8 @@ def main(argv: Sequence[str]) -> int:
         peft_row.update(common.mfu(peft_row["flops_per_step"], peft_row["step_sec_median"],
                                    peak.max))
         row["peft"] = peft_row
-        print(f"PEFT {peft_row['method']} for {row['method']}: {peft_row['step_sec_median']:.3f} s/step; "
-              f"spot-jax {peft_row['speedup_of_spot_jax']:.2f}x faster", flush=True)
+        print(f"PEFT {peft_row['method']} for {row['method']}: {peft_row['step_sec_median']:.3f} "
+              f"s/step; spot-jax {peft_row['speedup_of_spot_jax']:.2f}x faster", flush=True)
   if args.vs == "t5x":
     for row in rows:
       peers = t5x_peer.run_t5x(row, args.steps, args.warmup, args.compilation_cache_dir,

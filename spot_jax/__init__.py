@@ -43,5 +43,6 @@ from spot_jax import quiet_logs as _quiet_logs
 
 __version__ = "0.1.0"
 
-# `python -m spot_jax.<prog>`: TensorFlow's and XLA's start-up log lines stay off (see quiet_logs.py)
+# `python -m spot_jax.<prog>`: TensorFlow's and XLA's start-up log lines stay off (see
+# quiet_logs.py)
 _quiet_logs.quiet_if_module_run()

@@ -115,7 +115,8 @@ def describe_vocabulary(vocab: Any) -> Optional[dict]:
   path = getattr(vocab, "sentencepiece_model_file", None)
   if path:
     local = path if "://" in path else os.path.abspath(path)
-    return {"kind": "sentencepiece", "path": embedded.portable(local) if "://" not in local else local,
+    return {"kind": "sentencepiece",
+            "path": embedded.portable(local) if "://" not in local else local,
             "extra_ids": int(getattr(vocab, "extra_ids", 0) or 0)}
   if type(vocab).__name__ == "ByteVocabulary":
     return {"kind": "byte"}
@@ -174,12 +175,14 @@ def resolve_checkpoint_path(path: str) -> str:
 
 
 def check_initial_checkpoint(path: str) -> None:
-  """A one-line error when a local INITIAL_CHECKPOINT_PATH exists neither here nor in the repository."""
+  """A one-line error when a local INITIAL_CHECKPOINT_PATH exists neither here nor
+  in the repository."""
   if "://" not in path and not os.path.exists(resolve_checkpoint_path(path)):
     where = ("" if os.path.isabs(path)
              else f" (looked in {' and '.join(paths.search_roots())})")
-    raise ConfigError(f"INITIAL_CHECKPOINT_PATH {path!r} does not exist{where}; give a T5X checkpoint "
-                      f"directory (checkpoint_N), an orbax checkpoint or a Hugging Face model directory")
+    raise ConfigError(f"INITIAL_CHECKPOINT_PATH {path!r} does not exist{where}; give a T5X "
+                      "checkpoint directory (checkpoint_N), an orbax checkpoint or a Hugging Face "
+                      "model directory")
 
 
 def seed_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:

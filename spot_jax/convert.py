@@ -10,9 +10,9 @@ The second form (T5X or orbax -> Hugging Face) writes config.json + model.safete
 (`spot_jax.t5.hf_export`), e.g. as the base model of an exported PEFT prompt adapter.
 
 The model config comes from the directory's config.json; with `--model` (a config name or a gin
-model file) the checkpoint must match that config exactly. The T5X output (msgpack `checkpoint` + gzip zarr arrays,
-float32) is read by `spot_jax.t5.load_checkpoint` and by t5x; tensors are streamed one block
-at a time, so converting XXL needs little host memory. Bad input is one line on stderr,
+model file) the checkpoint must match that config exactly. The T5X output (msgpack `checkpoint` +
+gzip zarr arrays, float32) is read by `spot_jax.t5.load_checkpoint` and by t5x; tensors are streamed
+one block at a time, so converting XXL needs little host memory. Bad input is one line on stderr,
 `spot_jax.convert: error: ...`, and exit status 2 (`spot_jax.cli`).
 """
 from __future__ import annotations
@@ -87,13 +87,16 @@ def _nest(flat: dict) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Command-line entry point (run it through `cli.run`, which reports errors in one line)."""
   parser = cli.ArgumentParser(prog="spot_jax.convert", description=__doc__.split("\n")[0])
-  parser.add_argument("--hf_dir", default=None, help="Hugging Face T5 directory (config.json + weights)")
+  parser.add_argument("--hf_dir", default=None,
+                      help="Hugging Face T5 directory (config.json + weights)")
   flags.add_backbone(parser, required=False, seed=False,
-                     model_help="the config the checkpoint must match: a config name or a gin model "
-                                "file (default with --hf_dir: from config.json; needed with --checkpoint)",
-                     checkpoint_help="T5X or orbax checkpoint to convert to a Hugging Face directory "
-                                     "(needs --model)")
-  flags.add_output_dir(parser, "checkpoint (or, with --checkpoint, Hugging Face) directory to create")
+                     model_help="the config the checkpoint must match: a config name or a gin "
+                                "model file (default with --hf_dir: from config.json; needed with "
+                                "--checkpoint)",
+                     checkpoint_help="T5X or orbax checkpoint to convert to a Hugging Face "
+                                     "directory (needs --model)")
+  flags.add_output_dir(parser,
+                       "checkpoint (or, with --checkpoint, Hugging Face) directory to create")
   parser.add_argument("--format", default="t5x", choices=("t5x", "orbax"))
   parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
   args = parser.parse_args(argv)

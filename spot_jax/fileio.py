@@ -28,7 +28,8 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: Optional[str] = None) -> Iterator[IO]:
+def atomic_open(path: str | os.PathLike, mode: str = "wb",
+                encoding: Optional[str] = None) -> Iterator[IO]:
   """A file at `path` that appears only if the block completes (temporary file, fsync, rename).
 
   A failure inside the block removes the temporary file and leaves any previous `path` as it was.
@@ -62,8 +63,8 @@ def writable_dir(path: str | os.PathLike, what: str) -> pathlib.Path:
   """
   folder = pathlib.Path(path).expanduser().absolute()
   if folder.exists() and not folder.is_dir():
-    raise ConfigError(f"{what} {str(folder)!r} is a file, not a directory; give a directory you can "
-                      f"create and write to")
+    raise ConfigError(f"{what} {str(folder)!r} is a file, not a directory; give a directory you "
+                      "can create and write to")
   try:
     folder.mkdir(parents=True, exist_ok=True)
     probe = folder / f".spot_jax_write_test.{os.getpid()}"  # per process: hosts may share it

@@ -184,8 +184,8 @@ def _single(table, what: str):
                       f"one [L, E] input prompt (its run's prompts/*.npy is the deep record)")
   if entry.num_prompts != 1:
     raise ConfigError(f"prompt {entry.name!r} is a per-input mixture of {entry.num_prompts} "
-                      f"prompts ({entry.routing} routing, SMoP or ATTEMPT); {what} holds one [L, E] "
-                      f"prompt")
+                      f"prompts ({entry.routing} routing, SMoP or ATTEMPT); {what} holds one [L, "
+                      "E] prompt")
   if entry.offset is not None:
     raise ConfigError(f"prompt {entry.name!r} is a DePT prompt with an offset of the input "
                       f"embeddings; {what} holds one [L, E] prompt without it")
@@ -211,7 +211,8 @@ def _export(args, table, config) -> int:
   from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
   if args.export_peft:
     entry = _single(table, "--export_peft")
-    fileio.writable_dir(os.path.dirname(os.path.abspath(args.export_peft)), "--export_peft's folder")
+    fileio.writable_dir(os.path.dirname(os.path.abspath(args.export_peft)),
+                        "--export_peft's folder")
     if entry.deep:
       if entry.has_tokens or entry.length:
         raise ConfigError(f"prompt {entry.name!r} is not plain decoder prefixes; peft's prefix "
@@ -220,7 +221,8 @@ def _export(args, table, config) -> int:
                                     base_model_name_or_path=args.base_model,
                                     overwrite=args.overwrite)
       print(f"wrote PEFT prefix-tuning adapter ({entry.deep['decoder'].shape[2]} prefix positions "
-            f"x {config.num_decoder_layers} decoder layers) of {entry.name!r} to {args.export_peft}")
+            f"x {config.num_decoder_layers} decoder layers) of {entry.name!r} to "
+            f"{args.export_peft}")
       return 0
     peft_io.export_adapter(entry.prompts[0], config, args.export_peft,
                            base_model_name_or_path=args.base_model, overwrite=args.overwrite)

@@ -71,10 +71,12 @@ def _from_run_dir(args) -> dict:
   run_dir = RunDir(validate.existing_dir(args.run_dir, "--run_dir", "a training run's directory"))
   record = run_dir.read_record()
   if record is None:
-    raise ConfigError(f"--run_dir {args.run_dir!r} has no run.json (not a spot_jax.train run, or one "
-                      f"of an older version); give --prompt, --embedding, --task and --model instead")
+    raise ConfigError(f"--run_dir {args.run_dir!r} has no run.json (not a spot_jax.train run, or "
+                      "one of an older version); give --prompt, --embedding, --task and --model "
+                      "instead")
   if args.task and args.task != record.task:
-    raise ConfigError(f"--task {args.task!r} differs from the run's task {record.task!r}; drop --task")
+    raise ConfigError(f"--task {args.task!r} differs from the run's task {record.task!r}; "
+                      "drop --task")
   if args.embedding_step is not None:
     step, embedding = args.embedding_step, run_dir.prompt_path(args.embedding_step)
   else:
@@ -91,8 +93,9 @@ def _refuse_offset_prompts(prompt_file: pathlib.Path) -> None:
   if PROMPT_FILE_RE.match(prompt_file.name) and companion_file(
       prompt_file, "offset").is_file():
     raise ConfigError(f"{prompt_file} is a DePT prompt: it needs the input offset exported beside "
-                      f"it and library entries hold a prompt alone; add a Prompt Tuning or Residual "
-                      f"run")
+                      f"it and library entries hold a prompt alone; add a Prompt Tuning "
+                      f"or Residual "
+                      "run")
 
 
 def add(args) -> int:
@@ -107,8 +110,9 @@ def add(args) -> int:
     if not args.embedding or not args.task:
       raise ConfigError("--prompt needs --embedding=<.npy> and --task=<task name>")
     found = {"task": args.task, "seed": args.seed or 0, "score": args.score,
-             "metric": args.metric or "accuracy", "prompt": args.prompt, "embedding": args.embedding,
-             "embedding_step": args.embedding_step, "fingerprint": None, "task_module": None}
+             "metric": args.metric or "accuracy", "prompt": args.prompt,
+             "embedding": args.embedding, "embedding_step": args.embedding_step,
+             "fingerprint": None, "task_module": None}
   settings_lib.check_tasks([found["task"]], args.task_module or found["task_module"] or "tasks")
   _refuse_offset_prompts(pathlib.Path(found["prompt"]))
   prompt = prompt_library.load_npy(found["prompt"], "prompt")

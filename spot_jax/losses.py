@@ -26,10 +26,11 @@ def first_argmax(x: Array) -> Array:
   return jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)
 
 
-def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array, *, z_loss: float = 1e-4,
-                              label_smoothing: float = 0.0,
-                              loss_normalizing_factor: Union[None, str, float] = NUM_REAL_TARGET_TOKENS,
-                              ) -> tuple[Array, dict[str, Array]]:
+def cross_entropy_with_z_loss(
+    logits: Array, targets: Array, weights: Array, *,
+    z_loss: float = 1e-4, label_smoothing: float = 0.0,
+    loss_normalizing_factor: Union[None, str, float] = NUM_REAL_TARGET_TOKENS,
+    ) -> tuple[Array, dict[str, Array]]:
   """Weighted token cross-entropy plus z_loss * log(Z)^2, normalised.
 
   Args:
@@ -66,8 +67,8 @@ def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array, *, 
   elif isinstance(loss_normalizing_factor, (int, float)):
     norm = jnp.asarray(float(loss_normalizing_factor))
   else:
-    raise ConfigError(f"loss_normalizing_factor={loss_normalizing_factor!r}; valid: None, a number, "
-                      f"{NUM_REAL_TARGET_TOKENS!r} or {NUM_EXAMPLES!r}")
+    raise ConfigError(f"loss_normalizing_factor={loss_normalizing_factor!r}; valid: None, a "
+                      f"number, {NUM_REAL_TARGET_TOKENS!r} or {NUM_EXAMPLES!r}")
   loss = (ce_sum + z_sum) / norm
   correct = jnp.sum((first_argmax(logits) == targets) * weights)
   return loss, {"cross_entropy_sum": ce_sum, "z_loss_sum": z_sum, "num_tokens": num_tokens,

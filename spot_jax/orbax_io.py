@@ -39,7 +39,8 @@ class DamagedCheckpoint(Exception):
 
 def root_cause(error: BaseException) -> str:
   """The innermost cause's first line (tensorstore names the array and the file there)."""
-  while error.__cause__ is not None or (error.__context__ is not None and not error.__suppress_context__):
+  while (error.__cause__ is not None
+         or (error.__context__ is not None and not error.__suppress_context__)):
     error = error.__cause__ or error.__context__
   text = " ".join(str(error).strip().split("\n")[0].split()) or type(error).__name__
   return text[:400]
@@ -102,7 +103,8 @@ def raised_in_orbax(error: Optional[BaseException]) -> bool:
 
 
 class DropAbandonedReads:
-  """An unraisable-exception hook dropping orbax's abandoned read coroutines, forwarding the rest."""
+  """An unraisable-exception hook dropping orbax's abandoned read coroutines,
+  forwarding the rest."""
 
   def __init__(self, forward: Callable[[Any], None]):
     self.forward = forward
@@ -113,7 +115,8 @@ class DropAbandonedReads:
 
 
 class DropAbandonedReadErrors(logging.Filter):
-  """A filter for the "asyncio" logger: drops "... exception was never retrieved" of orbax's reads."""
+  """A filter for the "asyncio" logger: drops "... exception was never retrieved"
+  of orbax's reads."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     unretrieved = record.getMessage().startswith(("Task exception was never retrieved",
@@ -181,7 +184,8 @@ def _step_of(item_dir: pathlib.Path) -> int:
   return int(name) if name.isdigit() else -1
 
 
-def restore_checked(manager: ocp.CheckpointManager, step: int, path: pathlib.Path, abstract_state: Any) -> Any:
+def restore_checked(manager: ocp.CheckpointManager, step: int, path: pathlib.Path,
+                    abstract_state: Any) -> Any:
   try:
     stored = manager.item_metadata(step)
   except Exception as e:  # pylint: disable=broad-except
@@ -190,8 +194,8 @@ def restore_checked(manager: ocp.CheckpointManager, step: int, path: pathlib.Pat
     raise DamagedCheckpoint(step, path, "its metadata is missing")
   mismatch = describe_mismatch(stored, abstract_state)
   if mismatch is not None:
-    raise ConfigError(f"the checkpoint {path} does not match this run's configuration ({mismatch}); "
-                      f"use a new MODEL_DIR or the configuration that wrote it")
+    raise ConfigError(f"the checkpoint {path} does not match this run's configuration "
+                      f"({mismatch}); use a new MODEL_DIR or the configuration that wrote it")
   with quiet_abandoned_reads():
     try:
       return manager.restore(step, args=ocp.args.StandardRestore(abstract_state))

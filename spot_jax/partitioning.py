@@ -38,8 +38,9 @@ DEFAULT_RULES: tuple[tuple[str, Optional[str]], ...] = (
 )
 
 
-def logical_rules(shard_prompt_embed: bool = False,
-                  overrides: Sequence[tuple[str, Optional[str]]] = ()) -> tuple[tuple[str, Optional[str]], ...]:
+def logical_rules(
+    shard_prompt_embed: bool = False,
+    overrides: Sequence[tuple[str, Optional[str]]] = ()) -> tuple[tuple[str, Optional[str]], ...]:
   """The default rule table, optionally sharding the prompt embedding axis, plus overrides.
 
   Args:
@@ -51,7 +52,8 @@ def logical_rules(shard_prompt_embed: bool = False,
     table["prompt_embed"] = MODEL
   for name, axis in overrides:
     if axis not in (None, DATA, MODEL):
-      raise ConfigError(f"rule for {name!r} maps to unknown mesh axis {axis!r}; valid: None, 'data', 'model'")
+      raise ConfigError(f"rule for {name!r} maps to unknown mesh axis {axis!r}; valid: None, "
+                        "'data', 'model'")
     table[name] = axis
   return tuple(table.items())
 

@@ -58,8 +58,10 @@ _DEFAULTED_ENV = "SPOT_JAX_TF_LOG_DEFAULTED"
 # absl's C++ log lines (<severity><mmdd> <time> <thread> <file>:<line>] <message>), the note absl
 # prints before the first of them, and the continuation line of TensorFlow's CPU-feature note.
 _ABSL_LINE = re.compile(rb"^(?P<severity>[IWEF])\d{4} [\d:. ]+\d+ [\w.]+:\d+\] ")
-_ABSL_NOTE = re.compile(rb"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR")
-_CPU_NOTE_TAIL = re.compile(rb"^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.")
+_ABSL_NOTE = re.compile(rb"^WARNING: All log messages before absl::InitializeLog\(\) is called are "
+                        rb"written to STDERR")
+_CPU_NOTE_TAIL = re.compile(rb"^To enable the following instructions: .* rebuild TensorFlow with "
+                            rb"the appropriate compiler flags\.")
 _SEVERITY = {b"I": 0, b"W": 1, b"E": 2, b"F": 3}
 
 _installed = False

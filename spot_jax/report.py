@@ -1,6 +1,7 @@
 """`python -m spot_jax.report`: figures and tables of a SPoT study.
 
-  python -m spot_jax.report --study_dir=/runs/study [--output_dir=/runs/study/report] [--similarity=average]
+  python -m spot_jax.report --study_dir=/runs/study [--output_dir=/runs/study/report]
+  [--similarity=average]
 
 Writes transfer_heatmap.png, similarity_heatmap.png, similarity_vs_transfer.png, retrieval.png
 and report.md, every number with its interval over seeds (spot_jax/spot/report.py).
@@ -36,7 +37,8 @@ def check_study_dir(study_dir: str) -> None:
   try:
     names = sorted(p.name for p in path.iterdir())
   except OSError as e:
-    raise ConfigError(f"--study_dir {study_dir!r} cannot be read ({e.strerror}); {EXPECTED}") from None
+    raise ConfigError(f"--study_dir {study_dir!r} cannot be read ({e.strerror}); "
+                      f"{EXPECTED}") from None
   if not names:
     raise ConfigError(f"--study_dir {study_dir!r} is empty; {EXPECTED}")
   shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")

@@ -103,8 +103,8 @@ class RunRecord:
   @classmethod
   def from_json(cls, data: Any, where: str) -> "RunRecord":
     if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
-      raise ConfigError(f"{where} is not a spot_jax run record (format {RECORD_FORMAT!r}); give the "
-                        f"directory of a spot_jax.train run")
+      raise ConfigError(f"{where} is not a spot_jax run record (format {RECORD_FORMAT!r}); give "
+                        "the directory of a spot_jax.train run")
     names = {f.name for f in dataclasses.fields(cls)}
     try:
       return cls(**{k: v for k, v in data.items() if k in names})
@@ -202,7 +202,8 @@ class RunDir:
     """N of every prompts/prompt_step_N.npy, ascending (temporaries are not matched)."""
     if not self.prompts.is_dir():
       return []
-    return sorted(int(m.group(1)) for p in self.prompts.iterdir() if (m := PROMPT_STEP_RE.match(p.name)))
+    return sorted(int(m.group(1)) for p in self.prompts.iterdir()
+                  if (m := PROMPT_STEP_RE.match(p.name)))
 
   def latest_prompt_step(self) -> Optional[int]:
     steps = self.prompt_steps()

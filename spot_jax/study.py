@@ -1,4 +1,5 @@
-"""`python -m spot_jax.study`: the SPoT transferability grid (sources x targets x seeds + baselines).
+"""`python -m spot_jax.study`: the SPoT transferability grid
+(sources x targets x seeds + baselines).
 
   python -m spot_jax.study --study_dir=/runs/study \
     --model=gin/models/t5_1_1_lm100k_base.gin --checkpoint=/ckpts/... \
@@ -35,21 +36,26 @@ PROG = "spot_jax.study"
 def _parser() -> cli.ArgumentParser:
   parser = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
   parser.add_argument("--study_dir", required=True)
-  parser.add_argument("--sources", default=None, help="comma-separated source tasks (default: the paper's 16)")
-  parser.add_argument("--targets", default=None, help="comma-separated target tasks (default: the paper's 10)")
-  parser.add_argument("--seeds", default="0,1,2", help="comma-separated target-run seeds (distinct)")
+  parser.add_argument("--sources", default=None,
+                      help="comma-separated source tasks (default: the paper's 16)")
+  parser.add_argument("--targets", default=None,
+                      help="comma-separated target tasks (default: the paper's 10)")
+  parser.add_argument("--seeds", default="0,1,2",
+                      help="comma-separated target-run seeds (distinct)")
   parser.add_argument("--source_seed", type=int, default=0,
                       help="seed of the source runs (and of a random backbone, shared by all runs)")
   parser.add_argument("--source_train_steps", type=int, default=None,
                       help="training steps of the source runs (default: --train_steps)")
-  parser.add_argument("--generic", action="store_true", help="also generic SPoT (mixture of all sources)")
+  parser.add_argument("--generic", action="store_true",
+                      help="also generic SPoT (mixture of all sources)")
   parser.add_argument("--retrieval_k", type=int, default=0,
                       help="also train SPoT's top-k weighted average and top-k mixture per target "
                            "and seed (0: not)")
   parser.add_argument("--similarity", default="average", choices=similarity.METRICS,
                       help="similarity ranking the sources of the retrieval runs")
   parser.add_argument("--one_at_a_time", action="store_true",
-                      help="train every run alone instead of K runs in one step (wall-time comparison)")
+                      help="train every run alone instead of K runs in one step (wall-time "
+                           "comparison)")
   parser.add_argument("--shard_index", type=int, default=0)
   parser.add_argument("--num_shards", type=int, default=1)
   parser.add_argument("--verbose", action="store_true", help="the trainer's progress lines")
@@ -83,8 +89,9 @@ def main(argv: Sequence[str]) -> int:
   validate.positive_int(args.retrieval_k, "--retrieval_k", minimum=0, optional=True)
   settings = settings_lib.from_flags(args)
   if args.source_train_steps is not None and not settings.embedding_step <= args.source_train_steps:
-    raise ConfigError(f"--source_train_steps={args.source_train_steps} must be a positive integer >= "
-                      f"--embedding_step={settings.embedding_step} (the source embedding is exported then)")
+    raise ConfigError(f"--source_train_steps={args.source_train_steps} must be a positive integer "
+                      f">= --embedding_step={settings.embedding_step} (the source embedding is "
+                      "exported then)")
   grid = grid_lib.Grid(sources=_tasks("--sources", args.sources, default_sources, args.task_module),
                        targets=_tasks("--targets", args.targets, default_targets, args.task_module),
                        seeds=seeds, source_seed=args.source_seed, generic=args.generic,

@@ -3,7 +3,7 @@
 seqio's vocabularies import TensorFlow (about 3-5 s of a process's start), but serving a file of
 text only needs Python-side tokenization. These two classes give exactly what
 `seqio.SentencePieceVocabulary` and `seqio.ByteVocabulary` give from their Python methods
-(tests/test_vocabulary.py checks both on the real T5 vocabulary and the toy's):
+(tests/core/test_vocabulary.py checks both on the real T5 vocabulary and the toy's):
 
   SentencePiece  the model file through the `sentencepiece` package; `extra_ids` sentinels are
                  added to the model as seqio adds them (user-defined pieces "▁<extra_id_N>",

@@ -35,7 +35,8 @@ from tasks import glue
 from tasks import mixtures
 from tasks import qa
 from tasks import super_glue
-from tasks.data_dirs import DataNotFoundError, files_dir, set_files_dir, set_tfds_data_dir, tfds_data_dir
+from tasks.data_dirs import (DataNotFoundError, files_dir, set_files_dir, set_tfds_data_dir,
+                             tfds_data_dir)
 from tasks.mixtures import register_mixture
 from tasks.names import SOURCE_TASKS, TARGET_TASKS
 from tasks.registry import SPECS, register_file_variant, register_hf_variant

@@ -39,7 +39,8 @@ def _describe(source) -> str:
 
 def list_lines() -> List[str]:
   """One line per task ("task  <name>  <source>  present=<yes|no>") and per mixture."""
-  lines = [f"# TFDS data_dir: {tasks.tfds_data_dir()}   local files: {tasks.files_dir() or '(unset)'}"]
+  lines = [f"# TFDS data_dir: {tasks.tfds_data_dir()}   local files: "
+           f"{tasks.files_dir() or '(unset)'}"]
   task_names = sorted(seqio.TaskRegistry.names())
   for name in task_names:
     source = seqio.get_mixture_or_task(name).source
@@ -47,7 +48,8 @@ def list_lines() -> List[str]:
   for name in sorted(seqio.MixtureRegistry.names()):
     members = [t.name for t in seqio.get_mixture_or_task(name).tasks]
     present = all(_present(seqio.get_mixture_or_task(t).source) == "yes" for t in members)
-    lines.append(f"mixture  {name:48s} {f'{len(members)} tasks':60s} present={'yes' if present else 'no'}")
+    lines.append(f"mixture  {name:48s} {f'{len(members)} tasks':60s} "
+                 f"present={'yes' if present else 'no'}")
   return lines
 
 
@@ -65,10 +67,12 @@ def table_lines() -> List[str]:
       continue
     post = getattr(spec.postprocess_fn, "func", spec.postprocess_fn)
     post_name = getattr(post, "__name__", "-") if post else "-"
-    metric_names = ", ".join(getattr(getattr(m, "func", m), "__name__", "?") for m in spec.metric_fns) or "-"
+    metric_names = (", ".join(getattr(getattr(m, "func", m), "__name__", "?")
+                              for m in spec.metric_fns) or "-")
     fmt = spec.formats.replace("|", "\\|")
     source = _describe(spec.source).replace("|", "\\|")
-    lines.append(f"| `{name}` | {source} | {_splits(spec.source)} | {fmt} | {post_name} | {metric_names} |")
+    lines.append(f"| `{name}` | {source} | {_splits(spec.source)} | {fmt} | {post_name} | "
+                 f"{metric_names} |")
   return lines
 
 

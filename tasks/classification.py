@@ -35,19 +35,28 @@ def _text_schema(keys, label="int"):
 
 
 CLASSIFIERS = {
-    "doc_nli": ("doc_nli:1.0.0", _STD, ("hypothesis", "premise"), ("not_entailment", "entailment"), None),
-    "anli_r1": ("anli/r1:0.1.0", _STD, ("hypothesis", "context"), _NLI3, ("anli", None, _anli_splits(1), _hf_anli_row)),
-    "anli_r2": ("anli/r2:0.1.0", _STD, ("hypothesis", "context"), _NLI3, ("anli", None, _anli_splits(2), _hf_anli_row)),
-    "anli_r3": ("anli/r3:0.1.0", _STD, ("hypothesis", "context"), _NLI3, ("anli", None, _anli_splits(3), _hf_anli_row)),
+    "doc_nli": ("doc_nli:1.0.0", _STD, ("hypothesis", "premise"),
+                ("not_entailment", "entailment"), None),
+    "anli_r1": ("anli/r1:0.1.0", _STD, ("hypothesis", "context"), _NLI3,
+                ("anli", None, _anli_splits(1), _hf_anli_row)),
+    "anli_r2": ("anli/r2:0.1.0", _STD, ("hypothesis", "context"), _NLI3,
+                ("anli", None, _anli_splits(2), _hf_anli_row)),
+    "anli_r3": ("anli/r3:0.1.0", _STD, ("hypothesis", "context"), _NLI3,
+                ("anli", None, _anli_splits(3), _hf_anli_row)),
     "snli": ("snli:1.1.0", _STD, ("hypothesis", "premise"), _NLI3, ("snli", None, None, None)),
-    "yelp_polarity": ("yelp_polarity_reviews:0.2.0", _NO_DEV, ("text",), _SENTIMENT, ("yelp_polarity", None, None, None)),
-    "imdb": ("imdb_reviews/plain_text:1.0.0", _NO_DEV, ("text",), _SENTIMENT, ("imdb", None, None, None)),
-    "cr": (None, {"train": "train", "validation": "validation", "test": "test"}, ("sentence",), _SENTIMENT, None),
-    "winogrande": ("winogrande:1.2.0", {"train": "train_xl", "validation": "validation", "test": "test"},
+    "yelp_polarity": ("yelp_polarity_reviews:0.2.0", _NO_DEV, ("text",), _SENTIMENT,
+                      ("yelp_polarity", None, None, None)),
+    "imdb": ("imdb_reviews/plain_text:1.0.0", _NO_DEV, ("text",), _SENTIMENT,
+             ("imdb", None, None, None)),
+    "cr": (None, {"train": "train", "validation": "validation", "test": "test"}, ("sentence",),
+           _SENTIMENT, None),
+    "winogrande": ("winogrande:1.2.0",
+                   {"train": "train_xl", "validation": "validation", "test": "test"},
                    ("sentence", "option1", "option2"), ("option1", "option2"), None),
     "piqa": ("piqa:1.0.0", {"train": "train", "validation": "validation"}, ("goal", "sol1", "sol2"),
              ("sol1", "sol2"), None),
-    "cosmos_qa": ("cosmos_qa:1.0.0", _STD, ("question", "answer0", "answer1", "answer2", "answer3", "context"),
+    "cosmos_qa": ("cosmos_qa:1.0.0", _STD,
+                  ("question", "answer0", "answer1", "answer2", "answer3", "context"),
                   tuple(f"answer{i}" for i in range(4)), None),
 }
 
@@ -78,7 +87,8 @@ def register_all() -> None:
         source=_source(key, tfds_name, splits, schema),
         text_preprocessors=steps,
         schema=schema,
-        postprocess_fn=functools.partial(postprocessors.string_label_to_class_id, label_classes=labels),
+        postprocess_fn=functools.partial(postprocessors.string_label_to_class_id,
+                                         label_classes=labels),
         metric_fns=(metrics.accuracy,),
         hf=(hf[0], hf[1], hf[2] or dict(splits), hf[3]) if hf else None,
         formats=f"{key} " + " ".join(f"{k}: <{k}>" for k in keys) + " -> " + " | ".join(labels)))
@@ -91,7 +101,8 @@ def register_all() -> None:
       schema=cxc_schema,
       postprocess_fn=postprocessors.string_to_float,
       metric_fns=(metrics.pearson_corrcoef, metrics.spearman_corrcoef),
-      formats="cxc sentence1: <sentence1> sentence2: <sentence2> -> 0-5 score rounded to 0.2 (\"3.8\")"))
+      formats="cxc sentence1: <sentence1> sentence2: <sentence2> -> 0-5 score rounded to "
+              "0.2 (\"3.8\")"))
 
   registry.register(registry.TaskSpec(
       name=names.OTHER["hellaswag"],
@@ -102,7 +113,8 @@ def register_all() -> None:
                                        label_classes=tuple(f"ending{i}" for i in range(4))),
       metric_fns=(metrics.accuracy,),
       hf=("hellaswag", None, {"train": "train", "validation": "validation"}, _hf_hellaswag_row),
-      formats="hellaswag context: <context> ending0: <e0> ending1: <e1> ending2: <e2> ending3: <e3> -> ending0..ending3"))
+      formats="hellaswag context: <context> ending0: <e0> ending1: <e1> ending2: <e2> ending3: "
+              "<e3> -> ending0..ending3"))
 
 
 def _filter_labelled(dataset):
@@ -110,4 +122,5 @@ def _filter_labelled(dataset):
 
 
 def _hf_hellaswag_row(row):
-  return {"context": row["ctx"], "endings": row["endings"], "label": int(row["label"]) if row["label"] != "" else -1}
+  return {"context": row["ctx"], "endings": row["endings"],
+          "label": int(row["label"]) if row["label"] != "" else -1}

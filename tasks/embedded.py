@@ -3,8 +3,8 @@
 Sentences describe things in four domains (movies, food, travel, sports) with sentiment and
 descriptive adjectives, e.g. "the soup was awful and the waiter was lovely". Every task is
 generated deterministically from (task name, split) and uses the SentencePiece vocabulary that
-`python -m spot_jax.embedded.pretrain` trains on this suite's corpus (committed beside the toy model,
-`spot_jax/embedded/toy_t5/spm.model`, or `$SPOT_JAX_TOY_DIR/spm.model`).
+`python -m spot_jax.embedded.pretrain` trains on this suite's corpus (committed beside the toy
+model, `spot_jax/embedded/toy_t5/spm.model`, or `$SPOT_JAX_TOY_DIR/spm.model`).
 Import explicitly: MIXTURE_OR_TASK_MODULE='tasks.embedded'.
 
 Each task `spot_toy_<key>_v100` has inputs "<key> <fields>" (T5 style: the task name first) and
@@ -66,7 +66,7 @@ def _descriptive_clause(rng, noun: str) -> tuple[str, int, int]:
   return f"the {noun} was {ANTONYMS[pair][side]}", pair, side
 
 
-# ------------------------------------------------------------------ generators: rng -> (text, label)
+# ----------------------------------------------------------------- generators: rng -> (text, label)
 
 
 def sentiment(domain: str):
@@ -83,7 +83,8 @@ def sentiment(domain: str):
 def topic(rng):
   """Two clauses about one domain's things; the label is the domain."""
   domain = _pick(rng, sorted(DOMAINS))
-  clauses = [f"the {_pick(rng, DOMAINS[domain])} was {_pick(rng, POSITIVE + NEGATIVE + tuple(a for p in ANTONYMS for a in p))}"
+  clauses = [f"the {_pick(rng, DOMAINS[domain])} was "
+             f"{_pick(rng, POSITIVE + NEGATIVE + tuple(a for p in ANTONYMS for a in p))}"
              for _ in range(2)]
   return f"text: {' and '.join(clauses)}", domain
 
@@ -93,7 +94,8 @@ def category(rng):
   fields (the layout of nli and paraphrase); the label is the domain."""
   domain = _pick(rng, sorted(DOMAINS))
   adjectives = POSITIVE + NEGATIVE + tuple(a for p in ANTONYMS for a in p)
-  first, second = (f"the {_pick(rng, DOMAINS[domain])} was {_pick(rng, adjectives)}" for _ in range(2))
+  first, second = (f"the {_pick(rng, DOMAINS[domain])} was {_pick(rng, adjectives)}"
+                   for _ in range(2))
   return f"sentence1: {first} sentence2: {second}", domain
 
 
@@ -212,7 +214,8 @@ TASKS: Dict[str, ToyTask] = {t.key: t for t in (
     ToyTask("sentiment_food", sentiment("food"), ("positive", "negative"), "sentiment"),
     ToyTask("topic", topic, tuple(sorted(DOMAINS)), "topic"),
     ToyTask("nli", nli(("movies", "food")), ("entailment", "contradiction", "neutral"), "nli"),
-    ToyTask("paraphrase", paraphrase(("movies", "food")), ("equivalent", "different"), "paraphrase"),
+    ToyTask("paraphrase", paraphrase(("movies", "food")), ("equivalent", "different"),
+            "paraphrase"),
     ToyTask("addition", addition("question: {} plus {}"), _NUMBERS, "arithmetic"),
     ToyTask("reverse", reverse, (), "sequence"),
     ToyTask("length", length, _NUMBERS[:10], "sequence"),
@@ -223,7 +226,8 @@ TASKS: Dict[str, ToyTask] = {t.key: t for t in (
     ToyTask("sum", addition("numbers: {} and {}"), _NUMBERS, "arithmetic"),
     # hard targets (the first design's; the 800-step backbone half-learned their skills)
     ToyTask("nli_sports", nli(("sports",)), ("entailment", "contradiction", "neutral"), "nli"),
-    ToyTask("paraphrase_travel", paraphrase(("travel",)), ("equivalent", "different"), "paraphrase"),
+    ToyTask("paraphrase_travel", paraphrase(("travel",)), ("equivalent", "different"),
+            "paraphrase"),
 )}
 SOURCES = ("sentiment_movies", "sentiment_food", "topic", "nli", "paraphrase", "addition",
            "reverse", "length")
@@ -234,14 +238,17 @@ TARGETS = ("sentiment_travel", "sentiment_sports", "category", "sum")
 HARD_TARGETS = ("nli_sports", "paraphrase_travel")
 # The 8 taskless sources mixed (MPT's distillation in the demo trains one prompt on all of them).
 SOURCE_MIXTURE = f"spot_toy_sources_taskless_{VERSION}"
-# The tasks whose text the committed SentencePiece vocabulary was trained on (spot_jax/embedded/toy_data.py).
-# Pinned: tasks added later must not change the vocabulary, or `python -m spot_jax.embedded.pretrain`
-# would no longer reproduce the committed model. New tasks reuse this text's words and fields.
+# The tasks whose text the committed SentencePiece vocabulary was trained on
+# (spot_jax/embedded/toy_data.py). Pinned: tasks added later must not change the vocabulary, or
+# `python -m spot_jax.embedded.pretrain` would no longer reproduce the committed model. New tasks
+# reuse this text's words and fields.
 VOCABULARY_TASKS = ("addition", "length", "nli", "nli_sports", "paraphrase", "paraphrase_travel",
-                    "reverse", "sentiment_food", "sentiment_movies", "sentiment_travel", "sum", "topic")
+                    "reverse", "sentiment_food", "sentiment_movies", "sentiment_travel",
+                    "sum", "topic")
 # The sources the toy model is multi-task pretrained on (with their task-name prefixes).
 # sentiment_food is held out, so SPoT can also start from a source the backbone never saw.
-PRETRAIN_SOURCES = ("sentiment_movies", "topic", "nli", "paraphrase", "addition", "reverse", "length")
+PRETRAIN_SOURCES = ("sentiment_movies", "topic", "nli", "paraphrase", "addition",
+                    "reverse", "length")
 RELATED = {
     "sentiment_travel": ("sentiment_movies", "sentiment_food"),
     "sentiment_sports": ("sentiment_movies", "sentiment_food"),
@@ -320,8 +327,10 @@ def _register(task: ToyTask, taskless: bool) -> None:
               "targets": seqio.Feature(vocab, add_eos=True)}
   seqio.TaskRegistry.add(
       name,
-      source=seqio.FunctionDataSource(functools.partial(_dataset_fn, key=task.key, taskless=taskless),
-                                      splits=tuple(SPLIT_SIZES), num_input_examples=dict(SPLIT_SIZES)),
+      source=seqio.FunctionDataSource(functools.partial(_dataset_fn, key=task.key,
+                                                        taskless=taskless),
+                                      splits=tuple(SPLIT_SIZES),
+                                      num_input_examples=dict(SPLIT_SIZES)),
       preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
       output_features=features, postprocess_fn=postprocess(task),
       metric_fns=[metrics_lib.accuracy])

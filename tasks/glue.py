@@ -27,7 +27,8 @@ GLUE_TASKS = {
              (metrics.f1_score_with_invalid, metrics.accuracy)),
     "qqp": (("question1", "question2"), ("not_duplicate", "duplicate"),
             (metrics.f1_score_with_invalid, metrics.accuracy)),
-    "mnli": (("hypothesis", "premise"), ("entailment", "neutral", "contradiction"), (metrics.accuracy,)),
+    "mnli": (("hypothesis", "premise"), ("entailment", "neutral", "contradiction"),
+             (metrics.accuracy,)),
     "qnli": (("question", "sentence"), ("entailment", "not_entailment"), (metrics.accuracy,)),
     "rte": (("sentence1", "sentence2"), ("entailment", "not_entailment"), (metrics.accuracy,)),
 }
@@ -49,10 +50,12 @@ def _register_classification(config: str, key: str, splits) -> None:
       text_preprocessors=[functools.partial(pp.glue, benchmark=config, label_names=label_names,
                                             feature_names=feature_names)],
       schema=schema,
-      postprocess_fn=functools.partial(postprocessors.string_label_to_class_id, label_classes=label_names),
+      postprocess_fn=functools.partial(postprocessors.string_label_to_class_id,
+                                       label_classes=label_names),
       metric_fns=metric_fns,
       hf=("glue", config, dict(splits), None),
-      formats=f"{config} " + " ".join(f"{f}: <{f}>" for f in feature_names) + " -> " + " | ".join(label_names)))
+      formats=f"{config} " + " ".join(f"{f}: <{f}>" for f in feature_names) + " -> "
+      + " | ".join(label_names)))
 
 
 def register_all() -> None:
@@ -69,4 +72,5 @@ def register_all() -> None:
       postprocess_fn=postprocessors.string_to_float,
       metric_fns=(metrics.pearson_corrcoef, metrics.spearman_corrcoef),
       hf=("glue", "stsb", dict(_STANDARD_SPLITS), None),
-      formats="stsb sentence1: <sentence1> sentence2: <sentence2> -> score rounded to 0.2 (\"3.8\")"))
+      formats="stsb sentence1: <sentence1> sentence2: <sentence2> -> score rounded to "
+              "0.2 (\"3.8\")"))

@@ -20,7 +20,8 @@ MetricFn = Callable[[Sequence[Any], Sequence[Any]], Dict[str, float]]
 
 def _check_lengths(targets: Sequence[Any], predictions: Sequence[Any]) -> None:
   if len(targets) != len(predictions):
-    raise ValueError(f"got {len(targets)} targets but {len(predictions)} predictions; they must match")
+    raise ValueError(f"got {len(targets)} targets but {len(predictions)} predictions; they "
+                     "must match")
 
 
 def accuracy(targets: Sequence[Any], predictions: Sequence[Any]) -> Dict[str, float]:
@@ -58,7 +59,8 @@ def matthews_corrcoef(targets: Sequence[int], predictions: Sequence[int]) -> Dic
   true_counts, pred_counts = confusion.sum(axis=1), confusion.sum(axis=0)
   correct, total = np.trace(confusion), confusion.sum()
   covariance = correct * total - true_counts @ pred_counts
-  denominator = np.sqrt((total ** 2 - pred_counts @ pred_counts) * (total ** 2 - true_counts @ true_counts))
+  denominator = np.sqrt((total ** 2 - pred_counts @ pred_counts)
+                        * (total ** 2 - true_counts @ true_counts))
   return {"matthews_corrcoef": 100.0 * float(covariance / denominator) if denominator else 0.0}
 
 
@@ -90,10 +92,12 @@ def all_match(targets: Sequence[Any], predictions: Sequence[Any]) -> Dict[str, f
   return {"exact_match": 100.0 * float(list(targets) == list(predictions))}
 
 
-def mean_group_metric(metric_fn: MetricFn, group_key: str = "group", value_key: str = "value") -> MetricFn:
+def mean_group_metric(metric_fn: MetricFn, group_key: str = "group",
+                      value_key: str = "value") -> MetricFn:
   """Averages `metric_fn` over groups of {group, value} targets (e.g. MultiRC questions)."""
 
-  def metric(targets: Sequence[Dict[str, Any]], predictions: Sequence[Dict[str, Any]]) -> Dict[str, float]:
+  def metric(targets: Sequence[Dict[str, Any]],
+             predictions: Sequence[Dict[str, Any]]) -> Dict[str, float]:
     _check_lengths(targets, predictions)
     groups: Dict[Hashable, tuple] = collections.OrderedDict()
     for t, p in zip(targets, predictions):
@@ -109,10 +113,12 @@ def mean_group_metric(metric_fn: MetricFn, group_key: str = "group", value_key: 
   return metric
 
 
-def deduplicate_metric(metric_fn: MetricFn, group_key: str = "group", value_key: str = "value") -> MetricFn:
+def deduplicate_metric(metric_fn: MetricFn, group_key: str = "group",
+                       value_key: str = "value") -> MetricFn:
   """Keeps the first {group, value} example of each group, then applies `metric_fn` (ReCoRD)."""
 
-  def metric(targets: Sequence[Dict[str, Any]], predictions: Sequence[Dict[str, Any]]) -> Dict[str, float]:
+  def metric(targets: Sequence[Dict[str, Any]],
+             predictions: Sequence[Dict[str, Any]]) -> Dict[str, float]:
     _check_lengths(targets, predictions)
     seen, kept_targets, kept_predictions = set(), [], []
     for t, p in zip(targets, predictions):
@@ -126,7 +132,8 @@ def deduplicate_metric(metric_fn: MetricFn, group_key: str = "group", value_key:
   return metric
 
 
-def multirc_f1_over_all_answers(targets: Sequence[Dict[str, Any]], predictions: Sequence[Dict[str, Any]]) -> Dict[str, float]:
+def multirc_f1_over_all_answers(targets: Sequence[Dict[str, Any]],
+                                predictions: Sequence[Dict[str, Any]]) -> Dict[str, float]:
   """MultiRC F1a: F1 with invalid predictions over every answer option."""
   return f1_score_with_invalid([t["value"] for t in targets], [p["value"] for p in predictions])
 

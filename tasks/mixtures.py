@@ -37,7 +37,8 @@ class ExamplesProportional:
 
   def __eq__(self, other):
     # By name, not isinstance: a reloaded module defines a new class object.
-    return type(other).__name__ == "ExamplesProportional" and getattr(other, "maximum", None) == self.maximum
+    return (type(other).__name__ == "ExamplesProportional"
+            and getattr(other, "maximum", None) == self.maximum)
 
   def __hash__(self):
     return hash(self.maximum)
@@ -55,7 +56,8 @@ def leaf_tasks(task_names: Sequence[str]) -> List[str]:
     elif name in seqio.TaskRegistry.names():
       members = [name]
     else:
-      raise ValueError(f"{name!r} is neither a registered task nor a mixture (did you `import tasks`?)")
+      raise ValueError(f"{name!r} is neither a registered task nor a mixture (did you "
+                       "`import tasks`?)")
     out += [m for m in members if m not in out]
   return out
 
@@ -83,7 +85,8 @@ def register_mixture(name: str, task_names: Sequence[str], *, maximum: int = K) 
     existing_rates = set(getattr(mixture, "_task_to_rate", {}).values())
     if existing != sorted(leaves) or existing_rates != {rate}:
       raise ValueError(f"mixture {name!r} is already registered with tasks {existing} and rates "
-                       f"{sorted(map(repr, existing_rates))}; cannot redefine it as {list(leaves)} with {rate!r}")
+                       f"{sorted(map(repr, existing_rates))}; cannot redefine it as {list(leaves)} "
+                       f"with {rate!r}")
     return name
   seqio.MixtureRegistry.add(name, [(t, rate) for t in leaves])
   return name
@@ -94,15 +97,15 @@ _G, _S, _O, _E, _M = names.GLUE, names.SUPER_GLUE, names.OTHER, names.EXTRA, nam
 MIXTURE_TASKS = {
     _M["glue_mnli_and_dev"]: [_G["glue_mnli"], _G["glue_mnli_matched"], _G["glue_mnli_mismatched"]],
     _M["race"]: [_O["race_high"], _O["race_middle"]],
-    _M["glue"]: [_G[k] for k in ("glue_cola", "glue_sst2", "glue_mrpc", "glue_qqp", "glue_stsb", "glue_qnli",
-                                 "glue_rte")] + [_M["glue_mnli_and_dev"]],
+    _M["glue"]: [_G[k] for k in ("glue_cola", "glue_sst2", "glue_mrpc", "glue_qqp", "glue_stsb",
+                                 "glue_qnli", "glue_rte")] + [_M["glue_mnli_and_dev"]],
     _M["super_glue"]: list(_S.values()),
     _M["nli"]: [_E["anli_r1"], _E["anli_r2"], _E["anli_r3"], _S["super_glue_cb"], _O["doc_nli"],
                 _M["glue_mnli_and_dev"], _G["glue_qnli"], _S["super_glue_rte"], _E["snli"]],
     _M["paraphrase"]: [_O["cxc"], _G["glue_mrpc"], _G["glue_qqp"], _G["glue_stsb"]],
     _M["sentiment"]: [_O["cr"], _E["imdb"], _G["glue_sst2"], _O["yelp_polarity"]],
-    _M["mrqa"]: [_E[f"mrqa_{c}"] for c in ("squad", "news_qa", "trivia_qa", "search_qa", "hotpot_qa",
-                                           "natural_questions")],
+    _M["mrqa"]: [_E[f"mrqa_{c}"] for c in ("squad", "news_qa", "trivia_qa", "search_qa",
+                                           "hotpot_qa", "natural_questions")],
     _M["rainbow"]: [_O["cosmos_qa"], _O["hellaswag"], _E["piqa"], _O["winogrande"]],
     _M["sources"]: list(names.SOURCE_TASKS.values()),
 }

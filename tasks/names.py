@@ -28,7 +28,8 @@ def taskless_name(name: str) -> str:
   """The taskless variant's name of a registered task name."""
   suffix = f"_{VERSION}"
   if not name.endswith(suffix) or name.endswith(f"_taskless{suffix}"):
-    raise ValueError(f"{name!r} is not a spot task name ending in {suffix!r} (and not already taskless)")
+    raise ValueError(f"{name!r} is not a spot task name ending in {suffix!r} (and not "
+                     "already taskless)")
   return name[: -len(suffix)] + f"_taskless{suffix}"
 
 
@@ -43,10 +44,11 @@ SUPER_GLUE = _names(["super_glue_boolq", "super_glue_cb", "super_glue_copa", "su
 OTHER = _names(["c4_prefix_lm", "doc_nli", "yelp_polarity", "cxc", "squad", "drop", "winogrande",
                 "hellaswag", "cosmos_qa", "race_high", "race_middle", "cr"])
 # Extra tasks that complete the SPoT paper's NLI, sentiment, MRQA and RAINBOW mixtures.
-EXTRA = _names(["anli_r1", "anli_r2", "anli_r3", "snli", "imdb", "piqa", "mrqa_squad", "mrqa_news_qa",
-                "mrqa_trivia_qa", "mrqa_search_qa", "mrqa_hotpot_qa", "mrqa_natural_questions"])
-MIXTURES = _names(["glue_mnli_and_dev", "race", "glue", "super_glue", "nli", "paraphrase", "sentiment",
-                   "mrqa", "rainbow", "sources"])
+EXTRA = _names(["anli_r1", "anli_r2", "anli_r3", "snli", "imdb", "piqa", "mrqa_squad",
+                "mrqa_news_qa", "mrqa_trivia_qa", "mrqa_search_qa", "mrqa_hotpot_qa",
+                "mrqa_natural_questions"])
+MIXTURES = _names(["glue_mnli_and_dev", "race", "glue", "super_glue", "nli", "paraphrase",
+                   "sentiment", "mrqa", "rainbow", "sources"])
 
 SOURCE_TASKS = {
     "c4": OTHER["c4_prefix_lm"],

@@ -26,8 +26,8 @@ def string_to_float(output: Union[str, bytes], default: float = -1.0, **unused_k
     return default
 
 
-def string_label_to_class_id(output: Union[str, bytes], label_classes: Sequence[str], default: int = -1,
-                             **unused_kwargs) -> int:
+def string_label_to_class_id(output: Union[str, bytes], label_classes: Sequence[str],
+                             default: int = -1, **unused_kwargs) -> int:
   """Index of the label text in `label_classes`, or `default` when it is not a label."""
   text = as_text(output)
   return list(label_classes).index(text) if text in label_classes else default

@@ -18,7 +18,8 @@ import tensorflow_datasets as tfds
 from tasks import sources
 
 
-def write_tfds_dataset(tfds_name: str, data_dir: str, splits: Mapping[str, Iterable[Mapping[str, Any]]]) -> str:
+def write_tfds_dataset(tfds_name: str, data_dir: str,
+                       splits: Mapping[str, Iterable[Mapping[str, Any]]]) -> str:
   """Prepares `tfds_name` under `data_dir` from in-memory examples.
 
   Args:

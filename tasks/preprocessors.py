@@ -49,7 +49,8 @@ def _key_value_parts(x: Example, task: str, keys: Sequence[str]) -> list:
 
 
 @seqio.map_over_dataset
-def glue(x: Example, benchmark: str, label_names: Sequence[str], feature_names: Sequence[str]) -> Dict[str, tf.Tensor]:
+def glue(x: Example, benchmark: str, label_names: Sequence[str],
+         feature_names: Sequence[str]) -> Dict[str, tf.Tensor]:
   """"<benchmark> k1: v1 k2: v2 ..." -> label name (T5's `glue` format).
 
   MultiRC additionally drops HTML (<br> becomes a space, <b> tags vanish) and
@@ -76,7 +77,8 @@ def similarity_target(score: tf.Tensor) -> tf.Tensor:
 @seqio.map_over_dataset
 def similarity(x: Example, benchmark: str = "stsb") -> Dict[str, tf.Tensor]:
   """"stsb sentence1: .. sentence2: .." -> the score rounded to 0.2 (T5's `stsb`)."""
-  inputs = join([tf.constant(f"{benchmark} sentence1:"), x["sentence1"], tf.constant("sentence2:"), x["sentence2"]])
+  inputs = join([tf.constant(f"{benchmark} sentence1:"), x["sentence1"], tf.constant("sentence2:"),
+                 x["sentence2"]])
   return {"inputs": inputs, "targets": similarity_target(x["label"]), "idx": x["idx"]}
 
 
@@ -84,14 +86,14 @@ def similarity(x: Example, benchmark: str = "stsb") -> Dict[str, tf.Tensor]:
 _WSC_SPECIAL_CASES = {
     'The boy continued to whip the pony , and eventually the pony threw him over. John laughed out '
     'quite loud. "Good for him," he said. ':
-        'The boy continued to whip the pony , and eventually the pony threw him over. John laughed out '
-        'quite loud. "Good for X ," he said.',
-    'When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the magic pebble '
-    'in an iron safe . Some day they might want to use it , but really for now, what more could they '
-    'wish for?':
-        'When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the magic pebble '
-        'in an iron safe . Some day they might want to use X , but really for now, what more could they '
-        'wish for?',
+        'The boy continued to whip the pony , and eventually the pony threw him over. John laughed '
+        'out quite loud. "Good for X ," he said.',
+    'When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the magic '
+    'pebble in an iron safe . Some day they might want to use it , but really for now, what more '
+    'could they wish for?':
+        'When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the '
+        'magic pebble in an iron safe . Some day they might want to use X , but really for now, '
+        'what more could they wish for?',
 }
 
 
@@ -113,10 +115,12 @@ def wsc_simple(x: Example) -> Dict[str, tf.Tensor]:
   The target is always the candidate (span1) text; whether it is the right
   referent is the label, which the `wsc_simple` postprocessor compares against.
   """
-  marked = tf.strings.regex_replace(_wsc_blanked_text(x), r" X ", tf.strings.join([" *", x["span2_text"], "* "]))
+  marked = tf.strings.regex_replace(_wsc_blanked_text(x), r" X ",
+                                    tf.strings.join([" *", x["span2_text"], "* "]))
   # T5 asserts when the pronoun is the first word; the blanked text then starts with " X ", which
   # would leave "wsc:  *he* ..." (two spaces). Elsewhere the string stays exactly T5's.
-  marked = tf.where(tf.equal(tf.cast(x["span2_index"], tf.int32), 0), tf.strings.strip(marked), marked)
+  marked = tf.where(tf.equal(tf.cast(x["span2_index"], tf.int32), 0),
+                    tf.strings.strip(marked), marked)
   return {"inputs": join([tf.constant("wsc:"), marked]), "targets": x["span1_text"],
           "label": tf.cast(x["label"], tf.int64), "idx": x["idx"]}
 
@@ -141,7 +145,8 @@ def record(dataset: tf.data.Dataset) -> tf.data.Dataset:
     passage = tf.strings.regex_replace(x["passage"], r"(\.|\?|\!|\"|\')\n@highlight\n", r"\1 ")
     passage = tf.strings.regex_replace(passage, r"\n@highlight\n", ". ")
     inputs = join([tf.constant("record query:"), x["query"], tf.constant("entities:"),
-                   tf.strings.reduce_join(x["entities"], separator=", "), tf.constant("passage:"), passage])
+                   tf.strings.reduce_join(x["entities"], separator=", "),
+                   tf.constant("passage:"), passage])
     repeat = lambda t: tf.repeat(tf.expand_dims(t, 0), copies, axis=0)
     return {"inputs": repeat(inputs), "targets": targets, "answers": repeat(answers),
             "idx/passage": repeat(x["idx"]["passage"]), "idx/query": repeat(x["idx"]["query"])}
@@ -150,7 +155,8 @@ def record(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 
 @seqio.map_over_dataset
-def squad(x: Example, task: Optional[str] = None, answers_key: str = "answers/text") -> Dict[str, tf.Tensor]:
+def squad(x: Example, task: Optional[str] = None,
+          answers_key: str = "answers/text") -> Dict[str, tf.Tensor]:
   """"[task ]question: <q> context: <c>" -> first answer, punctuation padded (T5's `squad`).
 
   `answers_key` names the answer list ("answers/text" is SQuAD's nested field).
@@ -173,7 +179,8 @@ def drop_qa(x: Example) -> Dict[str, tf.Tensor]:
 
   Gold answers for evaluation are the answer followed by the validated answers.
   """
-  answers = pad_punctuation(tf.concat([tf.expand_dims(x["answer"], 0), x["validated_answers"]], axis=0))
+  answers = pad_punctuation(tf.concat([tf.expand_dims(x["answer"], 0),
+                                       x["validated_answers"]], axis=0))
   question, passage = pad_punctuation(x["question"]), pad_punctuation(x["passage"])
   inputs = squeeze_join([tf.constant("drop question:"), question, tf.constant("context:"), passage])
   return {"inputs": inputs, "targets": answers[0], "answers": answers}
@@ -199,7 +206,8 @@ def hellaswag(x: Example) -> Dict[str, tf.Tensor]:
   parts = [tf.constant("hellaswag context:"), x["context"]]
   for i in range(4):
     parts += [tf.constant(f"ending{i}:"), x["endings"][i]]
-  return {"inputs": join(parts), "targets": label_text(x["label"], [f"ending{i}" for i in range(4)])}
+  return {"inputs": join(parts),
+          "targets": label_text(x["label"], [f"ending{i}" for i in range(4)])}
 
 
 RACE_LETTERS = ("A", "B", "C", "D")
@@ -249,16 +257,20 @@ def prefix_lm(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
   pretokenized strings are the decoded token pieces.
   """
   if not sequence_length or "inputs" not in sequence_length:
-    raise ValueError(f"C4 prefix-LM needs sequence_length with an 'inputs' length; got {sequence_length!r}")
+    raise ValueError("C4 prefix-LM needs sequence_length with an 'inputs' length; got "
+                     f"{sequence_length!r}")
   segment = sequence_length["inputs"] - int(output_features["inputs"].add_eos)
   if segment < 2:
-    raise ConfigError(f"sequence_length['inputs'] must be at least {2 + int(output_features['inputs'].add_eos)}; got {sequence_length['inputs']}")
+    raise ConfigError(
+        f"sequence_length['inputs'] must be at least {2 + int(output_features['inputs'].add_eos)}; "
+        f"got {sequence_length['inputs']}")
 
   def segments(x):
     tokens = x["targets"]
     n = tf.size(tokens, out_type=tf.int64)
     starts = tf.range((n + segment - 1) // segment, dtype=tf.int64) * segment
-    return {"targets": tf.RaggedTensor.from_row_lengths(tokens, tf.minimum(tf.cast(segment, tf.int64), n - starts))}
+    return {"targets": tf.RaggedTensor.from_row_lengths(
+        tokens, tf.minimum(tf.cast(segment, tf.int64), n - starts))}
 
   dataset = dataset.map(segments, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
   dataset = dataset.filter(lambda x: tf.size(x["targets"]) >= 2)
@@ -267,7 +279,8 @@ def prefix_lm(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
   @seqio.map_over_dataset(num_seeds=1)
   def split(x, seed):
     tokens = x["targets"]
-    cut = tf.random.stateless_uniform([], seed=seed, minval=1, maxval=tf.size(tokens), dtype=tf.int32)
+    cut = tf.random.stateless_uniform([], seed=seed, minval=1, maxval=tf.size(tokens),
+                                      dtype=tf.int32)
     inputs, targets = tokens[:cut], tokens[cut:]
     return {"inputs": inputs, "targets": targets,
             "inputs_pretokenized": vocabulary.decode_tf(inputs),

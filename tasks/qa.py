@@ -25,7 +25,8 @@ def register_all() -> None:
       name=names.OTHER["squad"],
       source=sources.TfdsSource("squad/v1.1:3.0.0", {"train": "train", "validation": "validation"}),
       text_preprocessors=[pp.squad],
-      schema={"id": "str", "title": "str", "context": "str", "question": "str", "answers/text": "str_list"},
+      schema={"id": "str", "title": "str", "context": "str", "question": "str",
+              "answers/text": "str_list"},
       postprocess_fn=postprocessors.qa,
       metric_fns=_QA_METRICS,
       hf=("squad", None, {"train": "train", "validation": "validation"}, None),
@@ -44,21 +45,26 @@ def register_all() -> None:
   for config in MRQA_CONFIGS:
     registry.register(registry.TaskSpec(
         name=names.EXTRA[f"mrqa_{config}"],
-        source=sources.TfdsSource(f"mrqa/{config}:1.0.0", {"train": "train", "validation": "validation"}),
+        source=sources.TfdsSource(f"mrqa/{config}:1.0.0",
+                                  {"train": "train", "validation": "validation"}),
         text_preprocessors=[functools.partial(pp.squad, task=config, answers_key="answers")],
         schema={"qid": "str", "context": "str", "question": "str", "answers": "str_list"},
         postprocess_fn=postprocessors.qa,
         metric_fns=_QA_METRICS,
-        formats=f"{config} question: <question> context: <context> (punctuation padded) -> first answer"))
+        formats=f"{config} question: <question> context: <context> (punctuation padded) -> "
+                "first answer"))
 
   for level in ("high", "middle"):
     registry.register(registry.TaskSpec(
         name=names.OTHER[f"race_{level}"],
-        source=sources.TfdsSource(f"race/{level}:2.0.0", {"train": "train", "validation": "dev", "test": "test"}),
+        source=sources.TfdsSource(f"race/{level}:2.0.0",
+                                  {"train": "train", "validation": "dev", "test": "test"}),
         text_preprocessors=[pp.race],
-        schema={"article": "str", "questions": "str_list", "answers": "str_list", "options": "str_list_list",
-                "example_id": "str"},
-        postprocess_fn=functools.partial(postprocessors.string_label_to_class_id, label_classes=pp.RACE_LETTERS),
+        schema={"article": "str", "questions": "str_list", "answers": "str_list",
+                "options": "str_list_list", "example_id": "str"},
+        postprocess_fn=functools.partial(postprocessors.string_label_to_class_id,
+                                         label_classes=pp.RACE_LETTERS),
         metric_fns=(metrics.accuracy,),
-        formats="race question: <question> A: <o1> B: <o2> C: <o3> D: <o4> article: <article> -> A | B | C | D"))
+        formats="race question: <question> A: <o1> B: <o2> C: <o3> D: <o4> article: <article> -> A "
+                "| B | C | D"))
 

@@ -56,8 +56,10 @@ def _add(name: str, spec: TaskSpec, source: seqio.DataSource, taskless: bool) ->
   steps = list(spec.text_preprocessors)
   if taskless:
     steps.append(pp.drop_task_name)
-  steps += [seqio.preprocessors.tokenize, *spec.token_preprocessors, seqio.preprocessors.append_eos_after_trim]
-  seqio.TaskRegistry.add(name, source=source, preprocessors=steps, output_features=vocab.output_features(),
+  steps += [seqio.preprocessors.tokenize, *spec.token_preprocessors,
+            seqio.preprocessors.append_eos_after_trim]
+  seqio.TaskRegistry.add(name, source=source, preprocessors=steps,
+                         output_features=vocab.output_features(),
                          postprocess_fn=spec.postprocess_fn, metric_fns=list(spec.metric_fns))
 
 
@@ -75,7 +77,8 @@ def _variant_name(name: str, kind: str) -> str:
 
 def _spec(name: str) -> TaskSpec:
   if name not in SPECS:
-    raise KeyError(f"{name!r} is not a registered spot task; known: {sorted(SPECS)[:5]}... ({len(SPECS)} in all)")
+    raise KeyError(f"{name!r} is not a registered spot task; known: {sorted(SPECS)[:5]}... "
+                   f"({len(SPECS)} in all)")
   return SPECS[name]
 
 
@@ -104,9 +107,10 @@ def register_file_variant(name: str, data_dir: Optional[str] = None, dataset: Op
   return new_name
 
 
-def register_hf_variant(name: str, path: Optional[str] = None, hf_name: Optional[str] = None,
-                        split_map: Optional[Mapping[str, str]] = None,
-                        row_fn: Optional[Callable[[Mapping[str, Any]], Mapping[str, Any]]] = None) -> str:
+def register_hf_variant(
+    name: str, path: Optional[str] = None, hf_name: Optional[str] = None,
+    split_map: Optional[Mapping[str, str]] = None,
+    row_fn: Optional[Callable[[Mapping[str, Any]], Mapping[str, Any]]] = None) -> str:
   """Registers task `name` reading a Hugging Face `datasets` dataset; returns the new name.
 
   Args:
@@ -122,15 +126,18 @@ def register_hf_variant(name: str, path: Optional[str] = None, hf_name: Optional
   default = spec.hf or (None, None, {"train": "train", "validation": "validation"}, None)
   path = path or default[0]
   if path is None:
-    raise ValueError(f"{name!r} has no known Hugging Face dataset; pass path= (and hf_name=, row_fn=)")
+    raise ValueError(f"{name!r} has no known Hugging Face dataset; pass path= (and "
+                     "hf_name=, row_fn=)")
   source = sources.HfSource(path, spec.schema, split_map or default[2], name=hf_name or default[1],
-                            row_fn=row_fn or default[3], train_filter=getattr(spec.source, "train_filter", None))
+                            row_fn=row_fn or default[3],
+                            train_filter=getattr(spec.source, "train_filter", None))
   new_name = _variant_name(name, "hf")
   _register_variant(new_name, spec, source, name.endswith(f"_taskless_{names.VERSION}"))
   return new_name
 
 
-def _register_variant(new_name: str, spec: TaskSpec, source: seqio.DataSource, taskless: bool) -> None:
+def _register_variant(new_name: str, spec: TaskSpec, source: seqio.DataSource,
+                      taskless: bool) -> None:
   if new_name in seqio.TaskRegistry.names():
     seqio.TaskRegistry.remove(new_name)  # a variant may be re-pointed at another directory
     SPECS.pop(new_name, None)

@@ -32,9 +32,11 @@ def score(task: Union[str, seqio.Task], examples: Sequence[Mapping[str, Any]],
   """
   task = seqio.get_mixture_or_task(task) if isinstance(task, str) else task
   if len(examples) != len(predictions):
-    raise ValueError(f"got {len(examples)} examples but {len(predictions)} predictions; they must match")
+    raise ValueError(f"got {len(examples)} examples but {len(predictions)} predictions; they "
+                     "must match")
   post = task.postprocess_fn or (lambda output, **_: output)
-  targets = [post(ex["targets_pretokenized"].decode("utf-8") if isinstance(ex["targets_pretokenized"], bytes)
+  targets = [post(ex["targets_pretokenized"].decode("utf-8")
+                  if isinstance(ex["targets_pretokenized"], bytes)
                   else ex["targets_pretokenized"], example=ex, is_target=True) for ex in examples]
   outputs = [post(p, example=ex, is_target=False) for p, ex in zip(predictions, examples)]
   results: Dict[str, float] = {}

@@ -131,7 +131,8 @@ class TfdsSource(seqio.TfdsDataSource):
                   seed: Optional[int] = None, shard_info=None, **kwargs) -> tf.data.Dataset:
     split = split or "train"
     if split not in self.split_map:
-      raise ConfigError(f"split {split!r} is not one of {sorted(self.split_map)} for {self.tfds_name}")
+      raise ConfigError(f"split {split!r} is not one of {sorted(self.split_map)} for "
+                        f"{self.tfds_name}")
     ds = super().get_dataset(split, shuffle=shuffle, seed=seed, shard_info=shard_info, **kwargs)
     if split == "train" and self.train_filter is not None:
       ds = ds.filter(self.train_filter)
@@ -184,7 +185,8 @@ def _nest(flat: Mapping[str, Any]) -> Dict[str, Any]:
   return out
 
 
-def rows_to_examples(rows: Sequence[Mapping[str, Any]], schema: Schema, where: str) -> List[Dict[str, Any]]:
+def rows_to_examples(rows: Sequence[Mapping[str, Any]], schema: Schema,
+                     where: str) -> List[Dict[str, Any]]:
   """Converts raw rows to examples shaped like the schema (nested at "/")."""
   examples = []
   for i, row in enumerate(rows):
@@ -193,7 +195,8 @@ def rows_to_examples(rows: Sequence[Mapping[str, Any]], schema: Schema, where: s
       found, value = _lookup(row, key)
       if not found:
         if key not in _DEFAULTS:
-          raise ConfigError(f"{where}: row {i} has no column {key!r}; required columns: {sorted(schema)}")
+          raise ConfigError(f"{where}: row {i} has no column {key!r}; required columns: "
+                            f"{sorted(schema)}")
         value = i if _DEFAULTS[key] == "row" else _DEFAULTS[key]
       flat[key] = _convert(value, kind, key, f"{where} row {i}")
     examples.append(_nest(flat))
@@ -220,7 +223,8 @@ def read_rows(path: str) -> List[Dict[str, Any]]:
 
 
 @functools.lru_cache(maxsize=64)
-def _read_examples(path: str, mtime: float, schema_items: Tuple[Tuple[str, str], ...]) -> List[Dict[str, Any]]:
+def _read_examples(path: str, mtime: float,
+                   schema_items: Tuple[Tuple[str, str], ...]) -> List[Dict[str, Any]]:
   del mtime  # part of the cache key only: an edited file is read again
   return rows_to_examples(read_rows(path), dict(schema_items), path)
 
@@ -305,7 +309,8 @@ class FileSource(_ExamplesSource):
     if not self.data_dir:
       raise DataNotFoundError(
           f"local dataset {self.dataset!r} needs a files directory: set ${data_dirs.FILES_ENV} "
-          f"or tasks.set_files_dir() to a folder holding {self.dataset}/{split}.jsonl (or .csv/.tsv)")
+          f"or tasks.set_files_dir() to a folder holding {self.dataset}/{split}.jsonl (or "
+          ".csv/.tsv)")
     path = self.split_path(split)
     if path is None:
       expected = os.path.join(self.data_dir, self.dataset, f"{split}.jsonl")
@@ -315,7 +320,8 @@ class FileSource(_ExamplesSource):
     return _read_examples(path, os.path.getmtime(path), tuple(sorted(self.schema.items())))
 
   def describe(self) -> str:
-    return f"files:{self.data_dir or '$' + data_dirs.FILES_ENV}/{self.dataset}/<split>.jsonl|csv|tsv"
+    return (
+        f"files:{self.data_dir or '$' + data_dirs.FILES_ENV}/{self.dataset}/<split>.jsonl|csv|tsv")
 
 
 class HfSource(_ExamplesSource):
@@ -355,7 +361,8 @@ class HfSource(_ExamplesSource):
             "install it with `pip install datasets` or use the TFDS / local-files source") from e
       hf = datasets.load_dataset(self.path, self.name, split=self.split_map[split])
       rows = [self.row_fn(r) if self.row_fn else r for r in hf]
-      self._cache[split] = rows_to_examples(rows, self.schema, f"hf:{self.path}/{self.name}:{split}")
+      self._cache[split] = rows_to_examples(rows, self.schema,
+                                            f"hf:{self.path}/{self.name}:{split}")
     return self._cache[split]
 
   def describe(self) -> str:

@@ -26,7 +26,8 @@ CLASSIFICATION = {
     "boolq": (("passage", "question"), ("False", "True"), (metrics.accuracy,)),
     "cb": (("hypothesis", "premise"), ("entailment", "contradiction", "neutral"),
            (metrics.mean_multiclass_f1(3), metrics.accuracy)),
-    "copa": (("choice1", "choice2", "premise", "question"), ("choice1", "choice2"), (metrics.accuracy,)),
+    "copa": (("choice1", "choice2", "premise", "question"), ("choice1", "choice2"),
+             (metrics.accuracy,)),
     "rte": (("hypothesis", "premise"), ("entailment", "not_entailment"), (metrics.accuracy,)),
     "wic": (("sentence1", "sentence2", "word"), ("False", "True"), (metrics.accuracy,)),
 }
@@ -44,22 +45,26 @@ def register_all() -> None:
         text_preprocessors=[functools.partial(pp.glue, benchmark=config, label_names=label_names,
                                               feature_names=feature_names)],
         schema={**{f: "str" for f in feature_names}, "label": "int", "idx": "int"},
-        postprocess_fn=functools.partial(postprocessors.string_label_to_class_id, label_classes=label_names),
+        postprocess_fn=functools.partial(postprocessors.string_label_to_class_id,
+                                         label_classes=label_names),
         metric_fns=metric_fns,
         hf=("super_glue", config, dict(_SPLITS), None),
-        formats=f"{config} " + " ".join(f"{f}: <{f}>" for f in feature_names) + " -> " + " | ".join(label_names)))
+        formats=f"{config} " + " ".join(f"{f}: <{f}>" for f in feature_names) + " -> "
+        + " | ".join(label_names)))
 
   registry.register(registry.TaskSpec(
       name=names.SUPER_GLUE["super_glue_multirc"],
       source=_source("multirc"),
-      text_preprocessors=[functools.partial(pp.glue, benchmark="multirc", label_names=("False", "True"),
+      text_preprocessors=[functools.partial(pp.glue, benchmark="multirc",
+                                            label_names=("False", "True"),
                                             feature_names=("question", "answer", "paragraph"))],
       schema={"paragraph": "str", "question": "str", "answer": "str", "label": "int",
               "idx/paragraph": "int", "idx/question": "int", "idx/answer": "int"},
       postprocess_fn=postprocessors.multirc,
       metric_fns=(metrics.multirc_f1_over_all_answers, metrics.multirc_exact_match),
       hf=("super_glue", "multirc", dict(_SPLITS), None),
-      formats="multirc question: <question> answer: <answer> paragraph: <paragraph, HTML removed> -> False | True"))
+      formats="multirc question: <question> answer: <answer> paragraph: <paragraph, HTML removed> "
+              "-> False | True"))
 
   registry.register(registry.TaskSpec(
       name=names.SUPER_GLUE["super_glue_record"],
@@ -70,7 +75,8 @@ def register_all() -> None:
       postprocess_fn=postprocessors.record,
       metric_fns=(metrics.record_metric,),
       hf=("super_glue", "record", dict(_SPLITS), None),
-      formats="record query: <query> entities: <e1, e2, ...> passage: <passage> -> one example per answer"))
+      formats="record query: <query> entities: <e1, e2, ...> passage: <passage> -> one example "
+              "per answer"))
 
   registry.register(registry.TaskSpec(
       name=names.SUPER_GLUE["super_glue_wsc"],
@@ -82,4 +88,5 @@ def register_all() -> None:
       postprocess_fn=postprocessors.wsc_simple,
       metric_fns=(metrics.accuracy,),
       hf=("super_glue", "wsc.fixed", dict(_SPLITS), None),
-      formats="wsc: <text with the pronoun as *pronoun*> -> <candidate referent> (train: correct ones only)"))
+      formats="wsc: <text with the pronoun as *pronoun*> -> <candidate referent> (train: correct "
+              "ones only)"))

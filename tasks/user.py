@@ -95,7 +95,8 @@ def _rows(path: str) -> List[tuple[int, Mapping[str, Any]]]:
                             f"per line") from None
         if not isinstance(row, dict):
           raise ConfigError(f"{name} line {number} is a JSON {type(row).__name__}, not an object; "
-                            f"write one object per line, e.g. {{\"inputs\": \"...\", \"targets\": \"...\"}}")
+                            f"write one object per line, e.g. {{\"inputs\": \"...\", "
+                            f"\"targets\": \"...\"}}")
         rows.append((number, row))
       return rows
     tsv = path.endswith(".tsv")
@@ -185,7 +186,8 @@ def _strip_text(output, example=None, is_target=False) -> str:
 def _check_labels(labels: Optional[Sequence[str]]) -> Optional[tuple[str, ...]]:
   if labels is None:
     return None
-  if isinstance(labels, str) or not all(isinstance(w, str) and w.strip() == w and w for w in labels):
+  if (isinstance(labels, str)
+      or not all(isinstance(w, str) and w.strip() == w and w for w in labels)):
     raise ConfigError(f"labels={labels!r}; give the label words as a list of non-empty strings "
                       f"without surrounding spaces, e.g. ('positive', 'negative')")
   labels = tuple(labels)
@@ -197,7 +199,8 @@ def _check_labels(labels: Optional[Sequence[str]]) -> Optional[tuple[str, ...]]:
 def _check_file(split: str, path: PathLike) -> str:
   path = os.path.abspath(os.path.expanduser(os.fspath(path)))
   if not path.endswith(FILE_TYPES):
-    raise ConfigError(f"{split} file {path!r} is not a .tsv, .jsonl or .csv file; give one of those")
+    raise ConfigError(f"{split} file {path!r} is not a .tsv, .jsonl or .csv file; give "
+                      "one of those")
   if not os.path.isfile(path):
     raise ConfigError(f"{split} file {path} does not exist; give the path of a .tsv or .jsonl file "
                       f"(relative paths start at the working directory, {os.getcwd()})")
@@ -232,8 +235,8 @@ def register_file_task(name: str, train: PathLike, validation: Optional[PathLike
     raise ConfigError(f"task name {name!r} must be a word ending with a version, e.g. 'my_task_v1' "
                       f"(letters, digits, underscores)")
   if vocabulary is None:
-    raise ConfigError(f"register_file_task({name!r}) needs vocabulary=: 'embedded' for the embedded "
-                      f"toy T5, 't5' for T5 checkpoints, or a seqio.Vocabulary")
+    raise ConfigError(f"register_file_task({name!r}) needs vocabulary=: 'embedded' for the "
+                      "embedded toy T5, 't5' for T5 checkpoints, or a seqio.Vocabulary")
   labels = _check_labels(labels)
   given = {"train": train, "validation": validation, "test": test}
   files = {split: _check_file(split, path) for split, path in given.items() if path is not None}

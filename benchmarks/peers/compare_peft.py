@@ -33,15 +33,17 @@ def run_peft(row: dict, steps: int, warmup: int, peak_flops: Optional[float] = N
   if method is None:
     return None
   shape = bench_peft.hf_shape(bench_config(row["config"], row["config_overrides"]))
-  cmd = [sys.executable, "-m", "benchmarks.peers.peft_train", f"--method={method}", f"--shape={json.dumps(shape)}",
-         f"--batch_size={row['batch_size']}", f"--input_length={row['input_length']}",
-         f"--target_length={row['target_length']}", f"--prompt_length={row['prompt_length']}",
-         f"--dropout_rate={row['dropout_rate']}", f"--steps={steps}", f"--warmup={warmup}"]
+  cmd = [sys.executable, "-m", "benchmarks.peers.peft_train", f"--method={method}",
+         f"--shape={json.dumps(shape)}", f"--batch_size={row['batch_size']}",
+         f"--input_length={row['input_length']}", f"--target_length={row['target_length']}",
+         f"--prompt_length={row['prompt_length']}", f"--dropout_rate={row['dropout_rate']}",
+         f"--steps={steps}", f"--warmup={warmup}"]
   if peak_flops:
     cmd.append(f"--peak_flops={peak_flops}")
   proc = subprocess.run(cmd, capture_output=True, text=True, env=peer_env(peer_malloc))
   if proc.returncode != 0:
-    raise RuntimeError(f"the PEFT benchmark failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    raise RuntimeError("the PEFT benchmark failed: "
+                       f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}")
   peft_row = json.loads(proc.stdout.strip().splitlines()[-1])
   peft_row["speedup_of_spot_jax"] = peft_row["step_sec_median"] / row["step_sec_median"]
   return peft_row
@@ -54,13 +56,19 @@ def table(rows: Sequence[dict]) -> str:
     return ""
   lines = ["", "| method | spot-jax step s | PEFT method | PEFT step s | spot-jax speed-up | "
            "spot-jax MFU | PEFT MFU | PEFT MFU at spot-jax's FLOPs | spot-jax peak RSS GiB | "
-           "PEFT peak RSS GiB | malloc (spot-jax / PEFT) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "PEFT peak RSS GiB | malloc (spot-jax / PEFT) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in peft_rows:
     p = r["peft"]
     # PEFT does the same arithmetic: its MFU if XLA's FLOP count of the same step is used.
-    same_flops = {"mfu": r["mfu"] * r["step_sec_median"] / p["step_sec_median"] if r.get("mfu") else None}
-    lines.append(f"| {r['method']} | {r['step_sec_median']:.3f} | {p['method']} | {p['step_sec_median']:.3f} "
-                 f"| {p['speedup_of_spot_jax']:.2f}x | {tables.cell(r, 'mfu', '{:.1%}')} | {tables.cell(p, 'mfu', '{:.1%}')} "
-                 f"| {tables.cell(same_flops, 'mfu', '{:.1%}')} | {r['peak_host_memory_bytes'] / 2**30:.2f} "
-                 f"| {p['peak_host_memory_bytes'] / 2**30:.2f} | {r.get('malloc', '?')} / {p.get('malloc', '?')} |")
+    same_flops = {"mfu": r["mfu"] * r["step_sec_median"] / p["step_sec_median"]
+                  if r.get("mfu") else None}
+    lines.append(f"| {r['method']} | {r['step_sec_median']:.3f} | {p['method']} | "
+                 f"{p['step_sec_median']:.3f} "
+                 f"| {p['speedup_of_spot_jax']:.2f}x | {tables.cell(r, 'mfu', '{:.1%}')} | "
+                 f"{tables.cell(p, 'mfu', '{:.1%}')} "
+                 f"| {tables.cell(same_flops, 'mfu', '{:.1%}')} | "
+                 f"{r['peak_host_memory_bytes'] / 2**30:.2f} "
+                 f"| {p['peak_host_memory_bytes'] / 2**30:.2f} | {r.get('malloc', '?')} / "
+                 f"{p.get('malloc', '?')} |")
   return "\n".join(lines) + "\n"

@@ -3,9 +3,10 @@
 The t5x side runs in its own process (`python -m benchmarks.peers.t5x_train`; nothing here
 imports t5x) and times t5x's `Trainer` step for two models: google-research/prompt-tuning's
 (row key "t5x") and spot-jax's contrib model, what `t5x.train` runs with gin/t5x (row key
-"t5x_contrib"). With `interleave` that process also builds spot-jax's own step ("t5x_process_spot_jax")
-and times the three in interleaved rounds, so each t5x row carries `paired_step_ratio`: its step
-time over spot-jax's in the same round (median), which a drifting machine does not skew.
+"t5x_contrib"). With `interleave` that process also builds spot-jax's own step
+("t5x_process_spot_jax") and times the three in interleaved rounds, so each t5x row carries
+`paired_step_ratio`: its step time over spot-jax's in the same round (median), which a drifting
+machine does not skew.
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def run_t5x(row: dict, steps: int, warmup: int, compilation_cache_dir: str = "",
     cmd += ["--spot_jax_step", "--interleave"]
   if row["dropout_rng"] == "unsafe_rbg":
     cmd.append("--use_hardware_rng")  # t5x's USE_HARDWARE_RNG: the same RNG for the dropout masks
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **{runtime.ENV: peer_malloc}))
+  proc = subprocess.run(cmd, capture_output=True, text=True,
+                        env=dict(os.environ, **{runtime.ENV: peer_malloc}))
   if proc.returncode != 0:
     last = (proc.stderr.strip().splitlines() or ["?"])[-1]
     if proc.returncode == cli.EXIT_USER_ERROR:
@@ -79,19 +81,22 @@ def summary_lines(row: dict) -> list[str]:
 
 
 def table(rows: Sequence[dict]) -> str:
-  """spot-jax and the t5x rows side by side; compile phases are differences of cumulative timestamps."""
-  groups = [(r, [("spot-jax", r)] + [(NAMES[k], r[k]) for k in ("t5x_process_spot_jax", "t5x_contrib", "t5x")
-                                     if k in r]) for r in rows if "t5x" in r]
+  """spot-jax and the t5x rows side by side; compile phases are differences
+  of cumulative timestamps."""
+  groups = [(r, [("spot-jax", r)]
+             + [(NAMES[k], r[k]) for k in ("t5x_process_spot_jax", "t5x_contrib", "t5x")
+                if k in r]) for r in rows if "t5x" in r]
   if not groups:
     return ""
-  lines = ["", "| method | framework | step s (median) | spot-jax speed-up | step / spot-jax step, paired | "
-           "trace+lower s | XLA compile s | first step s | compile+1st s | StableHLO ops | "
-           "optimized HLO ops | GFLOP/step | peak RSS GiB |",
+  lines = ["", "| method | framework | step s (median) | spot-jax speed-up | step / spot-jax step, "
+           "paired | trace+lower s | XLA compile s | first step s | compile+1st s | StableHLO ops "
+           "| optimized HLO ops | GFLOP/step | peak RSS GiB |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for ours, members in groups:
     for name, r in members:
       speedup = "1.00x" if r is ours else f"{r['speedup_of_spot_jax']:.2f}x"
-      paired = f"{r['paired_step_ratio']:.3f}" if r is not ours and "paired_step_ratio" in r else "-"
+      paired = (f"{r['paired_step_ratio']:.3f}"
+                if r is not ours and "paired_step_ratio" in r else "-")
       lines.append(
           f"| {ours['method']} | {name} | {r['step_sec_median']:.3f} | {speedup} | {paired} "
           f"| {r['lower_sec']:.1f} | {r['compile_sec'] - r['lower_sec']:.1f} "

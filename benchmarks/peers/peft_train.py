@@ -1,4 +1,5 @@
-"""`python -m benchmarks.peers.peft_train`: the PyTorch + Hugging Face PEFT counterpart of `benchmarks`.
+"""`python -m benchmarks.peers.peft_train`: the PyTorch + Hugging Face PEFT counterpart
+of `benchmarks`.
 
 Run by `python -m benchmarks --vs=peft` in its own process (torch and JAX never share one).
 It builds a randomly initialised transformers T5 of the same shape as a spot_jax config, wraps
@@ -37,7 +38,8 @@ def hf_shape(config) -> dict:
   act = tuple(config.mlp_activations)
   ff = "relu" if act == ("relu",) else ("gated-gelu" if act == ("gelu", "linear") else None)
   if ff is None:
-    raise ConfigError(f"no transformers T5 counterpart for mlp_activations {act}; valid: relu, gelu+linear")
+    raise ConfigError(f"no transformers T5 counterpart for mlp_activations {act}; valid: relu, "
+                      "gelu+linear")
   return dict(vocab_size=config.vocab_size, d_model=config.emb_dim, d_kv=config.head_dim,
               d_ff=config.mlp_dim, num_layers=config.num_encoder_layers,
               num_decoder_layers=config.num_decoder_layers, num_heads=config.num_heads,
@@ -106,10 +108,12 @@ def bench_peft(method: str, shape: dict, batch_size: int, input_length: int, tar
           "step_sec_median": median, "examples_per_sec": batch_size / median,
           "first_step_sec": first, "flops_per_step": flops,
           "achieved_flops_per_sec": flops / median,
-          "mfu": flops / median / peak_flops if peak_flops else None, "trainable_params": int(sum(p.numel() for p in trainable)),
+          "mfu": flops / median / peak_flops if peak_flops else None,
+          "trainable_params": int(sum(p.numel() for p in trainable)),
           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
           "peft": peft.__version__, "final_loss": loss,
-          "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(), "malloc": runtime.applied()}
+          "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(),
+          "malloc": runtime.applied()}
 
 
 def main(argv: Sequence[str]) -> int:

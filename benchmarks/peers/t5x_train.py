@@ -1,4 +1,5 @@
-"""`python -m benchmarks.peers.t5x_train`: t5x's train step for prompt-tuning's model and spot-jax's.
+"""`python -m benchmarks.peers.t5x_train`: t5x's train step for prompt-tuning's model
+and spot-jax's.
 
 Run by `python -m benchmarks --vs=t5x` in its own process. `--models` picks what t5x trains:
 
@@ -45,7 +46,8 @@ SPOT_JAX = "spot-jax"
 
 
 def import_t5x():
-  """Imports t5x and prompt_tuning (aliasing `flax.optim` to `t5x.optimizers`, as prompt-tuning needs).
+  """Imports t5x and prompt_tuning (aliasing `flax.optim` to `t5x.optimizers`, as prompt-tuning
+  needs).
 
   Raises:
     ConfigError: naming what to put on PYTHONPATH when either cannot be imported.
@@ -129,7 +131,8 @@ def t5x_trainer(model: Any, batch: dict, logical_axis_rules: Sequence, seed: int
   """
   import jax  # pylint: disable=import-outside-toplevel
   from t5x import partitioning, trainer, utils  # pylint: disable=import-outside-toplevel
-  partitioner = partitioning.PjitPartitioner(num_partitions=1, logical_axis_rules=logical_axis_rules)
+  partitioner = partitioning.PjitPartitioner(num_partitions=1,
+                                             logical_axis_rules=logical_axis_rules)
   initializer = utils.TrainStateInitializer(
       optimizer_def=model.optimizer_def, init_fn=model.get_initial_variables,
       input_shapes={k: v.shape for k, v in batch.items()},
@@ -139,7 +142,8 @@ def t5x_trainer(model: Any, batch: dict, logical_axis_rules: Sequence, seed: int
   kwargs.setdefault("num_microbatches", None)
   return trainer.Trainer(model, train_state, partitioner, eval_names=[], summary_dir=None,
                          train_state_axes=initializer.train_state_axes,
-                         rng=jax.random.PRNGKey(seed + 1), learning_rate_fn=lambda step: 0.3, **kwargs)
+                         rng=jax.random.PRNGKey(seed + 1),
+                         learning_rate_fn=lambda step: 0.3, **kwargs)
 
 
 @dataclasses.dataclass
@@ -157,14 +161,16 @@ class _Run:
 
 def _prepare_t5x(name: str, shape: dict, batch_size: int, input_length: int, target_length: int,
                  prompt_length: int, dropout_rate: float, warmup: int, seed: int) -> _Run:
-  """Builds `name`'s model under t5x's Trainer, compiles its step (timed) and runs 1 + `warmup` steps."""
+  """Builds `name`'s model under t5x's Trainer, compiles its step
+  (timed) and runs 1 + `warmup` steps."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from t5x import partitioning  # pylint: disable=import-outside-toplevel
   if name == "prompt_tuning":
     from prompt_tuning.train import partitioning as pt_partitioning  # pylint: disable=import-outside-toplevel
     model = build_model(shape, prompt_length, dropout_rate)
-    rules = partitioning.standard_logical_axis_rules(additional_rules=pt_partitioning.standard_logical_axis_rules())
+    rules = partitioning.standard_logical_axis_rules(
+        additional_rules=pt_partitioning.standard_logical_axis_rules())
   else:
     from spot_jax.contrib.t5x import partitioning as spot_t5x_partitioning  # pylint: disable=import-outside-toplevel
     model = build_contrib_model(contrib_config(shape, dropout_rate), prompt_length)
@@ -199,7 +205,8 @@ def _prepare_t5x(name: str, shape: dict, batch_size: int, input_length: int, tar
       "input_length": input_length, "target_length": target_length, "prompt_length": prompt_length,
       "dropout_rate": dropout_rate, "prng_impl": str(jax.config.jax_default_prng_impl),
       "lower_sec": lower_s, "compile_sec": compile_s, "compile_plus_first_step_sec": first_step_s,
-      "flops_per_step": common.xla_flops(compiled), "hlo_ops": common.hlo_op_counts(lowered, compiled),
+      "flops_per_step": common.xla_flops(compiled),
+      "hlo_ops": common.hlo_op_counts(lowered, compiled),
       "trainable_params": trainable, "frozen_params": total - trainable, "jax": jax.__version__,
       "t5x_path": os.path.dirname(t5x.__file__)})
 
@@ -220,25 +227,28 @@ def _prepare_spot_jax(shape: dict, batch_size: int, input_length: int, target_le
     return run.metrics["loss"]
 
   row = {k: run.row[k] for k in ("batch_size", "input_length", "target_length", "prompt_length",
-                                  "dropout_rate", "lower_sec", "compile_sec", "compile_plus_first_step_sec",
-                                  "flops_per_step", "hlo_ops", "trainable_params", "frozen_params")}
-  row.update(framework=SPOT_JAX, model=SPOT_JAX, shape=shape, jax=jax.__version__, dropout_rng=dropout_rng)
+                                  "dropout_rate", "lower_sec", "compile_sec",
+                                  "compile_plus_first_step_sec", "flops_per_step", "hlo_ops",
+                                  "trainable_params", "frozen_params")}
+  row.update(framework=SPOT_JAX, model=SPOT_JAX, shape=shape, jax=jax.__version__,
+             dropout_rng=dropout_rng)
   return _Run(step, row)
 
 
 def _finish(run: _Run, times: Sequence[float]) -> dict:
   row = dict(run.row)
   median = statistics.median(times)
-  row.update({"steps": len(times), "step_sec_all": [float(t) for t in times], "step_sec_median": median,
-              "step_sec_min": min(times), "step_sec_max": max(times),
+  row.update({"steps": len(times), "step_sec_all": [float(t) for t in times],
+              "step_sec_median": median, "step_sec_min": min(times), "step_sec_max": max(times),
               "examples_per_sec": row["batch_size"] / median, "final_loss": run.loss,
               "load_average_1min": os.getloadavg()[0],
-              "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(), "malloc": runtime.applied()})
+              "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(),
+              "malloc": runtime.applied()})
   return row
 
 
-def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: int, prompt_length: int,
-              dropout_rate: float, steps: int, warmup: int, seed: int = 0,
+def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: int,
+              prompt_length: int, dropout_rate: float, steps: int, warmup: int, seed: int = 0,
               compilation_cache_dir: str = "", use_hardware_rng: bool = False,
               models: Sequence[str] = ("prompt_tuning",), spot_jax_step: bool = False,
               interleave: bool = False) -> list[dict]:
@@ -256,7 +266,8 @@ def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: in
   if use_hardware_rng:
     utils.set_hardware_rng_ops()
   runtime.enable_compilation_cache(compilation_cache_dir)
-  sizes = (shape, batch_size, input_length, target_length, prompt_length, dropout_rate, warmup, seed)
+  sizes = (shape, batch_size, input_length, target_length, prompt_length, dropout_rate,
+           warmup, seed)
   builders = ([lambda: _prepare_spot_jax(*sizes, "unsafe_rbg" if use_hardware_rng else "threefry")]
               if spot_jax_step else [])
   builders += [lambda name=name: _prepare_t5x(name, *sizes) for name in models]
@@ -273,7 +284,8 @@ def bench_t5x(shape: dict, batch_size: int, input_length: int, target_length: in
     first = rows[0]["step_sec_all"]
     for row in rows:
       row["paired_with"] = rows[0]["framework"]
-      row["paired_step_ratio"] = statistics.median(t / f for t, f in zip(row["step_sec_all"], first))
+      row["paired_step_ratio"] = statistics.median(t / f
+                                                   for t, f in zip(row["step_sec_all"], first))
   return rows
 
 
@@ -293,14 +305,16 @@ def main(argv: Sequence[str]) -> int:
   args, shape = bench_worker.parse(parser, argv, "benchmarks.peers.t5x_train.t5x_shape")
   missing = [k for k in SHAPE_KEYS if k not in shape]
   if missing:
-    raise ConfigError(f"--shape lacks {', '.join(missing)}; give the output of benchmarks.peers.t5x_train.t5x_shape")
+    raise ConfigError(f"--shape lacks {', '.join(missing)}; give the output of "
+                      "benchmarks.peers.t5x_train.t5x_shape")
   models = [m for m in args.models.split(",") if m]
   unknown = [m for m in models if m not in MODELS]
   if unknown or not models:
     raise ConfigError(f"--models={args.models!r}: unknown or no model; valid: {', '.join(MODELS)}")
-  rows = bench_t5x(shape, args.batch_size, args.input_length, args.target_length, args.prompt_length,
-                   args.dropout_rate, args.steps, args.warmup, args.seed, args.compilation_cache_dir,
-                   args.use_hardware_rng, models, args.spot_jax_step, args.interleave)
+  rows = bench_t5x(shape, args.batch_size, args.input_length, args.target_length,
+                   args.prompt_length, args.dropout_rate, args.steps, args.warmup, args.seed,
+                   args.compilation_cache_dir, args.use_hardware_rng, models, args.spot_jax_step,
+                   args.interleave)
   print(json.dumps({"rows": rows}), flush=True)
   return 0
 

@@ -11,8 +11,9 @@
   gin_settings    values type-checked against their parameters, errors named by their binding
   distributed     joining a multi-process job (jax.distributed)
 """
-from spot_jax.cli.runner import (EXIT_BROKEN_PIPE, EXIT_INTERNAL_ERROR, EXIT_USER_ERROR, USER_ERRORS,
-                                 ArgumentParser, UsageError, error_line, quiet_teardown, run)
+from spot_jax.cli.runner import (EXIT_BROKEN_PIPE, EXIT_INTERNAL_ERROR, EXIT_USER_ERROR,
+                                 USER_ERRORS, ArgumentParser, UsageError, error_line,
+                                 quiet_teardown, run)
 from spot_jax.errors import one_line
 
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERNAL_ERROR", "EXIT_USER_ERROR", "USER_ERRORS",

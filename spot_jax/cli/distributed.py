@@ -38,7 +38,8 @@ class DistributedConfig:
     process_id: this process's index in [0, num_processes).
     heartbeat_timeout: seconds without heartbeats after which a process is considered dead.
   """
-  coordinator_address: Optional[str] = _setting("SPOT_JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS")
+  coordinator_address: Optional[str] = _setting("SPOT_JAX_COORDINATOR_ADDRESS",
+                                                "JAX_COORDINATOR_ADDRESS")
   num_processes: Optional[int] = _setting("SPOT_JAX_NUM_PROCESSES", minimum=1)
   process_id: Optional[int] = _setting("SPOT_JAX_PROCESS_ID", minimum=0)
   heartbeat_timeout: Optional[int] = _setting("SPOT_JAX_HEARTBEAT_TIMEOUT", minimum=1)
@@ -72,7 +73,8 @@ def resolve(coordinator_address: Optional[str] = None, num_processes=None, proce
     if value is None:
       value = next((environ[n] for n in setting.metadata["env"] if environ.get(n)), None)
     minimum = setting.metadata["minimum"]
-    values[setting.name] = (value or None) if minimum is None else _int(setting.name, value, minimum)
+    values[setting.name] = ((value or None) if minimum is None
+                            else _int(setting.name, value, minimum))
   cfg = DistributedConfig(**values)
   if cfg.explicit:
     missing = [k for k in cfg.LAYOUT if getattr(cfg, k) is None]
@@ -81,7 +83,8 @@ def resolve(coordinator_address: Optional[str] = None, num_processes=None, proce
                         f"--coordinator_address=HOST:PORT, --num_processes=N and --process_id=I "
                         f"(or none, on TPU VMs and SLURM clusters)")
     if ":" not in cfg.coordinator_address:
-      raise ConfigError(f"coordinator_address={cfg.coordinator_address!r} has no port; give HOST:PORT")
+      raise ConfigError(f"coordinator_address={cfg.coordinator_address!r} has no port; "
+                        "give HOST:PORT")
     if cfg.process_id >= cfg.num_processes:
       raise ConfigError(f"process_id={cfg.process_id} must be < num_processes={cfg.num_processes}")
   return cfg
@@ -152,11 +155,13 @@ def add_arguments(parser) -> None:
                       help="call jax.distributed.initialize() first (multi-host pods/clusters); "
                            "also enabled by SPOT_JAX_MULTIPROCESS=1 or by any of the flags below")
   parser.add_argument("--coordinator_address", default=None,
-                      help="HOST:PORT of process 0 (GPU hosts, local CPU processes; TPU VMs detect it)")
+                      help="HOST:PORT of process 0 (GPU hosts, local CPU processes; TPU VMs "
+                           "detect it)")
   parser.add_argument("--num_processes", default=None, help="processes in the job")
   parser.add_argument("--process_id", default=None, help="this process's index, 0..num_processes-1")
   parser.add_argument("--heartbeat_timeout", default=None,
-                      help="seconds after which a silent process counts as dead (jax's default 100)")
+                      help="seconds after which a silent process counts as dead (jax's "
+                           "default 100)")
 
 
 def setup(args, environ: Mapping[str, str] = os.environ) -> DistributedConfig:

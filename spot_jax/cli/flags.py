@@ -10,8 +10,8 @@
             --output           one file the program writes
 
 A flag that was renamed is refused with one line naming its new spelling (`spot_jax.cli.renamed`,
-applied by `spot_jax.cli.ArgumentParser` to every program). List-valued flags are checked entry by entry
-(`int_list`, `name_list`, `pairs`), each message naming the flag, the entry and its index.
+applied by `spot_jax.cli.ArgumentParser` to every program). List-valued flags are checked entry
+by entry (`int_list`, `name_list`, `pairs`), each message naming the flag, the entry and its index.
 """
 from __future__ import annotations
 
@@ -32,14 +32,17 @@ def add_backbone(parser: argparse.ArgumentParser, *, required: bool = True, gin_
                       help=model_help or f"the frozen backbone: {what}")
   if gin_files:
     parser.add_argument("--model_binding", action="append", default=[],
-                        help="gin binding for a gin --model file, e.g. \"DROPOUT_RATE=0.0\" (repeatable)")
+                        help="gin binding for a gin --model file, e.g. \"DROPOUT_RATE=0.0\" "
+                             "(repeatable)")
   if checkpoint:
     parser.add_argument("--checkpoint", default=None,
-                        help=checkpoint_help or "the frozen backbone's checkpoint: T5X, orbax or Hugging "
-                        "Face directory (omitted: the random backbone of --seed, for tests)")
+                        help=checkpoint_help or "the frozen backbone's checkpoint: T5X, orbax or "
+                        "Hugging Face directory (omitted: the random backbone of --seed, for "
+                        "tests)")
   if seed:
     parser.add_argument("--seed", type=int, default=0,
-                        help=seed_help or "seed of the random backbone (no --checkpoint) and of the run")
+                        help=seed_help
+                        or "seed of the random backbone (no --checkpoint) and of the run")
 
 
 def add_lengths(parser: argparse.ArgumentParser, input_length: Optional[int], target_length: int,
@@ -96,7 +99,8 @@ def name_list(flag: str, value: str, valid: Optional[Sequence[str]] = None,
   seen = set()
   for i, name in enumerate(names):
     if valid is not None and name not in valid:
-      raise ConfigError(f"{flag}={value!r}: entry {i} ({name!r}) is unknown; valid: {', '.join(valid)}")
+      raise ConfigError(f"{flag}={value!r}: entry {i} ({name!r}) is unknown; valid: "
+                        f"{', '.join(valid)}")
     if unique and name in seen:
       raise ConfigError(f"{flag}={value!r}: entry {i} ({name!r}) repeats an earlier entry")
     seen.add(name)

@@ -74,7 +74,8 @@ def configurable(selector: str) -> Any:
 
 def macro_key(reference: Any) -> Optional[ConfigKey]:
   """The config key of the macro a `%MACRO` reference reads, or None for other references."""
-  if isinstance(reference, gin.config.ConfigurableReference) and reference.configurable.selector == MACRO:
+  if (isinstance(reference, gin.config.ConfigurableReference)
+      and reference.configurable.selector == MACRO):
     return ("/".join(reference.scopes), MACRO)
   return None
 
@@ -154,9 +155,9 @@ def finalize() -> None:
     unset = re.search(r"No bindings specified for '([^']+)/gin\.macro'", text)
     required = re.search(r"(\S+)/macro\.value set to `%gin\.REQUIRED`", text)
     if unset:
-      raise ConfigError(f"the macro {unset[1]} is used but never set; give --gin.{unset[1]}=... or a "
-                        f"gin file that sets it (gin/models/ files set MODEL, gin/prompts/ files "
-                        f"PROMPT)") from None
+      raise ConfigError(f"the macro {unset[1]} is used but never set; give --gin.{unset[1]}=... or "
+                        "a gin file that sets it (gin/models/ files set MODEL, gin/prompts/ files "
+                        "PROMPT)") from None
     if required:
       raise ConfigError(f"{required[1]} is required: give --gin.{required[1]}=... (strings keep "
                         f"their quotes: --gin.MODEL_DIR=\"'/tmp/run'\")") from None
@@ -170,9 +171,9 @@ def parse_override(binding: str, flag: str = "--gin.") -> None:
   except (SyntaxError, tokenize.TokenError) as e:
     token = _token_error(e)
     detail = e.msg if isinstance(e, SyntaxError) else f"{token[0] if token else one_line(e)}"
-    raise ConfigError(f"{flag}{binding}: gin cannot parse it ({detail}); values are Python literals "
-                      f"(strings keep their quotes: --gin.MODEL_DIR=\"'/tmp/run'\"), @name() "
-                      f"references or %MACROS") from None
+    raise ConfigError(f"{flag}{binding}: gin cannot parse it ({detail}); values are Python "
+                      "literals (strings keep their quotes: --gin.MODEL_DIR=\"'/tmp/run'\"), "
+                      "@name() references or %MACROS") from None
   except Exception as e:  # pylint: disable=broad-except  (unknown configurable or parameter, ...)
     raise ConfigError(f"{flag}{binding}: {one_line(e)}") from None
 
@@ -275,7 +276,8 @@ def suggest(key: ConfigKey, binding: str, candidates: Sequence[str]) -> list[str
   return close[:3]
 
 
-def check_unused(bindings: Sequence[str], keys: Sequence[ConfigKey], root_selectors: Sequence[str]) -> None:
+def check_unused(bindings: Sequence[str], keys: Sequence[ConfigKey],
+                 root_selectors: Sequence[str]) -> None:
   """Raises a one-line ConfigError listing the overrides the configuration never reads."""
   used = used_keys(root_selectors)
   unused = [(b, k) for b, k in zip(bindings, keys) if k not in used]
@@ -289,6 +291,7 @@ def check_unused(bindings: Sequence[str], keys: Sequence[ConfigKey], root_select
     close = suggest(key, binding, candidates)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
     parts.append(f"--gin.{binding} (nothing in this configuration uses {what}{hint})")
-  noun = "this gin override changes" if len(parts) == 1 else f"these {len(parts)} gin overrides change"
+  noun = ("this gin override changes" if len(parts) == 1
+          else f"these {len(parts)} gin overrides change")
   raise ConfigError(f"{noun} nothing: {'; '.join(parts)}; fix or remove "
                     f"{'it' if len(parts) == 1 else 'them'}, or pass --allow_unused_gin_overrides")

@@ -69,7 +69,8 @@ def _hints(obj: Any) -> dict[str, Any]:
   return hints
 
 
-_SEQUENCES = (list, tuple, collections.abc.Sequence, collections.abc.Iterable, collections.abc.Collection)
+_SEQUENCES = (list, tuple, collections.abc.Sequence, collections.abc.Iterable,
+              collections.abc.Collection)
 _MAPPINGS = (dict, collections.abc.Mapping)
 _NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string",
           type(None): "None"}
@@ -95,7 +96,8 @@ def _describe(hint: Any) -> Optional[str]:
 
 
 def problem(value: Any, hint: Any) -> Optional[str]:
-  """Why `value` does not fit `hint` ("must be ..., got ..."), or None (it fits, or is unchecked)."""
+  """Why `value` does not fit `hint` ("must be ..., got ..."), or None
+  (it fits, or is unchecked)."""
   origin, args = typing.get_origin(hint), typing.get_args(hint)
   expected = _describe(hint)
   if expected is None:
@@ -168,7 +170,8 @@ def check_types(keys: Iterable[gin_overrides.ConfigKey]) -> None:
 
 
 # gin's note on an error raised inside a configurable call (innermost call first).
-_CALL = re.compile(r"In call to configurable '(?P<name>[^']+)' \(.*?\)(?: in scope '(?P<scope>[^']*)')?")
+_CALL = re.compile(r"In call to configurable '(?P<name>[^']+)' \(.*?\)(?: in scope "
+                   r"'(?P<scope>[^']*)')?")
 
 
 def name_setting(error: ConfigError) -> ConfigError:

@@ -53,8 +53,8 @@ def boundaries(buckets: Union[None, str, Sequence[int]], length: int, window: in
     if not isinstance(v, int) or isinstance(v, bool):
       raise ConfigError(f"{where} is not an integer; {valid}")
     if i and v <= values[i - 1]:
-      raise ConfigError(f"{where} is not above entry {i - 1} ({values[i - 1]}): the buckets are not "
-                        f"strictly increasing; {valid}")
+      raise ConfigError(f"{where} is not above entry {i - 1} ({values[i - 1]}): the buckets are "
+                        f"not strictly increasing; {valid}")
     if v < 1:
       raise ConfigError(f"{where} is a bucket of {v} tokens; input lengths exclude the prompt "
                         f"(the model adds it) and count at least the EOS; {valid}")

@@ -9,8 +9,8 @@ Resuming: the stream is a pure function of (task, seed, host shard) and is posit
 number of batches already consumed (`start_position`), which the training state records.
 
 Length buckets (`DatasetConfig.length_buckets`, off by default): the same example stream, read
-in windows of `bucket_window` batches, each regrouped by `spot_jax.data.bucketing` into batches padded
-only to their input-length bucket.
+in windows of `bucket_window` batches, each regrouped by `spot_jax.data.bucketing` into batches
+padded only to their input-length bucket.
 
 Task index (`DatasetConfig.task_names`, off by default): batches also hold `task_index` [B] int32,
 each example's task as a position in `task_names` (see `spot_jax.data.task_index`); the examples
@@ -258,7 +258,8 @@ def train_batches(cfg: DatasetConfig, *, start_position: int = 0, shard_id: int 
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   validate(cfg)
   if cfg.batch_size % num_shards:
-    raise ConfigError(f"BATCH_SIZE={cfg.batch_size} must be divisible by the number of hosts {num_shards}")
+    raise ConfigError(f"BATCH_SIZE={cfg.batch_size} must be divisible by the number of hosts "
+                      f"{num_shards}")
   import_modules(cfg.module)
   source = get_mixture_or_task(cfg.mixture_or_task_name)
   lengths = {k: int(v) for k, v in cfg.task_feature_lengths.items()}

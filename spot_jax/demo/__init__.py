@@ -1,9 +1,10 @@
-"""The demo (`python -m spot_jax.demo`): sources, targets and every prompt method on the toy T5, seeded.
+"""The demo (`python -m spot_jax.demo`): sources, targets and every prompt method on the toy T5,
+seeded.
 
 `methods` holds each method's recipe: every target and seed of a method are K runs of one job
 of the experiment runner (`spot_jax.experiment`), read back from run.json; `source_library` is
 SPoT's pipeline (a prompt library of the source prompts, retrieval by task embedding); `results`
-writes the seeded tables, verdicts, claims, JSON and chart; `successor_methods` adds the successor methods (`--methods=all`);
-`replication` (`python -m spot_jax.demo.replication`) estimates how often another seed set
-gives the same verdicts. Nothing here changes the trainer.
+writes the seeded tables, verdicts, claims, JSON and chart; `successor_methods` adds the successor
+methods (`--methods=all`); `replication` (`python -m spot_jax.demo.replication`) estimates how often
+another seed set gives the same verdicts. Nothing here changes the trainer.
 """

@@ -1,4 +1,5 @@
-r"""`python -m spot_jax.demo`: every prompt method, really learning, on the embedded toy T5, with seeds.
+r"""`python -m spot_jax.demo`: every prompt method, really learning, on the embedded toy T5,
+with seeds.
 
   1. prompt-tune the 8 source tasks (one job: 8 runs in one jitted step; seed: one more than the
      largest target seed) and add their prompts and task embeddings (each run's prompt at the
@@ -65,7 +66,8 @@ def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str
     if v not in valid:
       close = validate.close_names(v, valid, n=1)
       hint = f"; did you mean {close[0]!r}?" if close else ""
-      raise ConfigError(f"unknown {what} {v!r} in {flag} (entry {i}{hint}); valid: {', '.join(valid)}")
+      raise ConfigError(f"unknown {what} {v!r} in {flag} (entry {i}{hint}); valid: "
+                        f"{', '.join(valid)}")
   return list(dict.fromkeys(chosen))
 
 
@@ -100,8 +102,8 @@ def _parser() -> cli.ArgumentParser:
                       f"and the target's task embedding; spot_unrelated: SPoT from an unrelated "
                       f"source, a control; the successors run only when named)")
   p.add_argument("--targets", default=",".join(suite.TARGETS),
-                 help=f"comma list of {', '.join(suite.TARGETS + suite.HARD_TARGETS)} (the last two: "
-                      f"skills the toy backbone only half-learned)")
+                 help=f"comma list of {', '.join(suite.TARGETS + suite.HARD_TARGETS)} (the last "
+                      "two: skills the toy backbone only half-learned)")
   p.add_argument("--seeds", default=None, help="comma list of distinct non-negative seeds (default "
                                                "--num_seeds seeds from --seed_offset)")
   p.add_argument("--seed_offset", type=int, default=None, help="the first seed (default 0)")
@@ -119,9 +121,11 @@ def _parser() -> cli.ArgumentParser:
   p.add_argument("--input_length", type=int, default=None,
                  help=f"target input tokens (default {recipe.input_length}; the longest target "
                       f"input is {methods_lib.LONGEST_TARGET_INPUT}: shorter truncates)")
-  p.add_argument("--fresh", action="store_true", help="retrain runs already finished in --output_dir")
+  p.add_argument("--fresh", action="store_true",
+                 help="retrain runs already finished in --output_dir")
   p.add_argument("--compilation_cache", default=None,
-                 help="JAX persistent compilation cache directory (default <output_dir>/jax_cache; 'none' disables)")
+                 help="JAX persistent compilation cache directory (default <output_dir>/jax_cache; "
+                      "'none' disables)")
   return p
 
 
@@ -145,7 +149,8 @@ def _recipe(method: str, settings: methods_lib.Settings, vocab_rows: int, entrie
     distilled = job(successor_methods.distill_recipe(settings, vocab_rows, sources),
                     successor_methods.distill_requests(max(seeds) + 1))
     mpt_source = distilled.outcomes[0].run_dir
-  return successor_methods.recipe(method, settings, vocab_rows, sources=sources, mpt_source=mpt_source)
+  return successor_methods.recipe(method, settings, vocab_rows, sources=sources,
+                                  mpt_source=mpt_source)
 
 
 def main(argv: Sequence[str]) -> Optional[int]:
@@ -179,8 +184,8 @@ def main(argv: Sequence[str]) -> Optional[int]:
   print(f"spot_jax.demo: {len(targets)} targets x {len(methods)} methods x {len(seeds)} seeds "
         f"(seeds {', '.join(map(str, seeds))})" + (f" + {len(suite.SOURCES)} source prompts"
                                                    if needs_library else "")
-        + f" in {jobs} jobs on the embedded {embedded.CONFIG_NAME}, {settings.source_steps} source / "
-        f"{settings.target_steps} target steps; runs in {runs_dir}", flush=True)
+        + f" in {jobs} jobs on the embedded {embedded.CONFIG_NAME}, {settings.source_steps} source "
+        f"/ {settings.target_steps} target steps; runs in {runs_dir}", flush=True)
   done = [0]
   seconds: dict[str, Optional[float]] = {}
 

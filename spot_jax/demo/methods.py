@@ -29,7 +29,8 @@ from spot_jax.train import optimizers
 # Every method runs by default; "pt" always runs (the baseline of every verdict, and its early
 # prompt is the target's task embedding for SPoT's retrieval).
 METHODS = ("pt", "spot", "smop", "residual", "spot_unrelated")
-# The successors run on request (`--methods=...` or `--methods=all`; `spot_jax.demo.successor_methods`).
+# The successors run on request (`--methods=...` or `--methods=all`;
+# `spot_jax.demo.successor_methods`).
 SUCCESSORS = ("prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt")
 METHOD_NAMES = {"pt": "Prompt Tuning", "spot": "SPoT", "smop": "SMoP 4x5",
                 "residual": "Residual PT", "spot_unrelated": "SPoT unrelated",
@@ -88,7 +89,8 @@ def learning_rate_schedule(settings: Settings, steps: int):
   """The constant rate, or warm-up then linear decay over `steps`."""
   if not settings.warmup_steps and settings.final_learning_rate is None:
     return settings.learning_rate
-  final = settings.learning_rate if settings.final_learning_rate is None else settings.final_learning_rate
+  final = (settings.learning_rate if settings.final_learning_rate is None
+           else settings.final_learning_rate)
   warmup = min(settings.warmup_steps, steps - 1)
   return optimizers.warmup_linear_decay(settings.learning_rate, warmup, max(steps - warmup, 1),
                                         end_value=final)
@@ -101,7 +103,8 @@ def _prompt_module(method: str, settings: Settings, vocab_rows: int):
   if method == "smop":
     return prompts.SMoP(num_prompts=4, length=5, prompt_init=sampled)
   if method == "residual":
-    return prompts.ResidualPrompt(length=settings.prompt_length, bottleneck=128, prompt_init=sampled)
+    return prompts.ResidualPrompt(length=settings.prompt_length, bottleneck=128,
+                                  prompt_init=sampled)
   raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
 
 

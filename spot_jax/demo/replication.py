@@ -209,7 +209,8 @@ def main(argv: Sequence[str]) -> int:
         f"of disjoint {rep.table_seeds}-seed tables, {n} comparison{'s' if n > 1 else ''} each "
         f"(the demo's families)")
   print(f"  the same verdict on all {n} comparisons: {100 * rep.identical:.1f}% of pairs")
-  print(f"  a reversal (better in one table, worse in the other): {100 * rep.reversal:.1f}% of pairs")
+  print("  a reversal (better in one table, worse in the other): "
+        f"{100 * rep.reversal:.1f}% of pairs")
   print(f"  resolved comparisons per table: {rep.resolved_per_table:.2f} on average; none "
         f"resolved in {100 * rep.none_resolved:.0f}% of tables")
   print("\nshare of tables giving each verdict, and how often a disjoint seed set of the same "

@@ -225,7 +225,8 @@ CLAIM_COLUMNS = ("claim", "target", "measured", "seeds", "verdict")
 MEAN_ROW = "mean of targets"
 _PAIRED_CLAIMS = (
     ("spot", "pt", "SPoT beats Prompt Tuning on a related target (retrieved source)", "better"),
-    ("spot_unrelated", "pt", "SPoT from an unrelated source does not beat Prompt Tuning", "not better"),
+    ("spot_unrelated", "pt", "SPoT from an unrelated source does not beat Prompt Tuning",
+     "not better"),
     ("spot", "spot_unrelated", "the retrieved source beats an unrelated one", "better"),
     ("smop", "pt", "SMoP 4x5 (5 prompt tokens per input) matches or beats {L}-token Prompt Tuning",
      "not worse"),

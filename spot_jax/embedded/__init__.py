@@ -1,4 +1,5 @@
-"""Files shipped with the package: the embedded toy T5 (`toy_t5/`), made by `spot_jax.embedded.pretrain`.
+"""Files shipped with the package: the embedded toy T5 (`toy_t5/`),
+made by `spot_jax.embedded.pretrain`.
 
 Attributes:
   TOY_DIR: the folder holding the toy model, its vocabulary, gin file, loss log and README.
@@ -15,7 +16,8 @@ Modules:
 import os
 
 TOY_DIR_ENV = "SPOT_JAX_TOY_DIR"
-TOY_DIR = os.environ.get(TOY_DIR_ENV) or os.path.join(os.path.dirname(os.path.abspath(__file__)), "toy_t5")
+TOY_DIR = (os.environ.get(TOY_DIR_ENV)
+           or os.path.join(os.path.dirname(os.path.abspath(__file__)), "toy_t5"))
 CHECKPOINT_PATH = os.path.join(TOY_DIR, "checkpoint")
 VOCAB_PATH = os.path.join(TOY_DIR, "spm.model")
 CONFIG_NAME = "t5_1_1_toy"
@@ -33,7 +35,8 @@ def portable(path: str) -> str:
   absolute = os.path.abspath(path)
   for root in {_PACKAGE_DIR, os.path.dirname(os.path.abspath(TOY_DIR))}:
     if absolute == root or absolute.startswith(root + os.sep):
-      return EMBEDDED_PREFIX + os.path.relpath(absolute, _PACKAGE_DIR if root == _PACKAGE_DIR else root)
+      return (EMBEDDED_PREFIX + os.path.relpath(absolute,
+                                                _PACKAGE_DIR if root == _PACKAGE_DIR else root))
   return absolute
 
 

@@ -47,13 +47,16 @@ WARMUP_STEPS = 100
 
 GIN_TEXT = """\
 # Model: the embedded toy T5 (T5.1.1 gated-GELU, untied; config t5_1_1_toy, 1.6M parameters)
-# made by `python -m spot_jax.embedded.pretrain`, with its SentencePiece vocabulary (tasks.embedded).
+# made by `python -m spot_jax.embedded.pretrain`, with its SentencePiece vocabulary \
+(tasks.embedded).
 # Provides MODEL (and PROMPT = None, which a gin/prompts/ file given after this one replaces).
 # Its checkpoint is spot_jax/embedded/toy_t5/checkpoint (INITIAL_CHECKPOINT_PATH):
 #   python -m spot_jax.train --gin_file=gin/models/t5_1_1_toy.gin \\
 #     --gin_file=gin/prompts/prompt_tuning_sampled_vocab.gin --gin_file=gin/runs/prompt_tune.gin \\
-#     --gin.MODEL_DIR="'/tmp/toy_run'" --gin.MIXTURE_OR_TASK_NAME="'spot_toy_sentiment_travel_taskless_v100'" \\
-#     --gin.MIXTURE_OR_TASK_MODULE="'tasks.embedded'" --gin.TASK_FEATURE_LENGTHS="{'inputs': 48, 'targets': 8}" \\
+#     --gin.MODEL_DIR="'/tmp/toy_run'" \
+--gin.MIXTURE_OR_TASK_NAME="'spot_toy_sentiment_travel_taskless_v100'" \\
+#     --gin.MIXTURE_OR_TASK_MODULE="'tasks.embedded'" --gin.TASK_FEATURE_LENGTHS="{'inputs': 48, \
+'targets': 8}" \\
 #     --gin.INITIAL_CHECKPOINT_PATH="'spot_jax/embedded/toy_t5/checkpoint'" \\
 #     --gin.PROMPT_LENGTH=20 --gin.TRAIN_STEPS=300 --gin.EVAL_PERIOD=300 --gin.BATCH_SIZE=16
 from __gin__ import dynamic_registration
@@ -89,7 +92,8 @@ def build_model() -> models.EncoderDecoderModel:
 def make_optimizer(steps: int) -> optax.GradientTransformation:
   """AdamW, linear warm-up then cosine decay to 10% of the peak, global-norm clipping at 1."""
   schedule = optax.warmup_cosine_decay_schedule(0.0, PEAK_LEARNING_RATE, min(WARMUP_STEPS, steps),
-                                                max(steps, WARMUP_STEPS + 1), PEAK_LEARNING_RATE * 0.1)
+                                                max(steps, WARMUP_STEPS + 1),
+                                                PEAK_LEARNING_RATE * 0.1)
   return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
 
 
@@ -154,10 +158,11 @@ def pretrain(output_dir: str, *, steps: int = STEPS, seed: int = 0, batch_size: 
   (out / "spm.model").write_bytes(model_bytes)
   (out / f"{embedded.CONFIG_NAME}.gin").write_text(GIN_TEXT)
   log = {"command": "python -m spot_jax.embedded.pretrain " + " ".join(sys.argv[1:]), "seed": seed,
-         "steps": run_steps, "schedule_steps": steps, "batch_size": batch_size, "input_length": INPUT_LENGTH,
-         "target_length": TARGET_LENGTH, "peak_learning_rate": PEAK_LEARNING_RATE,
-         "num_parameters": num_params, "vocabulary_pieces": sp.get_piece_size(),
-         "seconds": round(train_seconds, 1), "jax_version": jax.__version__, "loss": losses}
+         "steps": run_steps, "schedule_steps": steps, "batch_size": batch_size,
+         "input_length": INPUT_LENGTH, "target_length": TARGET_LENGTH,
+         "peak_learning_rate": PEAK_LEARNING_RATE, "num_parameters": num_params,
+         "vocabulary_pieces": sp.get_piece_size(), "seconds": round(train_seconds, 1),
+         "jax_version": jax.__version__, "loss": losses}
   (out / "losses.json").write_text(json.dumps(log))
   scores = None
   if evaluate:
@@ -173,19 +178,20 @@ def pretrain(output_dir: str, *, steps: int = STEPS, seed: int = 0, batch_size: 
 def readme(log: dict, scores: Optional[dict]) -> str:
   """The folder's README: how it was made, the loss curve and what the backbone can do."""
   losses = log["loss"]
-  marks = sorted({1, 10, 50, 100, 200, 500, 1000, 1500, len(losses)} & set(range(1, len(losses) + 1)))
+  marks = sorted({1, 10, 50, 100, 200, 500, 1000, 1500,
+                  len(losses)} & set(range(1, len(losses) + 1)))
   curve = "\n".join(f"| {m} | {np.mean(losses[max(0, m - 50):m]):.4f} |" for m in marks)
   lines = [
       "# The embedded toy T5 (`t5_1_1_toy`)", "",
       "A T5.1.1-style encoder-decoder (gated-GELU MLP, untied output layer, relative position "
       f"buckets) of {log['num_parameters']:,} parameters, made on a CPU from nothing by",
       "", f"    {log['command'].strip()}", "",
-      f"seed {log['seed']}, {log['steps']} steps (schedule {log.get('schedule_steps', log['steps'])} "
-      f"steps) of batch {log['batch_size']}, inputs {log['input_length']} / targets "
-      f"{log['target_length']} tokens, AdamW (peak learning rate {log['peak_learning_rate']}, "
-      f"{WARMUP_STEPS} warm-up steps, cosine decay to 10%, weight decay 0.01, clipping 1.0), "
-      f"float32, no dropout, jax {log['jax_version']}; {log['seconds']:.0f} s of training on this "
-      f"machine (2 shared CPU cores).", "",
+      f"seed {log['seed']}, {log['steps']} steps (schedule "
+      f"{log.get('schedule_steps', log['steps'])} steps) of batch {log['batch_size']}, inputs "
+      f"{log['input_length']} / targets {log['target_length']} tokens, AdamW (peak learning rate "
+      f"{log['peak_learning_rate']}, {WARMUP_STEPS} warm-up steps, cosine decay to 10%, weight "
+      f"decay 0.01, clipping 1.0), float32, no dropout, jax {log['jax_version']}; "
+      f"{log['seconds']:.0f} s of training on this machine (2 shared CPU cores).", "",
       "Files: `checkpoint/` (T5X format: `spot_jax.t5.load_checkpoint(path, "
       "config_by_name('t5_1_1_toy'))`), `spm.model` (the SentencePiece vocabulary, "
       f"{log['vocabulary_pieces']} pieces + {suite.EXTRA_IDS} sentinels in a 384-row table; pad 0, "
@@ -195,7 +201,8 @@ def readme(log: dict, scores: Optional[dict]) -> str:
       "unlabelled corpus (tasks/embedded.py `corpus_sentence`, all four domains) and half "
       "examples of the source tasks " + ", ".join(suite.PRETRAIN_SOURCES) + " with their "
       "task-name prefixes. No target task and not sentiment_food is ever trained on.", "",
-      "Loss (mean of the 50 steps up to the step):", "", "| step | loss |", "| --- | --- |", curve, ""]
+      "Loss (mean of the 50 steps up to the step):", "", "| step | loss |",
+      "| --- | --- |", curve, ""]
   if scores:
     lines += ["Greedy validation accuracy (%) of the backbone alone, inputs with their task-name "
               "prefixes (targets and sentiment_food were never trained; the prompt methods use "
@@ -214,13 +221,15 @@ def evaluate_prefixed(model: models.EncoderDecoderModel, params, sp: spm.Sentenc
     inputs, targets = suite.examples(key, split)
     batch = toy_data.to_batch([sp.encode(x) for x in inputs], [[]] * len(inputs), INPUT_LENGTH, 2)
     tokens = np.asarray(predict(params, batch["encoder_input_tokens"]))
-    decoded = [sp.decode([int(t) for t in row if t > 1 and t < sp.get_piece_size()]) for row in tokens]
+    decoded = [sp.decode([int(t) for t in row if t > 1 and t < sp.get_piece_size()])
+               for row in tokens]
     scores[key] = 100.0 * float(np.mean([d.strip() == y for d, y in zip(decoded, targets)]))
   return scores
 
 
 def main(argv: Sequence[str]) -> Optional[int]:
-  parser = cli.ArgumentParser(prog="spot_jax.embedded.pretrain", description=__doc__.splitlines()[0])
+  parser = cli.ArgumentParser(prog="spot_jax.embedded.pretrain",
+                              description=__doc__.splitlines()[0])
   flags.add_output_dir(parser, "where to write the model (default: the package's embedded folder)",
                        default=embedded.TOY_DIR)
   parser.add_argument("--steps", type=int, default=STEPS)

@@ -54,8 +54,8 @@ def effective_prompt(module: nn.Module, prompt_params: Any,
   PromptTuning: P [L, E]; ResidualPrompt: the folded P' [L, E]; SMoP: the [k, l, E] prompts;
   ResidualSMoP: the folded [k, l, E] prompts; DePT: its prompt P [m, E] (see `export_arrays`);
   Attempt: its candidates [S + K, m, E] (sources, then targets); MultitaskPrompt: the folded
-  P* o (U V) [L, E] of one task, [K, L, E] of several; the deep prompts: a record of their per-layer prefixes or tokens (see `deep`; prefix tuning's
-  MLP folded), which needs `config`.
+  P* o (U V) [L, E] of one task, [K, L, E] of several; the deep prompts: a record of their per-layer
+  prefixes or tokens (see `deep`; prefix tuning's MLP folded), which needs `config`.
 
   Args:
     module: the prompt module the model was built with.

@@ -187,7 +187,8 @@ def mixture_weights(pooled: Array, sources: Array, target: Array, down: Array, u
 
 
 def mix(weights: Array, sources: Array, target: Array) -> Array:
-  """P = P_t + sum_j a_j P_j: weights [B, S + 1], sources [S, m, E], target [B, m, E] -> [B, m, E]."""
+  """P = P_t + sum_j a_j P_j: weights [B, S + 1], sources [S, m, E],
+  target [B, m, E] -> [B, m, E]."""
   num = sources.shape[0]
   from_sources = jnp.einsum("bs,sme->bme", weights[:, :num], sources.astype(jnp.float32),
                             precision=jax.lax.Precision.HIGHEST)

@@ -285,10 +285,11 @@ def exported_prompt_path(model_dir: Union[str, os.PathLike],
   if step is None:
     latest = run_dir.latest_prompt_step()
     if latest is None:
-      raise ConfigError(f"from_checkpoint: no prompts/prompt_step_<N>.npy in {str(run_dir.path)!r}; "
-                        f"is it the directory of a finished run?")
+      raise ConfigError("from_checkpoint: no prompts/prompt_step_<N>.npy in "
+                        f"{str(run_dir.path)!r}; is it the directory of a finished run?")
     path = run_dir.prompt_path(latest)
-  elif step == "best" or (isinstance(step, numbers.Integral) and not isinstance(step, bool) and step >= 0):
+  elif (step == "best"
+        or (isinstance(step, numbers.Integral) and not isinstance(step, bool) and step >= 0)):
     path = run_dir.prompt_path(step)
   else:
     raise ConfigError(f"from_checkpoint: step must be a non-negative integer, 'best' or None, "

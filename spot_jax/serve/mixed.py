@@ -12,8 +12,8 @@ theirs. Rows whose entry has an input offset (DePT) first get offsets[i_b, t] ad
 embedding of each real token at position t, as `prompts.dept` does. Padded prompt positions
 are masked out, and every row's valid positions are then moved to the front in order, so each
 row sees exactly the positions (and relative distances) it would see alone with its own prompt:
-a mixed batch decodes like the per-example, per-prompt model. Shapes depend only on (B, T, table shape), never on the mix,
-so one compiled function serves any mix.
+a mixed batch decodes like the per-example, per-prompt model. Shapes depend only
+on (B, T, table shape), never on the mix, so one compiled function serves any mix.
 
 Deep prompts: a row's per-layer prefixes are gathered from the table too (`row_prefixes`), with
 the positions its entry lacks made invisible; rows without prefixes of a type see none, so

@@ -5,7 +5,8 @@ An adapter directory as peft 0.21 writes it for T5 with an encoder-only prompt:
   adapter_config.json        the prompt-tuning fields (`peft_io.adapter_config`) with
                              "peft_type": "MULTITASK_PROMPT_TUNING", "num_tasks": K,
                              "num_ranks": r, "prompt_tuning_init": "RANDOM",
-                             "prompt_tuning_init_state_dict_path": null, "prompt_tuning_init_task": 0
+                             "prompt_tuning_init_state_dict_path": null, "prompt_tuning_init_task":
+                             0
   adapter_model.safetensors  {"prompt_embeddings": P* [L, E], "prefix_task_cols": U [K, L, r],
                               "prefix_task_rows": V [K, r, E]} float32
 
@@ -76,8 +77,8 @@ def export_adapter(arrays: dict, config: T5Config, output_dir: str, *,
   """
   length, embed, k, r = _check(arrays, "the MPT prompt")
   if embed != config.emb_dim:
-    raise ConfigError(f"the MPT prompt has width {embed} but the model's is {config.emb_dim}; give a "
-                      f"prompt trained for this model")
+    raise ConfigError(f"the MPT prompt has width {embed} but the model's is {config.emb_dim}; give "
+                      "a prompt trained for this model")
   peft_io.write_adapter(output_dir, {KEYS[n]: a for n, a in arrays.items() if n in KEYS},
                         adapter_config(length, k, r, config, base_model_name_or_path), overwrite)
 
@@ -125,8 +126,8 @@ def source_arrays(source: str, config: Optional[T5Config] = None) -> dict[str, n
   params = RunDir(folder).prompt_params(warn=lambda line: print(line, file=sys.stderr))
   if "task_cols" not in params or "shared" not in params:
     raise ConfigError(f"{source} is neither a PEFT MPT adapter nor the run of a MultitaskPrompt "
-                      f"with a trained shared prompt (its prompt parameters: {sorted(params)}); give "
-                      f"a gin/prompts/mpt_distill.gin run or a PEFT MPT adapter")
+                      f"with a trained shared prompt (its prompt parameters: {sorted(params)}); "
+                      "give a gin/prompts/mpt_distill.gin run or a PEFT MPT adapter")
   arrays = {n: np.asarray(params[n], np.float32) for n in KEYS}
   _check(arrays, source)
   return arrays
@@ -158,7 +159,8 @@ def initializer(source: str, part: str, factors: str = "average", task: int = 0
 
   def init(rng, shape, embedding):
     del rng, embedding
-    value = start if part == "shared" else np.broadcast_to(start, (int(shape[0]),) + start.shape[1:])
+    value = (start if part == "shared"
+             else np.broadcast_to(start, (int(shape[0]),) + start.shape[1:]))
     if tuple(value.shape) != tuple(shape):
       raise ConfigError(f"{source}: its {part} has shape {value.shape}, the prompt needs "
                         f"{tuple(shape)} (length, width and rank must match)")

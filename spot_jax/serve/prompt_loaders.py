@@ -229,7 +229,8 @@ def library_reference(path: str) -> Optional[tuple[str, str]]:
   return (root, entry_id) if (pathlib.Path(root) / "library.json").is_file() else None
 
 
-def from_library(name: str, root: str, entry_id: str, fingerprint: Optional[dict] = None) -> ServedPrompt:
+def from_library(name: str, root: str, entry_id: str,
+                 fingerprint: Optional[dict] = None) -> ServedPrompt:
   """The best prompt of library entry `entry_id`; refused if `fingerprint` names another model.
 
   Args:

@@ -66,8 +66,8 @@ class ServedBackbone:
     for other_where, other in rest:
       if other != first:
         raise ConfigError(f"--prompt {where} recorded the vocabulary {_describe_vocab(first)} and "
-                          f"--prompt {other_where} {_describe_vocab(other)}; give --vocab, or serve "
-                          f"them in separate calls")
+                          f"--prompt {other_where} {_describe_vocab(other)}; give --vocab, or "
+                          "serve them in separate calls")
     return recorded_vocabulary(first, where)
 
 

@@ -95,8 +95,8 @@ class PromptDistillationModel(models.EncoderDecoderModel):
     """The student's task loss plus distill_weight * (logit KL + hidden-state MSE), and metrics."""
     task = batch.get("task_index")
     if task is None:
-      raise ConfigError("prompt distillation got a batch without task_index; set the DatasetConfig's "
-                        "task_names (TASK_NAMES) to the tasks in teacher order")
+      raise ConfigError("prompt distillation got a batch without task_index; set the "
+                        "DatasetConfig's task_names (TASK_NAMES) to the tasks in teacher order")
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
     logits, state = self.module.apply(
         {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],

@@ -74,7 +74,8 @@ def load_npy(path: str | os.PathLike, what: str) -> np.ndarray:
     raise ConfigError(f"{what} {str(path)!r} is truncated or not a .npy array "
                       f"({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); "
                       f"give an intact prompt saved by np.save") from None
-  if not isinstance(array, np.ndarray) or array.ndim != 2 or not np.issubdtype(array.dtype, np.floating):
+  if (not isinstance(array, np.ndarray) or array.ndim != 2
+      or not np.issubdtype(array.dtype, np.floating)):
     raise ConfigError(f"{what} {str(path)!r} holds a {getattr(array, 'dtype', '?')} array of shape "
                       f"{getattr(array, 'shape', '?')}; a prompt is a float [length, embed] array")
   if not np.all(np.isfinite(array)):
@@ -128,7 +129,8 @@ class Library:
       return header
     except (ValueError, AttributeError) as e:
       raise ConfigError(f"{str(path)!r} is not a spot_jax library header ({e}); give the "
-                        f"directory of a library made by `python -m spot_jax.library add`") from None
+                        f"directory of a library made by `python -m "
+                        f"spot_jax.library add`") from None
 
   # --- writing ---------------------------------------------------------------------------
 
@@ -178,7 +180,8 @@ class Library:
         raise ConfigError(f"entry id {entry_id!r} already exists in {str(self.root)!r}; choose "
                           f"another --id or remove the old entry first")
       if header is None:
-        header = {"format": FORMAT, "fingerprint": dict(fingerprint), "embed_dim": int(prompt.shape[1])}
+        header = {"format": FORMAT, "fingerprint": dict(fingerprint),
+                  "embed_dim": int(prompt.shape[1])}
         fileio.atomic_write_bytes(self.root / "library.json", json.dumps(header, indent=1).encode())
       record = {"format": ENTRY_FORMAT, "id": entry_id, "task": task, "run_id": str(run_id),
                 "seed": int(seed), "fingerprint": dict(fingerprint),
@@ -190,9 +193,9 @@ class Library:
         record[f"{kind}_shape"] = list(array.shape)
         record[f"{kind}_sha256"] = hashlib.sha256(data).hexdigest()
       fileio.atomic_write_bytes(self._entry_path(entry_id), json.dumps(record, indent=1).encode())
-    return Entry(id=entry_id, task=task, run_id=str(run_id), seed=int(seed), fingerprint=dict(fingerprint),
-                 score=record["score"], metric=metric, embedding_step=record["embedding_step"],
-                 prompt=prompt, embedding=embedding)
+    return Entry(id=entry_id, task=task, run_id=str(run_id), seed=int(seed),
+                 fingerprint=dict(fingerprint), score=record["score"], metric=metric,
+                 embedding_step=record["embedding_step"], prompt=prompt, embedding=embedding)
 
   def remove(self, entry_id: str) -> None:
     """Removes an entry (its json first, so a crash never leaves a half entry in use)."""
@@ -235,7 +238,8 @@ class Library:
         raise ValueError(f"its {kind} file {file.name} is corrupt (checksum mismatch)")
       array = np.load(io.BytesIO(data), allow_pickle=False)
       if list(array.shape) != record.get(f"{kind}_shape") or array.shape[-1] != header["embed_dim"]:
-        raise ValueError(f"its {kind} has shape {array.shape}, expected {record.get(f'{kind}_shape')}")
+        raise ValueError(f"its {kind} has shape {array.shape}, expected "
+                         f"{record.get(f'{kind}_shape')}")
       arrays[kind] = array
     return Entry(id=record["id"], task=record["task"], run_id=record["run_id"], seed=record["seed"],
                  fingerprint=record["fingerprint"], score=record["score"], metric=record["metric"],
@@ -265,4 +269,5 @@ class Library:
     try:
       return self._load_entry(path, header)
     except (ValueError, KeyError, TypeError, OSError) as e:
-      raise ConfigError(f"entry {entry_id!r} is unusable: {e}; remove it and add it again") from None
+      raise ConfigError(f"entry {entry_id!r} is unusable: {e}; remove it and "
+                        "add it again") from None

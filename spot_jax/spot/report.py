@@ -1,4 +1,5 @@
-"""The report of a study: the figures (`report_figures.py`) and report.md, every number with its interval.
+"""The report of a study: the figures (`report_figures.py`) and report.md,
+every number with its interval.
 
 Reads <study_dir>/results.json (written by `python -m spot_jax.study`) and the task embeddings it
 points to; the aggregates are `study_tables.py`'s. Where a sample is too small for an interval the
@@ -65,7 +66,8 @@ def similarity_matrix(study_dir: pathlib.Path, embeddings: dict, metric: str
         pairs = [(x, y) for x in ea.values() for y in eb.values()]
       else:
         pairs = [(ea[s], eb[s]) for s in ea if s in eb]
-      row.append(stats.interval([float(similarity.similarities(x, [y], metric)[0]) for x, y in pairs]))
+      row.append(
+          stats.interval([float(similarity.similarities(x, [y], metric)[0]) for x, y in pairs]))
     cells.append(row)
   return names, cells
 
@@ -73,8 +75,8 @@ def similarity_matrix(study_dir: pathlib.Path, embeddings: dict, metric: str
 def _table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
   def cell(v) -> str:
     if isinstance(v, stats.Interval):
-      return v.format(3) if v.resolved else (f"{v.mean:.3g} ({v.why})" if v.why and not math.isnan(v.mean)
-                                             else v.format(3))
+      return v.format(3) if v.resolved else (f"{v.mean:.3g} ({v.why})" if v.why
+                                             and not math.isnan(v.mean) else v.format(3))
     if v is None or (isinstance(v, float) and math.isnan(v)):
       return "-"
     return f"{v:.4g}" if isinstance(v, float) else str(v)
@@ -106,7 +108,8 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
   short, how = report_figures.short_names(sources + targets)
   gains = study_tables.transfer_gains(rows, targets, sources)
   transfer = [[gains[(t, s)]["rer"] for s in sources] for t in targets]
-  _save(plt, report_figures.heatmap(plt, transfer, [short[t] for t in targets], [short[s] for s in sources],
+  _save(plt, report_figures.heatmap(plt, transfer, [short[t] for t in targets],
+                                    [short[s] for s in sources],
                              "relative error reduction (rows: targets, columns: sources)",
                              f"{how}\n{PM}; no ± with one seed", "RdBu", centre=0.0),
         out / "transfer_heatmap.png")
@@ -129,27 +132,33 @@ def write(study_dir: str | pathlib.Path, out_dir: Optional[str | pathlib.Path] =
                              f"correlations over the points, bootstrap 95% intervals", metric),
         out / "similarity_vs_transfer.png")
 
-  retrieval = study_tables.retrieval_table(rows, sources, metric, retrieval_k=int(grid.get("retrieval_k") or 0))
+  retrieval = study_tables.retrieval_table(rows, sources, metric,
+                                           retrieval_k=int(grid.get("retrieval_k") or 0))
   _save(plt, report_figures.retrieval_bars(plt, retrieval,
                                     f"bootstrap 95% intervals over the {retrieval[0]['cases']} "
                                     f"(target, seed) cases (none below {study_tables.MIN_CASES})"),
         out / "retrieval.png")
 
-  md = _markdown(study_dir, doc, short, how, gains, ordered, sim_ordered, ranking, corr, retrieval, metric)
+  md = _markdown(study_dir, doc, short, how, gains, ordered, sim_ordered, ranking, corr,
+                 retrieval, metric)
   (out / "report.md").write_text(md)
-  return {"transfer": gains, "similarity": sim, "names": names, "order": order, "correlations": corr,
-          "retrieval": retrieval, "ranking": ranking, "short": short, "out_dir": str(out)}
+  return {"transfer": gains, "similarity": sim, "names": names, "order": order,
+          "correlations": corr, "retrieval": retrieval, "ranking": ranking, "short": short,
+          "out_dir": str(out)}
 
 
-def _markdown(study_dir, doc, short, how, gains, ordered, sim, ranking, corr, retrieval, metric) -> str:
+def _markdown(study_dir, doc, short, how, gains, ordered, sim, ranking, corr, retrieval,
+              metric) -> str:
   grid = doc["grid"]
   sources, targets = list(grid["sources"]), list(grid["targets"])
   secs = doc.get("training_seconds") or {}
   timing = [f"{secs[m]:.0f} s for {secs[f'runs_{m}']} runs {m.replace('_', ' ')}"
             for m in ("in_one_step", "one_at_a_time") if secs.get(f"runs_{m}")]
   md = [f"# SPoT study report: {study_dir.name}", "",
-        f"{len(doc['rows'])} finished target runs; {len(sources)} sources x {len(targets)} targets; "
-        f"seeds {', '.join(map(str, grid['seeds']))}" + (f"; training time {', '.join(timing)}" if timing else "")
+        f"{len(doc['rows'])} finished target runs; {len(sources)} sources x "
+        f"{len(targets)} targets; "
+        f"seeds {', '.join(map(str, grid['seeds']))}"
+        + (f"; training time {', '.join(timing)}" if timing else "")
         + ".", "", f"Names: {how}.", "",
         _table(["short", "task"], [[short[n], n] for n in sources + targets]), "",
         "## Transfer: relative error reduction against the same seed's baseline", "",
@@ -158,14 +167,16 @@ def _markdown(study_dir, doc, short, how, gains, ordered, sim, ranking, corr, re
         f"(transfer - baseline) with its verdict.", "",
         _table(["target", "source", "seeds", "relative error reduction", "points", "verdict"],
                [[short[t], short[s], len(gains[(t, s)]["seeds"]), gains[(t, s)]["rer"],
-                 gains[(t, s)]["points"], gains[(t, s)]["verdict"]] for t in targets for s in sources]), "",
+                 gains[(t, s)]["points"], gains[(t, s)]["verdict"]] for t in targets
+                for s in sources]), "",
         f"## Task-embedding similarity ({metric}), clustered", "",
         "![similarity heatmap](similarity_heatmap.png)", "",
         _table(["task"] + [short.get(n, n) for n in ordered],
                [[short.get(n, n)] + list(row) for n, row in zip(ordered, sim)]), "",
         "## Sources ranked by similarity to each target", "",
         _table(["target", "ranking: source (similarity; relative error reduction)"],
-               [[short[t], ", ".join(f"{short[s]} ({si.format(3)}; {g.format(3)})" for s, si, g in ranking[t])]
+               [[short[t], ", ".join(f"{short[s]} ({si.format(3)}; {g.format(3)})"
+                                     for s, si, g in ranking[t])]
                 for t in targets]), "",
         "## Similarity vs transfer", "", "![scatter](similarity_vs_transfer.png)", "",
         "Over the seed-averaged (target, source) points; 95% percentile-bootstrap intervals over "
@@ -176,8 +187,11 @@ def _markdown(study_dir, doc, short, how, gains, ordered, sim, ranking, corr, re
         "## Retrieval vs the brute-force oracle", "", "![retrieval](retrieval.png)", "",
         "Mean score: mean over targets, then a t interval over seeds. Share of the oracle's gain: "
         "(mean(method) - mean(baseline)) / (mean(oracle) - mean(baseline)) over the complete "
-        f"(target, seed) cases, percentile-bootstrap interval over cases (none below {study_tables.MIN_CASES}).", "",
-        _table(["method", "k", "cases", "target runs per case", "mean score", "share of oracle gain kept"],
-               [[r["method"], r["k"] or "-", r["cases"], r["runs"], r["mean_score"], r["oracle_gain_kept"]]
+        "(target, seed) cases, percentile-bootstrap interval over cases (none below "
+        f"{study_tables.MIN_CASES}).", "",
+        _table(["method", "k", "cases", "target runs per case", "mean score",
+                "share of oracle gain kept"],
+               [[r["method"], r["k"] or "-", r["cases"], r["runs"], r["mean_score"],
+                 r["oracle_gain_kept"]]
                 for r in retrieval]), ""]
   return "\n".join(md)

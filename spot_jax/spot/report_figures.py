@@ -63,7 +63,8 @@ def short_names(names: Sequence[str]) -> tuple[dict[str, str], str]:
     dropped.append(f"prefix '{'_'.join(parts[0][:pre])}_'")
   if suf:
     dropped.append(f"suffix '_{'_'.join(parts[0][len(parts[0]) - suf:])}'")
-  caption = ("task names without their shared " + " and ".join(dropped)) if dropped else "task names"
+  caption = (("task names without their shared " + " and ".join(dropped)) if dropped
+             else "task names")
   if cut:
     caption += "; " + ", ".join(f"{v} = {k}" for k, v in sorted(cut.items()))
   return dict(zip(names, short)), caption
@@ -94,7 +95,8 @@ def wrap(caption: str, width_in: float) -> str:
   """The caption broken into lines that fit `width_in` inches at 7 points."""
   import textwrap  # pylint: disable=g-import-not-at-top
   chars = max(30, int(width_in / 0.062))
-  return "\n".join(line for para in caption.split("\n") for line in textwrap.wrap(para, chars) or [""])
+  return "\n".join(line for para in caption.split("\n")
+                   for line in textwrap.wrap(para, chars) or [""])
 
 
 def _cell_label(value: stats.Interval) -> str:
@@ -103,8 +105,9 @@ def _cell_label(value: stats.Interval) -> str:
   return f"{value.mean:.2f}\n±{value.half_width:.2f}" if value.resolved else f"{value.mean:.2f}"
 
 
-def heatmap(plt, cells: Sequence[Sequence[stats.Interval]], rows: Sequence[str], cols: Sequence[str],
-            title: str, caption: str, cmap: str, centre: Optional[float] = None):
+def heatmap(plt, cells: Sequence[Sequence[stats.Interval]], rows: Sequence[str],
+            cols: Sequence[str], title: str, caption: str, cmap: str,
+            centre: Optional[float] = None):
   """A heatmap of intervals (label: mean, and ± half-width when there is one), sized in inches.
 
   Args:
@@ -211,13 +214,15 @@ def _label_points(ax, labels: Sequence[tuple[str, float, float]]) -> None:
     offsets = [(dx if side > 0 else -dx - w, dy) for dx, dy in offsets for side in (1, -1)]
     for dx, dy in offsets:
       box = (px + dx, py + dy, px + dx + w, py + dy + line)
-      if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
+      if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3]
+                 and b[1] < box[3] for b in placed):
         break
     placed.append(box)
     moved = abs(dy + line / 2) > 1
-    ax.annotate(name, (x, y), xytext=(dx / scale, (dy + line / 2) / scale), textcoords="offset points",
-                fontsize=7, va="center",
-                arrowprops=dict(arrowstyle="-", lw=0.4, color="0.45", shrinkA=0, shrinkB=2) if moved else None)
+    ax.annotate(name, (x, y), xytext=(dx / scale, (dy + line / 2) / scale),
+                textcoords="offset points", fontsize=7, va="center",
+                arrowprops=dict(arrowstyle="-", lw=0.4, color="0.45", shrinkA=0, shrinkB=2)
+                if moved else None)
 
 
 def describe(corr: dict) -> str:
@@ -241,7 +246,8 @@ def retrieval_bars(plt, table: Sequence[dict], caption: str):
     xerr = None if not share.resolved else [[share.mean - share.low], [share.high - share.mean]]
     ax.barh(i, share.mean if math.isfinite(share.mean) else 0.0, color="tab:blue", alpha=0.7,
             xerr=xerr, ecolor="0.3", capsize=3)
-    label = share.format(2) if share.resolved else f"{share.mean:.2f} ({share.why or 'no interval'})"
+    label = (share.format(2) if share.resolved
+             else f"{share.mean:.2f} ({share.why or 'no interval'})")
     ax.text(1.02, i, label, va="center", ha="left", fontsize=7, color="black",
             transform=ax.get_yaxis_transform(), clip_on=False)
   ax.set_yticks(range(len(methods)), [r["method"] for r in methods], fontsize=8)

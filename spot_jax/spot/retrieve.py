@@ -122,8 +122,9 @@ def register_runtime_mixture(prefix: str, task_names: Sequence[str]) -> str:
 def _check_lengths(settings: RunSettings, chosen: Sequence[Ranked]) -> None:
   for r in chosen:
     if r.entry.prompt.shape[0] != settings.prompt_length:
-      raise ConfigError(f"library entry {r.entry.id!r} has a prompt of {r.entry.prompt.shape[0]} tokens; "
-                        f"the target prompt has --prompt_length={settings.prompt_length} (they must match)")
+      raise ConfigError(f"library entry {r.entry.id!r} has a prompt of {r.entry.prompt.shape[0]} "
+                        f"tokens; the target prompt has --prompt_length={settings.prompt_length} "
+                        "(they must match)")
 
 
 def run_strategy(strategy: str, settings: RunSettings, target: str, ranked: Sequence[Ranked],
@@ -143,8 +144,8 @@ def run_strategy(strategy: str, settings: RunSettings, target: str, ranked: Sequ
     _check_lengths(settings, top)
     tried, dirs = {}, {}
     for r in top:
-      run = _train(settings, target, work_dir, f"best_of_top_k.{r.entry.id}", seed, init=r.entry.prompt,
-                   init_note=f"library entry {r.entry.id}")
+      run = _train(settings, target, work_dir, f"best_of_top_k.{r.entry.id}", seed,
+                   init=r.entry.prompt, init_note=f"library entry {r.entry.id}")
       tried[r.entry.id], dirs[r.entry.id] = run.score, run.run_dir
       log(f"  {strategy}: from {r.entry.id} (similarity {r.similarity:.4f}) -> {run.score:.4g}")
     best = max(tried, key=lambda i: tried[i])
@@ -194,9 +195,9 @@ def retrieval_settings(settings: RunSettings, target: str, entries: Sequence[Ent
           "strategies": list(strategies), "options": dataclasses.asdict(options)}
 
 
-def retrieve(settings: RunSettings, target: str, entries: Sequence[Entry], strategies: Sequence[str],
-             work_dir: str | pathlib.Path, options: Options, library: str = "",
-             log: Callable[[str], None] = print) -> dict:
+def retrieve(settings: RunSettings, target: str, entries: Sequence[Entry],
+             strategies: Sequence[str], work_dir: str | pathlib.Path, options: Options,
+             library: str = "", log: Callable[[str], None] = print) -> dict:
   """The whole retrieval: embedding, ranking, then each strategy; returns a JSON-able report.
 
   The report's "key" hashes `retrieval_settings`; `write_report` stores it under that key, so a
@@ -211,8 +212,9 @@ def retrieve(settings: RunSettings, target: str, entries: Sequence[Entry], strat
                       "`python -m spot_jax.library add`")
   wrong = [e.id for e in entries if e.embedding.shape[-1] != settings.embed_dim]
   if wrong:
-    raise ConfigError(f"library entries {wrong} have embedding size {entries[0].embedding.shape[-1]}, "
-                      f"the model's is {settings.embed_dim}; use the library of this model")
+    raise ConfigError(f"library entries {wrong} have embedding size "
+                      f"{entries[0].embedding.shape[-1]}, the model's is {settings.embed_dim}; use "
+                      "the library of this model")
   recorded = retrieval_settings(settings, target, entries, strategies, options, library)
   emb_run = target_embedding(settings, target, work_dir, options.seed)
   ranked = rank(emb_run.embedding(), entries, options.metric, exclude_task=target)

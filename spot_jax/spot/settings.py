@@ -184,7 +184,8 @@ def from_flags(args: argparse.Namespace) -> RunSettings:
     raise ConfigError(f"--input_length={args.input_length} is shorter than --prompt_length="
                       f"{args.prompt_length}; the input length counts real tokens only and must be "
                       f"at least the prompt length")
-  task_metrics = flags.pairs("--task_metric", args.task_metric, "spot_glue_stsb_v200=pearson_corrcoef")
+  task_metrics = flags.pairs("--task_metric", args.task_metric,
+                             "spot_glue_stsb_v200=pearson_corrcoef")
   model, name = model_flag.load_model(args.model, args.model_binding)
   return RunSettings(
       model=model, model_name=name, initial_checkpoint_path=args.checkpoint,

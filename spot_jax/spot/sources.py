@@ -42,7 +42,8 @@ def _from_retrieval(library: str, report_path: str, strategy: Optional[str],
     report = json.loads(pathlib.Path(report_path).read_text(encoding="utf-8"))
   except (OSError, ValueError) as e:
     raise ConfigError(f"{report_path} is not a readable retrieval report ({type(e).__name__}); "
-                      f"give a retrieval-<key>.json that `python -m spot_jax.retrieve` wrote") from None
+                      f"give a retrieval-<key>.json that `python -m "
+                      f"spot_jax.retrieve` wrote") from None
   lib = Library(library)
   if strategy is not None:
     results = {r.get("strategy"): r for r in report.get("results", [])}

@@ -87,7 +87,8 @@ class Cell:
     return {"source": "sources", "baseline": "baselines", "generic_source": "generic",
             "transfer": f"transfers/{self.source}", "generic": "generic_transfers",
             "weighted_average": "retrieval/weighted_average",
-            "mixture_source": "retrieval/mixture_sources", "mixture": "retrieval/mixture"}[self.kind]
+            "mixture_source": "retrieval/mixture_sources",
+            "mixture": "retrieval/mixture"}[self.kind]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,8 +197,10 @@ def check_config(study_dir: pathlib.Path, settings: RunSettings, grid: Grid) -> 
     changed = sorted(k for k in record if k in old and old[k] != record[k])
     changed += sorted(k for k in record if k not in old and k != "retrieval_similarity")
     if changed:
-      raise ConfigError(f"{str(study_dir)!r} holds a study made with other settings ({', '.join(changed)} "
-                        f"differ, e.g. {changed[0]}={old.get(changed[0])!r}); use the same flags or a new --study_dir")
+      raise ConfigError(f"{str(study_dir)!r} holds a study made with other settings "
+                        f"({', '.join(changed)} "
+                        f"differ, e.g. {changed[0]}={old.get(changed[0])!r}); use the same flags "
+                        "or a new --study_dir")
     if record.keys() - old.keys():
       fileio.atomic_write_bytes(path, json.dumps({**old, **record}, indent=1).encode())
   else:
@@ -294,7 +297,8 @@ def run(settings: RunSettings, study_dir: str | pathlib.Path, grid: Grid, *, sha
       requests = [_request(study_dir, layout, grid, c) for c in todo]
       if any(r is None for r in requests):
         counts["waiting"] += len(todo)
-        log(f"job {job_dir}: waiting for runs it starts from (another shard); rerun this shard later")
+        log(f"job {job_dir}: waiting for runs it starts from (another shard); rerun this "
+            "shard later")
         continue
       log(f"job {job_dir}: running {len(todo)} runs" + (" one at a time" if one_at_a_time else
                                                          " in one step"))
@@ -308,5 +312,6 @@ def run(settings: RunSettings, study_dir: str | pathlib.Path, grid: Grid, *, sha
                             "one_at_a_time": one_at_a_time}) + "\n")
       scores = [read(study_dir, layout, c).score for c in todo]
       real = [s for s in scores if s is not None]
-      log(f"job {job_dir}: done in {seconds:.1f} s" + (f", mean score {np.mean(real):.4g}" if real else ""))
+      log(f"job {job_dir}: done in {seconds:.1f} s"
+          + (f", mean score {np.mean(real):.4g}" if real else ""))
   return counts

@@ -34,7 +34,8 @@ from spot_jax.spot.settings import RunSettings
 COLUMNS = ("target", "seed", "init", "score", "baseline_score", "relative_error_reduction",
            "similarity_average", "similarity_per_token", "retrieved")
 # Target-side kinds whose runs become rows, and the row's "init" for each.
-_ROW_KINDS = (("generic", "generic"), ("weighted_average", "weighted_average"), ("mixture", "mixture"))
+_ROW_KINDS = (("generic", "generic"), ("weighted_average", "weighted_average"),
+              ("mixture", "mixture"))
 # A bootstrap over fewer (target, seed) cases has too few distinct resamples to mean anything.
 MIN_CASES = 5
 
@@ -110,7 +111,8 @@ def write_tables(study_dir: pathlib.Path, rows: Sequence[dict], grid: grid_lib.G
     for seed in grid.seeds:
       rec = grid_lib.read(study_dir, layout, grid_lib.Cell("baseline", t, seed))
       if rec is not None:
-        embeddings["targets"].setdefault(t, {})[str(seed)] = str(rec.embedding_path.relative_to(study_dir))
+        embeddings["targets"].setdefault(t, {})[str(seed)] = str(
+            rec.embedding_path.relative_to(study_dir))
   doc = {"grid": dataclasses.asdict(grid), "columns": list(COLUMNS), "rows": list(rows),
          "embeddings": embeddings, "training_seconds": training_seconds(study_dir)}
   fileio.atomic_write_bytes(study_dir / "results.json", json.dumps(doc, indent=1).encode())
@@ -148,10 +150,12 @@ def transfer_gains(rows: Sequence[dict], targets: Sequence[str],
     for s in sources:
       pairs = [(c["baseline"], c[s]) for (tt, _), c in sorted(by_case.items())
                if tt == t and "baseline" in c and s in c]
-      rers = [r["relative_error_reduction"] for _, r in pairs if r["relative_error_reduction"] is not None]
-      points = stats.paired_difference([b["score"] for b, _ in pairs], [r["score"] for _, r in pairs])
-      out[(t, s)] = {"rer": stats.interval(rers), "points": points, "verdict": stats.verdict(points),
-                     "seeds": [r["seed"] for _, r in pairs]}
+      rers = [r["relative_error_reduction"] for _, r in pairs
+              if r["relative_error_reduction"] is not None]
+      points = stats.paired_difference([b["score"] for b, _ in pairs],
+                                       [r["score"] for _, r in pairs])
+      out[(t, s)] = {"rer": stats.interval(rers), "points": points,
+                     "verdict": stats.verdict(points), "seeds": [r["seed"] for _, r in pairs]}
   return out
 
 
@@ -196,7 +200,8 @@ def retrieval_table(rows: Sequence[dict], sources: Sequence[str], metric: str,
   """
   by_case = cases(rows)
   ks = [k for k in ks if k <= len(sources)] or [len(sources)]
-  extra = [m for m in ("generic", "weighted_average", "mixture") if any(m in c for c in by_case.values())]
+  extra = [m for m in ("generic", "weighted_average", "mixture")
+           if any(m in c for c in by_case.values())]
   methods = ["baseline", "oracle"] + [f"best_of_top_{k}" for k in ks] + extra
   table, seeds = [], []
   for (_, seed), case in sorted(by_case.items()):

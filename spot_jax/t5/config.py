@@ -127,8 +127,9 @@ def _build_registry() -> dict[str, T5Config]:
                                 relative_attention_max_distance=16, **_T5_1_1)
   reg["t5_test"] = reg["t5_1_1_test"].replace(**_T5)
   # Byte-vocabulary smoke models (seqio.ByteVocabulary has 259 ids; the table is padded to 384).
-  reg["t5_1_1_byte_tiny"] = T5Config(vocab_size=384, emb_dim=64, num_heads=4, head_dim=16, mlp_dim=128,
-                                     num_encoder_layers=2, num_decoder_layers=2, **_T5_1_1)
+  reg["t5_1_1_byte_tiny"] = T5Config(vocab_size=384, emb_dim=64, num_heads=4, head_dim=16,
+                                     mlp_dim=128, num_encoder_layers=2, num_decoder_layers=2,
+                                     **_T5_1_1)
   reg["t5_byte_tiny"] = reg["t5_1_1_byte_tiny"].replace(**_T5)
   # The embedded toy T5 made by `python -m spot_jax.embedded.pretrain` (spot_jax/embedded/toy_t5):
   # its SentencePiece vocabulary (< 284 pieces) plus 100 sentinels, padded to 384 rows.
@@ -159,6 +160,7 @@ def config_by_name(name: str, *, dtype: Optional[str] = None,
   except KeyError:
     close = validate.close_names(name, list(CONFIGS))
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise ConfigError(f"unknown T5 config {name!r}{hint}; valid names: {', '.join(sorted(CONFIGS))}") from None
+    raise ConfigError(f"unknown T5 config {name!r}{hint}; valid names: "
+                      f"{', '.join(sorted(CONFIGS))}") from None
   changes = {k: v for k, v in (("dtype", dtype), ("dropout_rate", dropout_rate)) if v is not None}
   return config.replace(**changes) if changes else config

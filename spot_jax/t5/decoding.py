@@ -172,7 +172,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: PyTree, *, batch_size: 
                      lax.dynamic_index_in_dim(live_seqs, jnp.maximum(step - 1, 0), 2, False))
     logits, cache = tokens_to_logits(last.reshape(batch_size * k, 1), cache)
     vocab = logits.shape[-1]
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(batch_size, k, vocab)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32),
+                                   axis=-1).reshape(batch_size, k, vocab)
     candidates = (live_logp[:, :, None] + log_probs).reshape(batch_size, k * vocab)
     top_logp, top_flat = lax.top_k(candidates, 2 * k)  # [B, 2K]
     top_parent, top_token = top_flat // vocab, (top_flat % vocab).astype(jnp.int32)

@@ -39,7 +39,8 @@ Index = tuple[slice, ...]
 
 EMBEDDING_PATH = "token_embedder/embedding"
 LOGITS_PATH = "decoder/logits_dense/kernel"
-IGNORED_HF_NAMES = frozenset({"decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"})
+IGNORED_HF_NAMES = frozenset(
+    {"decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"})
 _EMBEDDING_ALIASES = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 
 # HF activation name (the part after "gated-") -> spot-jax activation name.
@@ -98,7 +99,8 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> T5Config:
 def config_mismatches(hf_config: Mapping[str, Any], config: T5Config) -> list[str]:
   """One message per architecture field where `config.json` disagrees with `config`."""
   hf = config_from_hf(hf_config)
-  return [f"config.json {hf_name}={getattr(hf, field)!r} but T5Config.{field}={getattr(config, field)!r}"
+  return [f"config.json {hf_name}={getattr(hf, field)!r} but "
+          f"T5Config.{field}={getattr(config, field)!r}"
           for field, hf_name in _HF_FIELDS.items() if getattr(hf, field) != getattr(config, field)]
 
 
@@ -106,12 +108,13 @@ def _activations(feed_forward_proj: str) -> tuple[str, ...]:
   parts = feed_forward_proj.split("-")
   gated = len(parts) == 2 and parts[0] == "gated"
   if len(parts) > 2 or (len(parts) == 2 and not gated):
-    raise ConfigError(f"config.json feed_forward_proj {feed_forward_proj!r} must be 'ACT' or 'gated-ACT'")
+    raise ConfigError(f"config.json feed_forward_proj {feed_forward_proj!r} must be 'ACT' or "
+                      "'gated-ACT'")
   # transformers maps "gated-gelu" (T5.1.1) to the tanh approximation, plain "gelu" to exact GELU.
   name = "gelu_new" if feed_forward_proj == "gated-gelu" else parts[-1]
   if name not in _HF_ACTIVATIONS:
-    raise ConfigError(f"config.json feed_forward_proj {feed_forward_proj!r}: activation {name!r} is "
-                      f"not supported; valid: {', '.join(sorted(_HF_ACTIVATIONS))}")
+    raise ConfigError(f"config.json feed_forward_proj {feed_forward_proj!r}: activation {name!r} "
+                      f"is not supported; valid: {', '.join(sorted(_HF_ACTIVATIONS))}")
   act = _HF_ACTIVATIONS[name]
   return (act, "linear") if gated else (act,)
 
@@ -130,7 +133,8 @@ _SUBLAYERS = {
     ("encoder", 0): ("SelfAttention", "attention", "pre_attention_layer_norm"),
     ("encoder", 1): ("DenseReluDense", "mlp", "pre_mlp_layer_norm"),
     ("decoder", 0): ("SelfAttention", "self_attention", "pre_self_attention_layer_norm"),
-    ("decoder", 1): ("EncDecAttention", "encoder_decoder_attention", "pre_cross_attention_layer_norm"),
+    ("decoder", 1): ("EncDecAttention", "encoder_decoder_attention",
+                     "pre_cross_attention_layer_norm"),
     ("decoder", 2): ("DenseReluDense", "mlp", "pre_mlp_layer_norm"),
 }
 

@@ -10,7 +10,7 @@ The inverse of the loader in `hf.py`: every t5x parameter goes to the Hugging Fa
   original T5 (logits_via_embedding=True): no `lm_head.weight`, `tie_word_embeddings: true`;
     both versions tie lm_head to `shared` and scale the decoder output by d_model**-0.5.
 
-Checked with transformers 5.23.0 (tests/test_serve_peft.py); the config.json layout is also
+Checked with transformers 5.23.0 (tests/serve/test_peft.py); the config.json layout is also
 what transformers 4.x writes for these models.
 """
 from __future__ import annotations

@@ -158,7 +158,8 @@ class MlpBlock(nn.Module):
     hidden = None
     for i, act in enumerate(self.activations):
       name = "wi" if len(self.activations) == 1 else f"wi_{i}"
-      h = _ACTIVATIONS[act](Dense((self.mlp_dim,), ("embed", "mlp"), init, self.dtype, name=name)(x))
+      h = _ACTIVATIONS[act](Dense((self.mlp_dim,), ("embed", "mlp"), init, self.dtype,
+                                  name=name)(x))
       hidden = h if hidden is None else hidden * h
     hidden = constrain(hidden, ("batch", "length", "mlp"))
     hidden = Dropout(self.dropout_rate)(hidden, deterministic=deterministic)
@@ -181,7 +182,8 @@ def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool,
   is_small = n < max_exact
   safe_n = np.maximum(n, 1).astype(np.float32)
   large = max_exact + (np.log(safe_n / max_exact + np.finfo(np.float32).eps)
-                       / np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(np.int32)
+                       / np.log(max_distance / max_exact)
+                       * (num_buckets - max_exact)).astype(np.int32)
   large = np.minimum(large, num_buckets - 1)
   return ret + np.where(is_small, n, large).astype(np.int32)
 
@@ -209,7 +211,8 @@ class RelativePositionBiases(nn.Module):
     """
     rel = np.arange(klen)[None, :] - (np.arange(qlen)[:, None] + query_offset)
     buckets = relative_position_bucket(rel, bidirectional, self.num_buckets, self.max_distance)
-    table = _param(self, "rel_embedding", nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+    table = _param(self, "rel_embedding",
+                   nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
                    (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
     bias = jnp.take(table, jnp.asarray(buckets), axis=1)  # [H, q, k]
     return bias[None].astype(self.dtype)

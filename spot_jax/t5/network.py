@@ -95,7 +95,8 @@ class DecoderLayer(nn.Module):
     """[B, S, E], encoded [B, T, E] -> [B, S, E]; optional deep prompts of both attentions."""
     cfg, dtype = self.config, self.config.activation_dtype
     attn = lambda name: layers.MultiHeadDotProductAttention(
-        cfg.num_heads, cfg.head_dim, cfg.dropout_rate, cfg.float32_attention_logits, dtype, name=name)
+        cfg.num_heads, cfg.head_dim, cfg.dropout_rate, cfg.float32_attention_logits,
+        dtype, name=name)
     norm = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="pre_self_attention_layer_norm")
     z = norm(y)
     prefix = _normed_tokens(prefix, norm)
@@ -206,7 +207,8 @@ class Decoder(nn.Module):
     if cfg.logits_via_embedding:
       logits = self.shared_embedding.attend(y) / jnp.sqrt(jnp.asarray(y.shape[-1], dtype))
     else:
-      logits = layers.Dense((cfg.vocab_size,), ("embed", "vocab"), dtype=dtype, name="logits_dense")(y)
+      logits = layers.Dense((cfg.vocab_size,), ("embed", "vocab"), dtype=dtype,
+                            name="logits_dense")(y)
     return layers.constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
 
@@ -272,7 +274,8 @@ class Transformer(nn.Module):
     return encoded, valid
 
   def decode(self, encoded: Array, encoder_valid: Array, decoder_input_tokens: Array,
-             decoder_target_tokens: Optional[Array] = None, decoder_segment_ids: Optional[Array] = None,
+             decoder_target_tokens: Optional[Array] = None,
+             decoder_segment_ids: Optional[Array] = None,
              decoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
              decode: bool = False, max_decode_length: Optional[int] = None,
              prefixes: Optional[prefixes_lib.DeepPrompt] = None) -> Array:

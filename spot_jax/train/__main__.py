@@ -17,7 +17,8 @@ import sys
 from spot_jax.cli import gin_flags
 
 # main() calls these configurables; gin overrides they never reach are refused.
-PROGRAM = gin_flags.Program("spot_jax.train", __doc__.splitlines()[0], roots=("spot_jax.train.train",))
+PROGRAM = gin_flags.Program("spot_jax.train", __doc__.splitlines()[0],
+                            roots=("spot_jax.train.train",))
 GIN_ROOTS = PROGRAM.roots
 main = PROGRAM.main
 

@@ -102,7 +102,8 @@ class Checkpointer:
     return aside
 
   def check_best(self, abstract_state: Any, warn: Callable[[str], None] = print) -> None:
-    """Moves a damaged best/ state (and its metric.json) aside, so the next evaluation replaces it."""
+    """Moves a damaged best/ state (and its metric.json) aside,
+    so the next evaluation replaces it."""
     for step in self.run_dir.best_steps():
       path = self.run_dir.best_state_path(step)
       try:

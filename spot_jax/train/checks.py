@@ -1,8 +1,9 @@
 """Section 0 of the trainer: check every setting before anything heavy is read or anything written.
 
 `plan(...)` validates the settings (one-line `ConfigError`s naming the gin macro), resolves the
-job's runs (`spot_jax.train.run_spec`), checks the run directories that already exist (MODEL_DIR, the
-job's run list, each run's record: same task and seed) and returns the `Plan` the loop follows.
+job's runs (`spot_jax.train.run_spec`), checks the run directories that already exist
+(MODEL_DIR, the job's run list, each run's record: same task and seed) and returns the `Plan` the
+loop follows.
 """
 from __future__ import annotations
 
@@ -152,10 +153,12 @@ def plan(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Datas
          init_note: str = "") -> Plan:
   """Checks the trainer's settings and the directories it would write; returns the `Plan`."""
   if trainable not in (TRAINABLE_PROMPT, TRAINABLE_ALL):
-    raise ConfigError(f"TRAINABLE={trainable!r}; valid: 'prompt' (prompt methods) or 'all' (model tuning)")
+    raise ConfigError(f"TRAINABLE={trainable!r}; valid: 'prompt' (prompt methods) or 'all' "
+                      "(model tuning)")
   if trainable == TRAINABLE_PROMPT and not model.has_prompt:
     raise ConfigError("prompt tuning needs a prompt method: add a --gin_file from gin/prompts/ "
-                      "(e.g. gin/prompts/prompt_tuning_sampled_vocab.gin), or use gin/runs/model_tune.gin")
+                      "(e.g. gin/prompts/prompt_tuning_sampled_vocab.gin), or use "
+                      "gin/runs/model_tune.gin")
   total_steps = validate.positive_int(total_steps, "TRAIN_STEPS")
   validate.positive_int(eval_period, "EVAL_PERIOD")
   validate.positive_int(log_period, "log_period")
@@ -199,9 +202,10 @@ def plan(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Datas
     embedding_step = min(int(records[0].embedding_step), total_steps)  # a resumed run keeps its own
   vocab = data_lib.get_mixture_or_task(train_dataset_cfg.mixture_or_task_name).output_features
   vocabulary = getattr(vocab.get("inputs") or vocab.get("targets"), "vocabulary", None)
-  return Plan(runs=run_list, default_task=train_dataset_cfg.mixture_or_task_name, stacked=stacked, model_dir=folder, train_cfgs=train_cfgs,
-              trainable=trainable, total_steps=total_steps, log_period=int(log_period),
-              checkpoint_period=period, save_prompt_steps=frozenset(save_steps + [embedding_step]),
+  return Plan(runs=run_list, default_task=train_dataset_cfg.mixture_or_task_name, stacked=stacked,
+              model_dir=folder, train_cfgs=train_cfgs, trainable=trainable, total_steps=total_steps,
+              log_period=int(log_period), checkpoint_period=period,
+              save_prompt_steps=frozenset(save_steps + [embedding_step]),
               embedding_step=embedding_step, checkpoint_cfg=dataclasses.replace(cc, keep=keep),
               vocabulary=vocabulary, task_module=train_dataset_cfg.module, method=method)
 
@@ -227,7 +231,8 @@ def check_finite(metrics: Mapping[str, Any], step: int, last_saved: Optional[int
   when the loss was finite, so all three are checked before anything of that step is written.
   `run` names the run of a K-run job.
   """
-  for name, what in (("loss", "loss"), ("grad_norm", "gradient norm"), ("param_norm", "parameter norm")):
+  for name, what in (("loss", "loss"), ("grad_norm", "gradient norm"),
+                     ("param_norm", "parameter norm")):
     value = metrics.get(name)
     if value is not None and not np.isfinite(value):
       kept = (f"the last checkpoint (step {last_saved}) is intact" if last_saved is not None

@@ -5,7 +5,7 @@ its input, target and the run's outputs. seqio's `JSONLogger` reads the cached d
 encodes every input again for every run, which for the K runs of one task evaluated together is
 K times the same work (about a quarter of a second per run of 200 examples on 2 CPU cores). This
 subclass encodes a dataset's inputs once and keeps them while the dataset lives; the lines it
-writes are seqio's, byte for byte (tests/test_eval_log.py compares both loggers' files).
+writes are seqio's, byte for byte (tests/train/test_eval_log.py compares both loggers' files).
 """
 from __future__ import annotations
 

@@ -33,12 +33,14 @@ def _prompt_file_params(model: models.EncoderDecoderModel, prompt_file: str, bac
   abstract = jax.eval_shape(model.init_prompt, backbone_lib.seed_keys(seed)[1], backbone, dummy)
   names = sorted(models.unbox(abstract).get(models.PROMPT_KEY, {}))
   if names != ["prompt"]:
-    raise ConfigError(f"PROMPT_FILE fits Prompt Tuning modules (one 'prompt' parameter); this model's "
-                      f"prompt has {names}: evaluate its run directory with MODEL_DIR instead")
+    raise ConfigError("PROMPT_FILE fits Prompt Tuning modules (one 'prompt' parameter); this "
+                      f"model's prompt has {names}: evaluate its run directory with MODEL_DIR "
+                      "instead")
   array = fileio.read_npy(path, "PROMPT_FILE")
   expected = models.unbox(abstract)[models.PROMPT_KEY]["prompt"].shape
   if array.shape != expected:
-    raise ConfigError(f"PROMPT_FILE {prompt_file!r} has shape {array.shape}; this model's prompt is {expected}")
+    raise ConfigError(f"PROMPT_FILE {prompt_file!r} has shape {array.shape}; this model's prompt "
+                      f"is {expected}")
   return {models.PROMPT_KEY: {"prompt": array.astype(np.float32)}}
 
 
@@ -65,7 +67,8 @@ def evaluate_run(*, model: models.EncoderDecoderModel, eval_cfg: EvalConfig,
     allow_backbone_change: evaluate with another frozen backbone than the run recorded.
   """
   if (model_dir is None) == (prompt_file is None):
-    raise ConfigError("give exactly one of MODEL_DIR (a training run's directory) or PROMPT_FILE (.npy)")
+    raise ConfigError("give exactly one of MODEL_DIR (a training run's directory) or "
+                      "PROMPT_FILE (.npy)")
   if initial_checkpoint_path:
     backbone_lib.check_initial_checkpoint(initial_checkpoint_path)
   run_dir = None
@@ -76,7 +79,8 @@ def evaluate_run(*, model: models.EncoderDecoderModel, eval_cfg: EvalConfig,
       current = backbone_lib.fingerprint(model.config, initial_checkpoint_path, seed)
       backbone_lib.check_same(record.fingerprint, current, str(run_dir.path),
                               "--gin.ALLOW_BACKBONE_CHANGE=True")
-  out = pathlib.Path(output_dir or (run_dir.path if run_dir else pathlib.Path(".")) / f"eval_{eval_cfg.split}")
+  out = pathlib.Path(output_dir
+                     or (run_dir.path if run_dir else pathlib.Path(".")) / f"eval_{eval_cfg.split}")
   out = fileio.creatable_dir(out, "OUTPUT_DIR")  # made once nothing can refuse the run
   mesh = partitioning.create_mesh(num_partitions)
   rules = partitioning.logical_rules()
@@ -92,7 +96,8 @@ def evaluate_run(*, model: models.EncoderDecoderModel, eval_cfg: EvalConfig,
       trained = partitioning.place(_prompt_file_params(model, prompt_file, backbone, dummy, seed),
                                    partitioning.replicated(mesh))
       source = prompt_file
-    params = dict(trained) if models.PROMPT_KEY not in trained else models.merge_params(backbone, trained)
+    params = (dict(trained) if models.PROMPT_KEY not in trained
+              else models.merge_params(backbone, trained))
     evaluator = Evaluator(model, eval_cfg, log_dir=str(out), mesh=mesh)
     fileio.writable_dir(out, "OUTPUT_DIR")
     metrics = evaluator.evaluate(params)
@@ -100,5 +105,6 @@ def evaluate_run(*, model: models.EncoderDecoderModel, eval_cfg: EvalConfig,
     record = {"source": str(source), "split": eval_cfg.split, "metrics": metrics}
     fileio.atomic_write_bytes(out / "metrics.json", json.dumps(record, indent=2).encode())
   for task, values in metrics.items():
-    print(f"{task} [{eval_cfg.split}] " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(values.items())))
+    print(f"{task} [{eval_cfg.split}] "
+          + ", ".join(f"{k} {v:.4g}" for k, v in sorted(values.items())))
   return metrics

@@ -106,7 +106,8 @@ def _seqio_evaluator(config: EvalConfig) -> tuple[Any, _RoutedLogs, dict]:
   source = data_lib.get_mixture_or_task(config.mixture_or_task_name, config.split, "EVAL_SPLIT",
                                         ("MIXTURE_OR_TASK_MODULE", config.module))
   key = (id(source), config.mixture_or_task_name, config.split, config.use_cached,
-         config.num_examples, tuple(sorted((k, int(v)) for k, v in config.task_feature_lengths.items())))
+         config.num_examples,
+         tuple(sorted((k, int(v)) for k, v in config.task_feature_lengths.items())))
   if key not in _SEQIO_EVALUATORS:
     routes = _RoutedLogs()
     with _without(_LENGTH_NOTES):

@@ -177,7 +177,8 @@ class Job:
     rep = partitioning.replicated(self.mesh)
     first = params
     if self.stacked:  # run 0's own arrays, to find one run's state shardings
-      first = self._run_slice(params, 0, jax.tree.map(lambda x: self._unstacked(x.sharding), params))
+      first = self._run_slice(params, 0,
+                              jax.tree.map(lambda x: self._unstacked(x.sharding), params))
     in_shardings = jax.tree.map(lambda x: x.sharding, first)
     fresh = jax.jit(lambda p, r: TrainState.create(p, tx, r), in_shardings=(in_shardings, rep))(
         first, rngs[0])
@@ -219,7 +220,8 @@ class Job:
         return None
       common = sorted(set.intersection(*steps), reverse=True)
       if not common:  # e.g. killed between the runs' first saves: all start again from step 0
-        listing = "; ".join(f"{r.name}: {sorted(s) or 'none'}" for r, s in zip(self.plan.runs, steps))
+        listing = "; ".join(f"{r.name}: {sorted(s) or 'none'}"
+                            for r, s in zip(self.plan.runs, steps))
         self.log.info(f"the runs of {self.plan.model_dir} saved no common step ({listing}); all "
                       f"start from step 0 (a saved state is kept, not written again)")
         return None
@@ -346,7 +348,8 @@ class Job:
       self.eval_histories[k].append((done, results[k]))
       logger.scalars("eval", done, flat)
     if not self.stacked:
-      self.log.info(f"eval step {done}: " + ", ".join(f"{n} {v:.4g}" for n, v in sorted(flats[0].items())))
+      self.log.info(f"eval step {done}: "
+                    + ", ".join(f"{n} {v:.4g}" for n, v in sorted(flats[0].items())))
     else:
       names = sorted(set().union(*flats))
       self.log.info(f"eval step {done} ({self.k} runs): " + ", ".join(

@@ -37,7 +37,8 @@ from spot_jax.train.train_result import RunResult, TrainResult
 from spot_jax.train.state import TrainState
 from spot_jax.train.step import make_runs_step, make_train_step
 
-__all__ = ["TRAINABLE_ALL", "TRAINABLE_PROMPT", "CheckpointConfig", "RunResult", "TrainResult", "train"]
+__all__ = ["TRAINABLE_ALL", "TRAINABLE_PROMPT", "CheckpointConfig", "RunResult",
+           "TrainResult", "train"]
 
 
 def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.DatasetConfig,
@@ -95,8 +96,9 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
   stacked = plan.stacked
   runs_sharded = stacked and shard_runs and data_size > 1 and len(plan.runs) % data_size == 0
   if not runs_sharded and train_dataset_cfg.batch_size % data_size:
-    raise ConfigError(f"BATCH_SIZE={train_dataset_cfg.batch_size} must be divisible by the data-parallel "
-                      f"mesh size {data_size} ({jax.device_count()} devices / {num_partitions} partitions)")
+    raise ConfigError(f"BATCH_SIZE={train_dataset_cfg.batch_size} must be divisible by the "
+                      f"data-parallel mesh size {data_size} ({jax.device_count()} devices / "
+                      f"{num_partitions} partitions)")
   rules = partitioning.logical_rules(shard_prompt_embed,
                                      overrides=(("batch", None),) if runs_sharded else ())
   lengths = train_dataset_cfg.task_feature_lengths
@@ -105,7 +107,8 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
   job.log.info(f"mesh: data={data_size} x model={num_partitions} over {jax.device_count()} "
                f"{jax.devices()[0].platform} device(s)"
                + (f"; {len(plan.runs)} runs in one step" + (" (runs axis sharded over data)"
-                                                            if runs_sharded else "") if stacked else ""))
+                                                            if runs_sharded else "")
+                  if stacked else ""))
 
   # --- 2. frozen backbone (placed by explicit shardings, before the rules context) ------------
   backbone, backbone_shardings = backbone_lib.load_backbone(model, dummy, initial_checkpoint_path,
@@ -123,7 +126,8 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
       # --- 6. one jitted train step (one compile per input length with length buckets) ---------
       step = (make_runs_step(model, tx, dropout_rng, partitioning.DATA if runs_sharded else None)
               if stacked else make_train_step(model, tx, dropout_rng))
-      step_fn = jax.jit(step, in_shardings=(job.state_shardings, frozen_shardings, job.batch_sharding),
+      step_fn = jax.jit(step,
+                        in_shardings=(job.state_shardings, frozen_shardings, job.batch_sharding),
                         out_shardings=(job.state_shardings, partitioning.replicated(mesh)),
                         donate_argnums=(0,))
       # --- 7. loop ------------------------------------------------------------------------------
@@ -136,7 +140,8 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
 
 
 def _loop(job: job_lib.Job, model: models.EncoderDecoderModel, state: TrainState, frozen: Any,
-          step_fn, eval_cfg: Optional[EvalConfig], eval_period: int, total_steps: int) -> TrainState:
+          step_fn, eval_cfg: Optional[EvalConfig], eval_period: int,
+          total_steps: int) -> TrainState:
   """Steps from the state's step to `total_steps`: log, export, evaluate, keep best, checkpoint."""
   plan = job.plan
   evaluators = job.evaluators(model, eval_cfg)

@@ -19,11 +19,13 @@ from spot_jax.errors import ConfigError
 Schedule = Union[float, Callable[[int], float]]
 
 
-def _with_learning_rate(make: Callable[[Schedule], optax.GradientTransformation], learning_rate: Schedule,
+def _with_learning_rate(make: Callable[[Schedule], optax.GradientTransformation],
+                        learning_rate: Schedule,
                         grad_clip_norm: Optional[float]) -> optax.GradientTransformation:
   if not callable(learning_rate):
     validate.positive(learning_rate, "learning_rate", finite=False)
-  tx = optax.inject_hyperparams(lambda learning_rate: make(learning_rate))(learning_rate=learning_rate)
+  tx = optax.inject_hyperparams(
+      lambda learning_rate: make(learning_rate))(learning_rate=learning_rate)
   if grad_clip_norm is not None:
     validate.positive(grad_clip_norm, "grad_clip_norm", finite=False)
     tx = optax.chain(optax.clip_by_global_norm(grad_clip_norm), tx)
@@ -37,9 +39,11 @@ def adafactor(learning_rate: Schedule = 0.3, decay_rate: float = 0.8,
               grad_clip_norm: Optional[float] = None) -> optax.GradientTransformation:
   """optax Adafactor with Prompt Tuning's defaults (set factored=True for model tuning)."""
   return _with_learning_rate(lambda lr: optax.adafactor(
-      learning_rate=lr, decay_rate=decay_rate, multiply_by_parameter_scale=multiply_by_parameter_scale,
+      learning_rate=lr, decay_rate=decay_rate,
+      multiply_by_parameter_scale=multiply_by_parameter_scale,
       weight_decay_rate=weight_decay_rate, factored=factored, clipping_threshold=clipping_threshold,
-      min_dim_size_to_factor=min_dim_size_to_factor, momentum=momentum), learning_rate, grad_clip_norm)
+      min_dim_size_to_factor=min_dim_size_to_factor, momentum=momentum), learning_rate,
+                             grad_clip_norm)
 
 
 def adam(learning_rate: Schedule = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,

@@ -44,7 +44,8 @@ def initial_prompts(model: models.EncoderDecoderModel, runs: Sequence[Any], back
     key = ("array", value.shape) if given else id(run.prompt_init)
     if key not in compiled:
       try:
-        abstract = jax.eval_shape(with_init(model, run.prompt_init).init_prompt, rng, backbone, dummy)
+        abstract = jax.eval_shape(with_init(model, run.prompt_init).init_prompt, rng,
+                                  backbone, dummy)
       except ValueError as e:  # e.g. a run's initial prompt of another shape
         if not stacked:
           raise
@@ -53,7 +54,8 @@ def initial_prompts(model: models.EncoderDecoderModel, runs: Sequence[Any], back
       shardings = partitioning.param_shardings(abstract, mesh, rules)
       if given:
         compiled[key] = jax.jit(lambda r, f, v: models.unbox(with_init(
-            model, lambda rng, shape, embedding: v).init_prompt(r, f, dummy)), out_shardings=shardings)
+            model, lambda rng, shape, embedding: v).init_prompt(r, f, dummy)),
+                                out_shardings=shardings)
       else:
         run_model = with_init(model, run.prompt_init)
         compiled[key] = jax.jit(lambda r, f, m=run_model: models.unbox(m.init_prompt(r, f, dummy)),

@@ -101,8 +101,9 @@ def resolve(model_dir: str, task: str, seed: int, seeds: Optional[Sequence[int]]
     seed_list = _check_list("SEEDS", seeds, int) if seeds is not None else None
     task_list = _check_list("TASKS", tasks, str) if tasks is not None else None
     if seed_list is not None and task_list is not None and len(seed_list) != len(task_list):
-      raise ConfigError(f"SEEDS has {len(seed_list)} entries and TASKS {len(task_list)}; give lists "
-                        f"of the same length (run i trains TASKS[i] with SEEDS[i]) or only one")
+      raise ConfigError(f"SEEDS has {len(seed_list)} entries and TASKS {len(task_list)}; give "
+                        "lists of the same length (run i trains TASKS[i] with SEEDS[i]) or only "
+                        "one")
     if task_list is None:
       dup = _first_duplicate(seed_list)
       if dup is not None:
@@ -156,9 +157,10 @@ def check_job(model_dir: pathlib.Path, runs: Sequence[Run]) -> None:
     raise ConfigError(f"{path} cannot be read ({e}); restore it or use a new MODEL_DIR") from None
   new_runs = [(r.name, r.task, r.seed) for r in runs]
   if old_runs != new_runs:
-    raise ConfigError(f"MODEL_DIR {str(model_dir)!r} holds a job of {len(old_runs)} runs "
-                      f"({', '.join(n for n, _, _ in old_runs[:4])}{', ...' if len(old_runs) > 4 else ''}), "
-                      f"not these {len(new_runs)}; give the same SEEDS/TASKS or a new MODEL_DIR")
+    raise ConfigError(
+        f"MODEL_DIR {str(model_dir)!r} holds a job of {len(old_runs)} runs "
+        f"({', '.join(n for n, _, _ in old_runs[:4])}{', ...' if len(old_runs) > 4 else ''}), "
+        f"not these {len(new_runs)}; give the same SEEDS/TASKS or a new MODEL_DIR")
 
 
 def write_job(model_dir: pathlib.Path, runs: Sequence[Run]) -> None:
@@ -180,12 +182,13 @@ def unstack(tree: Any, k: int) -> Any:
 def check_same_shapes(trees: Sequence[Any], runs: Sequence[Run]) -> None:
   """K runs share one method and shape: a run whose prompt tree differs is refused."""
   def shapes(tree):
-    return {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+    return {jax.tree_util.keystr(p): tuple(x.shape)
+            for p, x in jax.tree_util.tree_leaves_with_path(tree)}
   first = shapes(trees[0])
   for run, tree in zip(runs[1:], trees[1:]):
     other = shapes(tree)
     if other != first:
       diff = next((k for k in sorted(set(first) | set(other)) if first.get(k) != other.get(k)), "?")
-      raise ConfigError(f"run {run.name}'s prompt parameter {diff} has shape {other.get(diff)}, run "
-                        f"{runs[0].name}'s {first.get(diff)}; K runs in one step share one prompt "
-                        f"method and its shapes")
+      raise ConfigError(f"run {run.name}'s prompt parameter {diff} has shape {other.get(diff)}, "
+                        f"run {runs[0].name}'s {first.get(diff)}; K runs in one step share one "
+                        "prompt method and its shapes")

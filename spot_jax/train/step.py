@@ -39,7 +39,8 @@ def dropout_key(step_rng: jax.Array, dropout_rng: str = "threefry") -> jax.Array
 
 def make_train_step(model: models.EncoderDecoderModel, tx: optax.GradientTransformation,
                     dropout_rng: str = "threefry"
-                    ) -> Callable[[TrainState, Any, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
+                    ) -> Callable[[TrainState, Any,
+                                   Mapping[str, jax.Array]], tuple[TrainState, dict]]:
   """The pure train step: gradients of `state.params` only; frozen parameters are an input.
 
   `dropout_rng` picks the PRNG of the dropout masks (see `dropout_key`).
@@ -71,7 +72,8 @@ def make_train_step(model: models.EncoderDecoderModel, tx: optax.GradientTransfo
 
 def make_runs_step(model: models.EncoderDecoderModel, tx: optax.GradientTransformation,
                    dropout_rng: str = "threefry", spmd_axis_name: Optional[str] = None
-                   ) -> Callable[[TrainState, Any, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
+                   ) -> Callable[[TrainState, Any,
+                                  Mapping[str, jax.Array]], tuple[TrainState, dict]]:
   """The same step for K runs stacked along a leading runs axis of the state and the batch.
 
   `make_train_step` vmapped over (state, batch), the frozen parameters unbatched: each run gets

@@ -108,11 +108,13 @@ class PromptCheckpointer(checkpoints.Checkpointer):
         self.latest_step() if step is None else step))
     names = saved_parameters(where)
     if names is None or any(is_backbone_key(n) for n in names):
-      return super().restore(step=step, path=path, state_transformation_fns=state_transformation_fns,
+      return super().restore(step=step, path=path,
+                             state_transformation_fns=state_transformation_fns,
                              fallback_state=fallback_state, lazy_parameters=lazy_parameters)
     self._check_backbone(where)
     logging.info("%s holds the prompt side only: reading the frozen backbone from %s first (t5x "
-                 "logs the entries each read fills in as 'from scratch')", where, self.backbone_path)
+                 "logs the entries each read fills in as 'from scratch')", where,
+                 self.backbone_path)
     # 1. The backbone, strictly, as the run's first start read it, by a Checkpointer without the
     # dataset iterator; zeros stand in for the prompt side, which step 2 reads.
     reader = checkpoints.Checkpointer(self._train_state, self._partitioner, "",
@@ -137,9 +139,9 @@ class PromptCheckpointer(checkpoints.Checkpointer):
     if jax.process_index() != 0 or gfile.exists(record):
       return
     if not self.backbone_path:
-      raise ConfigError("PromptCheckpointer.backbone_path is not set, so checkpoints without the frozen "
-                        "backbone could not be resumed; valid: %INITIAL_CHECKPOINT_PATH (as in "
-                        "gin/t5x/runs/prompt_tune.gin)")
+      raise ConfigError("PromptCheckpointer.backbone_path is not set, so checkpoints without the "
+                        "frozen backbone could not be resumed; valid: %INITIAL_CHECKPOINT_PATH (as "
+                        "in gin/t5x/runs/prompt_tune.gin)")
     gfile.makedirs(os.path.dirname(record))
     with gfile.GFile(record + ".tmp", "w") as f:
       f.write(json.dumps({"backbone_path": _canonical(self.backbone_path)}) + "\n")
@@ -157,6 +159,7 @@ class PromptCheckpointer(checkpoints.Checkpointer):
                         f"the backbone it was trained against is unknown; valid: restore that file "
                         f"or start a new MODEL_DIR")
     if not self.backbone_path or _canonical(self.backbone_path) != saved:
-      raise ConfigError(f"{checkpoint_dir} holds the prompt side only, trained against the backbone "
-                        f"{saved}; INITIAL_CHECKPOINT_PATH is {self.backbone_path or 'not set'}; "
-                        f"valid: INITIAL_CHECKPOINT_PATH='{saved}'")
+      raise ConfigError(f"{checkpoint_dir} holds the prompt side only, trained against the "
+                        f"backbone {saved}; INITIAL_CHECKPOINT_PATH is "
+                        f"{self.backbone_path or 'not set'}; valid: "
+                        f"INITIAL_CHECKPOINT_PATH='{saved}'")

@@ -53,7 +53,8 @@ def params_and_axes(boxed: Mapping[str, Any]) -> tuple[dict, dict]:
       raise ValueError(f"parameter {'/'.join(path)} has no logical axis names; every spot-jax "
                        f"parameter is created with nn.with_logical_partitioning")
     params[path] = leaf.value
-    axes[path[:-1] + (path[-1] + "_axes",)] = flax_partitioning.AxisMetadata(names=tuple(leaf.names))
+    axes[path[:-1] + (path[-1] + "_axes",)] = flax_partitioning.AxisMetadata(
+        names=tuple(leaf.names))
   return traverse_util.unflatten_dict(params), traverse_util.unflatten_dict(axes)
 
 
@@ -97,7 +98,8 @@ class PromptEncoderDecoderModel(t5x_models.EncoderDecoderModel):
                             input_types: Optional[Mapping[str, Any]] = None
                             ) -> flax.core.FrozenDict:
     """{"params": raw arrays, "params_axes": logical names} for the shapes t5x gives."""
-    for key in ("encoder_segment_ids", "decoder_segment_ids", "encoder_positions", "decoder_positions"):
+    for key in ("encoder_segment_ids", "decoder_segment_ids", "encoder_positions",
+                "decoder_positions"):
       if key in input_shapes:
         raise ValueError(f"the batch has {key!r}: packed examples are not supported with soft "
                          f"prompts; set pack = False on the train/eval DatasetConfigs")
@@ -116,9 +118,9 @@ class PromptEncoderDecoderModel(t5x_models.EncoderDecoderModel):
       if updated:
         raise ConfigError(
             f"the optimizer updates {len(updated)} backbone parameter(s) ({', '.join(updated[:3])}"
-            f"{', ...' if len(updated) > 3 else ''}) whose gradients freeze_backbone stops; valid: an "
-            f"optimizer of prompt/ only (spot_t5x_optim.prompt_only, gin/t5x/models/common.gin) or "
-            f"PromptEncoderDecoderModel.freeze_backbone = False")
+            f"{', ...' if len(updated) > 3 else ''}) whose gradients freeze_backbone stops; valid: "
+            "an optimizer of prompt/ only (spot_t5x_optim.prompt_only, gin/t5x/models/common.gin) "
+            "or PromptEncoderDecoderModel.freeze_backbone = False")
     return flax.core.freeze({"params": params, "params_axes": axes})
 
   def predict_batch_with_aux(self, params: Any, batch: Mapping[str, jnp.ndarray],
@@ -130,7 +132,8 @@ class PromptEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     del decoder_params, num_decodes
     if prompt_with_targets:
       raise ValueError("prompt_with_targets is not supported by PromptEncoderDecoderModel")
-    eos_id = getattr(self.output_vocabulary, "eos_id", None) or 1  # T5's EOS when no vocabulary is set
+    # T5's EOS when no vocabulary is set
+    eos_id = getattr(self.output_vocabulary, "eos_id", None) or 1
     tokens, scores = generation.generate(
         self.module, params, batch["encoder_input_tokens"],
         max_decode_length=batch["decoder_input_tokens"].shape[1], method=self.decode_method,

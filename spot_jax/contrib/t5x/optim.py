@@ -33,7 +33,8 @@ def prompt_only(optimizer_def: optimizers.OptimizerDef) -> optimizers.MultiOptim
   return optimizers.MultiOptimizer(((prompt_traversal(), optimizer_def),))
 
 
-def backbone_paths_updated(optimizer_def: optimizers.OptimizerDef, params: Mapping[str, Any]) -> list[str]:
+def backbone_paths_updated(optimizer_def: optimizers.OptimizerDef,
+                           params: Mapping[str, Any]) -> list[str]:
   """The '/'-joined parameter paths outside `prompt/` that `optimizer_def` would update.
 
   A `MultiOptimizer` updates what its traversals select (asked on a tree of the parameters'

@@ -64,8 +64,8 @@ def strict_prompt_restore(ckpt_state: Mapping[str, Any], target_state: Mapping[s
   missing = sorted(backbone - ckpt_params)
   if missing:
     raise ValueError(f"the checkpoint lacks {len(missing)} backbone parameter(s) of this model: "
-                     f"{_listing(missing)}; only prompt-side parameters may be initialised fresh, so "
-                     f"give a checkpoint of the same architecture (model gin file)")
+                     f"{_listing(missing)}; only prompt-side parameters may be initialised fresh, "
+                     "so give a checkpoint of the same architecture (model gin file)")
   unknown = sorted(k for k in ckpt_params - target_params if not is_prompt_path(k))
   if unknown:
     raise ValueError(f"the checkpoint has {len(unknown)} parameter(s) this model lacks: "

@@ -119,7 +119,8 @@ def load_embedding(path: str, config: T5Config) -> np.ndarray:
     sharding = {name: SingleDeviceSharding(jax.local_devices()[0])}
     stored = orbax_format.orbax_shapes(where)[1]
     check_fit({name: stored[name]} if name in stored else {}, {name: want}, (), where)
-    params = orbax_format.load_orbax(where, {name: jax.ShapeDtypeStruct(want, jnp.float32)}, sharding,
+    params = orbax_format.load_orbax(where,
+                                     {name: jax.ShapeDtypeStruct(want, jnp.float32)}, sharding,
                          (), np.dtype(np.float32), strict=False)
     return np.asarray(params["token_embedder"]["embedding"])
   stored = t5x_legacy.t5x_arrays(where) if fmt == "t5x" else huggingface.hf_arrays(where, config)
@@ -137,7 +138,8 @@ def detect_format(path: str) -> tuple[str, str]:
   path = str(path)
   path = path.rstrip("/") or path
   if path.startswith("gs://"):
-    if t5x_legacy.gcs_exists(path, "checkpoint") and not any(t5x_legacy.gcs_exists(path, m) for m in _ORBAX_MARKERS[:2]):
+    if (t5x_legacy.gcs_exists(path, "checkpoint")
+        and not any(t5x_legacy.gcs_exists(path, m) for m in _ORBAX_MARKERS[:2])):
       return "t5x", path + "/checkpoint"
     if any(t5x_legacy.gcs_exists(path, m) for m in _ORBAX_MARKERS):
       return "orbax", path

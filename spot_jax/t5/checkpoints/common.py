@@ -77,9 +77,9 @@ def check_divisible(path: str, shape: Sequence[int], sharding: Sharding) -> None
     axes = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
     parts = math.prod(sharding.mesh.shape[a] for a in axes)
     if size % parts:
-      raise CheckpointError(f"{path} {list(shape)}: axis {dim} of size {size} cannot be split over mesh "
-                       f"axes {axes} ({parts} devices); use a mesh whose axis sizes divide it or "
-                       "override its logical axis rule")
+      raise CheckpointError(f"{path} {list(shape)}: axis {dim} of size {size} cannot be split over "
+                       f"mesh axes {axes} ({parts} devices); use a mesh whose axis sizes divide it "
+                       "or override its logical axis rule")
 
 
 def _allowed(path: str, prefixes: Sequence[str]) -> bool:

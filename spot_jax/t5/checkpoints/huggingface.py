@@ -57,7 +57,8 @@ def _hf_stored(tensor, transpose: bool) -> StoredArray:
 
 
 def _check_same(a, b, path: str, rows: int = 8192) -> None:
-  """HF may store tied copies of one weight; they must agree (compared a block of rows at a time)."""
+  """HF may store tied copies of one weight; they must agree
+  (compared a block of rows at a time)."""
   if tuple(a.shape) != tuple(b.shape):
     raise CheckpointError(f"{b.name} {list(b.shape)} and {a.name} {list(a.shape)} both map to "
                           f"{path} but differ in shape")

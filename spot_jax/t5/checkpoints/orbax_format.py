@@ -35,7 +35,8 @@ def orbax_shapes(directory: str) -> tuple[tuple[str, ...], dict[str, StoredArray
 
   def restored_by_orbax(index: Index) -> np.ndarray:
     raise NotImplementedError(f"arrays of the orbax checkpoint {directory} are read by orbax")
-  stored = {p: StoredArray(tuple(getattr(m, "shape", ())), restored_by_orbax, f"{directory} (orbax)")
+  stored = {p: StoredArray(tuple(getattr(m, "shape", ())), restored_by_orbax,
+                           f"{directory} (orbax)")
             for p, m in traverse_util.flatten_dict(tree, sep="/").items()}
   return prefix, stored
 

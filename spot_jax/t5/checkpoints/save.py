@@ -49,7 +49,8 @@ def save_checkpoint(params: Mapping[str, Any], path: str, *, format: str = "t5x"
     raise ConfigError(f"format must be 't5x' or 'orbax', got {format!r}")
   path = str(path).rstrip("/")
   if path.startswith("gs://"):
-    raise ConfigError(f"save_checkpoint writes local directories, got {path}; copy it to GCS afterwards")
+    raise ConfigError(f"save_checkpoint writes local directories, got {path}; copy it to GCS "
+                      "afterwards")
   flat = traverse_util.flatten_dict(nn.unbox(dict(params)), sep="/")
   if not flat or list(params) == ["params"]:
     raise ConfigError("params must be the parameter tree itself (e.g. variables['params']), got "
@@ -101,7 +102,8 @@ def _write_zarr(value: Any, directory: str, name: str) -> dict:
   shape = list(np.shape(value))
   metadata = {"shape": shape, "chunks": _chunk_shape(shape, dtype.itemsize),
               "compressor": {"id": "gzip", "level": 1}}
-  store = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": os.path.join(directory, name)},
+  store = ts.open({"driver": "zarr",
+                   "kvstore": {"driver": "file", "path": os.path.join(directory, name)},
                    "metadata": metadata, "dtype": dtype.name}, create=True, open=False).result()
   if isinstance(value, jax.Array):
     for shard in value.addressable_shards:

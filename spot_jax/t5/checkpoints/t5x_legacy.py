@@ -67,7 +67,8 @@ def _ts_array(name: str, spec: dict, ckpt_dir: str) -> StoredArray:
     raise CheckpointError(f"tensorstore spec of {name} has no path: {spec}")
   if ckpt_dir.startswith("gs://"):
     bucket, _, prefix = ckpt_dir[len("gs://"):].partition("/")
-    spec["kvstore"] = {"driver": "gcs", "bucket": bucket, "path": f"{prefix}/{relative}".lstrip("/")}
+    spec["kvstore"] = {"driver": "gcs", "bucket": bucket,
+                       "path": f"{prefix}/{relative}".lstrip("/")}
   else:
     # t5x writes "gfile" (or "gcs" when saved on GCS); both are plain files once local.
     spec["kvstore"] = {"driver": "file", "path": os.path.join(ckpt_dir, relative)}
