@@ -1,0 +1,1 @@
+"""Tests of the command lines as users run them, and multi-process runs."""

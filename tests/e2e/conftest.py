@@ -9,8 +9,7 @@ import sys
 import time
 
 import pytest
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 def clean_env(venv: pathlib.Path, cache_home: pathlib.Path) -> dict:

@@ -16,7 +16,8 @@ import re
 import subprocess
 import time
 
-from tests.e2e.conftest import REPO, clean_env
+from tests.e2e.conftest import clean_env
+from tests.helpers import REPO
 
 DOC = REPO / "docs" / "tasks.md"
 SECTION = "**Worked example"

@@ -1,0 +1,1 @@
+"""Tests of the benchmarks/ programs (no timing assertions)."""

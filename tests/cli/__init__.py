@@ -1,0 +1,1 @@
+"""Tests of spot_jax.cli: the runner, flags and gin files."""

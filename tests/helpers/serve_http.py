@@ -1,0 +1,112 @@
+"""What the HTTP serving tests share: toy prompts of five methods, and the real server in a
+subprocess on 127.0.0.1 (a free port the server picks and prints)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Optional, Sequence
+
+import numpy as np
+
+from spot_jax import embedded, fileio
+from spot_jax.serve import peft_io
+from spot_jax.t5 import config_by_name
+from spot_jax.train import checkpointer
+from tests.helpers import REPO
+
+CONFIG = config_by_name(embedded.CONFIG_NAME, dropout_rate=0.0)
+CHECKPOINT = embedded.CHECKPOINT_PATH
+BACKBONE = [f"--model={embedded.CONFIG_NAME}", f"--checkpoint={CHECKPOINT}",
+            f"--vocab={embedded.VOCAB_PATH}"]
+OFFSET = 16  # the DePT prompt offsets this many input positions
+
+
+def _run(root: pathlib.Path, name: str) -> checkpointer.Checkpointer:
+  return checkpointer.Checkpointer(str(root / name))
+
+
+def make_prompts(root: pathlib.Path) -> dict[str, str]:
+  """Five prompts of different methods for the embedded toy T5 -> {name: path}: Prompt Tuning
+  (.npy), SMoP (run directory with its router), a PEFT prompt-tuning adapter, a PEFT
+  prefix-tuning adapter (per-layer decoder prefixes) and DePT (run directory, prompt + input
+  offset)."""
+  rs = np.random.RandomState(0)
+  normal = lambda scale, *shape: rs.normal(0, scale, shape).astype(np.float32)
+  e = CONFIG.emb_dim
+  np.save(root / "pt.npy", normal(0.5, 4, e))
+  run = _run(root, "smop_run")
+  smop = {"prompts": normal(0.5, 3, 2, e), "router": {"kernel": normal(3.0, e, 3)}}
+  run.save_best(7, {"params": {"prompt": smop}, "step": np.int32(7)}, "accuracy", 0.5)
+  fileio.save_npy(run.run_dir.prompt_path("best"), smop["prompts"])
+  run.close()
+  peft_io.export_adapter(normal(0.5, 5, e), CONFIG, str(root / "peft_pt"))
+  kv = normal(0.5, CONFIG.num_decoder_layers, 2, 3, CONFIG.num_heads, CONFIG.head_dim)
+  peft_io.export_prefix_adapter({"decoder": kv}, CONFIG, str(root / "peft_prefix"))
+  run = _run(root, "dept_run")
+  fileio.save_npy(run.run_dir.prompts / "prompt_step_5.npy", normal(0.5, 3, e))
+  fileio.save_npy(run.run_dir.prompts / "offset_step_5.npy", normal(0.3, OFFSET, e))
+  run.close()
+  return {"pt": str(root / "pt.npy"), "smop": str(root / "smop_run"),
+          "peft": str(root / "peft_pt"), "prefix": str(root / "peft_prefix"),
+          "dept": str(root / "dept_run")}
+
+
+class Served:
+  """A running `python -m spot_jax.serve` (see `start`).
+
+  Attributes:
+    proc: the process; url: http://127.0.0.1:PORT; lines: stdout lines up to "listening".
+  """
+
+  def __init__(self, proc: subprocess.Popen, url: str, lines: list[str]):
+    self.proc, self.url, self.lines = proc, url, lines
+
+  def get(self, path: str) -> dict:
+    with urllib.request.urlopen(self.url + path, timeout=60) as r:
+      return json.loads(r.read())
+
+  def metric(self, name: str, **labels: str) -> float:
+    """A sample of /metrics (0 when absent)."""
+    with urllib.request.urlopen(self.url + "/metrics", timeout=60) as r:
+      text = r.read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+      sample, _, value = line.rpartition(" ")
+      if sample == (f"{name}{{{want}}}" if labels else name):
+        return float(value)
+    return 0.0
+
+  def stop(self) -> int:
+    if self.proc.poll() is None:
+      self.proc.terminate()
+    try:
+      return self.proc.wait(120)
+    finally:
+      self.proc.stdout.close()
+
+
+def start(prompts: dict[str, str], extra: Sequence[str] = (), timeout: float = 600) -> Served:
+  """Starts the server on the toy T5 with `prompts`; returns once it listens."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
+         "PYTHONPATH": str(REPO)}
+  argv = [sys.executable, "-m", "spot_jax.serve", *BACKBONE, "--port=0",
+          *(f"--prompt={n}={p}" for n, p in prompts.items()), *extra]
+  proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env, cwd=REPO)
+  lines, deadline = [], time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    line = proc.stdout.readline()
+    if not line:
+      break
+    lines.append(line.rstrip("\n"))
+    found: Optional[re.Match] = re.search(r"listening on (http://\S+)", line)
+    if found:
+      return Served(proc, found.group(1), lines)
+  proc.kill()
+  raise AssertionError("the server did not start:\n" + "\n".join(lines[-30:]))
