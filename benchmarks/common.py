@@ -251,3 +251,25 @@ def write_outputs(files: Mapping[str, pathlib.Path], result: Any, markdown: str)
     fileio.atomic_write_bytes(files["--json"], json.dumps(result, indent=2).encode())
   if "--markdown" in files:
     fileio.atomic_write_bytes(files["--markdown"], markdown.encode())
+
+
+def initial_params(kind: str, model, dummy: Any, seed: int):
+  """A row's starting point: (frozen, params, tx, state_rng) from `seed`'s keys.
+
+  The backbone and the prompt are initialised as the trainer does; model tuning trains the whole
+  backbone with t5x's fine-tuning Adafactor, DePT its two learning rates, the rest Adafactor.
+  """
+  from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax import models  # pylint: disable=g-import-not-at-top
+  from spot_jax.train import optimizers  # pylint: disable=g-import-not-at-top
+  backbone_rng, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
+  backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)
+  prompt_params = (
+      jax.jit(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)))(prompt_rng, backbone)
+      if model.has_prompt else {})
+  if kind == "model_tuning":
+    tx = optimizers.adafactor(learning_rate=1e-3, factored=True, multiply_by_parameter_scale=True,
+                              weight_decay_rate=None)
+    return {}, backbone, tx, state_rng
+  tx = optimizers.two_learning_rates() if kind == "dept" else optimizers.adafactor()
+  return backbone, prompt_params, tx, state_rng

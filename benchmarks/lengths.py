@@ -29,13 +29,11 @@ import jax
 import numpy as np
 
 from spot_jax import runtime
-from spot_jax import backbone as backbone_lib
 from spot_jax import cli, data, models
 from spot_jax.cli import flags
 from benchmarks import common
 from benchmarks.peers import worker as bench_worker
 from spot_jax.data import bucketing
-from spot_jax.train import optimizers
 from spot_jax import train as train_lib
 from spot_jax import validate
 from spot_jax.errors import ConfigError
@@ -132,17 +130,7 @@ def compile_steps(method: str, config_name: str, batch_size: int, widths: Sequen
   model = models.EncoderDecoderModel(Transformer(config, prompt=common.prompt_module(
       kind, length, config.emb_dim, max(widths))))
   dummy = model.dummy_batch(max(widths), target_length)
-  backbone_rng, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
-  backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)
-  prompt_params = (
-      jax.jit(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)))(prompt_rng, backbone)
-      if model.has_prompt else {})
-  if kind == "model_tuning":
-    frozen, params, tx = {}, backbone, optimizers.adafactor(learning_rate=1e-3, factored=True,
-                                                            multiply_by_parameter_scale=True,
-                                                            weight_decay_rate=None)
-  else:
-    frozen, params, tx = backbone, prompt_params, optimizers.adafactor()
+  frozen, params, tx, state_rng = common.initial_params(kind, model, dummy, seed)
   holder = {"state": TrainState.create(params, tx, state_rng)}
   step_fn = jax.jit(train_lib.make_train_step(model, tx), donate_argnums=(0,))
   compiled, batches, stats = {}, {}, {}

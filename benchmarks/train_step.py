@@ -34,7 +34,6 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from spot_jax import backbone as backbone_lib
 from spot_jax import cli, models, partitioning
 from benchmarks.peers import compare_peft as peft_peer
 from benchmarks.tables import markdown_table, paired_lines
@@ -42,7 +41,6 @@ from benchmarks.peers import compare_t5x as t5x_peer
 from benchmarks.peers import worker as bench_worker
 from spot_jax.cli import distributed, flags
 from spot_jax import runtime
-from spot_jax.train import optimizers
 from spot_jax import train as train_lib
 from spot_jax import validate
 from benchmarks import common
@@ -93,18 +91,7 @@ def _prepare(method: str, config_name: str, batch_size: int, input_length: int, 
   config = bench_config(config_name, config_overrides, dropout_rate)
   model = common.bench_model(kind, length, config, input_length)
   dummy = model.dummy_batch(input_length, target_length)
-  backbone_rng, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
-  backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)
-  prompt_params = (
-      jax.jit(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)))(prompt_rng, backbone)
-      if model.has_prompt else {})
-  if kind == "model_tuning":
-    frozen, params = {}, backbone
-    tx = optimizers.adafactor(learning_rate=1e-3, factored=True, multiply_by_parameter_scale=True,
-                              weight_decay_rate=None)
-  else:
-    frozen, params = backbone, prompt_params
-    tx = optimizers.two_learning_rates() if kind == "dept" else optimizers.adafactor()
+  frozen, params, tx, state_rng = common.initial_params(kind, model, dummy, seed)
   state = TrainState.create(params, tx, state_rng)
   batch = common.with_task_index(kind, device_batch(config.vocab_size, batch_size, input_length,
                                                    target_length, seed))
