@@ -242,7 +242,7 @@ def test_pretrain_toy_bad_input_is_one_line(capsys, tmp_path):
   from spot_jax.embedded.pretrain import main  # pylint: disable=g-import-not-at-top
   line = _one_line_error(capsys, main, ["--steps=0", f"--output_dir={tmp_path}"],
                          "spot_jax.embedded.pretrain")
-  assert "--steps (0)" in line
+  assert "--steps=0 must be a positive integer" in line
 
 
 def _demo_in_a_fresh_process(argv, tf_log_level, timeout):
