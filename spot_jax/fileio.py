@@ -21,6 +21,7 @@ from typing import IO, Iterator, Optional
 
 import numpy as np
 
+from spot_jax import validate
 from spot_jax.errors import ConfigError, one_line
 
 # A name that is one folder or file name on every platform: a run's folder, a library entry's id.
@@ -95,13 +96,10 @@ def creatable_dir(path: str | os.PathLike, what: str) -> pathlib.Path:
     where = "" if existing == folder else f" ({str(existing)!r} is a file)"
     raise ConfigError(f"{what} {str(folder)!r} cannot be a directory{where}; give a directory "
                       f"you can create and write to")
-  try:
-    fd, probe = tempfile.mkstemp(dir=existing, prefix=".spot_jax_write_test.", suffix=".probe")
-    os.close(fd)
-    os.unlink(probe)
-  except OSError as e:
-    raise ConfigError(f"{what} {str(folder)!r} is not writable ({e.strerror or e}); give a "
-                      f"directory you can create and write to") from None
+  reason = validate.write_refused(existing, ".spot_jax_write_test.")
+  if reason:
+    raise ConfigError(f"{what} {str(folder)!r} is not writable ({reason}); give a "
+                      f"directory you can create and write to")
   return folder
 
 

@@ -158,11 +158,19 @@ def output_file(path: str | os.PathLike, setting: str) -> pathlib.Path:
     what = "is not a directory" if folder.exists() else "does not exist"
     raise ConfigError(f"{setting} {str(path)!r}: {str(folder)!r} {what}; give a file in an "
                       f"existing directory")
+  reason = write_refused(folder, f".{target.name}.")
+  if reason:
+    raise ConfigError(f"{setting} {str(path)!r}: cannot write in {str(folder)!r} "
+                      f"({reason}); give a file in a directory you can write to")
+  return target
+
+
+def write_refused(folder: pathlib.Path, prefix: str) -> Optional[str]:
+  """None if a new file can be made in `folder` (a probe is written and removed), else why not."""
   try:
-    fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".probe")
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".probe")
     os.close(fd)
     os.unlink(probe)
   except OSError as e:
-    raise ConfigError(f"{setting} {str(path)!r}: cannot write in {str(folder)!r} "
-                      f"({e.strerror or e}); give a file in a directory you can write to") from None
-  return target
+    return str(e.strerror or e)
+  return None
