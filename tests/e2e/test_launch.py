@@ -298,7 +298,15 @@ def _launch(model_dir: pathlib.Path, steps: int, *extra: str, env=None) -> subpr
               **(env or {})})
   env.pop("XLA_FLAGS", None)  # one CPU device per process
   return subprocess.Popen(["bash", str(REPO / "launch" / "local_cpu.sh")], cwd=model_dir.parent,
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=_interruptible)
+
+
+def _interruptible() -> None:
+  """Ctrl-C's default action in the launcher, as in a terminal: when the tests themselves run
+  in the background of a non-interactive shell, SIGINT reaches them ignored, and bash cannot trap
+  a signal ignored on entry."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _processes(model_dir: pathlib.Path) -> dict[int, int]:
@@ -320,7 +328,10 @@ def _processes(model_dir: pathlib.Path) -> dict[int, int]:
 @pytest.mark.parametrize("victim", [1, 0])
 def test_sigkill_gives_one_launcher_line_and_stops_the_other_process(tmp_path, victim):
   run_dir = tmp_path / "run"
-  launcher = _launch(run_dir, 60)
+  # The survivor gets longer than its heartbeat timeout (10 s) to notice the lost peer itself, so
+  # its log shows how it ended however busy the machine is (with the default 3 s, a survivor
+  # between two collectives can be stopped by the launcher before it notices).
+  launcher = _launch(run_dir, 60, env={"GRACE_PERIOD": "30"})
   deadline = time.time() + 300
   while not (run_dir / "checkpoints" / "2").is_dir():  # a complete step directory
     assert time.time() < deadline and launcher.poll() is None, launcher.communicate()
@@ -341,7 +352,8 @@ def test_sigkill_gives_one_launcher_line_and_stops_the_other_process(tmp_path, v
   assert (resume.startswith(f"GIN_FILES=gin/test/smoke.gin MODEL_DIR={run_dir} ")
           and " NUM_PROCESSES=2 " in resume)
   # as given, no defaults
-  assert resume.endswith("launch/local_cpu.sh") and " GRACE_PERIOD=" not in resume
+  assert resume.endswith("launch/local_cpu.sh") and " GRACE_PERIOD=30 " in resume
+  assert "COORDINATOR_ADDRESS=" not in resume and "PROCESS_ID=" not in resume
   assert line.endswith(f"; log: {run_dir}/logs/process_{victim}.log")
   assert not any(t in out + err for t in CRASH_TRACE), out + err
   assert "step 1/60" in out  # process 0's progress reached the terminal
@@ -428,7 +440,8 @@ def test_ctrl_c_while_starting_stops_every_started_process(tmp_path):
     env = _env({"GIN_FILES": "gin/test/smoke.gin", "MODEL_DIR": str(tmp_path / f"run{attempt}"),
                 "NUM_PROCESSES": "3", "PYTHON": str(python), "STAND_IN_PIDS": str(pids)})
     launcher = subprocess.Popen(["bash", str(REPO / "launch" / "local_cpu.sh")], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=_interruptible)
     try:
       out, err = launcher.communicate(timeout=20)
     except subprocess.TimeoutExpired:
