@@ -202,7 +202,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
     print(f"\r{label}{scores}  ({took})   [{time.time() - started:.0f}s elapsed]", flush=True)
     return result
 
-  sources, choices, entries = [], {}, []
+  sources, choices, entries, left_out = [], {}, [], []
   if needs_library:
     # One seed no target run uses: the 8 sources share one initial prompt (their embeddings
     # differ by what they learned), and no target seed shares it (a shared start would make that
@@ -215,10 +215,15 @@ def main(argv: Sequence[str]) -> Optional[int]:
     if args.fresh and library_dir.exists():
       shutil.rmtree(library_dir)
     entries = source_library.build_library(library_dir, sources)
+    left_out = source_library.screen(sources, {t: suite.TASKS[t].chance for t in suite.SOURCES})
+    for source in left_out:
+      print(source.line(), flush=True)
+    if left_out and len(left_out) == len(sources):
+      print(source_library.EVERY_SOURCE_LEFT_OUT, flush=True)
   every_run = [methods_lib.request(t, s) for t in targets for s in seeds]
   outcomes = list(job(methods_lib.recipe("pt", settings, vocab_rows), every_run).outcomes)
   if needs_library:
-    choices = source_library.choose(entries, outcomes, suite.RELATED)
+    choices = source_library.choose(entries, outcomes, suite.RELATED, left_out)
   for method in methods[1:]:
     requests = every_run
     if method == "spot":
@@ -230,7 +235,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   chance = {t: round(suite.TASKS[t].chance, 1) for t in targets}
   summary = results_lib.summarize(outcomes, targets, methods, seeds, chance, sources,
                                   {k: c.to_json() for k, c in choices.items()}, seconds,
-                                  settings.prompt_length)
+                                  settings.prompt_length, [x.to_json() for x in left_out])
   paths = results_lib.write(out, summary, dataclasses.asdict(settings))
   print()
   print(f"validation accuracy %, mean ± 95% interval over {len(seeds)} seeds:")

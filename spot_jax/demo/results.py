@@ -21,6 +21,7 @@ import numpy as np
 
 from spot_jax import stats
 from spot_jax import verdicts as verdicts_lib
+from spot_jax.demo import source_library
 from spot_jax.demo.methods import JOB_NAMES, METHOD_NAMES, MPT_SOURCE, SOURCE, Settings, accuracy
 from spot_jax.experiment import RunOutcome
 
@@ -42,6 +43,7 @@ class Summary:
     seconds: method -> the job's wall time in this process (None: reused).
     prompt_length: the recipe's prompt tokens (Prompt Tuning's, which the claims name).
     tests: (method, baseline) -> the test of that comparison's verdicts; superiority when absent.
+    left_out: sources left out of retrieval (`source_library.LeftOut.to_json`).
   """
   targets: list[str]
   methods: list[str]
@@ -53,6 +55,7 @@ class Summary:
   seconds: dict[str, Optional[float]]
   prompt_length: int = Settings.prompt_length
   tests: dict[tuple[str, str], verdicts_lib.Test] = dataclasses.field(default_factory=dict)
+  left_out: list[dict] = dataclasses.field(default_factory=list)
 
   def test(self, method: str, baseline: str = BASELINE) -> verdicts_lib.Test:
     """The test the (method, baseline) comparison is judged by."""
@@ -138,7 +141,8 @@ class Summary:
              for x in doc.get("tests", [])}
     return cls(targets, methods, [int(s) for s in seeds], dict(doc["chance"]), scores,
                [(x["task"], x["accuracy"]) for x in doc.get("sources", [])], choices, {},
-               int(doc.get("recipe", {}).get("prompt_length", Settings.prompt_length)), tests)
+               int(doc.get("recipe", {}).get("prompt_length", Settings.prompt_length)), tests,
+               list(doc.get("left_out", [])))
 
   def to_json(self) -> dict:
     cells = {f"{t}/{m}": {"scores": self.scores[(t, m)], "interval": self.interval(t, m).to_json(),
@@ -150,6 +154,7 @@ class Summary:
     return {"targets": self.targets, "methods": self.methods, "seeds": self.seeds,
             "chance": self.chance, "cells": cells,
             "sources": [{"task": s, "accuracy": a} for s, a in self.sources],
+            "left_out": self.left_out,
             "retrieval": [self.choices[k] for k in sorted(self.choices)],
             "claims": [dict(zip(claims[0], row)) for row in claims[1:]],
             "targets_mean": {f"{m}-{b}": {"difference": iv.to_json(),
@@ -165,7 +170,7 @@ class Summary:
 def summarize(outcomes: Sequence[RunOutcome], targets: Sequence[str], methods: Sequence[str],
               seeds: Sequence[int], chance: Mapping[str, float], sources: Sequence[RunOutcome],
               choices: Mapping[tuple[str, int], dict], seconds: Mapping[str, Optional[float]],
-              prompt_length: int = Settings.prompt_length) -> Summary:
+              prompt_length: int = Settings.prompt_length, left_out: Sequence = ()) -> Summary:
   """Scores per (target, method) in seed order, from the runs' records."""
   by_key = {(o.label, o.method, o.seed): accuracy(o) for o in outcomes}
   scores = {}
@@ -177,7 +182,7 @@ def summarize(outcomes: Sequence[RunOutcome], targets: Sequence[str], methods: S
       scores[(t, m)] = [by_key[(t, m, s)] for s in seeds]
   return Summary(list(targets), list(methods), list(seeds), dict(chance), scores,
                  [(o.label, accuracy(o)) for o in sources], dict(choices), dict(seconds),
-                 int(prompt_length))
+                 int(prompt_length), left_out=list(left_out))
 
 
 # --- tables ---------------------------------------------------------------------------------------
@@ -280,8 +285,8 @@ def claim_rows(s: Summary) -> list[list[str]]:
   if s.choices:
     from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
     hits = np.array([1.0 if c["related"] else 0.0 for c in s.choices.values()])
-    chance = float(np.mean([len(suite.RELATED[c["target"]]) / len(c["ranking"])
-                            for c in s.choices.values()]))
+    chance = float(np.mean([sum(r[0] in suite.RELATED[c["target"]] for r in c["ranking"])
+                            / len(c["ranking"]) for c in s.choices.values()]))
     share = stats.interval(100 * hits)
     verdict = (HOLDS if share.resolved and share.low > 100 * chance else
                DOES_NOT_HOLD if share.resolved and share.high < 100 * chance else stats.UNRESOLVED)
@@ -382,6 +387,10 @@ def write(output_dir: pathlib.Path, s: Summary, recipe: Mapping) -> list[pathlib
   if s.sources:
     text += ["Source prompts in the library:", "",
              markdown([["source", "accuracy"]] + [[t, f"{a:.1f}"] for t, a in s.sources])]
+    if s.left_out:
+      gone = (f"{x['task']} {x['accuracy']} (chance {x['chance']:.1f})" for x in s.left_out)
+      text += [f"Left out of retrieval (accuracy not {source_library.MIN_GAIN:g} points above "
+               f"the task's chance): {', '.join(gone)}.", ""]
   text += ["Claims:", "", markdown(claim_rows(s))]
   if time_rows(s):
     text += ["Jobs trained by this process (every job's runs share one jitted step):", "",

@@ -7,14 +7,17 @@
   3. retrieval (`spot_jax.spot.retrieve.rank`, cosine of average tokens) ranks the library; the
      most similar source's best prompt starts the SPoT run of that seed.
 
-The suite's RELATED map plays no part in the choice: `Choice.related` only checks it afterwards.
-The control "spot_unrelated" starts from the best prompt of UNRELATED[target][0].
+A source whose validation accuracy is not at least MIN_GAIN points above its task's chance did
+not learn its task: `screen` names it, and retrieval ranks the other sources only (every source
+stays in the library, which ATTEMPT and MPT read whole). The suite's RELATED map plays no part in
+the choice: `Choice.related` only checks it afterwards. The control "spot_unrelated" starts from
+the best prompt of UNRELATED[target][0].
 """
 from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 from spot_jax.demo import methods
 from spot_jax.errors import ConfigError
@@ -23,6 +26,41 @@ from spot_jax.spot import library as prompt_library
 from spot_jax.spot import retrieve as retrieval
 
 SIMILARITY = "average"
+MIN_GAIN = 10.0  # points above chance a source's accuracy must reach to enter retrieval
+EVERY_SOURCE_LEFT_OUT = ("no source learned its task (every one left out): retrieval ranks them "
+                         "all; give the sources more --source_steps")
+
+
+@dataclasses.dataclass(frozen=True)
+class LeftOut:
+  """A source left out of retrieval: it did not learn its task.
+
+  Attributes:
+    task: the source task key.
+    accuracy: its validation accuracy (%; None: not evaluated).
+    chance: its task's chance accuracy (%).
+  """
+  task: str
+  accuracy: Optional[float]
+  chance: float
+
+  def line(self) -> str:
+    shown = "none" if self.accuracy is None else f"{self.accuracy:.1f}%"
+    return (f"source {self.task} left out of retrieval: accuracy {shown}, not {MIN_GAIN:g} "
+            f"points above chance ({self.chance:.1f}%)")
+
+  def to_json(self) -> dict:
+    return {"task": self.task, "accuracy": self.accuracy, "chance": round(self.chance, 1)}
+
+
+def screen(sources: Sequence[RunOutcome], chance: Mapping[str, float]) -> list[LeftOut]:
+  """The sources whose accuracy is below chance[task] + MIN_GAIN (or missing), in source order."""
+  out = []
+  for run in sources:
+    accuracy = methods.accuracy(run)
+    if accuracy is None or accuracy < chance[run.label] + MIN_GAIN:
+      out.append(LeftOut(run.label, accuracy, float(chance[run.label])))
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,11 +110,15 @@ def build_library(root: pathlib.Path,
 
 
 def choose(entries: Sequence[prompt_library.Entry], targets_pt: Sequence[RunOutcome],
-           related: Mapping[str, Sequence[str]]) -> dict[tuple[str, int], Choice]:
-  """Retrieval's source for every Prompt Tuning target run (its early prompt is the embedding)."""
+           related: Mapping[str, Sequence[str]],
+           left_out: Sequence[LeftOut] = ()) -> dict[tuple[str, int], Choice]:
+  """Retrieval's source for every Prompt Tuning target run (its early prompt is the embedding),
+  among the entries not `left_out` (all of them when every one is: `EVERY_SOURCE_LEFT_OUT`)."""
+  dropped = {x.task for x in left_out}
+  candidates = [e for e in entries if e.id not in dropped] or list(entries)
   out = {}
   for pt in targets_pt:
-    ranked = retrieval.rank(pt.embedding(), entries, SIMILARITY, exclude_task=pt.task)
+    ranked = retrieval.rank(pt.embedding(), candidates, SIMILARITY, exclude_task=pt.task)
     top = ranked[0]
     out[(pt.label, pt.seed)] = Choice(
         pt.label, pt.seed, top.entry.id, top.similarity,

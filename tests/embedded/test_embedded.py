@@ -402,19 +402,25 @@ def test_seeded_demo_from_real_runs_retrieves_spot_sources_and_reuses_them(tmp_p
   assert saved["cells"]["sum/spot"]["verdict_vs_pt"] == stats.paired_verdict(
       saved["cells"]["sum/pt"]["scores"], saved["cells"]["sum/spot"]["scores"])
   # SPoT's source is retrieval's: the library entry most similar to the seed's early PT prompt
+  # among the sources 10 points above their task's chance (every source stays in the library)
   library, = (tmp_path / "libraries").iterdir()
   entries, problems = prompt_library.Library(library).load()
   assert not problems and sorted(e.id for e in entries) == sorted(suite.SOURCES)
+  left_out = {x["task"] for x in saved["left_out"]}
+  assert left_out == {x["task"] for x in saved["sources"]
+                      if x["accuracy"] < suite.TASKS[x["task"]].chance + 10}
+  ranked = [e for e in entries if e.id not in left_out] or entries
+  out = capsys.readouterr().out
+  assert all(f"source {t} left out of retrieval: " in out for t in left_out)
   for choice in saved["retrieval"]:
     seed = choice["seed"]
     embedding = np.load(RunDir(jobs["pt"] / f"sum.seed_{seed}").embedding_prompt()[0])
-    sims = similarity.similarities(embedding, [e.embedding for e in entries], "average")
-    assert choice["source"] == entries[int(np.argmax(sims))].id
+    sims = similarity.similarities(embedding, [e.embedding for e in ranked], "average")
+    assert choice["source"] == ranked[int(np.argmax(sims))].id
     assert choice["related"] == (choice["source"] in suite.RELATED["sum"])
     record = RunDir(jobs["spot"] / f"sum.seed_{seed}").read_record()
     assert (record.finished
             and record.init.startswith(f"retrieved library entry {choice['source']} "))
-  out = capsys.readouterr().out
   assert "SPoT's source per seed" in out and "paired by seed" in out
   # a rerun trains nothing and prints the same tables
   assert main(argv) == 0
