@@ -80,6 +80,9 @@ PROGRAMS = [
      "invalid choice: 'lst'"),
     ("spot_jax.demo.replication", "spot_jax.demo.replication:main",
      "spot_jax.demo.replication:load", ["{tmp}"], ["{tmp}"], "has no results.json"),
+    ("spot_jax.demo.noise", "spot_jax.demo.noise:main", "spot_jax.fileio:writable_dir",
+     ["--output_dir={tmp}/noise"], ["--num_seeds=1", "--output_dir={tmp}/noise"],
+     "--num_seeds=1 must be an integer >= 2"),
 ]
 GIN_PROGRAMS = {"spot_jax.train": "spot_jax.train.__main__", "spot_jax.eval": "spot_jax.eval"}
 
@@ -109,7 +112,7 @@ def _run_in_process(prog: str, main_spec: str, argv: list[str]) -> int:
 
 
 def test_every_program_is_listed_once():
-  assert len({p[0] for p in PROGRAMS}) == len(PROGRAMS) == 17
+  assert len({p[0] for p in PROGRAMS}) == len(PROGRAMS) == 18
 
 
 def _plant_bug(monkeypatch, spec: str) -> list:
