@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from spot_jax import losses
-from spot_jax.t5 import network
+from spot_jax.t5 import network, scoring
 
 Array = jax.Array
 Params = Mapping[str, Any]
@@ -144,10 +144,16 @@ class EncoderDecoderModel:
     logits = self.module.apply({"params": params}, batch["encoder_input_tokens"],
                                batch["decoder_input_tokens"], batch["decoder_target_tokens"],
                                enable_dropout=False, task_index=batch.get("task_index"))
-    targets = batch["decoder_target_tokens"]
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-    token_lp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-    return jnp.sum(token_lp * (targets > 0), axis=-1)
+    return scoring.sequence_log_likelihood(logits, batch["decoder_target_tokens"])
+
+  def classify_batch(self, params: Params, encoder_input_tokens: Array, labels: Array,
+                     task_index: Optional[Array] = None) -> Array:
+    """Log-likelihoods [B, C] of label rows labels [C, S] (EOS included, 0 = padding) for
+    inputs [B, T]: each input is encoded once with the prompt, its C labels decoded."""
+    encoded, valid = self.module.apply({"params": params}, encoder_input_tokens,
+                                       enable_dropout=False, task_index=task_index,
+                                       method=network.Transformer.encode)
+    return scoring.label_log_likelihoods(self.module, params, encoded, valid, labels)
 
 
 def merge_params(frozen: Params, trainable: Params) -> dict[str, Any]:

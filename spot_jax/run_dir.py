@@ -17,6 +17,8 @@
   prompts/prompt_params_step_<N>.npz  the raw prompt parameters at step N (t5x.train runs, whose
                                   states are t5x's own checkpoints)
   eval/, tensorboard/             seqio's evaluation logs, TensorBoard events
+  rank_classification.json        the exported prompt's rank-classification accuracy and what
+                                  it was computed from (`spot_jax.experiment.rank`)
   config.gin                      the operative gin configuration of the latest start (as
                                   t5x saves it), when gin configured the run; a resume with
                                   another one first moves the earlier one to
@@ -144,6 +146,8 @@ class RunDir:
   tensorboard = _under("tensorboard", doc="tensorboard/: TensorBoard events")
   record_path = _under(RECORD, doc="run.json: the run's record")
   config_path = _under("config.gin", doc="config.gin: the operative gin configuration")
+  rank_path = _under("rank_classification.json",
+                     doc="rank_classification.json: the prompt's rank-classification accuracy")
 
   def state_path(self, step: int) -> pathlib.Path:
     """checkpoints/<step> (a training state)."""

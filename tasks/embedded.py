@@ -32,7 +32,7 @@ from spot_jax import validate
 
 VERSION = "v100"
 EXTRA_IDS = 100
-SPLIT_SIZES = {"train": 4000, "validation": 200, "test": 200}
+SPLIT_SIZES = {"train": 4000, "validation": 1000, "test": 200}
 
 DOMAINS = {
     "movies": ("film", "plot", "actor", "scene", "ending", "script", "cast", "music"),

@@ -10,10 +10,12 @@ with seeds.
      similar source's prompt (the suite's RELATED map only checks the choice); then SMoP
      (4 prompts x 5 tokens), Residual Prompt Tuning and, as a control, SPoT from an unrelated
      source, one job per method
-  4. print the mean and 95% interval over seeds per target and method, each method's paired
-     verdict against Prompt Tuning (better / worse / not resolved) on every target and on the
-     targets' mean (a table's verdicts are one family: simultaneous 95% intervals), the sources
-     retrieval chose and the claims table; write results.json, results.md and results.png
+  4. score every target run with class labels by rank classification (its prompt picks the
+     likeliest label) on the first 1,000 validation examples; print the mean and 95% interval
+     over seeds per target and method, each method's paired verdict against Prompt Tuning
+     (better / worse / not resolved) on every target and on the targets' mean (a table's
+     verdicts are one family: simultaneous 95% intervals), the sources retrieval chose and the
+     claims table; write results.json, results.md and results.png
 
 Every run is an ordinary trainer run in <output_dir>/runs/<method>-<digest>/<task>.seed_<s> whose
 run.json holds its score. Rerunning with the same flags reuses the finished runs (the same
@@ -195,9 +197,10 @@ def main(argv: Sequence[str]) -> Optional[int]:
     label = f"[{done[0]}/{jobs}] {methods_lib.JOB_NAMES[recipe.name]}: {len(requests)} runs"
     print(f"{label} training ...", end="", flush=True)
     result = methods_lib.run_job(recipe, requests, settings, runs_dir, fresh=args.fresh)
-    seconds[recipe.name] = None if result.seconds is None else round(result.seconds, 1)
+    spent = [t for t in (result.seconds, result.rank_seconds) if t is not None]
+    seconds[recipe.name] = round(sum(spent), 1) if spent else None
     accs = [a for a in map(methods_lib.accuracy, result.outcomes) if a is not None]
-    took = "finished earlier, reused" if result.seconds is None else f"{result.seconds:.0f}s"
+    took = "finished earlier, reused" if not spent else f"{sum(spent):.0f}s"
     scores = f", accuracy {min(accs):.1f}-{max(accs):.1f}%" if accs else ""
     print(f"\r{label}{scores}  ({took})   [{time.time() - started:.0f}s elapsed]", flush=True)
     return result
@@ -238,7 +241,8 @@ def main(argv: Sequence[str]) -> Optional[int]:
                                   settings.prompt_length, [x.to_json() for x in left_out])
   paths = results_lib.write(out, summary, dataclasses.asdict(settings))
   print()
-  print(f"validation accuracy %, mean ± 95% interval over {len(seeds)} seeds:")
+  print(f"validation accuracy % (class labels: rank classification of the first "
+        f"{settings.rank_examples} examples), mean ± 95% interval over {len(seeds)} seeds:")
   print(results_lib.plain(results_lib.accuracy_rows(summary)))
   if summary.pairs():  # Prompt Tuning alone: nothing to compare
     print("\n" + results_lib.verdict_heading(summary) + ":")

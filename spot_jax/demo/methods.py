@@ -4,9 +4,11 @@ Each job is one `spot_jax.experiment.run` call: one prompt method (`recipe`), ev
 or more tasks as K runs of one jitted step. Each run is an ordinary run directory
 `<runs_dir>/<method>-<digest>/<task>.seed_<s>` whose `run.json` holds what the demo reports:
 the task, the seed, the best validation accuracy, how the prompt was initialised and the
-task-embedding step. The digest (`job_dir`) names the method, the settings and the runs (tasks,
-seeds, initial prompts), so a rerun with the same flags finds its finished runs and trains
-nothing, an interrupted job resumes from its own checkpoints, and other flags never collide.
+task-embedding step; a target with class labels is scored by rank classification instead
+(`rank_classification.json` beside it, `with_rank_classification`). The digest (`job_dir`)
+names the method, the settings and the runs (tasks, seeds, initial prompts), so a rerun with the
+same flags finds its finished runs and trains nothing, an interrupted job resumes from its own
+checkpoints, and other flags never collide.
 """
 from __future__ import annotations
 
@@ -61,7 +63,10 @@ class Settings:
     input_length: target tasks' input length in tokens (`LONGEST_TARGET_INPUT` fits).
     source_input_length: the sources' input length (paraphrase inputs reach 48).
     target_length: output length in tokens (the longest label is 4 tokens and EOS).
-    eval_examples: validation examples scored at the end of every run.
+    eval_examples: validation examples greedy decoding scores at the end of a run whose task
+      has no class labels (the sources, open-ended targets).
+    rank_examples: validation examples rank classification scores for a target with class
+      labels (`spot_jax.experiment.rank`; such runs are not decoded).
     embedding_step: the step whose prompt is a run's task embedding (sources and targets).
   """
   source_steps: int = 80
@@ -75,6 +80,7 @@ class Settings:
   source_input_length: int = 48
   target_length: int = 6
   eval_examples: int = 200
+  rank_examples: int = 1000
   embedding_step: int = 10
 
 
@@ -160,8 +166,28 @@ def request(task: str, seed: int, init: Optional[np.ndarray] = None,
 
 
 def accuracy(outcome: RunOutcome) -> Optional[float]:
-  """A run's validation accuracy as the demo reports it (%, 2 decimals; None: not evaluated)."""
-  return None if outcome.score is None else round(float(outcome.score), 2)
+  """A run's validation accuracy as the demo reports it (%, 2 decimals; None: not evaluated):
+  rank classification's when it has one, else greedy decoding's."""
+  score = outcome.score if outcome.rank_accuracy is None else outcome.rank_accuracy
+  return None if score is None else round(float(score), 2)
+
+
+def with_rank_classification(job_recipe: Recipe, requests: Sequence[RunRequest],
+                             settings: Settings) -> Recipe:
+  """A target job's recipe scoring its class-label targets by rank classification on
+  `settings.rank_examples` examples; greedy decoding stays only for open-ended targets (none:
+  no decoding). Sources and recipes without evaluation are returned as they are."""
+  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
+  if job_recipe.name == SOURCE or not job_recipe.evaluate:
+    return job_recipe
+  labels = {r.label: suite.TASKS[r.label].labels for r in requests
+            if r.label in suite.TASKS and suite.TASKS[r.label].labels}
+  if not labels:
+    return job_recipe
+  open_ended = {r.label for r in requests} - set(labels)
+  return dataclasses.replace(job_recipe, class_labels=labels,
+                             rank_examples=settings.rank_examples,
+                             metric=job_recipe.metric if open_ended else None)
 
 
 def array_digest(array: np.ndarray) -> str:
@@ -184,6 +210,7 @@ def job_dir(runs_dir: pathlib.Path, settings: Settings, job_recipe: Recipe,
 
 def run_job(job_recipe: Recipe, requests: Sequence[RunRequest], settings: Settings,
             runs_dir: pathlib.Path, fresh: bool = False) -> experiment.JobResult:
-  """Trains `requests` as K runs of `job_recipe` in `job_dir` (or reuses them)."""
-  return experiment.run(job_recipe, job_dir(runs_dir, settings, job_recipe, requests), requests,
-                        fresh=fresh)
+  """Trains `requests` as K runs of `job_recipe` in `job_dir` (or reuses them); class-label
+  targets are scored by rank classification (`with_rank_classification`)."""
+  return experiment.run(with_rank_classification(job_recipe, requests, settings),
+                        job_dir(runs_dir, settings, job_recipe, requests), requests, fresh=fresh)

@@ -3,6 +3,7 @@
   request  `Recipe` (what the K runs of one job share) and `RunRequest` (one run)
   runner   `run(recipe, job_dir, requests)`: K runs in one trainer call, finished ones reused
   outcome  `RunOutcome`, a finished run read from its directory (`read_outcome`)
+  rank     rank classification of finished runs on their tasks' class labels (`rank.score`)
 
 The demo (`spot_jax.demo`), the transferability study (`spot_jax.spot.study`) and retrieval
 (`spot_jax.spot.retrieve`) train every prompt through `runner.run`; their results are summarised

@@ -30,6 +30,8 @@ class RunOutcome:
     train_steps: the run's final step.
     label: the experiment's name for its task (`RunRequest.label`; read alone: the task).
     method: the name of the recipe that trained it ("" when read alone).
+    rank_accuracy: its prompt's rank-classification accuracy (%) on the recipe's validation
+      examples (`spot_jax.experiment.rank`; None: not scored so).
   """
   run_dir: str
   task: str
@@ -41,6 +43,7 @@ class RunOutcome:
   train_steps: int
   label: str = ""
   method: str = ""
+  rank_accuracy: Optional[float] = None
 
   @property
   def prompt_path(self) -> pathlib.Path:

@@ -40,6 +40,11 @@ class Recipe:
     task_names: a mixture's tasks, for the `task_index` feature (None: no such feature).
     key: more content that names this recipe's jobs, for callers that key job directories by
       content (the demo's successors' own settings); the runner does not read it.
+    class_labels: run label (`RunRequest.label`) -> its task's class labels; each such run is
+      scored by rank classification after the job trains (`spot_jax.experiment.rank`; None:
+      none is).
+    rank_examples: validation examples each rank classification scores (the first ones).
+    rank_batch_size: examples per rank-classification batch.
   """
   name: str
   model: models.EncoderDecoderModel
@@ -58,6 +63,9 @@ class Recipe:
   embedding_step: Optional[int] = None
   task_names: Optional[Sequence[str]] = None
   key: Optional[Mapping[str, Any]] = None
+  class_labels: Optional[Mapping[str, Sequence[str]]] = None
+  rank_examples: int = 1000
+  rank_batch_size: int = 250
 
   @property
   def evaluate(self) -> bool:

@@ -7,7 +7,9 @@ run directory `<job_dir>/<name>` (`alone=True`: one plain trainer run per reques
 directory). A job whose runs all finished the recipe's steps is not trained again; a job with
 any other run is started again with the same call, and the trainer resumes every run from its
 own checkpoints (a finished run takes no more steps). The outcomes are read back from each
-run's run.json. The runner calls the trainer as a library function; it never patches it.
+run's run.json. A recipe naming class labels also gets each run's rank-classification accuracy
+(`rank.score`, after training; saved in the run directory, reused on a rerun). The runner calls
+the trainer as a library function; it never patches it.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import numpy as np
 from spot_jax import data as data_lib
 from spot_jax import prompts
 from spot_jax import train as train_lib
+from spot_jax.experiment import rank
 from spot_jax.experiment.outcome import RunOutcome, read_outcome
 from spot_jax.experiment.request import Recipe, RunRequest
 from spot_jax.train import evaluator as evaluator_lib
@@ -38,10 +41,12 @@ class JobResult:
     path: the job's directory.
     outcomes: every request's outcome, in request order.
     seconds: the trainer's wall time, or None when every run had finished before.
+    rank_seconds: the rank classification's wall time, or None when none was computed.
   """
   path: pathlib.Path
   outcomes: list[RunOutcome]
   seconds: Optional[float]
+  rank_seconds: Optional[float] = None
 
 
 def _finished(recipe: Recipe, run_dir: pathlib.Path, request: RunRequest) -> Optional[RunOutcome]:
@@ -94,7 +99,10 @@ def run(recipe: Recipe, job_dir: str | pathlib.Path, requests: Sequence[RunReque
     outcomes = _outcomes(recipe, job_dir, requests)
     if outcomes is None:
       raise RuntimeError(f"{job_dir}: the trainer returned without recording every run as finished")
-  return JobResult(job_dir, outcomes, seconds)
+  started = time.time()
+  seeds = [r.seed if alone else recipe.backbone_seed for r in requests]
+  outcomes, computed = rank.score(recipe, outcomes, seeds)
+  return JobResult(job_dir, outcomes, seconds, time.time() - started if computed else None)
 
 
 def _array_key(array: np.ndarray) -> str:

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from spot_jax.prompts import attempt, common, dept, placement as placement_lib
 from spot_jax.serve.table import ROUTING_CODES, TableArrays
-from spot_jax.t5 import generation, prefixes as prefixes_lib
+from spot_jax.t5 import generation, prefixes as prefixes_lib, scoring
 from spot_jax.t5.network import Transformer
 
 Array = jax.Array
@@ -160,24 +160,13 @@ def generate_mixed(model: Transformer, params: PyTree, table: TableArrays, index
                            return_all_beams=return_all_beams, **deep)
 
 
-def _target_log_likelihood(model: Transformer, params: PyTree, encoded: Array, valid: Array,
-                           targets: Array, prefixes: Optional[prefixes_lib.DeepPrompt]) -> Array:
-  """Sum of log-probabilities [N] of targets [N, S] (0 = padding) given the encoder output and
-  the rows' deep prompts (leading N, or None)."""
-  decoder_input = jnp.concatenate([jnp.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
-  logits = model.apply({"params": params}, encoded, valid, decoder_input, targets,
-                       enable_dropout=False, prefixes=prefixes, method=Transformer.decode)
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-  token_lp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  return jnp.sum(token_lp * (targets > 0), axis=-1)
-
-
 @functools.partial(jax.jit, static_argnames=("model", "placement"))
 def score_mixed(model: Transformer, params: PyTree, table: TableArrays, index: Array,
                 tokens: Array, targets: Array, *, placement: str) -> Array:
   """Sum of target log-probabilities [B] of targets [B, S] (0 = padding) under row prompts."""
   encoded, valid = encode(model, params, table, index, tokens, placement)
-  return _target_log_likelihood(model, params, encoded, valid, targets, row_prefixes(table, index))
+  return scoring.target_log_likelihood(model, params, encoded, valid, targets,
+                                       row_prefixes(table, index))
 
 
 @functools.partial(jax.jit, static_argnames=("model", "placement"))
@@ -189,9 +178,5 @@ def classify_mixed(model: Transformer, params: PyTree, table: TableArrays, index
   the C label rows the decoder scores.
   """
   encoded, valid = encode(model, params, table, index, tokens, placement)
-  batch, num_labels = tokens.shape[0], labels.shape[0]
-  repeat = lambda x: jnp.repeat(x, num_labels, axis=0)  # input b's rows: b * C .. b * C + C - 1
-  scores = _target_log_likelihood(model, params, repeat(encoded), repeat(valid),
-                                  jnp.tile(labels, (batch, 1)),
-                                  jax.tree_util.tree_map(repeat, row_prefixes(table, index)))
-  return scores.reshape(batch, num_labels)
+  return scoring.label_log_likelihoods(model, params, encoded, valid, labels,
+                                       row_prefixes(table, index))

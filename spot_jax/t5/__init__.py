@@ -6,6 +6,8 @@
   prefixes     what attention layers receive in front of their keys and values (deep prompts)
   decoding     temperature sampling (greedy) and beam search over an incremental decoder
   generation   encode once, then search the decoder
+  scoring      log-likelihoods of targets given the encoder output; label scores (one encoder
+               pass per input)
   checkpoints/ strict loading and saving: T5X legacy, orbax, Hugging Face
   hf           Hugging Face configs and tensor names mapped onto the t5x tree
   hf_export    T5X / orbax parameters -> a Hugging Face directory (config.json + safetensors)

@@ -168,10 +168,17 @@ class Decoder(nn.Module):
   def __call__(self, encoded: Array, encoder_valid: Array, decoder_input_tokens: Array,
                decoder_target_tokens: Optional[Array], *, deterministic: bool, decode: bool,
                max_decode_length: Optional[int], prefix: Optional[prefixes_lib.Prefix] = None,
-               cross_prefix: Optional[prefixes_lib.Prefix] = None) -> Array:
-    """-> logits [B, S, V] in float32; optional self- and cross-attention deep prompts."""
+               cross_prefix: Optional[prefixes_lib.Prefix] = None, segments: int = 1) -> Array:
+    """-> logits [B, S, V] in float32; optional self- and cross-attention deep prompts.
+
+    `segments` = G > 1 (teacher-forced only): each row holds G sequences of S / G tokens one
+    after another, each attending to itself only, with the position biases it has alone; they
+    share the row's encoder output, whose keys and values are then projected once, not G times.
+    """
     cfg, dtype = self.config, self.config.activation_dtype
-    length = decoder_input_tokens.shape[1]
+    length = decoder_input_tokens.shape[1] // segments
+    if segments > 1 and (decode or length * segments != decoder_input_tokens.shape[1]):
+      raise ValueError(f"segments={segments} needs teacher forcing and a length divisible by it")
     if decode:
       if max_decode_length is None:
         raise ValueError("decode=True needs max_decode_length (the cache length)")
@@ -180,7 +187,8 @@ class Decoder(nn.Module):
       cross_mask = encoder_valid[:, None, None, :]
     else:
       bias_len = length
-      causal = np.tril(np.ones((length, length), dtype=bool))[None, None]
+      causal = np.tril(np.ones((length, length), dtype=bool))
+      causal = np.kron(np.eye(segments, dtype=bool), causal)[None, None]
       if decoder_target_tokens is None:
         self_mask = jnp.asarray(causal)
         cross_mask = encoder_valid[:, None, None, :]
@@ -191,10 +199,12 @@ class Decoder(nn.Module):
     relpos = layers.RelativePositionBiases(
         cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance, cfg.num_heads,
         dtype, name="relpos_bias")
-    bias = relpos(bias_len, bias_len, False)
+    # Segments: every block gets the one-sequence biases (blocks off the diagonal are masked).
+    tile = lambda b, keys: b if segments == 1 else jnp.tile(b, (1, 1, segments, keys))
+    bias = tile(relpos(bias_len, bias_len, False), segments)
     prefix_bias = None
     if prefix is not None:  # the prefix sits just before the first decoder position
-      prefix_bias = relpos(bias_len, prefix.length, False, query_offset=prefix.length)
+      prefix_bias = tile(relpos(bias_len, prefix.length, False, query_offset=prefix.length), 1)
     y = self.shared_embedding(decoder_input_tokens)
     y = _dropout(cfg)(y.astype(dtype), deterministic=deterministic)
     for i in range(cfg.num_decoder_layers):
@@ -278,10 +288,11 @@ class Transformer(nn.Module):
              decoder_segment_ids: Optional[Array] = None,
              decoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
              decode: bool = False, max_decode_length: Optional[int] = None,
-             prefixes: Optional[prefixes_lib.DeepPrompt] = None) -> Array:
+             prefixes: Optional[prefixes_lib.DeepPrompt] = None, segments: int = 1) -> Array:
     """Decoder logits [B, S, V] (float32) given the encoder output and its valid mask.
 
-    `prefixes` (default: the deep prompt module's, if any) gives the decoder's deep prompts.
+    `prefixes` (default: the deep prompt module's, if any) gives the decoder's deep prompts;
+    `segments`: sequences per row sharing its encoder output (see `Decoder`).
     """
     _reject_packing(decoder_segment_ids, decoder_positions)
     if prefixes is None:
@@ -289,7 +300,7 @@ class Transformer(nn.Module):
     deep = {} if prefixes is None else dict(prefix=prefixes.decoder, cross_prefix=prefixes.cross)
     return self.decoder(encoded, encoder_valid, decoder_input_tokens, decoder_target_tokens,
                         deterministic=not enable_dropout, decode=decode,
-                        max_decode_length=max_decode_length, **deep)
+                        max_decode_length=max_decode_length, segments=segments, **deep)
 
   def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
                decoder_target_tokens: Optional[Array] = None,

@@ -378,7 +378,7 @@ def test_demo_prompt_and_input_length_reach_the_runs(tmp_path):
   assert saved["recipe"]["prompt_length"] == 6 and saved["recipe"]["input_length"] == 37
   job, = (tmp_path / "runs").iterdir()
   run = RunDir(job / "category.seed_0")
-  assert np.load(run.prompt_path("best")).shape[0] == 6 and run.read_record().method["length"] == 6
+  assert np.load(run.exported_prompt()[0]).shape[0] == 6 and run.read_record().method["length"] == 6
 
 
 @needs_model
@@ -395,9 +395,11 @@ def test_seeded_demo_from_real_runs_retrieves_spot_sources_and_reuses_them(tmp_p
   assert saved["seeds"] == [3, 4] and sorted(saved["cells"]) == ["sum/pt", "sum/spot"]
   jobs = {p.name.split("-")[0]: p for p in (tmp_path / "runs").iterdir()}
   assert sorted(jobs) == ["pt", "source", "spot"]
-  # the table's numbers are the runs' own records, and the verdict is the paired one
+  # the table's numbers are the runs' own rank-classification accuracies, and the verdict is
+  # the paired one
   for method in ("pt", "spot"):
-    scores = [RunDir(jobs[method] / f"sum.seed_{s}").read_record().score for s in (3, 4)]
+    scores = [json.loads(RunDir(jobs[method] / f"sum.seed_{s}").rank_path.read_text())["accuracy"]
+              for s in (3, 4)]
     assert saved["cells"][f"sum/{method}"]["scores"] == pytest.approx(scores, abs=0.01)
   assert saved["cells"]["sum/spot"]["verdict_vs_pt"] == stats.paired_verdict(
       saved["cells"]["sum/pt"]["scores"], saved["cells"]["sum/spot"]["scores"])
@@ -448,8 +450,8 @@ def test_demo_successors_run_from_the_library_and_enter_the_tables(tmp_path, cap
   assert sorted(jobs) == sorted(methods + ["source", "mpt_source"])
   for method in methods:
     for seed in (0, 1):
-      record = RunDir(jobs[method] / f"category.seed_{seed}").read_record()
-      assert record.finished and record.score is not None, (method, seed)
+      run = RunDir(jobs[method] / f"category.seed_{seed}")  # every method scored by rank
+      assert run.read_record().finished and run.rank_path.is_file(), (method, seed)
   # ATTEMPT's frozen sources are the library's best source prompts, in the suite's order
   library, = (tmp_path / "libraries").iterdir()
   entries, _ = prompt_library.Library(library).load()

@@ -124,8 +124,9 @@ def test_other_placements_match_per_example(setup, placement):
 
 
 def test_classify_encodes_once_and_equals_scoring_each_label(setup):
-  """Class-label scoring repeats each row's encoder output for its C labels: the same
-  log-likelihoods as scoring every (input, label) pair as its own row, with per-row prompts."""
+  """Class-label scoring encodes each row once and scores its C labels as segments of one decoder
+  row: the same log-likelihoods as scoring every (input, label) pair as its own row, with
+  per-row prompts."""
   backbone, modules, _, table, tokens = setup
   del modules
   index = jnp.asarray(np.array([0, 1, 2, 2, 1, 0, 2, 2, 1], np.int32))

@@ -1,0 +1,185 @@
+"""Rank classification of finished runs: each run's prompt picks the likeliest class label.
+
+A recipe that names class labels for its runs' tasks (`Recipe.class_labels`, keyed by the run's
+label) gets, after its job trains, a rank-classification accuracy per run: the run's exported
+prompt (its best step's, else its last; the state it came from, read with
+`RunDir.prompt_params`) on the recipe's own prompted model scores every label of the first
+`Recipe.rank_examples` validation examples of its task (`models.EncoderDecoderModel.
+classify_batch`: one encoder pass per input), and the likeliest label is the answer. Unlike
+greedy decoding, every answer is a label. The accuracy (%) is saved in the run directory
+(`RunDir.rank_path`, atomically) with what it was computed from, so a rerun reuses it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import sys
+from typing import Any, Callable, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from spot_jax import backbone as backbone_lib
+from spot_jax import data as data_lib
+from spot_jax import fileio
+from spot_jax import models
+from spot_jax import partitioning
+from spot_jax.errors import ConfigError
+from spot_jax.experiment.outcome import RunOutcome
+from spot_jax.experiment.request import Recipe
+from spot_jax.run_dir import RunDir
+
+LENGTH_MULTIPLE = 8  # inputs are cut to their longest, rounded up to this (fewer compiles)
+
+
+@dataclasses.dataclass(frozen=True)
+class Examples:
+  """The first N validation examples of a task, ready to classify.
+
+  Attributes:
+    tokens: [N, T] encoder input ids (EOS included), T the longest rounded up (at most the
+      recipe's input length).
+    gold: [N] index of each example's label in `labels`.
+    labels: the class labels' token rows [C, S] (EOS included, 0 = padding).
+  """
+  tokens: np.ndarray
+  gold: np.ndarray
+  labels: np.ndarray
+
+
+@functools.lru_cache(maxsize=32)
+def examples(task: str, labels: tuple[str, ...], num_examples: int, input_length: int,
+             module: Optional[str]) -> Examples:
+  """The first `num_examples` validation examples of `task` as the trainer's evaluation reads
+  them (inputs cut to `input_length` tokens, EOS kept), with their labels' indices."""
+  data_lib.import_modules(module)
+  source = data_lib.get_mixture_or_task(task, "validation", "rank classification",
+                                        ("Recipe.task_module", module))
+  vocab = source.output_features["targets"].vocabulary
+  lengths = {"inputs": input_length, "targets": max(len(vocab.encode(x)) for x in labels) + 1}
+  dataset = source.get_dataset(lengths, split="validation", shuffle=False, num_epochs=1)
+  rows, gold = [], []
+  for ex in dataset.take(num_examples).as_numpy_iterator():
+    target = ex["targets_pretokenized"].decode()
+    if target not in labels:
+      raise ConfigError(f"rank classification: {task}'s validation target {target!r} is not one "
+                        f"of its class labels ({', '.join(labels)})")
+    rows.append(ex["inputs"])
+    gold.append(labels.index(target))
+  if not rows:
+    raise ConfigError(f"rank classification: {task} has no validation examples")
+  width = min(-(-max(len(r) for r in rows) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE, input_length)
+  tokens = np.zeros((len(rows), width), np.int32)
+  for i, r in enumerate(rows):
+    tokens[i, :len(r)] = r
+  label_rows = np.zeros((len(labels), lengths["targets"]), np.int32)
+  for i, x in enumerate(labels):
+    ids = list(vocab.encode(x)) + [1]  # seqio's EOS, as the targets carry it
+    label_rows[i, :len(ids)] = ids
+  return Examples(tokens, np.asarray(gold), label_rows)
+
+
+def classify(predict: Callable[..., Any], params: Any, data: Examples, batch_size: int
+             ) -> np.ndarray:
+  """The index [N] of each example's likeliest label, in batches of `batch_size` (the last
+  padded, so every batch has one shape)."""
+  n = len(data.tokens)
+  picks = []
+  for lo in range(0, n, batch_size):
+    rows = data.tokens[lo:lo + batch_size]
+    count = len(rows)
+    if count < batch_size:
+      rows = np.concatenate([rows, np.zeros((batch_size - count, rows.shape[1]), rows.dtype)])
+    scores = np.asarray(predict(params, rows, data.labels))
+    picks.append(np.argmax(scores[:count], axis=-1))
+  return np.concatenate(picks)
+
+
+def _key(recipe: Recipe, run: RunDir, labels: Sequence[str]) -> dict:
+  """What a saved accuracy was computed from: the prompt file (and its bytes), the examples."""
+  prompt, _ = run.exported_prompt()
+  return {"prompt": prompt.name, "prompt_sha256": hashlib.sha256(prompt.read_bytes()).hexdigest(),
+          "examples": int(recipe.rank_examples), "labels": list(labels),
+          "input_length": int(recipe.lengths["inputs"])}
+
+
+def saved_accuracy(run: RunDir, key: dict) -> Optional[float]:
+  """The accuracy saved for exactly `key`, or None."""
+  try:
+    doc = json.loads(run.rank_path.read_text())
+  except (OSError, ValueError):
+    return None
+  if not isinstance(doc, dict) or {k: doc.get(k) for k in key} != key:
+    return None
+  return float(doc["accuracy"])
+
+
+class _Scorer:
+  """The job's frozen backbone and jitted classifier, made on first use."""
+
+  def __init__(self, recipe: Recipe):
+    self.recipe = recipe
+    self._backbones: dict[int, Any] = {}
+    self.predict = jax.jit(recipe.model.classify_batch)
+    self.mesh = partitioning.create_mesh(1)
+    self.rules = partitioning.logical_rules()
+
+  def backbone(self, seed: int) -> Any:
+    """The frozen weights the runs trained on (a random backbone: the job's seed)."""
+    if self.recipe.initial_checkpoint_path:
+      seed = 0
+    if seed not in self._backbones:
+      lengths = self.recipe.lengths
+      dummy = self.recipe.model.dummy_batch(lengths["inputs"], lengths["targets"])
+      self._backbones[seed], _ = backbone_lib.load_backbone(
+          self.recipe.model, dummy, self.recipe.initial_checkpoint_path, seed, self.mesh,
+          self.rules, info=lambda line: None)
+    return self._backbones[seed]
+
+  def accuracy(self, run: RunDir, task: str, labels: tuple[str, ...], seed: int) -> float:
+    r = self.recipe
+    try:
+      prompt = run.prompt_params(warn=lambda line: print(line, file=sys.stderr))
+    except ConfigError as e:
+      raise ConfigError(f"method {r.name!r} cannot be scored by rank classification: {e}") \
+          from None
+    data = examples(task, labels, int(r.rank_examples), int(r.lengths["inputs"]), r.task_module)
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(list(self.rules)):
+      params = models.merge_params(self.backbone(seed), {models.PROMPT_KEY: prompt})
+      picks = classify(self.predict, params, data, int(r.rank_batch_size))
+    return round(100.0 * float(np.mean(picks == data.gold)), 2)
+
+
+def score(recipe: Recipe, outcomes: Sequence[RunOutcome], seeds: Sequence[int]
+          ) -> tuple[list[RunOutcome], int]:
+  """(`outcomes` with the rank-classification accuracy of every run whose label has class
+  labels in `recipe.class_labels`, how many were computed; saved ones are reused).
+
+  Args:
+    recipe: the job's recipe (its model, backbone, lengths and class labels).
+    outcomes: the job's finished runs.
+    seeds: each run's backbone seed (used only when the backbone is random).
+  """
+  if not recipe.class_labels:
+    return list(outcomes), 0
+  scorer, out, computed = None, [], 0
+  for outcome, seed in zip(outcomes, seeds):
+    labels = recipe.class_labels.get(outcome.label)
+    if not labels:
+      out.append(outcome)
+      continue
+    labels = tuple(labels)
+    run = RunDir(outcome.run_dir)
+    key = _key(recipe, run, labels)
+    accuracy = saved_accuracy(run, key)
+    if accuracy is None:
+      scorer = scorer or _Scorer(recipe)
+      accuracy = scorer.accuracy(run, outcome.task, labels, seed)
+      computed += 1
+      doc = {**key, "task": outcome.task, "accuracy": accuracy}
+      fileio.atomic_write_bytes(run.rank_path, json.dumps(doc, indent=1).encode())
+    out.append(dataclasses.replace(outcome, rank_accuracy=accuracy))
+  return out, computed
