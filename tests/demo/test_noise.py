@@ -98,11 +98,12 @@ def test_a_tiny_pilot_writes_the_split_of_its_runs(tmp_path, capsys):
   assert len(jobs) == 5  # one job of 4 runs, four of one
   for target in ("sum", "category"):
     first, second = doc["scores"][target]["first"], doc["scores"][target]["second"]
-    recorded = sorted(RunDir(job / f"{target}.seed_{s}").read_record().score
-                      for job in jobs for s in (0, 1) if (job / f"{target}.seed_{s}").is_dir())
+    # class-label targets: the rank-classification accuracy each run saved, on 1,000 examples
+    recorded = sorted(json.loads(RunDir(job / f"{target}.seed_{s}").rank_path.read_text())[
+        "accuracy"] for job in jobs for s in (0, 1) if (job / f"{target}.seed_{s}").is_dir())
     assert sorted(first + second) == pytest.approx(recorded, abs=0.01)
     expected = variance.decompose(first, second,
-                                  variance.binomial_variance(first + second, 200))
+                                  variance.binomial_variance(first + second, 1000))
     assert doc["components"][target] == expected.to_json()
   mean = variance.Components(**doc["components"]["mean of targets"])
   sd = power.difference_sd(mean.training, mean.evaluation, mean.rounding)
