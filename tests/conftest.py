@@ -13,17 +13,15 @@ SHARED_T5 = REPO_ROOT.parent / "shared" / "fixtures" / "t5"
 # programs they start) run without it unless a test asks for one, and never write to the home.
 os.environ["SPOT_JAX_COMPILATION_CACHE"] = "none"
 
-# The test processes and the programs the tests start (training, eval, infer, the launchers'
-# processes, ...) share JAX's persistent compilation cache for the session, in the session's
-# temporary folder: most of them compile the same few tiny-model programs, and on 2 cores
-# compiling is a third of a short run. The first process to need an executable compiles it; later
-# ones load it (the same executable: results do not change). A size limit turns on JAX's file
-# lock around reads and writes, so a process never reads an entry still being written.
-# SPOT_JAX_TEST_SHARED_CACHE=programs keeps it for the started programs only (the test processes
-# then compile everything themselves), 0 turns it off. Tests that set JAX_COMPILATION_CACHE_DIR
-# for their programs keep their own.
+# The programs the tests start (training, eval, infer, the launchers' processes, ...) share JAX's
+# persistent compilation cache for the session, in the session's temporary folder: most of them
+# compile the same few tiny-model programs, and on 2 cores compiling is a third of a short run.
+# The first program to need an executable compiles it; later ones load it. A size limit turns on
+# JAX's file lock around reads and writes, so a process never reads an entry still being written.
+# The pytest processes themselves keep JAX's default (jax is imported before the variables are
+# set, and reads them only once), so in-process tests compile as a user's program does.
+# Tests that set JAX_COMPILATION_CACHE_DIR for their programs keep their own.
 import jax  # pylint: disable=g-import-not-at-top,unused-import,wrong-import-position
-from spot_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SHARED_CACHE_SETTINGS = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
@@ -43,11 +41,6 @@ def _programs_share_a_compilation_cache(tmp_path_factory):
   with pytest.MonkeyPatch.context() as patch:
     for key, value in {"JAX_COMPILATION_CACHE_DIR": str(cache), **SHARED_CACHE_SETTINGS}.items():
       patch.setenv(key, value)
-    if os.environ.get("SPOT_JAX_TEST_SHARED_CACHE") == "programs":  # the test processes' own: off
-      yield
-      return
-    runtime.enable_compilation_cache(str(cache), int(SHARED_CACHE_SETTINGS[
-        "JAX_COMPILATION_CACHE_MAX_SIZE"]))
     yield
 
 
