@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shutil
 import sys
 import time
@@ -44,7 +43,6 @@ from typing import Optional, Sequence
 from spot_jax import cli
 from spot_jax.cli import flags
 from spot_jax import embedded
-from spot_jax import fileio
 from spot_jax import runtime
 from spot_jax import stats
 from spot_jax import experiment
@@ -167,12 +165,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   targets = _choices(args.targets, suite.TARGETS + suite.HARD_TARGETS, "target task", "--targets")
   seeds = _seeds(args)
   settings = _settings(args)
-  if not os.path.isdir(embedded.CHECKPOINT_PATH):
-    raise ConfigError(f"the embedded toy model is missing at {embedded.CHECKPOINT_PATH}; "
-                      f"make it with `python -m spot_jax.embedded.pretrain`")
-  out = fileio.writable_dir(args.output_dir, "--output_dir")
-  runs_dir = out / "runs"
-  runs_dir.mkdir(exist_ok=True)
+  out, runs_dir = methods_lib.output_folders(args.output_dir)
   if args.compilation_cache != "none":
     runtime.enable_compilation_cache(args.compilation_cache or str(out / "jax_cache"),
                                      what="--compilation_cache")

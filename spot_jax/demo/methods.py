@@ -15,16 +15,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import pathlib
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
 from spot_jax import embedded
+from spot_jax import fileio
 from spot_jax import experiment
 from spot_jax import models
 from spot_jax import prompts
 from spot_jax import t5
+from spot_jax.errors import ConfigError
 from spot_jax.experiment import Recipe, RunOutcome, RunRequest
 from spot_jax.train import optimizers
 
@@ -82,6 +85,17 @@ class Settings:
   eval_examples: int = 200
   rank_examples: int = 1000
   embedding_step: int = 10
+
+
+def output_folders(output_dir: str) -> tuple[pathlib.Path, pathlib.Path]:
+  """(--output_dir, its runs/ folder), made after checking that the embedded toy model exists."""
+  if not os.path.isdir(embedded.CHECKPOINT_PATH):
+    raise ConfigError(f"the embedded toy model is missing at {embedded.CHECKPOINT_PATH}; "
+                      f"make it with `python -m spot_jax.embedded.pretrain`")
+  out = fileio.writable_dir(output_dir, "--output_dir")
+  runs_dir = out / "runs"
+  runs_dir.mkdir(exist_ok=True)
+  return out, runs_dir
 
 
 def sampled_vocab_rows() -> int:

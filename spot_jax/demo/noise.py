@@ -21,14 +21,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import sys
 import time
 from typing import Optional, Sequence
 
 from spot_jax import cli
-from spot_jax import embedded
-from spot_jax import fileio
 from spot_jax import power
 from spot_jax import runtime
 from spot_jax import validate
@@ -127,12 +124,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   if args.target_steps is not None:
     settings = dataclasses.replace(
         settings, target_steps=validate.positive_int(args.target_steps, "--target_steps"))
-  if not os.path.isdir(embedded.CHECKPOINT_PATH):
-    raise ConfigError(f"the embedded toy model is missing at {embedded.CHECKPOINT_PATH}; "
-                      f"make it with `python -m spot_jax.embedded.pretrain`")
-  out = fileio.writable_dir(args.output_dir, "--output_dir")
-  runs_dir = out / "runs"
-  runs_dir.mkdir(exist_ok=True)
+  out, runs_dir = methods_lib.output_folders(args.output_dir)
   runtime.enable_compilation_cache(str(out / "jax_cache"), what="--output_dir")
   logging.getLogger("absl").setLevel(logging.ERROR)
   started = time.time()
