@@ -118,11 +118,12 @@ def saved_accuracy(run: RunDir, key: dict) -> Optional[float]:
 
 
 class _Scorer:
-  """The job's frozen backbone and jitted classifier, made on first use."""
+  """The job's frozen backbone, jitted classifier and tasks' examples, made on first use."""
 
   def __init__(self, recipe: Recipe):
     self.recipe = recipe
     self._backbones: dict[int, Any] = {}
+    self._examples: dict[tuple[str, tuple[str, ...]], Examples] = {}
     self.predict = jax.jit(recipe.model.classify_batch)
     self.mesh = partitioning.create_mesh(1)
     self.rules = partitioning.logical_rules()
@@ -146,7 +147,10 @@ class _Scorer:
     except ConfigError as e:
       raise ConfigError(f"method {r.name!r} cannot be scored by rank classification: {e}") \
           from None
-    data = examples(task, labels, int(r.rank_examples), int(r.lengths["inputs"]), r.task_module)
+    if (task, labels) not in self._examples:  # read once per task, not once per run
+      self._examples[task, labels] = examples(task, labels, int(r.rank_examples),
+                                              int(r.lengths["inputs"]), r.task_module)
+    data = self._examples[task, labels]
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(list(self.rules)):
       params = models.merge_params(self.backbone(seed), {models.PROMPT_KEY: prompt})
       picks = classify(self.predict, params, data, int(r.rank_batch_size))
