@@ -1,14 +1,17 @@
-"""Running `python -m spot_jax.train` as a user does.
+"""Running `python -m spot_jax.train` (and the other programs) as a user does.
 
-Shared by tests/e2e/test_train.py, tests/e2e/test_train_attempt_mpt.py,
+Shared by tests/e2e/test_eval.py, tests/e2e/test_train.py, tests/e2e/test_train_attempt_mpt.py,
 tests/e2e/test_train_deep.py, tests/e2e/test_train_dept_residual_smop.py.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
+from typing import Sequence
 
 from tests.helpers import REPO
 
@@ -28,3 +31,26 @@ def _run(args, timeout=600) -> subprocess.CompletedProcess:
 
 def _losses(stdout: str) -> list[float]:
   return [float(m.group(1)) for m in re.finditer(r"^step \d+/\d+ \| loss ([0-9.]+)", stdout, re.M)]
+
+
+def run_in_one_process(cases: Sequence[tuple[str, Sequence[str]]],
+                       timeout: float = 1800) -> list[subprocess.CompletedProcess]:
+  """Runs each (module, args) of `cases` in turn, each exactly as `python -m module *args` would,
+  in one Python process (tests/helpers/cli_error_runner.py), which then exits: one start-up
+  (imports, JAX's backend) for all of them. -> their results, in order (stdout and stderr apart).
+
+  For runs whose process of their own proves nothing more: not for a run a test kills, nor one
+  that needs another JAX backend (`--cpu_devices` other than 1)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    cases_file, results_file = os.path.join(tmp, "cases.json"), os.path.join(tmp, "results.json")
+    with open(cases_file, "w") as f:
+      json.dump([{"module": m, "args": list(a), "model_dir": None} for m, a in cases], f)
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "helpers" / "cli_error_runner.py"),
+                           cases_file, results_file], cwd=REPO,
+                          env=dict(_env(), PYTHONPATH=str(REPO)), capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    with open(results_file) as f:
+      results = json.load(f)
+  return [subprocess.CompletedProcess([m, *a], r["code"], r["stdout"], r["stderr"])
+          for (m, a), r in zip(cases, results)]
