@@ -10,11 +10,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from spot_jax import cli, infer
 from spot_jax.prompts import deep
 from tests.helpers import REPO
 from tests.helpers.kill import kill_at_checkpoint  # noqa: E402
-from tests.helpers.train_cli import _cmd, _env, _losses, _run
+from tests.helpers.train_cli import _cmd, _env, _losses, run_in_one_process
 
 STEPS = 100
 METHODS = {
@@ -32,34 +31,55 @@ def _args(method: str, model_dir) -> list[str]:
           "--gin.train.train.log_period=10", f"--gin.MODEL_DIR='{model_dir}'"]
 
 
+ROWS = [("this movie was great", "prefix"), ("awful", "ptv2"), ("a fine film", "ptv2"),
+        ("not good at all", "prefix")]
+SERVED = {"prefix": "prefix_tuning", "ptv2": "ptuning_v2"}
+INFER = ["--model=t5_1_1_byte_tiny", "--vocab=byte", "--input_length=48", "--target_length=12",
+         "--label=positive", "--label=negative"]
+
+
 @pytest.fixture(scope="module")
-def reference_runs(tmp_path_factory):
-  """{method: (run directory, stdout)} of uninterrupted runs."""
-  out = {}
-  for method in METHODS:
-    run_dir = tmp_path_factory.mktemp(method) / "ref"
-    proc = _run(_args(method, run_dir))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out[method] = (run_dir, proc.stdout)
-  return out
+def runs(tmp_path_factory) -> tuple[dict, dict]:
+  """Per method an uninterrupted run and one SIGKILLed once checkpoint 10 exists, then
+  restarted; then `python -m spot_jax.infer` on both runs in one mixed batch ("mixed", ROWS) and
+  on each alone on its own rows ("prefix", "ptv2"). The killed runs have processes of their own;
+  the rest run in one process, each as `python -m` would.
+  -> ({method: (reference dir, killed dir)}, {case: result})."""
+  root = tmp_path_factory.mktemp("deep")
+  dirs = {m: (root / m / "ref", root / m / "killed") for m in METHODS}
+  for method, (_, killed) in dirs.items():
+    proc = subprocess.Popen(_cmd(*_args(method, killed)), cwd=REPO, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_at_checkpoint(proc, killed, 10, STEPS)
+  (root / "in.jsonl").write_text("".join(json.dumps({"input": t, "prompt": p}) + "\n"
+                                         for t, p in ROWS))
+  cases = {f"ref {m}": ("spot_jax.train", _args(m, ref)) for m, (ref, _) in dirs.items()}
+  cases.update({f"resumed {m}": ("spot_jax.train", _args(m, killed))
+                for m, (_, killed) in dirs.items()})
+  cases["mixed"] = ("spot_jax.infer", [*INFER, *(f"--prompt={n}={dirs[m][0]}"
+                                                 for n, m in SERVED.items()),
+                                       f"--input={root / 'in.jsonl'}",
+                                       f"--output={root / 'mixed.jsonl'}"])
+  for name, method in SERVED.items():  # each run alone, on its own rows
+    (root / f"{name}_in.txt").write_text("".join(t + "\n" for t, p in ROWS if p == name))
+    cases[name] = ("spot_jax.infer", [*INFER, f"--prompt={name}={dirs[method][0]}",
+                                      f"--input={root / f'{name}_in.txt'}",
+                                      f"--output={root / f'{name}.jsonl'}"])
+  return dirs, dict(zip(cases, run_in_one_process(list(cases.values()))))
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_trains_from_its_gin_file_and_resumes_exactly_after_sigkill(reference_runs,
-                                                                    method, tmp_path):
-  ref_dir, stdout = reference_runs[method]
-  losses = _losses(stdout)
+def test_trains_from_its_gin_file_and_resumes_exactly_after_sigkill(runs, method):
+  (ref_dir, run_dir), results = runs[0][method], runs[1]
+  reference, resumed = results[f"ref {method}"], results[f"resumed {method}"]
+  assert reference.returncode == 0, reference.stderr[-3000:]
+  losses = _losses(reference.stdout)
   assert len(losses) == STEPS // 10 and np.mean(losses[-2:]) < losses[0] - 0.5, losses
   record = np.load(ref_dir / "prompts" / f"prompt_step_{STEPS}.npy")
   parts = deep.from_record(record, method)  # the export is a deep prompt record
   assert set(parts) == ({"encoder", "decoder", "cross"} if method == "prefix_tuning"
                         else {"encoder_tokens", "decoder_tokens"})
 
-  run_dir = tmp_path / "killed"
-  proc = subprocess.Popen(_cmd(*_args(method, run_dir)), cwd=REPO, env=_env(),
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  kill_at_checkpoint(proc, run_dir, 10, STEPS)
-  resumed = _run(_args(method, run_dir))
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "resumed from" in resumed.stdout
   assert int(re.search(rf"^step (\d+)/{STEPS}", resumed.stdout, re.M).group(1)) > 10
@@ -68,26 +88,15 @@ def test_trains_from_its_gin_file_and_resumes_exactly_after_sigkill(reference_ru
     np.testing.assert_allclose(got[k], v, rtol=0, atol=1e-6, err_msg=k)
 
 
-def test_infer_serves_both_runs_in_one_batch(reference_runs, tmp_path):
-  inputs = tmp_path / "in.jsonl"
-  rows = [("this movie was great", "prefix"), ("awful", "ptv2"), ("a fine film", "ptv2"),
-          ("not good at all", "prefix")]
-  inputs.write_text("".join(json.dumps({"input": t, "prompt": p}) + "\n" for t, p in rows))
-  common = ["--model=t5_1_1_byte_tiny", "--vocab=byte", "--input_length=48",
-            "--target_length=12", "--label=positive", "--label=negative"]
-  runs = {"prefix": reference_runs["prefix_tuning"][0], "ptv2": reference_runs["ptuning_v2"][0]}
-  assert cli.run(infer.main, [*common, *(f"--prompt={n}={d}" for n, d in runs.items()),
-                              f"--input={inputs}", f"--output={tmp_path / 'mixed.jsonl'}"],
-                 infer.PROG) == 0
-  mixed = [json.loads(l) for l in (tmp_path / "mixed.jsonl").read_text().splitlines()]
-  assert [m["prompt"] for m in mixed] == [p for _, p in rows]
-  for name, run_dir in runs.items():  # each run alone, on its own rows
-    alone = tmp_path / f"{name}.jsonl"
-    mine = tmp_path / f"{name}_in.txt"
-    mine.write_text("".join(t + "\n" for t, p in rows if p == name))
-    assert cli.run(infer.main, [*common, f"--prompt={name}={run_dir}", f"--input={mine}",
-                                f"--output={alone}"], infer.PROG) == 0
-    want = [json.loads(l) for l in alone.read_text().splitlines()]
+def test_infer_serves_both_runs_in_one_batch(runs):
+  dirs, results = runs
+  for name in ("mixed", *SERVED):
+    assert results[name].returncode == 0, results[name].stderr[-3000:]
+  root = dirs["prefix_tuning"][0].parents[1]
+  mixed = [json.loads(l) for l in (root / "mixed.jsonl").read_text().splitlines()]
+  assert [m["prompt"] for m in mixed] == [p for _, p in ROWS]
+  for name in SERVED:
+    want = [json.loads(l) for l in (root / f"{name}.jsonl").read_text().splitlines()]
     got = [m for m in mixed if m["prompt"] == name]
     assert [g["prediction"] for g in got] == [w["prediction"] for w in want]
     np.testing.assert_allclose([list(g["label_scores"].values()) for g in got],
