@@ -1,4 +1,6 @@
 """Dropout keeps t5x's rate, scaling and mask layout; without randomness nothing changes."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -7,6 +9,7 @@ import pytest
 
 from spot_jax import models, prompts
 from spot_jax.t5 import Transformer, config_by_name, layers
+from tests.helpers.prompt_train import create_prompt_params, frozen_backbone
 
 
 def _model(rate):
@@ -26,15 +29,24 @@ def _batch(seed=0, b=2, t=12, s=6):
 
 @pytest.fixture(scope="module")
 def params():
-  model, batch = _model(0.1), _batch()
-  backbone = models.unbox(model.init_backbone(jax.random.PRNGKey(0), batch))
-  prompt = models.unbox(model.init_prompt(jax.random.PRNGKey(1), backbone, batch))
-  return models.merge_params(backbone, prompt)
+  """Random backbone (NumPy-drawn: Flax's eager init compiles op by op) and a fresh prompt."""
+  model = _model(0.1)
+  backbone = frozen_backbone(config_by_name("t5_1_1_test", dropout_rate=0.0))
+  prompt = create_prompt_params(model.module, backbone)
+  return models.merge_params(backbone, {"prompt": prompt})
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_loss_and_grad(rate, enable):
+  """One jitted value-and-gradient per (rate, enable): calls with other keys reuse it."""
+  model = _model(rate)
+  fn = lambda p, b, rng: model.loss_fn(p, b, rng, enable_dropout=enable)[0]
+  return jax.jit(jax.value_and_grad(fn))
 
 
 def _loss_and_grad(model, params, batch, rng, enable):
-  fn = lambda p: model.loss_fn(p, batch, rng, enable_dropout=enable)[0]
-  return jax.jit(jax.value_and_grad(fn))(params)
+  rate = model.module.config.dropout_rate
+  return _jitted_loss_and_grad(rate, enable)(params, batch, rng)
 
 
 def test_rate_zero_equals_deterministic(params):
@@ -111,10 +123,10 @@ def test_dropout_rng_choices_keep_rate_and_determinism(params):
     masks[impl] = kept
   assert (masks["unsafe_rbg"] != masks["threefry"]).mean() > 0.1
   model, batch = _model(0.1), _batch()
+  off = _loss_and_grad(model, params, batch, None, False)[0]  # a key is unused without dropout
   for impl in ("threefry", "unsafe_rbg"):
     key = train_lib.dropout_key(step_key, impl)
     on = _loss_and_grad(model, params, batch, key, True)[0]
-    off = _loss_and_grad(model, params, batch, key, False)[0]
     assert np.isfinite(on) and abs(float(on) - float(off)) > 1e-4
   zero = _model(0.0)
   same = [_loss_and_grad(zero, params, batch, train_lib.dropout_key(step_key, i), True) for i in
