@@ -13,6 +13,7 @@ import numpy as np
 from spot_jax import data, models
 from spot_jax.data import bucketing
 from spot_jax.t5 import Transformer, config_by_name
+from tests.helpers.prompt_train import frozen_backbone
 
 
 def losses_fixed_and_bucketed(cfg: data.DatasetConfig, prompt: nn.Module, window: int,
@@ -20,15 +21,17 @@ def losses_fixed_and_bucketed(cfg: data.DatasetConfig, prompt: nn.Module, window
   """(bucketed, fixed): the trainer's loss of each example of the narrowest bucketed batches of
   the first window, padded to their bucket and to the task's full input length."""
   full = cfg.task_feature_lengths["inputs"]
-  model = models.EncoderDecoderModel(Transformer(config_by_name("t5_1_1_byte_tiny"), prompt=prompt))
+  config = config_by_name("t5_1_1_byte_tiny")
+  model = models.EncoderDecoderModel(Transformer(config, prompt=prompt))
   dummy = model.dummy_batch(full, 4)
-  backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(jax.random.PRNGKey(0))
+  # one random backbone for every method (NumPy-drawn: a jitted Flax init compiles for seconds)
+  backbone = frozen_backbone(config)
   # a trained-looking prompt: random, not the initialiser's
   shapes = jax.eval_shape(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)),
                           jax.random.PRNGKey(2), backbone)
   leaves, tree = jax.tree.flatten(shapes)
-  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
-  values = [0.5 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
+  rs = np.random.RandomState(1)
+  values = [(0.5 * rs.standard_normal(x.shape)).astype(x.dtype) for x in leaves]
   params = models.merge_params(backbone, jax.tree.unflatten(tree, values))
 
   @jax.jit
