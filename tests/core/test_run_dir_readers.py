@@ -27,12 +27,14 @@ import shutil
 import subprocess
 import sys
 
+import gin
 import numpy as np
 import pytest
 
 from spot_jax import cli, embedded
 from spot_jax import infer as infer_cli
 from spot_jax import library as library_cli
+from spot_jax.train import __main__ as train_main
 from spot_jax.prompts import initializers
 from spot_jax.run_dir import RunDir
 from spot_jax.serve import prompt_loaders
@@ -203,14 +205,23 @@ def test_toy_smop_run_served_from_a_relative_path_with_a_corrupt_folder(tmp_path
                                                                         capsys):
   """The newcomer's findings on one run: `.corrupt` folder, relative path, no --vocab."""
   run = tmp_path / "toy_smop"
-  _train(["--gin_file=gin/models/t5_1_1_toy.gin", "--gin_file=gin/prompts/smop.gin",
-          "--gin_file=gin/runs/prompt_tune.gin", f"--gin.MODEL_DIR='{run}'",
-          f"--gin.MIXTURE_OR_TASK_NAME='{TOY_TASK}'",
-          "--gin.MIXTURE_OR_TASK_MODULE='tasks.embedded'",
-          "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 8}",
-          "--gin.INITIAL_CHECKPOINT_PATH='spot_jax/embedded/toy_t5/checkpoint'",
-          "--gin.TRAIN_STEPS=4", "--gin.EVAL_PERIOD=4", "--gin.BATCH_SIZE=8",
-          "--gin.EVAL_NUM_EXAMPLES=16", "--gin.SAVE_PROMPT_STEPS=[]"])
+  # Trained in this process (the serving is under test, not the trainer's command line): a
+  # second Python would spend seconds importing what this one has loaded.
+  gin.clear_config(clear_constants=True)
+  try:
+    code = train_main.PROGRAM([
+        "--gin_file=gin/models/t5_1_1_toy.gin", "--gin_file=gin/prompts/smop.gin",
+        "--gin_file=gin/runs/prompt_tune.gin", f"--gin.MODEL_DIR='{run}'",
+        f"--gin.MIXTURE_OR_TASK_NAME='{TOY_TASK}'",
+        "--gin.MIXTURE_OR_TASK_MODULE='tasks.embedded'",
+        "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 8}",
+        "--gin.INITIAL_CHECKPOINT_PATH='spot_jax/embedded/toy_t5/checkpoint'",
+        "--gin.TRAIN_STEPS=4", "--gin.EVAL_PERIOD=4", "--gin.BATCH_SIZE=8",
+        "--gin.EVAL_NUM_EXAMPLES=16", "--gin.SAVE_PROMPT_STEPS=[]"])
+  finally:
+    gin.clear_config(clear_constants=True)
+  assert code == 0, capsys.readouterr().err[-3000:]
+  capsys.readouterr()  # the trainer's progress lines
   backbone = RunDir(run).read_record().backbone
   assert backbone["checkpoint"] == "embedded:toy_t5/checkpoint"
   assert backbone["vocabulary"] == {"kind": "sentencepiece", "path": "embedded:toy_t5/spm.model",
