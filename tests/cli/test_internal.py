@@ -215,13 +215,20 @@ def test_bad_input_from_a_fresh_process_is_exactly_one_stderr_line(prog, bad, fr
 ABSL_LINE = re.compile(r"^[IWEF]\d{4} [\d:. ]+\d+ [\w.]+:\d+\] ")
 
 
+@pytest.fixture(scope="module")
+def tensorflow_start_up_lines() -> None:
+  """Skips unless a plain `import tensorflow` prints start-up lines here (one probe per module)."""
+  plain = subprocess.run([sys.executable, "-c", "import tensorflow"],
+                         env=_env_without_log_settings(), capture_output=True, text=True,
+                         timeout=600)
+  if not any(ABSL_LINE.match(l) for l in plain.stderr.splitlines()):
+    pytest.skip("TensorFlow prints no start-up lines on this machine")
+
+
+@pytest.mark.usefixtures("tensorflow_start_up_lines")
 def test_asking_for_the_start_up_lines_shows_them():
   """SPOT_JAX_VERBOSE=1 leaves TensorFlow's loading notes alone (where TensorFlow prints any)."""
   env = _env_without_log_settings()
-  plain = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, capture_output=True,
-                         text=True, timeout=600)
-  if not any(ABSL_LINE.match(l) for l in plain.stderr.splitlines()):
-    pytest.skip("TensorFlow prints no start-up lines on this machine")
   verbose = subprocess.run([sys.executable, "-m", "tasks", "lst"], cwd=REPO,
                            env=dict(env, SPOT_JAX_VERBOSE="1"), capture_output=True, text=True,
                            timeout=600)
@@ -230,14 +237,11 @@ def test_asking_for_the_start_up_lines_shows_them():
   assert any(ABSL_LINE.match(l) for l in lines[:-1]), verbose.stderr
 
 
+@pytest.mark.usefixtures("tensorflow_start_up_lines")
 def test_a_probe_for_tensorflow_does_not_use_up_the_quiet_import():
   """etils asks `importlib.util.find_spec("tensorflow")` when orbax reads a checkpoint (eval and
   infer read one before seqio imports TensorFlow); the real import after it is still quiet."""
   env = _env_without_log_settings()
-  plain = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, capture_output=True,
-                         text=True, timeout=600)
-  if not any(ABSL_LINE.match(l) for l in plain.stderr.splitlines()):
-    pytest.skip("TensorFlow prints no start-up lines on this machine")
   code = ("from spot_jax import quiet_logs; quiet_logs.quiet(); import importlib.util; "
           "assert importlib.util.find_spec('tensorflow') is not None; import tensorflow")
   proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
