@@ -1,4 +1,4 @@
-"""Running `python -m spot_jax.train` (and the other programs) as a user does.
+"""Running `python -m spot_jax.train` as a user does.
 
 Shared by tests/e2e/test_eval.py, tests/e2e/test_train.py, tests/e2e/test_train_attempt_mpt.py,
 tests/e2e/test_train_deep.py, tests/e2e/test_train_dept_residual_smop.py.
