@@ -121,6 +121,9 @@ def _parser() -> cli.ArgumentParser:
   p.add_argument("--input_length", type=int, default=None,
                  help=f"target input tokens (default {recipe.input_length}; the longest target "
                       f"input is {methods_lib.LONGEST_TARGET_INPUT}: shorter truncates)")
+  p.add_argument("--rank_examples", type=int, default=None,
+                 help=f"validation examples rank classification scores per class-label target "
+                      f"(default {recipe.rank_examples}: the first ones)")
   p.add_argument("--fresh", action="store_true",
                  help="retrain runs already finished in --output_dir")
   p.add_argument("--compilation_cache", default=None,
@@ -131,7 +134,7 @@ def _parser() -> cli.ArgumentParser:
 
 def _settings(args) -> methods_lib.Settings:
   changes = dict(QUICK if args.quick else FULL if args.full else {})
-  for name in ("source_steps", "target_steps", "prompt_length", "input_length"):
+  for name in ("source_steps", "target_steps", "prompt_length", "input_length", "rank_examples"):
     if getattr(args, name) is not None:
       changes[name] = validate.positive_int(getattr(args, name), f"--{name}")
   return dataclasses.replace(methods_lib.Settings(), **changes)

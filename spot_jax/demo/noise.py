@@ -58,6 +58,9 @@ def _parser() -> cli.ArgumentParser:
                       "job per seed; 1: every run alone)")
   p.add_argument("--target_steps", type=int, default=None,
                  help=f"training steps (default the demo's {methods_lib.Settings.target_steps})")
+  p.add_argument("--rank_examples", type=int, default=None,
+                 help=f"validation examples rank classification scores per class-label target "
+                      f"(default the demo's {methods_lib.Settings.rank_examples})")
   p.add_argument("--fresh", action="store_true", help="retrain runs already finished")
   return p
 
@@ -121,9 +124,10 @@ def main(argv: Sequence[str]) -> Optional[int]:
     raise ConfigError(f"--other_k={other_k} must be smaller than the first grouping's K "
                       f"({runs} = targets x seeds), so the second grouping differs")
   settings = methods_lib.Settings()
-  if args.target_steps is not None:
-    settings = dataclasses.replace(
-        settings, target_steps=validate.positive_int(args.target_steps, "--target_steps"))
+  for name in ("target_steps", "rank_examples"):
+    if getattr(args, name) is not None:
+      settings = dataclasses.replace(
+          settings, **{name: validate.positive_int(getattr(args, name), f"--{name}")})
   out, runs_dir = methods_lib.output_folders(args.output_dir)
   runtime.enable_compilation_cache(str(out / "jax_cache"), what="--output_dir")
   logging.getLogger("absl").setLevel(logging.ERROR)

@@ -84,9 +84,10 @@ def examples(task: str, labels: tuple[str, ...], num_examples: int, input_length
 
 def classify(predict: Callable[..., Any], params: Any, data: Examples, batch_size: int
              ) -> np.ndarray:
-  """The index [N] of each example's likeliest label, in batches of `batch_size` (the last
-  padded, so every batch has one shape)."""
+  """The index [N] of each example's likeliest label, in batches of `batch_size` (at most N; the
+  last padded, so every batch has one shape)."""
   n = len(data.tokens)
+  batch_size = min(batch_size, n)  # fewer examples than a batch: no padding rows to score
   picks = []
   for lo in range(0, n, batch_size):
     rows = data.tokens[lo:lo + batch_size]

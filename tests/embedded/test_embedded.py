@@ -2,7 +2,9 @@
 that a prompt really learns on it (and cannot on a random backbone)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import pathlib
@@ -161,7 +163,9 @@ def test_pretrain_toy_reproduces_the_committed_vocabulary_and_first_losses(tmp_p
 # --- a prompt learns on the toy model, not on a random backbone ----------------------------------
 
 TARGET = "sentiment_travel"
-STEPS = 100  # the demo's default target budget (batch 16)
+# The demo's target budget (batch 16 here, a constant rate): at 40 steps the toy model is 40
+# points above chance, and the random backbone still only answers one label.
+STEPS = 40
 
 
 def _prompt_accuracy(tmp_path: pathlib.Path, checkpoint) -> float:
@@ -245,6 +249,9 @@ def test_pretrain_toy_bad_input_is_one_line(capsys, tmp_path):
   assert "--steps=0 must be a positive integer" in line
 
 
+RANK_EXAMPLES = 100  # validation examples the demo runs below score per target (the demo's: 1,000)
+
+
 def _demo_in_a_fresh_process(argv, tf_log_level, timeout):
   """`python -m spot_jax.demo *argv` on the CPU; TF_CPP_MIN_LOG_LEVEL=tf_log_level,
   or unset if None."""
@@ -268,12 +275,14 @@ def test_demo_command_line_error_from_a_fresh_process(tmp_path):
 
 
 @needs_model
-def test_demo_run_from_a_fresh_process_prints_no_tensorflow_log_lines(tmp_path):
+def test_demo_run_from_a_fresh_process_takes_its_lengths_and_prints_no_tf_log_lines(tmp_path):
   # Without the demo's TF_CPP_MIN_LOG_LEVEL default, a run shorter than an epoch ends with
   # TensorFlow's "did not fully read the dataset being cached" warning, and a machine without a
   # CUDA driver gets a cuInit error, both in the middle of the progress lines.
-  proc = _demo_in_a_fresh_process(["--methods=pt", "--targets=category", "--target_steps=3",
-                                   "--seeds=0", "--compilation_cache=none",
+  from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
+  proc = _demo_in_a_fresh_process(["--methods=pt", "--targets=category", "--target_steps=2",
+                                   "--seeds=0", "--prompt_length=6", "--input_length=37",
+                                   f"--rank_examples={RANK_EXAMPLES}", "--compilation_cache=none",
                                    f"--output_dir={tmp_path}"],
                                   None, timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -285,6 +294,14 @@ def test_demo_run_from_a_fresh_process_prints_no_tensorflow_log_lines(tmp_path):
   log = proc.stdout + proc.stderr
   assert "cache_dataset_ops" not in log and "cuInit" not in log, log[-2000:]
   assert not [l for l in log.splitlines() if l[:5] in ("W0000", "E0000")], log[-2000:]
+  # The prompt and input lengths (and the examples scored) reach the recipe and the runs.
+  recipe = results["recipe"]
+  assert (recipe["prompt_length"], recipe["input_length"], recipe["rank_examples"]) == (
+      6, 37, RANK_EXAMPLES)
+  job, = (tmp_path / "runs").iterdir()
+  run = RunDir(job / "category.seed_0")
+  assert np.load(run.exported_prompt()[0]).shape[0] == 6 and run.read_record().method["length"] == 6
+  assert json.loads(run.rank_path.read_text())["examples"] == RANK_EXAMPLES
 
 
 def test_demo_report_tables_verdicts_claims_and_chart(tmp_path):
@@ -325,6 +342,15 @@ def test_demo_report_tables_verdicts_claims_and_chart(tmp_path):
   shorter = dataclasses.replace(summary, prompt_length=10)
   assert "SMoP 4x5 (5 prompt tokens per input) matches or beats 10-token Prompt Tuning" in [
       r[0] for r in results.claim_rows(shorter)[1:]]
+  # A claim against a method that did not run is not made: without SPoT, ATTEMPT and MPT are
+  # compared with Prompt Tuning only.
+  scores = {("sum", m): pt for m in ("pt", "attempt", "mpt")}
+  no_spot = results.Summary(["sum"], ["pt", "attempt", "mpt"], [0, 1, 2], {"sum": 10.2}, scores,
+                            [], {}, {})
+  texts = [r[0] for r in results.claim_rows(no_spot)[1:]]
+  assert "ATTEMPT beats Prompt Tuning" in texts and "MPT beats Prompt Tuning" in texts
+  assert not any(t.startswith(("ATTEMPT (an attentional", "MPT (a prompt distilled"))
+                 for t in texts)
   # A Summary without a prompt length has the demo recipe's.
   from spot_jax.demo import methods  # pylint: disable=g-import-not-at-top
   assert (results.Summary([], [], [], {}, {}, [], {}, {}).prompt_length
@@ -367,34 +393,40 @@ def test_demo_targets_mean_row_and_families(tmp_path):
           in results.verdict_heading(summary))
 
 
-@needs_model
-def test_demo_prompt_and_input_length_reach_the_runs(tmp_path):
+# One very short real demo for the tests below: the 8 sources, then Prompt Tuning, SPoT and every
+# successor on one target with 2 seeds, each class-label run scored on RANK_EXAMPLES examples.
+SUCCESSORS = ["prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt"]
+DEMO_ARGV = ["--targets=sum", f"--methods={','.join(['pt', 'spot'] + SUCCESSORS)}",
+             "--seeds=3,4", "--source_steps=4", "--target_steps=4",
+             f"--rank_examples={RANK_EXAMPLES}", "--compilation_cache=none"]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+  """(--output_dir, what the demo printed, its results.json) of DEMO_ARGV's one run."""
   from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
-  from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
-  argv = ["--methods=pt", "--targets=category", "--seeds=0", "--target_steps=2",
-          "--prompt_length=6", "--input_length=37", f"--output_dir={tmp_path}"]
-  assert main(argv) == 0
-  saved = json.loads((tmp_path / "results.json").read_text())
-  assert saved["recipe"]["prompt_length"] == 6 and saved["recipe"]["input_length"] == 37
-  job, = (tmp_path / "runs").iterdir()
-  run = RunDir(job / "category.seed_0")
-  assert np.load(run.exported_prompt()[0]).shape[0] == 6 and run.read_record().method["length"] == 6
+  out = tmp_path_factory.mktemp("demo")
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    assert main(DEMO_ARGV + [f"--output_dir={out}"]) == 0
+  return out, printed.getvalue(), json.loads((out / "results.json").read_text())
+
+
+def _jobs(out: pathlib.Path) -> dict[str, pathlib.Path]:
+  return {p.name.split("-")[0]: p for p in (out / "runs").iterdir()}
 
 
 @needs_model
-def test_seeded_demo_from_real_runs_retrieves_spot_sources_and_reuses_them(tmp_path, capsys):
-  """A very short real demo: 8 sources, Prompt Tuning and SPoT on one target with 2 seeds."""
+def test_seeded_demo_from_real_runs_retrieves_spot_sources_and_reuses_them(demo, capsys):
+  """SPoT's source per seed is retrieval's, the tables are the runs' own scores, and a rerun
+  trains nothing."""
   from spot_jax import stats  # pylint: disable=g-import-not-at-top
   from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
   from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
   from spot_jax.spot import library as prompt_library, similarity  # pylint: disable=g-import-not-at-top
-  argv = ["--targets=sum", "--methods=pt,spot", "--seeds=3,4", "--source_steps=4",
-          "--target_steps=4", f"--output_dir={tmp_path}"]
-  assert main(argv) == 0
-  saved = json.loads((tmp_path / "results.json").read_text())
-  assert saved["seeds"] == [3, 4] and sorted(saved["cells"]) == ["sum/pt", "sum/spot"]
-  jobs = {p.name.split("-")[0]: p for p in (tmp_path / "runs").iterdir()}
-  assert sorted(jobs) == ["pt", "source", "spot"]
+  out_dir, out, saved = demo
+  assert saved["seeds"] == [3, 4] and "sum/spot" in saved["cells"]
+  jobs = _jobs(out_dir)
   # the table's numbers are the runs' own rank-classification accuracies, and the verdict is
   # the paired one
   for method in ("pt", "spot"):
@@ -405,14 +437,13 @@ def test_seeded_demo_from_real_runs_retrieves_spot_sources_and_reuses_them(tmp_p
       saved["cells"]["sum/pt"]["scores"], saved["cells"]["sum/spot"]["scores"])
   # SPoT's source is retrieval's: the library entry most similar to the seed's early PT prompt
   # among the sources 10 points above their task's chance (every source stays in the library)
-  library, = (tmp_path / "libraries").iterdir()
+  library, = (out_dir / "libraries").iterdir()
   entries, problems = prompt_library.Library(library).load()
   assert not problems and sorted(e.id for e in entries) == sorted(suite.SOURCES)
   left_out = {x["task"] for x in saved["left_out"]}
   assert left_out == {x["task"] for x in saved["sources"]
                       if x["accuracy"] < suite.TASKS[x["task"]].chance + 10}
   ranked = [e for e in entries if e.id not in left_out] or entries
-  out = capsys.readouterr().out
   assert all(f"source {t} left out of retrieval: " in out for t in left_out)
   for choice in saved["retrieval"]:
     seed = choice["seed"]
@@ -425,54 +456,52 @@ def test_seeded_demo_from_real_runs_retrieves_spot_sources_and_reuses_them(tmp_p
             and record.init.startswith(f"retrieved library entry {choice['source']} "))
   assert "SPoT's source per seed" in out and "paired by seed" in out
   # a rerun trains nothing and prints the same tables
-  assert main(argv) == 0
+  assert main(DEMO_ARGV + [f"--output_dir={out_dir}"]) == 0
   assert "finished earlier, reused" in capsys.readouterr().out
-  again = json.loads((tmp_path / "results.json").read_text())
+  again = json.loads((out_dir / "results.json").read_text())
   assert again["cells"] == saved["cells"] and again["retrieval"] == saved["retrieval"]
 
 
 @needs_model
-def test_demo_successors_run_from_the_library_and_enter_the_tables(tmp_path, capsys):
+def test_demo_successors_run_from_the_library_and_enter_the_tables(demo):
   """The successors on request: every one trains (ATTEMPT and MPT from the demo's library), each
   run is an ordinary run directory, and the tables, claims and job times name them."""
   from spot_jax import prompts  # pylint: disable=g-import-not-at-top
-  from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
   from spot_jax.demo import methods as demo_methods  # pylint: disable=g-import-not-at-top
   from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
   from spot_jax.spot import library as prompt_library  # pylint: disable=g-import-not-at-top
-  methods = ["pt", "prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt"]
-  assert main(["--targets=category", f"--methods={','.join(methods)}", "--seeds=0,1",
-               "--source_steps=3", "--target_steps=3", f"--output_dir={tmp_path}"]) == 0
-  saved = json.loads((tmp_path / "results.json").read_text())
+  out_dir, out, saved = demo
+  methods = ["pt", "spot"] + SUCCESSORS
   assert saved["methods"] == methods
-  assert sorted(saved["cells"]) == sorted(f"category/{m}" for m in methods)
-  jobs = {p.name.split("-")[0]: p for p in (tmp_path / "runs").iterdir()}
+  assert sorted(saved["cells"]) == sorted(f"sum/{m}" for m in methods)
+  jobs = _jobs(out_dir)
   assert sorted(jobs) == sorted(methods + ["source", "mpt_source"])
   for method in methods:
-    for seed in (0, 1):
-      run = RunDir(jobs[method] / f"category.seed_{seed}")  # every method scored by rank
+    for seed in (3, 4):
+      run = RunDir(jobs[method] / f"sum.seed_{seed}")  # every method scored by rank
       assert run.read_record().finished and run.rank_path.is_file(), (method, seed)
   # ATTEMPT's frozen sources are the library's best source prompts, in the suite's order
-  library, = (tmp_path / "libraries").iterdir()
+  library, = (out_dir / "libraries").iterdir()
   entries, _ = prompt_library.Library(library).load()
   by_id = {e.id: e.prompt for e in entries}
-  run = RunDir(jobs["attempt"] / "category.seed_0")
+  run = RunDir(jobs["attempt"] / "sum.seed_3")
   module = prompts.Attempt(np.stack([by_id[k] for k in suite.SOURCES]), bottleneck=100)
   candidates = prompts.effective_prompt(module, run.prompt_params())
   np.testing.assert_array_equal(candidates[:len(suite.SOURCES)],
                                 np.stack([by_id[k] for k in suite.SOURCES]))
   # MPT's distillation trained the shared prompt of all 8 sources; each target started from it
-  distilled = RunDir(jobs["mpt_source"] / f"sources.seed_2").prompt_params()
+  distilled = RunDir(jobs["mpt_source"] / "sources.seed_5").prompt_params()
   assert distilled["task_cols"].shape[0] == len(suite.SOURCES)
   # DePT's offset trains at its own rate: both parameter groups moved
-  dept = RunDir(jobs["dept"] / "category.seed_0").prompt_params()
+  dept = RunDir(jobs["dept"] / "sum.seed_3").prompt_params()
   assert np.any(np.asarray(dept["offset"]["b"]) != 0)
   claims = [c["claim"] for c in saved["claims"]]
   assert (any(c.startswith("Prefix tuning") for c in claims)
           and any(c.startswith("MPT") for c in claims))
-  # SPoT did not run
-  assert not any(c.startswith("ATTEMPT (an attentional mixture") for c in claims)
-  out = capsys.readouterr().out
+  # SPoT ran: ATTEMPT and MPT are also compared with it (without SPoT they are not:
+  # test_demo_report_tables_verdicts_claims_and_chart)
+  assert (any(c.startswith("ATTEMPT (an attentional mixture") for c in claims)
+          and any(c.startswith("MPT (a prompt distilled") for c in claims))
   assert "MPT distillation" in out and "job wall times" in out
   for name in (demo_methods.METHOD_NAMES[m] for m in methods):
     assert name in out
