@@ -8,8 +8,6 @@ from __future__ import annotations
 import collections
 import json
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,7 +19,7 @@ from spot_jax import train as train_lib
 from spot_jax.errors import ConfigError
 from spot_jax.t5 import Transformer, config_by_name
 from tests.helpers import bucketing as bucketing_util
-from tests.helpers import REPO
+from tests.helpers.cli_error_runner import run_cases
 from tests.helpers.bucketing_task import BATCH, BUCKETS, LENGTHS, NUM_TRAIN, WINDOW, _cfg
 from tests.helpers.cli_errors import STARTUP_NOTE, _env
 
@@ -228,12 +226,8 @@ def test_command_lines(tmp_path):
         f"--gin.COMPILATION_CACHE_DIR='{cache}'"], None),
   ]
   cases = [c if len(c) == 3 else (*c, "spot_jax.train") for c in cases]
-  (tmp_path / "cases.json").write_text(
-      json.dumps([{"module": m, "args": a, "model_dir": None} for a, _, m in cases]))
-  subprocess.run([sys.executable, str(REPO / "tests" / "helpers" / "cli_error_runner.py"),
-                  str(tmp_path / "cases.json"),
-                  str(tmp_path / "results.json")], cwd=REPO, env=_env(), check=True, timeout=600)
-  results = json.loads((tmp_path / "results.json").read_text())
+  results = run_cases([{"module": m, "args": a, "model_dir": None} for a, _, m in cases], _env(),
+                      timeout=600)
   for (_, fragment, module), res in zip(cases, results):
     assert "Traceback" not in res["stderr"] + res["stdout"]
     if fragment is None:

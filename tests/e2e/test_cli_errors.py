@@ -40,7 +40,7 @@ from spot_jax import backbone as backbone_lib
 from spot_jax.run_dir import RunDir
 from spot_jax.t5 import checkpoints, config_by_name
 from tests.helpers import REPO
-from tests.helpers.cli_error_runner import tree_hash
+from tests.helpers.cli_error_runner import run_cases, tree_hash
 from tests.helpers.cli_errors import _env
 from tests.helpers.prompt_train import frozen_backbone
 
@@ -175,17 +175,11 @@ def _case(row, places) -> dict:
 
 
 @pytest.fixture(scope="module")
-def shared_results(places, tmp_path_factory):
+def shared_results(places):
   """Results of every row that shares one process, by id."""
   rows = [r for r in ROWS if not r[4]]
-  folder = tmp_path_factory.mktemp("runner")
-  (folder / "cases.json").write_text(json.dumps([_case(r, places) for r in rows]))
-  proc = subprocess.run([sys.executable, str(REPO / "tests" / "helpers" / "cli_error_runner.py"),
-                         str(folder / "cases.json"),
-                         str(folder / "results.json")], cwd=REPO, env=_env(), capture_output=True,
-                        text=True, timeout=900)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  return dict(zip((r[0] for r in rows), json.loads((folder / "results.json").read_text())))
+  results = run_cases([_case(r, places) for r in rows], _env(), timeout=900)
+  return dict(zip((r[0] for r in rows), results))
 
 
 def test_at_least_twenty_distinct_bad_inputs_over_every_entry_point():

@@ -2,6 +2,8 @@
 
   python tests/helpers/cli_error_runner.py cases.json results.json
 
+or, from a test, `run_cases(cases, env, timeout)`: that process, started, and its results.
+
 cases.json: [{"module": "spot_jax.train", "args": [...], "model_dir": "/path" | null}, ...]. For
 each case the module runs as __main__ (runpy), with file descriptors 1 and 2 redirected, so the
 results hold everything written to stdout/stderr (Python and C++ alike), the exit status, and a
@@ -16,6 +18,7 @@ import json
 import os
 import pathlib
 import runpy
+import subprocess
 import sys
 import tempfile
 import threading
@@ -68,6 +71,20 @@ def run_case(module: str, args: list[str]) -> tuple[int, str, str]:
     files[fd].seek(0)
     out.append(files[fd].read().decode(errors="replace"))
   return code, out[0], out[1]
+
+
+def run_cases(cases: list[dict], env: dict, timeout: float) -> list[dict]:
+  """Runs `cases` (as cases.json holds them) in one fresh process of this runner, from the
+  repository's folder with environment `env`. -> one {"code", "stdout", "stderr", "hash"} per
+  case, in order."""
+  with tempfile.TemporaryDirectory() as tmp:
+    cases_file, results_file = os.path.join(tmp, "cases.json"), os.path.join(tmp, "results.json")
+    pathlib.Path(cases_file).write_text(json.dumps(cases))
+    proc = subprocess.run([sys.executable, __file__, cases_file, results_file],
+                          cwd=pathlib.Path(__file__).resolve().parents[2], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(pathlib.Path(results_file).read_text())
 
 
 def main(cases_file: str, results_file: str) -> None:

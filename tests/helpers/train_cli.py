@@ -5,15 +5,13 @@ tests/e2e/test_train_deep.py, tests/e2e/test_train_dept_residual_smop.py.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
 from typing import Sequence
 
-from tests.helpers import REPO
+from tests.helpers import REPO, cli_error_runner
 
 
 def _cmd(*args: str) -> list[str]:
@@ -41,16 +39,8 @@ def run_in_one_process(cases: Sequence[tuple[str, Sequence[str]]],
 
   For runs whose process of their own proves nothing more: not for a run a test kills, nor one
   that needs another JAX backend (`--cpu_devices` other than 1)."""
-  with tempfile.TemporaryDirectory() as tmp:
-    cases_file, results_file = os.path.join(tmp, "cases.json"), os.path.join(tmp, "results.json")
-    with open(cases_file, "w") as f:
-      json.dump([{"module": m, "args": list(a), "model_dir": None} for m, a in cases], f)
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "helpers" / "cli_error_runner.py"),
-                           cases_file, results_file], cwd=REPO,
-                          env=dict(_env(), PYTHONPATH=str(REPO)), capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
-    with open(results_file) as f:
-      results = json.load(f)
+  results = cli_error_runner.run_cases(
+      [{"module": m, "args": list(a), "model_dir": None} for m, a in cases],
+      dict(_env(), PYTHONPATH=str(REPO)), timeout)
   return [subprocess.CompletedProcess([m, *a], r["code"], r["stdout"], r["stderr"])
           for (m, a), r in zip(cases, results)]
