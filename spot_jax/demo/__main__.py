@@ -133,11 +133,9 @@ def _parser() -> cli.ArgumentParser:
 
 
 def _settings(args) -> methods_lib.Settings:
-  changes = dict(QUICK if args.quick else FULL if args.full else {})
-  for name in ("source_steps", "target_steps", "prompt_length", "input_length", "rank_examples"):
-    if getattr(args, name) is not None:
-      changes[name] = validate.positive_int(getattr(args, name), f"--{name}")
-  return dataclasses.replace(methods_lib.Settings(), **changes)
+  return methods_lib.settings_from_flags(
+      args, ("source_steps", "target_steps", "prompt_length", "input_length", "rank_examples"),
+      **(QUICK if args.quick else FULL if args.full else {}))
 
 
 def _recipe(method: str, settings: methods_lib.Settings, vocab_rows: int, entries: Sequence,

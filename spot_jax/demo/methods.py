@@ -27,6 +27,7 @@ from spot_jax import experiment
 from spot_jax import models
 from spot_jax import prompts
 from spot_jax import t5
+from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.experiment import Recipe, RunOutcome, RunRequest
 from spot_jax.train import optimizers
@@ -85,6 +86,15 @@ class Settings:
   eval_examples: int = 200
   rank_examples: int = 1000
   embedding_step: int = 10
+
+
+def settings_from_flags(args: Any, names: Sequence[str], **changes: Any) -> Settings:
+  """The demo's Settings with `changes`, then each of the command-line flags `names` that was
+  given (a positive integer, or one line saying it is not)."""
+  for name in names:
+    if getattr(args, name) is not None:
+      changes[name] = validate.positive_int(getattr(args, name), f"--{name}")
+  return dataclasses.replace(Settings(), **changes)
 
 
 def output_folders(output_dir: str) -> tuple[pathlib.Path, pathlib.Path]:

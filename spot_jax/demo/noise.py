@@ -123,11 +123,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   if other_k >= runs:
     raise ConfigError(f"--other_k={other_k} must be smaller than the first grouping's K "
                       f"({runs} = targets x seeds), so the second grouping differs")
-  settings = methods_lib.Settings()
-  for name in ("target_steps", "rank_examples"):
-    if getattr(args, name) is not None:
-      settings = dataclasses.replace(
-          settings, **{name: validate.positive_int(getattr(args, name), f"--{name}")})
+  settings = methods_lib.settings_from_flags(args, ("target_steps", "rank_examples"))
   out, runs_dir = methods_lib.output_folders(args.output_dir)
   runtime.enable_compilation_cache(str(out / "jax_cache"), what="--output_dir")
   logging.getLogger("absl").setLevel(logging.ERROR)
