@@ -76,7 +76,8 @@ def quiet_abandoned_reads() -> Iterator[None]:
       time.sleep(0.05)
     raise
   finally:
-    gc.collect()
+    if failed:  # a restore that succeeds abandons nothing: no collection over the whole heap
+      gc.collect()
     sys.unraisablehook = hook
     if failed and not isinstance(hook, DropAbandonedReads):
       sys.unraisablehook = DropAbandonedReads(hook)

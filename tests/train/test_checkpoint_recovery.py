@@ -222,7 +222,18 @@ def _coroutine_from(filename: str, body: str = "return None"):
   return namespace["read"]()
 
 
-def test_after_a_failed_restore_late_orbax_reads_stay_silent_and_nothing_else_does():
+@pytest.fixture
+def frozen_heap():
+  """The objects earlier tests left in this process are moved out of the collector's reach: the
+  hook's `gc.collect` calls then scan only what the test makes (a whole worker's heap took
+  seconds per call)."""
+  gc.collect()
+  gc.freeze()
+  yield
+  gc.unfreeze()
+
+
+def test_after_a_failed_restore_late_orbax_reads_stay_silent_and_nothing_else_does(frozen_heap):
   """A read orbax abandoned that completes after the wait (a busy machine) prints nothing."""
   seen = []
   base = seen.append
@@ -270,7 +281,7 @@ def _free_a_failed_task(coroutine) -> None:
     loop.close()
 
 
-def test_after_a_failed_restore_orbax_task_errors_stay_off_the_asyncio_log():
+def test_after_a_failed_restore_orbax_task_errors_stay_off_the_asyncio_log(frozen_heap):
   """A read that fails while orbax's loop still runs is logged by asyncio, not Python's hook."""
   log = logging.getLogger("asyncio")
   filters, saved_hook = list(log.filters), sys.unraisablehook
