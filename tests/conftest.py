@@ -5,7 +5,13 @@ import os
 import pathlib
 
 import pytest
+from spot_jax import runtime
 from tests.helpers import REPO as REPO_ROOT
+
+# The tests' tiny models compile far more often than they run: XLA's LLVM backend at level 0 for
+# the pytest processes and every program they start that keeps XLA_FLAGS (a level set in
+# XLA_FLAGS by the caller is kept). The matrix products are library calls either way.
+runtime.quick_compiles(level=0)
 
 SHARED_T5 = REPO_ROOT.parent / "shared" / "fixtures" / "t5"
 
