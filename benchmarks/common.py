@@ -10,6 +10,7 @@ peer process takes; nothing here imports t5x. `output_files` / `write_outputs`: 
 """
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import time
@@ -253,6 +254,25 @@ def write_outputs(files: Mapping[str, pathlib.Path], result: Any, markdown: str)
     fileio.atomic_write_bytes(files["--markdown"], markdown.encode())
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _init_backbone(backbone_module, rng, tokens: tuple):
+  from spot_jax import models  # pylint: disable=g-import-not-at-top
+  encoder_input, decoder_input, decoder_target = tokens
+  batch = {"encoder_input_tokens": encoder_input, "decoder_input_tokens": decoder_input,
+           "decoder_target_tokens": decoder_target}
+  return models.unbox(models.EncoderDecoderModel(backbone_module).init_backbone(rng, batch))
+
+
+def init_backbone(model, rng, dummy: Mapping[str, Any]):
+  """`model`'s random frozen backbone from `rng` (unboxed), as the trainer initialises it.
+
+  Every method of a run has the same backbone (the network without its prompt), so one
+  compiled initialisation serves them all instead of one compile per row.
+  """
+  return _init_backbone(model.backbone_module(), rng, tuple(
+      dummy[k] for k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")))
+
+
 def initial_params(kind: str, model, dummy: Any, seed: int):
   """A row's starting point: (frozen, params, tx, state_rng) from `seed`'s keys.
 
@@ -263,7 +283,7 @@ def initial_params(kind: str, model, dummy: Any, seed: int):
   from spot_jax import models  # pylint: disable=g-import-not-at-top
   from spot_jax.train import optimizers  # pylint: disable=g-import-not-at-top
   backbone_rng, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
-  backbone = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)
+  backbone = init_backbone(model, backbone_rng, dummy)
   prompt_params = (
       jax.jit(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)))(prompt_rng, backbone)
       if model.has_prompt else {})

@@ -69,7 +69,7 @@ def _prepare(model_name: str, method: str, runs: int, batch_size: int, input_len
   model = common.bench_model(kind, length, config, input_length)
   dummy = model.dummy_batch(input_length, target_length)
   backbone_rng, prompt_rng, state_rng = backbone_lib.seed_keys(seed)
-  frozen = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(backbone_rng)
+  frozen = common.init_backbone(model, backbone_rng, dummy)
   init_prompt = jax.jit(lambda r, f: models.unbox(model.init_prompt(r, f, dummy)))
   tx = optimizers.two_learning_rates() if kind == "dept" else optimizers.adafactor()
   states = [TrainState.create(init_prompt(jax.random.fold_in(prompt_rng, k), frozen), tx,

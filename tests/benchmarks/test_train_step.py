@@ -1,4 +1,5 @@
 """The benchmark runs and reports what trains (no timing assertions here)."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,14 +11,30 @@ import pytest
 from spot_jax import cli
 from benchmarks import train_step as bench
 from spot_jax import runtime
-from tests.helpers.bench_tiny import run_tiny
+from tests.helpers.bench_tiny import TINY, run_tiny
 
 
-def test_bench_rows(tmp_path):
-  meta, md = run_tiny(tmp_path, "--steps=2", "--input_length=16", "--prompt_length=8",
-                      "--methods=prompt_tuning,smop4x5,model_tuning")
-  rows = {r["method"]: r for r in meta["rows"]}
-  assert set(rows) == {"prompt_tuning", "smop4x5", "model_tuning"}
+# One sequential run at the tiny shape builds every method the row tests below read (each build
+# compiles a train step and a scoring step); with peft installed, the Prompt Tuning and
+# Residual rows also time their PEFT counterparts (--vs=peft, the peer in spot-jax's malloc).
+METHODS = ("prompt_tuning", "smop4x5", "model_tuning", "dept", "smop", "residual_smop", "attempt",
+           "mpt", "mpt_distill", "residual10")
+SHAPE = ["--steps=2", "--input_length=16", "--prompt_length=8"]
+HAS_PEFT = importlib.util.find_spec("peft") is not None
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+  """(the JSON, the Markdown text, rows by method) of the shared run."""
+  peers = ["--vs=peft", "--peer_malloc=keep"] if HAS_PEFT else []
+  meta, md = run_tiny(tmp_path_factory.mktemp("bench"), *SHAPE,
+                      f"--methods={','.join(METHODS)}", *peers)
+  return meta, md.read_text(), {r["method"]: r for r in meta["rows"]}
+
+
+def test_bench_rows(bench_run):
+  meta, text, rows = bench_run
+  assert list(rows) == list(METHODS)
   assert rows["prompt_tuning"]["trainable_params"] == 8 * 32
   assert rows["smop4x5"]["prompt_length"] == 20
   assert rows["model_tuning"]["frozen_params"] == 0
@@ -32,16 +49,14 @@ def test_bench_rows(tmp_path):
     assert row["malloc"] == runtime.applied()  # "system" here: only the command lines set "keep"
   # Model tuning also back-propagates into every weight: more FLOPs than prompt tuning (8 tokens).
   assert rows["model_tuning"]["flops_per_step"] > rows["prompt_tuning"]["flops_per_step"]
-  table = md.read_text().splitlines()
+  table = text.split("\n\n")[1].splitlines()  # the rows' table (a PEFT table may follow)
   assert len([l for l in table if l.startswith("| ")]) == 1 + len(rows)
   assert meta["matmul_peak_flops_per_sec"] > 0
 
 
-def test_dept_and_residual_smop_rows(tmp_path):
+def test_dept_and_residual_smop_rows(bench_run):
   """Their rows train the papers' parameter counts and cost more FLOPs than PT / SMoP alone."""
-  meta, _ = run_tiny(tmp_path, "--steps=1", "--input_length=16", "--prompt_length=8",
-                     "--methods=prompt_tuning,dept,smop,residual_smop")
-  rows = {r["method"]: r for r in meta["rows"]}
+  _, _, rows = bench_run
   e = 32
   assert rows["dept"]["trainable_params"] == 8 * e + 16 * 30 + 30 * e  # m E + s r + r E, s = 16
   mlp = 2 * e * 128 + 128 + 3 * e  # Residual's MLP at the bench's bottleneck 128
@@ -103,26 +118,23 @@ def test_bench_command_line_error_is_one_line():
   assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
 
 
-def test_vs_peft_reports_the_counterparts(tmp_path):
-  pytest.importorskip("peft")
-  meta, md = run_tiny(tmp_path, "--steps=1", "--input_length=8", "--prompt_length=4",
-                      "--methods=prompt_tuning,residual10,smop4x5", "--vs=peft",
-                      "--peer_malloc=keep")
-  rows = {r["method"]: r for r in meta["rows"]}
-  assert "peft" not in rows["smop4x5"]
+@pytest.mark.skipif(not HAS_PEFT, reason="peft is not installed")
+def test_vs_peft_reports_the_counterparts(bench_run):
+  meta, text, rows = bench_run
+  assert [m for m, r in rows.items() if "peft" in r] == ["prompt_tuning", "residual10"]
   pt, ptune = rows["prompt_tuning"]["peft"], rows["residual10"]["peft"]
   assert (pt["method"], ptune["method"]) == ("pt", "ptune")
-  assert pt["trainable_params"] == rows["prompt_tuning"]["trainable_params"] == 4 * 32
+  assert pt["trainable_params"] == rows["prompt_tuning"]["trainable_params"] == 8 * 32
   assert ptune["prompt_length"] == 10 and ptune["trainable_params"] > 10 * 32
   assert (pt["speedup_of_spot_jax"]
           == pytest.approx(pt["step_sec_median"] / rows["prompt_tuning"]["step_sec_median"]))
-  assert "| prompt_tuning |" in md.read_text() and "PEFT step s" in md.read_text()
+  assert "| prompt_tuning |" in text and "PEFT step s" in text
   peak = meta["matmul_peak_flops_per_sec"]
   # torch's own FLOP count of a train step, and the MFU against the same peak
   for row in (pt, ptune):
     assert row["flops_per_step"] > 0
     assert row["mfu"] == pytest.approx(row["flops_per_step"] / row["step_sec_median"] / peak)
-  assert "PEFT MFU" in md.read_text()
+  assert "PEFT MFU" in text
   # --peer_malloc=keep: SPOT_JAX_MALLOC=keep in its env
   assert pt["malloc"] == ptune["malloc"] == "keep"
 
@@ -135,19 +147,18 @@ def test_bench_peft_rejects_bad_shape():
   assert proc.stderr.strip().startswith("benchmarks.peers.peft_train: error: --shape is not JSON")
 
 
-def test_cpu_devices_runs_the_data_parallel_mesh(tmp_path):
-  """--cpu_devices=2 splits the batch over two CPU devices: same losses, whole-step FLOPs."""
-  rows = {}
-  for devices in (1, 2):
-    out = tmp_path / f"d{devices}.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--model=t5_1_1_test",
-                           "--methods=pt20", "--steps=2", "--warmup=0", "--inference_steps=1",
-                           "--input_length=16", "--batch_size=4", f"--cpu_devices={devices}",
-                           f"--json={out}"], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows[devices] = json.loads(out.read_text())["rows"][0]
+def test_cpu_devices_runs_the_data_parallel_mesh(bench_run, tmp_path):
+  """--cpu_devices=2 splits the batch over two CPU devices: the one-device run's losses and
+  whole-step FLOPs (the shared run's Prompt Tuning row, the same flags on one device)."""
+  out = tmp_path / "d2.json"
+  proc = subprocess.run([sys.executable, "-m", "benchmarks", *TINY, *SHAPE,
+                         "--methods=prompt_tuning", "--cpu_devices=2", f"--json={out}"],
+                        capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = {1: bench_run[2]["prompt_tuning"], 2: json.loads(out.read_text())["rows"][0]}
   assert (rows[1]["devices"], rows[2]["devices"]) == (1, 2)
+  assert rows[1]["batch_size"] == rows[2]["batch_size"] == 2 and rows[1]["steps"] == 2
   assert rows[2]["final_loss"] == pytest.approx(rows[1]["final_loss"], rel=1e-5)
   assert rows[2]["flops_per_step"] == pytest.approx(rows[1]["flops_per_step"], rel=0.05)
   bad = subprocess.run([sys.executable, "-m", "benchmarks", "--batch_size=4", "--cpu_devices=3"],
@@ -158,12 +169,10 @@ def test_cpu_devices_runs_the_data_parallel_mesh(tmp_path):
                                 "devices (--cpu_devices)")
 
 
-def test_bench_rows_of_attempt_and_mpt(tmp_path):
+def test_bench_rows_of_attempt_and_mpt(bench_run):
   """ATTEMPT, an MPT target and MPT's distillation step: the papers' parameter counts, and the
   extra FLOPs each adds to Prompt Tuning of the same length (the distillation's teacher pass)."""
-  meta, _ = run_tiny(tmp_path, "--steps=1", "--input_length=16", "--prompt_length=8",
-                     "--methods=prompt_tuning,attempt,mpt,mpt_distill")
-  rows = {r["method"]: r for r in meta["rows"]}
+  _, _, rows = bench_run
   e, m, r = 32, 8, 100  # t5_1_1_test width; bench ATTEMPT: 6 sources, attention width 100
   assert rows["attempt"]["trainable_params"] == m * e + 2 * e * r + 2 * e
   assert rows["mpt"]["trainable_params"] == m * e + (m + e)  # P* and u, v (rank 1)
