@@ -8,6 +8,8 @@
                      <module> <args>` would.
   cli_errors         The environment and log filters of the command-line tests.
   glue_data          Hand-made GLUE and SuperGLUE examples and their expected strings and metrics.
+  k_runs             The K-run trainer tests' jobs (tests/train/test_runs.py): a byte-tiny T5
+                     (dropout 0.1), a local TSV task, 8 steps.
   kill               SIGKILL of a training subprocess at a chosen moment, for the exact-resume
                      tests.
   local_tasks        A seqio task built in tests from local TSV files (byte vocabulary: nothing to

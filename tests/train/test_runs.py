@@ -1,10 +1,12 @@
 """K prompt runs in one jitted step equal the same runs trained one at a time.
 
-Tiny byte-vocabulary T5 (dropout 0.1 on), a local TSV task. For Prompt Tuning, SMoP and Residual:
-K = 3 seeds in one job against the same 3 runs alone: per-step losses within 1e-5 over the first
-5 steps, final prompts within 1e-4; each run's directory is an ordinary run directory. Bad input
-(an empty or duplicate seed list, lists of different lengths, runs whose shapes differ) is one
-line naming the setting, with nothing written.
+Tiny byte-vocabulary T5 (dropout 0.1 on), a local TSV task (tests/helpers/k_runs.py). For Prompt
+Tuning, SMoP and Residual: K = 2 seeds in one job against the same 2 runs alone: per-step losses
+within 1e-5 over the first 5 steps, final prompts within 1e-4; each run's directory is an
+ordinary run directory. Through the command line, on two CPU devices: K = 2 shards the runs axis
+over the data axis, K = 3 the batch; prompts within 1e-4 of one device. Bad input (an empty or
+duplicate seed list, lists of different lengths, runs whose shapes differ) is one line naming the
+setting, with nothing written.
 """
 from __future__ import annotations
 
@@ -19,68 +21,75 @@ import jax
 import numpy as np
 import pytest
 
-from spot_jax import data, models, prompts
+from spot_jax import prompts
 from spot_jax import train as train_lib
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import RunDir
-from spot_jax.t5 import Transformer, config_by_name, save_checkpoint
-from spot_jax.train import evaluator as evaluator_lib
+from tests.helpers import k_runs
 from tests.helpers import local_tasks
 from tests.helpers import REPO  # noqa: E402
 from tests.helpers.kill import kill_when  # noqa: E402
 
-SEEDS = (0, 1, 2)
-STEPS = 8
-LENGTHS = {"inputs": 24, "targets": 4}
-METHODS = {
-    "pt": lambda: prompts.PromptTuning(length=4, prompt_init=prompts.sampled_vocab(256)),
-    "smop": lambda: prompts.SMoP(num_prompts=3, length=2, prompt_init=prompts.sampled_vocab(256)),
-    "residual": lambda: prompts.ResidualPrompt(length=4, bottleneck=8,
-                                               prompt_init=prompts.sampled_vocab(256)),
-}
+SEEDS = (0, 1)
+STEPS = k_runs.STEPS
+ZIP_SEEDS = (3, 4, 5)  # K = 3 runs on two tasks
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-  """One frozen backbone for every run (a random backbone would follow each run's seed)."""
-  model = models.EncoderDecoderModel(Transformer(config_by_name("t5_1_1_byte_tiny")))
-  params = models.unbox(model.init_backbone(jax.random.PRNGKey(7), model.dummy_batch(8, 4)))
-  path = tmp_path_factory.mktemp("ckpt") / "checkpoint_0"
-  save_checkpoint(jax.device_get(params), str(path), format="t5x")
-  return str(path)
+  return k_runs.save_backbone(tmp_path_factory.mktemp("ckpt") / "checkpoint_0")
 
 
 @pytest.fixture(scope="module")
-def task(tmp_path_factory) -> str:
-  paths = local_tasks.write_tsv_task_files(tmp_path_factory.mktemp("tsv"), n_train=128, n_val=16)
-  return local_tasks.register_tsv_task("test_runs_polarity", paths)
+def task_paths(tmp_path_factory) -> dict[str, dict[str, str]]:
+  return {"test_runs_polarity": local_tasks.write_tsv_task_files(
+              tmp_path_factory.mktemp("tsv"), n_train=128, n_val=16),
+          "test_runs_polarity_b": local_tasks.write_tsv_task_files(
+              tmp_path_factory.mktemp("tsv2"), n_train=64, n_val=8)}
 
 
-def _model(method: str) -> models.EncoderDecoderModel:
-  config = config_by_name("t5_1_1_byte_tiny", dropout_rate=0.1)
-  return models.EncoderDecoderModel(Transformer(config, prompt=METHODS[method]()))
+@pytest.fixture(scope="module")
+def task(task_paths) -> str:
+  return local_tasks.register_tsv_task("test_runs_polarity", task_paths["test_runs_polarity"])
 
 
-def _train(model, task, model_dir, checkpoint, **kwargs):
-  # One run's data order follows its seed, as gin's RANDOM_SEED sets both (K runs: each its own).
-  cfg = data.DatasetConfig(task, LENGTHS, batch_size=4, seed=kwargs.get("seed", 0), module=None)
-  eval_cfg = evaluator_lib.EvalConfig(task, LENGTHS, batch_size=8)
-  return train_lib.train(model=model, train_dataset_cfg=cfg, total_steps=STEPS,
-                         model_dir=str(model_dir), eval_cfg=eval_cfg, eval_period=STEPS,
-                         log_period=1, verbose=False,
-                         checkpoint_cfg=train_lib.CheckpointConfig(best_metric="accuracy"),
-                         initial_checkpoint_path=checkpoint, **kwargs)
+@pytest.fixture(scope="module")
+def other(task_paths) -> str:
+  return local_tasks.register_tsv_task("test_runs_polarity_b", task_paths["test_runs_polarity_b"])
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
-def test_k_runs_in_one_step_equal_the_runs_one_at_a_time(tmp_path, task, checkpoint, method):
+_model, _train = k_runs.model, k_runs.train
+
+
+@pytest.fixture(scope="module")
+def pt_job(tmp_path_factory, task, checkpoint):
+  """Prompt Tuning's K = 2 job, shared by the parity and restart tests."""
+  job = tmp_path_factory.mktemp("pt") / "job"
+  return job, _train(_model("pt"), task, job, checkpoint, seeds=list(SEEDS))
+
+
+@pytest.fixture(scope="module")
+def zip_job(tmp_path_factory, task, other, checkpoint):
+  """K = 3 runs zipping TASKS and SEEDS."""
+  job = tmp_path_factory.mktemp("zip") / "job"
+  return job, _train(_model("pt"), task, job, checkpoint, tasks=[task, other, task],
+                     seeds=list(ZIP_SEEDS))
+
+
+@pytest.mark.parametrize("method", sorted(k_runs.METHODS))
+def test_k_runs_in_one_step_equal_the_runs_one_at_a_time(tmp_path, task, checkpoint, method,
+                                                          request):
   model = _model(method)
-  together = _train(model, task, tmp_path / "job", checkpoint, seeds=list(SEEDS))
+  if method == "pt":
+    job, together = request.getfixturevalue("pt_job")
+  else:
+    job = tmp_path / "job"
+    together = _train(model, task, job, checkpoint, seeds=list(SEEDS))
   assert together.compilations == 1 and len(together.runs) == len(SEEDS)
   for k, seed in enumerate(SEEDS):
     alone = _train(model, task, tmp_path / f"alone_{seed}", checkpoint, seed=seed)
     run = together.runs[k]
-    assert run.run.seed == seed and run.run.run_dir.path == tmp_path / "job" / f"seed_{seed}"
+    assert run.run.seed == seed and run.run.run_dir.path == job / f"seed_{seed}"
     losses_k = [h["loss"] for h in run.history[:5]]
     losses_1 = [h["loss"] for h in alone.history[:5]]
     np.testing.assert_allclose(losses_k, losses_1, rtol=0, atol=1e-5)
@@ -97,14 +106,11 @@ def test_k_runs_in_one_step_equal_the_runs_one_at_a_time(tmp_path, task, checkpo
   assert not np.allclose(first[0], first[1])
 
 
-def test_tasks_and_seeds_zip_into_runs_with_their_own_evaluation(tmp_path, task, checkpoint,
-                                                                  tmp_path_factory):
-  paths = local_tasks.write_tsv_task_files(tmp_path_factory.mktemp("tsv2"), n_train=64, n_val=8)
-  other = local_tasks.register_tsv_task("test_runs_polarity_b", paths)
-  result = _train(_model("pt"), task, tmp_path / "job", checkpoint, tasks=[task, other],
-                  seeds=[3, 4])
-  names = sorted(p.name for p in (tmp_path / "job").iterdir())
-  assert names == sorted(["job.json", f"{other}.seed_4", f"{task}.seed_3"])
+def test_tasks_and_seeds_zip_into_runs_with_their_own_evaluation(zip_job, task, other):
+  job, result = zip_job
+  names = sorted(p.name for p in job.iterdir())
+  assert names == sorted(["job.json", f"{task}.seed_3", f"{other}.seed_4", f"{task}.seed_5"])
+  assert [r.run.task for r in result.runs] == [task, other, task]
   for run in result.runs:
     (_, metrics), = [h for h in run.eval_history if h[0] == STEPS]
     assert list(metrics) == [run.run.task]  # each run evaluated its own task
@@ -121,15 +127,15 @@ def test_runs_from_given_arrays_of_one_shape_share_one_initialisation_trace(tmp_
   monkeypatch.setattr(jax, "eval_shape", lambda fn, *a, **k: (
       traced.append(getattr(fn, "__name__", "")), eval_shape(fn, *a, **k))[1])
   arrays = [np.full((4, 64), 0.25 * (i + 1), np.float32) + np.arange(64, dtype=np.float32) / 64
-            for i in range(3)]
+            for i in range(2)]
   runs = [train_lib.RunSpec(s, prompt_init=prompts.from_array(a)) for s, a in zip(SEEDS, arrays)]
   runs.append(train_lib.RunSpec(9))  # the module's own initialiser (sampled vocabulary)
-  result = _train(_model("pt"), task, tmp_path / "job", checkpoint, runs=runs,
+  result = _train(_model("pt"), task, tmp_path / "job", checkpoint, runs=runs, evaluate=False,
                   optimizer=optax.sgd(0.0))  # the prompts stay where they started
   assert traced.count("init_prompt") == 2, traced
   for run, start in zip(result.runs, arrays):
     np.testing.assert_array_equal(np.load(RunDir(run.run.run_dir.path).prompt_path(STEPS)), start)
-  sampled = np.load(RunDir(result.runs[3].run.run_dir.path).prompt_path(STEPS))
+  sampled = np.load(RunDir(result.runs[2].run.run_dir.path).prompt_path(STEPS))
   assert not any(np.allclose(sampled, a) for a in arrays)
 
 
@@ -148,6 +154,27 @@ def test_bad_run_lists_are_one_line_and_nothing_is_written(tmp_path, task, check
     _train(_model("pt"), task, tmp_path / "job", checkpoint, **kwargs)
   assert message in str(info.value) and "\n" not in str(info.value)
   assert not (tmp_path / "job").exists()
+
+
+def test_runs_with_no_common_saved_step_start_again_and_keep_what_was_saved(tmp_path, task,
+                                                                            checkpoint, pt_job):
+  """A job killed between its runs' first saves (run seed_1 saved nothing) restarts every run
+  from step 0; seed_0's saved states are kept, not rewritten, and the job ends where an
+  uninterrupted one does."""
+  ref, _ = pt_job
+  killed = tmp_path / "killed"
+  shutil.copytree(ref, killed)  # a finished job, then as if seed_1 had not reached its first save
+  saved = RunDir(killed / "seed_0").state_path(STEPS)
+  before = {p: p.stat().st_mtime_ns for p in saved.rglob("*") if p.is_file()}
+  for path in (killed / "seed_1").iterdir():
+    if path.name != "run.json":
+      shutil.rmtree(path) if path.is_dir() else path.unlink()
+  again = _train(_model("pt"), task, killed, checkpoint, seeds=list(SEEDS))
+  assert again.runs[1].history and again.runs[1].history[0]  # seed_1 trained from step 0
+  assert {p: p.stat().st_mtime_ns for p in saved.rglob("*") if p.is_file()} == before
+  names = [f"seed_{s}" for s in SEEDS]
+  for got, want in zip(k_runs.job_prompts(killed, names), k_runs.job_prompts(ref, names)):
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
 # --- through the command line: SEEDS=[...], a SIGKILL mid-job, the mesh, length buckets ----------
@@ -171,13 +198,13 @@ def _finish(args) -> str:
 
 
 def _job_prompts(job: pathlib.Path, seeds, step) -> list[np.ndarray]:
-  return [np.load(RunDir(job / f"seed_{s}").prompt_path(step)) for s in seeds]
+  return k_runs.job_prompts(job, [f"seed_{s}" for s in seeds], step)
 
 
 def test_sigkill_of_a_k_run_job_resumes_exactly(tmp_path):
-  seeds, steps = (0, 1, 2), 60
+  seeds, steps = (0, 1, 2), 40
   common = [f"--gin.SEEDS={list(seeds)}", f"--gin.TRAIN_STEPS={steps}",
-            "--gin.CHECKPOINT_PERIOD=10", "--gin.EVAL_PERIOD=30", "--gin.DROPOUT_RATE=0.1"]
+            "--gin.CHECKPOINT_PERIOD=10", "--gin.EVAL_PERIOD=20", "--gin.DROPOUT_RATE=0.1"]
   _finish([*common, f"--gin.MODEL_DIR='{tmp_path / 'ref'}'"])
   job = tmp_path / "killed"
   proc = _cli([*common, f"--gin.MODEL_DIR='{job}'"], stdout=subprocess.DEVNULL,
@@ -225,25 +252,3 @@ def test_k_runs_with_length_buckets_equal_the_runs_alone(tmp_path):
         np.load(RunDir(tmp_path / "job" / f"seed_{seed}").prompt_path(5)),
         np.load(RunDir(tmp_path / f"alone{seed}" / f"seed_{seed}").prompt_path(5)),
         rtol=0, atol=1e-5)
-
-
-def test_runs_with_no_common_saved_step_start_again_and_keep_what_was_saved(tmp_path, task,
-                                                                            checkpoint):
-  """A job killed between its runs' first saves (run seed_1 saved nothing) restarts every run
-  from step 0; seed_0's saved states are kept, not rewritten, and the job ends where an
-  uninterrupted one does."""
-  model = _model("pt")
-  _train(model, task, tmp_path / "ref", checkpoint, seeds=[0, 1])
-  killed = tmp_path / "killed"
-  _train(model, task, killed, checkpoint, seeds=[0, 1])
-  saved = RunDir(killed / "seed_0").state_path(STEPS)
-  before = {p: p.stat().st_mtime_ns for p in saved.rglob("*") if p.is_file()}
-  for path in (killed / "seed_1").iterdir():  # as if seed_1 had not reached its first save
-    if path.name != "run.json":
-      shutil.rmtree(path) if path.is_dir() else path.unlink()
-  again = _train(model, task, killed, checkpoint, seeds=[0, 1])
-  assert again.runs[1].history and again.runs[1].history[0]  # seed_1 trained from step 0
-  assert {p: p.stat().st_mtime_ns for p in saved.rglob("*") if p.is_file()} == before
-  for got, want in zip(_job_prompts(killed, (0, 1), STEPS),
-                       _job_prompts(tmp_path / "ref", (0, 1), STEPS)):
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
