@@ -60,7 +60,10 @@ def run_case(module: str, args: list[str]) -> tuple[int, str, str]:
       code = 0
     except SystemExit as e:
       code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    gc.collect()
+    gc.collect()  # what the case left for the collector reports here, into the case's output
+    # What outlives the case leaves the collector's reach: a later case's collections (this one,
+    # spot_jax.cli's on an error) scan what that case made, not a heap grown by every case.
+    gc.freeze()
   finally:
     sys.stdout.flush(), sys.stderr.flush()
     for fd in (1, 2):
