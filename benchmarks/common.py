@@ -255,12 +255,9 @@ def write_outputs(files: Mapping[str, pathlib.Path], result: Any, markdown: str)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _init_backbone(backbone_module, rng, tokens: tuple):
+def _init_backbone(backbone_module, rng, dummy: Mapping[str, Any]):
   from spot_jax import models  # pylint: disable=g-import-not-at-top
-  encoder_input, decoder_input, decoder_target = tokens
-  batch = {"encoder_input_tokens": encoder_input, "decoder_input_tokens": decoder_input,
-           "decoder_target_tokens": decoder_target}
-  return models.unbox(models.EncoderDecoderModel(backbone_module).init_backbone(rng, batch))
+  return models.unbox(models.EncoderDecoderModel(backbone_module).init_backbone(rng, dummy))
 
 
 def init_backbone(model, rng, dummy: Mapping[str, Any]):
@@ -269,8 +266,7 @@ def init_backbone(model, rng, dummy: Mapping[str, Any]):
   Every method of a run has the same backbone (the network without its prompt), so one
   compiled initialisation serves them all instead of one compile per row.
   """
-  return _init_backbone(model.backbone_module(), rng, tuple(
-      dummy[k] for k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")))
+  return _init_backbone(model.backbone_module(), rng, dict(dummy))
 
 
 def initial_params(kind: str, model, dummy: Any, seed: int):

@@ -37,15 +37,14 @@ def model(method: str) -> models.EncoderDecoderModel:
   return models.EncoderDecoderModel(Transformer(config, prompt=METHODS[method]()))
 
 
-def train(model_, task, model_dir, checkpoint, evaluate: bool = True, verbose: bool = False,
-          **kwargs):
+def train(model_, task, model_dir, checkpoint, evaluate: bool = True, **kwargs):
   """A job (or one run) of the K-run tests: each run's data order follows its seed, as gin's
   RANDOM_SEED sets both (K runs: each its own)."""
   cfg = data.DatasetConfig(task, LENGTHS, batch_size=4, seed=kwargs.get("seed", 0), module=None)
   eval_cfg = evaluator_lib.EvalConfig(task, LENGTHS, batch_size=8) if evaluate else None
   return train_lib.train(model=model_, train_dataset_cfg=cfg, total_steps=STEPS,
                          model_dir=str(model_dir), eval_cfg=eval_cfg, eval_period=STEPS,
-                         log_period=1, verbose=verbose,
+                         log_period=1, verbose=False,
                          checkpoint_cfg=train_lib.CheckpointConfig(
                              best_metric="accuracy" if evaluate else None),
                          initial_checkpoint_path=checkpoint, **kwargs)
