@@ -116,3 +116,15 @@ def test_a_run_without_prompt_parameters_is_refused_naming_the_method(trained, t
   (empty.path / "prompts" / "prompt_best.npy").write_bytes(prompt)
   with pytest.raises(ConfigError, match="method 'model_tuning' cannot be scored"):
     scorer.accuracy(empty, requests[0].task, suite.TASKS[TARGETS[0]].labels, 0)
+
+
+@needs_model
+def test_finished_runs_are_scored_in_a_process_that_did_not_train_them(trained, tmp_path):
+  """A rerun reuses the trained runs and only scores them: the backbone's abstract parameters are
+  then first computed under the scorer's mesh, which must not constrain their shardings."""
+  recipe, requests, job_dir, result = trained
+  from spot_jax.t5.checkpoints import common  # pylint: disable=g-import-not-at-top
+  common._abstract_params.cache_clear()  # pylint: disable=protected-access  # as a new process
+  again = experiment.run(dataclasses.replace(recipe, rank_examples=40), job_dir, requests[:1])
+  assert again.seconds is None and again.rank_seconds is not None
+  assert 0 <= again.outcomes[0].rank_accuracy <= 100

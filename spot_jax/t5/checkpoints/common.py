@@ -59,13 +59,21 @@ def _abstract_params(config: T5Config) -> tuple[dict[str, jax.ShapeDtypeStruct],
   init = lambda: Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens, tokens,
                                           enable_dropout=False)
   boxed = jax.eval_shape(init)["params"]
-  return traverse_util.flatten_dict(nn.unbox(boxed), sep="/"), boxed
+  return traverse_util.flatten_dict(_unboxed(boxed), sep="/"), boxed
+
+
+def _unboxed(boxed: Any) -> Any:
+  """The tree without its axis metadata and without sharding constraints: abstract shapes carry
+  no sharding, and a mesh in context (`jax.set_mesh`) would make `nn.unbox` constrain them."""
+  return nn.meta.map_axis_meta(
+      lambda x: _unboxed(x.unbox(apply_constraint=False) if isinstance(x, nn.LogicallyPartitioned)
+                         else x.unbox()), boxed)
 
 
 def target_shardings(boxed: Any, mesh: Optional[Mesh], rules) -> dict[str, Sharding]:
   if mesh is None:
     device = SingleDeviceSharding(jax.local_devices()[0])
-    return {p: device for p in traverse_util.flatten_dict(nn.unbox(boxed), sep="/")}
+    return {p: device for p in traverse_util.flatten_dict(_unboxed(boxed), sep="/")}
   rules = partitioning.DEFAULT_RULES if rules is None else rules
   return traverse_util.flatten_dict(partitioning.param_shardings(boxed, mesh, rules), sep="/")
 
