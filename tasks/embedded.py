@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import zlib
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 import seqio
@@ -29,6 +29,7 @@ from tasks import metrics as metrics_lib
 from tasks import postprocessors
 
 from spot_jax import validate
+from spot_jax.errors import ConfigError
 
 VERSION = "v100"
 EXTRA_IDS = 100
@@ -267,9 +268,21 @@ UNRELATED = {
 }
 
 
-def task_name(key: str, taskless: bool = False) -> str:
-  """`spot_toy_<key>[_taskless]_v100`."""
-  return f"spot_toy_{key}{'_taskless' if taskless else ''}_{VERSION}"
+def task_name(key: str, taskless: bool = False, train_examples: Optional[int] = None) -> str:
+  """`spot_toy_<key>[_taskless][_n<N>]_v100`; with `train_examples` N, a low-resource variant
+  whose train split is the first N of the task's train examples (registered on the spot)."""
+  if train_examples is not None:
+    validate.positive_int(train_examples, "train_examples")
+    if train_examples > SPLIT_SIZES["train"]:
+      raise ConfigError(f"train_examples={train_examples}: the suite's train splits hold "
+                        f"{SPLIT_SIZES['train']} examples; give at most that")
+    _register(TASKS[key], taskless, train_examples)
+  return _name(key, taskless, train_examples)
+
+
+def _name(key: str, taskless: bool, train_examples: Optional[int]) -> str:
+  size = "" if train_examples is None else f"_n{train_examples}"
+  return f"spot_toy_{key}{'_taskless' if taskless else ''}{size}_{VERSION}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -310,27 +323,33 @@ def postprocess(task: ToyTask) -> Callable[..., object]:
   return lambda output, example=None, is_target=False: postprocessors.as_text(output).strip()
 
 
-def _dataset_fn(split: str, shuffle_files: bool, seed=None, *, key: str, taskless: bool):
+def _dataset_fn(split: str, shuffle_files: bool, seed=None, *, key: str, taskless: bool,
+                train_examples: Optional[int] = None):
   del shuffle_files, seed
   inputs, targets = examples(key, split)
   if taskless:
     inputs = tuple(i[len(key) + 1:] for i in inputs)
+  if split == "train" and train_examples is not None:
+    inputs, targets = inputs[:train_examples], targets[:train_examples]
   return tf.data.Dataset.from_tensor_slices({"inputs": list(inputs), "targets": list(targets)})
 
 
-def _register(task: ToyTask, taskless: bool) -> None:
-  name = task_name(task.key, taskless)
+def _register(task: ToyTask, taskless: bool, train_examples: Optional[int] = None) -> None:
+  name = _name(task.key, taskless, train_examples)
   if name in seqio.TaskRegistry.names():
     return
+  sizes = dict(SPLIT_SIZES)
+  if train_examples is not None:
+    sizes["train"] = train_examples
   vocab = get_vocabulary()
   features = {"inputs": seqio.Feature(vocab, add_eos=True, required=False),
               "targets": seqio.Feature(vocab, add_eos=True)}
   seqio.TaskRegistry.add(
       name,
       source=seqio.FunctionDataSource(functools.partial(_dataset_fn, key=task.key,
-                                                        taskless=taskless),
-                                      splits=tuple(SPLIT_SIZES),
-                                      num_input_examples=dict(SPLIT_SIZES)),
+                                                        taskless=taskless,
+                                                        train_examples=train_examples),
+                                      splits=tuple(SPLIT_SIZES), num_input_examples=sizes),
       preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
       output_features=features, postprocess_fn=postprocess(task),
       metric_fns=[metrics_lib.accuracy])
