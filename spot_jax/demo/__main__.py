@@ -1,32 +1,35 @@
-r"""`python -m spot_jax.demo`: every prompt method, really learning, on the embedded toy T5,
+r"""`python -m spot_jax.demo`: the four papers' headline claims, tested on the embedded toy T5,
 with seeds.
 
   1. prompt-tune the 8 source tasks (one job: 8 runs in one jitted step; seed: one more than the
      largest target seed) and add their prompts and task embeddings (each run's prompt at the
      embedding step) to a prompt library
-  2. Prompt Tuning on each target, 5 seeds (one job for every target and seed); seed s's prompt
-     at the embedding step is the target's task embedding
+  2. Prompt Tuning on each target in the low-resource regime (its first 32 training examples,
+     20 steps), 10 seeds (one job for every target and seed); seed s's prompt at the embedding
+     step is the target's task embedding
   3. retrieval ranks the library by similarity to it: SPoT's run of seed s starts from the most
      similar source's prompt (the suite's RELATED map only checks the choice); then SMoP
      (4 prompts x 5 tokens), Residual Prompt Tuning and, as a control, SPoT from an unrelated
      source, one job per method
-  4. score every target run with class labels by rank classification (its prompt picks the
-     likeliest label) on the first 1,000 validation examples; print the mean and 95% interval
-     over seeds per target and method, each method's paired verdict against Prompt Tuning
-     (better / worse / not resolved) on every target and on the targets' mean (a table's
-     verdicts are one family: simultaneous 95% intervals), the sources retrieval chose and the
-     claims table; write results.json, results.md and results.png
+  4. score every target run by rank classification (its prompt picks the likeliest class label)
+     on the first 1,000 validation examples; print the mean and 95% interval over seeds per
+     target and method, each method's paired verdict against Prompt Tuning on every target and on
+     the targets' mean (a table's verdicts are one family: simultaneous 95% intervals), the
+     headline claims with their tests (superiority; non-inferiority for SMoP and equivalence for
+     the control, at a 3-point margin), the sources retrieval chose; write results.json,
+     results.md and results.png
 
 Every run is an ordinary trainer run in <output_dir>/runs/<method>-<digest>/<task>.seed_<s> whose
 run.json holds its score. Rerunning with the same flags reuses the finished runs (the same
 tables, seconds); --fresh trains everything again.
 
-  python -m spot_jax.demo                          # seeds 0-4, about 5 minutes on 2 CPU cores
-  python -m spot_jax.demo --seed_offset=5          # another seed set: seeds 5-9
+  python -m spot_jax.demo                          # seeds 0-9, about 4 minutes on 2 CPU cores
+  python -m spot_jax.demo --seed_offset=10         # another seed set: seeds 10-19
+  python -m spot_jax.demo --claims                 # the seeds the power analysis asks for
   python -m spot_jax.demo --seeds=0,1,2 --quick    # fewer steps, the same compiles
   python -m spot_jax.demo --methods=pt,spot --targets=sentiment_travel
   python -m spot_jax.demo --methods=all            # the default methods and the successors
-  python -m spot_jax.demo --methods=pt,prefix,ptuning_v2,dept,residual_smop,attempt,mpt
+  python -m spot_jax.demo --train_examples=all --target_steps=40   # every training example
 
 The successors (prefix tuning, P-tuning v2, DePT, Residual SMoP, ATTEMPT, MPT; see
 spot_jax/demo/successor_methods.py) run only when named: each adds one job (MPT two).
@@ -47,15 +50,17 @@ from spot_jax import runtime
 from spot_jax import stats
 from spot_jax import experiment
 from spot_jax import validate
+from spot_jax import power
+from spot_jax.demo import claims as claims_lib
 from spot_jax.demo import methods as methods_lib
 from spot_jax.demo import results as results_lib
 from spot_jax.demo import source_library
 from spot_jax.demo import successor_methods
 from spot_jax.errors import ConfigError
 
-DEFAULT_SEEDS = 5
-QUICK = dict(source_steps=40, target_steps=20)
-FULL = dict(source_steps=400, target_steps=200, batch_size=16)
+DEFAULT_SEEDS = methods_lib.DEFAULT_SEEDS
+QUICK = dict(source_steps=40, target_steps=10)
+FULL = dict(source_steps=400, target_steps=200, batch_size=16, train_examples=None)
 
 
 def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str]:
@@ -71,7 +76,14 @@ def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str
   return list(dict.fromkeys(chosen))
 
 
-def _seeds(args) -> list[int]:
+def _design(args, methods: Sequence[str]) -> claims_lib.Design:
+  """The power analysis' design: --margin, --power and the targets'-mean family of `methods`."""
+  margin = validate.positive(args.margin, "--margin", unit="points", example=claims_lib.MARGIN)
+  target = validate.fraction(args.power, "--power", example=power.POWER)
+  return claims_lib.Design(margin, target, max(len(results_lib.pairs(methods)), 1))
+
+
+def _seeds(args, design: claims_lib.Design) -> list[int]:
   """--seeds (a comma list), else --num_seeds seeds from --seed_offset; checked before any write."""
   if args.seeds is not None:
     if args.seed_offset is not None:
@@ -87,8 +99,11 @@ def _seeds(args) -> list[int]:
     return stats.check_seeds(values, "--seeds")
   offset = 0 if args.seed_offset is None else args.seed_offset
   validate.positive_int(offset, "--seed_offset", minimum=0)
-  validate.positive_int(args.num_seeds, "--num_seeds")
-  return list(range(offset, offset + args.num_seeds))
+  count = args.num_seeds
+  if count is None:
+    count = design.seeds() if args.claims else DEFAULT_SEEDS
+  validate.positive_int(count, "--num_seeds")
+  return list(range(offset, offset + count))
 
 
 def _parser() -> cli.ArgumentParser:
@@ -101,17 +116,31 @@ def _parser() -> cli.ArgumentParser:
                       f"'all' (default {','.join(default_methods)}; pt always runs: the baseline "
                       f"and the target's task embedding; spot_unrelated: SPoT from an unrelated "
                       f"source, a control; the successors run only when named)")
-  p.add_argument("--targets", default=",".join(suite.TARGETS),
-                 help=f"comma list of {', '.join(suite.TARGETS + suite.HARD_TARGETS)} (the last "
-                      "two: skills the toy backbone only half-learned)")
+  p.add_argument("--targets", default=",".join(methods_lib.DEFAULT_TARGETS),
+                 help=f"comma list of {', '.join(suite.TARGETS + suite.HARD_TARGETS)} (default "
+                      f"{','.join(methods_lib.DEFAULT_TARGETS)}; the last two: skills the toy "
+                      f"backbone only half-learned)")
   p.add_argument("--seeds", default=None, help="comma list of distinct non-negative seeds (default "
                                                "--num_seeds seeds from --seed_offset)")
   p.add_argument("--seed_offset", type=int, default=None, help="the first seed (default 0)")
-  p.add_argument("--num_seeds", type=int, default=DEFAULT_SEEDS,
-                 help=f"how many seeds from --seed_offset (default {DEFAULT_SEEDS})")
+  p.add_argument("--num_seeds", type=int, default=None,
+                 help=f"how many seeds from --seed_offset (default {DEFAULT_SEEDS}; with --claims "
+                      f"the power analysis' count)")
+  p.add_argument("--claims", action="store_true",
+                 help="as many seeds as the power analysis asks for (every headline claim on the "
+                      "targets' mean at --power for a --margin effect; fewer given by --seeds or "
+                      "--num_seeds run with a warning naming the power reached)")
+  p.add_argument("--margin", type=float, default=claims_lib.MARGIN,
+                 help=f"points: the non-inferiority and equivalence margin, and the effect the "
+                      f"power analysis plans for (default {claims_lib.MARGIN:g})")
+  p.add_argument("--power", type=float, default=power.POWER,
+                 help=f"the power --claims plans for, in (0, 1) (default {power.POWER:g})")
   speed = p.add_mutually_exclusive_group()
   speed.add_argument("--quick", action="store_true", help=f"fewer steps: {QUICK}")
   speed.add_argument("--full", action="store_true", help=f"more steps: {FULL}")
+  p.add_argument("--train_examples", default=None,
+                 help=f"a target's training examples, the first of its train split, or 'all' "
+                      f"(default {recipe.train_examples}: the low-resource regime)")
   p.add_argument("--source_steps", type=int, default=None, help="override the source steps")
   p.add_argument("--target_steps", type=int, default=None, help="override the target steps")
   p.add_argument("--prompt_length", type=int, default=None,
@@ -133,9 +162,27 @@ def _parser() -> cli.ArgumentParser:
 
 
 def _settings(args) -> methods_lib.Settings:
+  changes = dict(QUICK if args.quick else FULL if args.full else {})
+  if args.train_examples is not None:
+    changes["train_examples"] = _train_examples(args.train_examples)
   return methods_lib.settings_from_flags(
       args, ("source_steps", "target_steps", "prompt_length", "input_length", "rank_examples"),
-      **(QUICK if args.quick else FULL if args.full else {}))
+      **changes)
+
+
+def _train_examples(text: str) -> Optional[int]:
+  """--train_examples: 'all' (None) or a count the suite's train splits hold."""
+  from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
+  if text.strip() == "all":
+    return None
+  most = suite.SPLIT_SIZES["train"]
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if not 0 < value <= most:
+    raise ConfigError(f"--train_examples={text} must be 'all' or an integer from 1 to {most}")
+  return value
 
 
 def _recipe(method: str, settings: methods_lib.Settings, vocab_rows: int, entries: Sequence,
@@ -164,9 +211,13 @@ def main(argv: Sequence[str]) -> Optional[int]:
     raise ConfigError("--methods=all stands alone; give 'all' or a comma list of methods")
   methods = ["pt"] + [m for m in chosen if m != "pt"]
   targets = _choices(args.targets, suite.TARGETS + suite.HARD_TARGETS, "target task", "--targets")
-  seeds = _seeds(args)
+  design = _design(args, methods)
+  seeds = _seeds(args, design)
   settings = _settings(args)
+  shortfall = design.shortfall(len(seeds)) if args.claims else None
   out, runs_dir = methods_lib.output_folders(args.output_dir)
+  if shortfall:
+    print(f"spot_jax.demo: {shortfall}", file=sys.stderr, flush=True)
   if args.compilation_cache != "none":
     runtime.enable_compilation_cache(args.compilation_cache or str(out / "jax_cache"),
                                      what="--compilation_cache")
@@ -217,38 +268,59 @@ def main(argv: Sequence[str]) -> Optional[int]:
       print(source.line(), flush=True)
     if left_out and len(left_out) == len(sources):
       print(source_library.EVERY_SOURCE_LEFT_OUT, flush=True)
-  every_run = [methods_lib.request(t, s) for t in targets for s in seeds]
+  every_run = [methods_lib.request(t, s, train_examples=settings.train_examples)
+               for t in targets for s in seeds]
   outcomes = list(job(methods_lib.recipe("pt", settings, vocab_rows), every_run).outcomes)
   if needs_library:
     choices = source_library.choose(entries, outcomes, suite.RELATED, left_out)
   for method in methods[1:]:
     requests = every_run
     if method == "spot":
-      requests = source_library.spot_requests(choices, entries, targets, seeds)
+      requests = source_library.spot_requests(choices, entries, targets, seeds,
+                                              settings.train_examples)
     elif method == "spot_unrelated":
-      requests = source_library.unrelated_requests(entries, suite.UNRELATED, targets, seeds)
+      requests = source_library.unrelated_requests(entries, suite.UNRELATED, targets, seeds,
+                                                   settings.train_examples)
     outcomes += job(_recipe(method, settings, vocab_rows, entries, seeds, job), requests).outcomes
 
   chance = {t: round(suite.TASKS[t].chance, 1) for t in targets}
   summary = results_lib.summarize(outcomes, targets, methods, seeds, chance, sources,
                                   {k: c.to_json() for k, c in choices.items()}, seconds,
-                                  settings.prompt_length, [x.to_json() for x in left_out])
+                                  settings.prompt_length, [x.to_json() for x in left_out],
+                                  claims_lib.claim_tests(design.margin))
   paths = results_lib.write(out, summary, dataclasses.asdict(settings))
+  _print_tables(summary, settings, design if args.claims else None)
+  print(f"\ndemo took {time.time() - started:.0f}s; wrote {', '.join(str(p) for p in paths)}")
+  return 0
+
+
+def _print_tables(summary: results_lib.Summary, settings: methods_lib.Settings,
+                  design: Optional[claims_lib.Design]) -> None:
+  """The accuracies, verdicts, headline claims, power analysis (given a design), sources and job
+  times, as plain tables."""
   print()
   print(f"validation accuracy % (class labels: rank classification of the first "
-        f"{settings.rank_examples} examples), mean ± 95% interval over {len(seeds)} seeds:")
+        f"{settings.rank_examples} examples), mean ± 95% interval over {len(summary.seeds)} seeds:")
   print(results_lib.plain(results_lib.accuracy_rows(summary)))
   if summary.pairs():  # Prompt Tuning alone: nothing to compare
     print("\n" + results_lib.verdict_heading(summary) + ":")
     print(results_lib.plain(results_lib.verdict_rows(summary)))
-  if choices:
+  headline = results_lib.headline_rows(summary)
+  if len(headline) > 1:
+    print(f"\n{results_lib.HEADLINE_HEADING}:")
+    print(results_lib.plain(headline))
+  if design is not None:
+    print(f"\npower analysis (the pilot's SDs; {design.comparisons} targets'-mean comparisons at "
+          f"95% together; {100 * design.target:g}% power for a {design.margin:g}-point effect or "
+          f"margin):")
+    print(results_lib.plain(claims_lib.power_rows(design, len(summary.seeds),
+                                                  methods_lib.METHOD_NAMES)))
+  if summary.choices:
     print("\nSPoT's source per seed, chosen by retrieval (* = in the suite's RELATED map):")
     print(results_lib.plain(results_lib.source_rows(summary)))
   if results_lib.time_rows(summary):
     print("\njob wall times (this process):")
     print(results_lib.plain(results_lib.time_rows(summary)))
-  print(f"\ndemo took {time.time() - started:.0f}s; wrote {', '.join(str(p) for p in paths)}")
-  return 0
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ from spot_jax.train import optimizers
 METHODS = ("pt", "spot", "smop", "residual", "spot_unrelated")
 # The successors run on request (`--methods=...` or `--methods=all`;
 # `spot_jax.demo.successor_methods`).
+DEFAULT_SEEDS = 10  # what the 5-minute budget allows; `--claims` runs the power analysis' count
+# The demo's targets: the suite's, less sum, where no method lifts a prompt trained on 32 examples
+# for 20 steps above about 24% (a floor that compares nothing, at the most labels to score).
+DEFAULT_TARGETS = ("sentiment_travel", "sentiment_sports", "category")
 SUCCESSORS = ("prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt")
 METHOD_NAMES = {"pt": "Prompt Tuning", "spot": "SPoT", "smop": "SMoP 4x5",
                 "residual": "Residual PT", "spot_unrelated": "SPoT unrelated",
@@ -58,6 +62,8 @@ class Settings:
   Attributes:
     source_steps: training steps of a source prompt.
     target_steps: training steps of a target prompt (every method).
+    train_examples: a target's training examples, the first ones of its train split (the
+      low-resource regime where SPoT's paper finds transfer matters most; None: all 4,000).
     prompt_length: tokens of the Prompt Tuning, SPoT and Residual prompts (SMoP: 4 x 5).
     batch_size: training batch size of each run.
     learning_rate: Adafactor's peak learning rate.
@@ -74,7 +80,8 @@ class Settings:
     embedding_step: the step whose prompt is a run's task embedding (sources and targets).
   """
   source_steps: int = 80
-  target_steps: int = 40
+  target_steps: int = 20
+  train_examples: Optional[int] = 32
   prompt_length: int = 10
   batch_size: int = 8
   learning_rate: float = 0.3
@@ -181,12 +188,13 @@ def recipe(method: str, settings: Settings, vocab_rows: int, *, prompt: Any = No
       task_names=task_names, key=key)
 
 
-def request(task: str, seed: int, init: Optional[np.ndarray] = None,
-            init_note: str = "") -> RunRequest:
-  """A run of the suite's task `task` (a key of `tasks.embedded.TASKS`: its taskless variant)."""
+def request(task: str, seed: int, init: Optional[np.ndarray] = None, init_note: str = "",
+            train_examples: Optional[int] = None) -> RunRequest:
+  """A run of the suite's task `task` (a key of `tasks.embedded.TASKS`: its taskless variant,
+  trained on its first `train_examples` train examples; None: all)."""
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
-  return RunRequest(suite.task_name(task, taskless=True), seed, label=task, init=init,
-                    init_note=init_note)
+  return RunRequest(suite.task_name(task, taskless=True, train_examples=train_examples), seed,
+                    label=task, init=init, init_note=init_note)
 
 
 def accuracy(outcome: RunOutcome) -> Optional[float]:

@@ -10,7 +10,7 @@ accuracy into training seed, evaluation sample (binomial) and rounding
 (`spot_jax.demo.variance`), prints the table, writes noise.json and noise.md in --output_dir,
 and from the targets'-mean row plans the seeds a +3-point effect needs (`spot_jax.power.plan`).
 
-  python -m spot_jax.demo.noise                            # 20 seeds, the 4 targets: 160 runs
+  python -m spot_jax.demo.noise                            # 20 seeds, the 3 targets: 120 runs
   python -m spot_jax.demo.noise --num_seeds=30 --other_k=1 # 30 seeds, each run alone the 2nd time
   python -m spot_jax.demo.noise --targets=sum --num_seeds=2 --target_steps=2   # a smoke test
 
@@ -38,7 +38,7 @@ from spot_jax.errors import ConfigError
 DEFAULT_SEEDS = 20
 EFFECT = 3.0  # points: the smallest effect on the targets' mean the plan resolves
 COMPARISONS = 5  # the demo's targets'-mean family: 4 methods against PT, SPoT against its control
-DEMO_SEEDS = 5
+DEMO_SEEDS = methods_lib.DEFAULT_SEEDS
 COLUMNS = ("target", "chance", "mean", "training seed SD", "evaluation SD (binomial)",
            "rounding SD", "total SD", "seeds unchanged")
 
@@ -48,8 +48,9 @@ def _parser() -> cli.ArgumentParser:
   p = cli.ArgumentParser(prog="spot_jax.demo.noise", description=__doc__.splitlines()[0])
   flags.add_output_dir(p, "where runs and noise.{json,md} go (default ./spot_noise)",
                        default="spot_noise")
-  p.add_argument("--targets", default=",".join(suite.TARGETS),
-                 help=f"comma list of {', '.join(suite.TARGETS + suite.HARD_TARGETS)}")
+  p.add_argument("--targets", default=",".join(methods_lib.DEFAULT_TARGETS),
+                 help=f"comma list of {', '.join(suite.TARGETS + suite.HARD_TARGETS)} (default "
+                      f"the demo's: {','.join(methods_lib.DEFAULT_TARGETS)})")
   p.add_argument("--num_seeds", type=int, default=DEFAULT_SEEDS,
                  help=f"seeds, at least 2 (default {DEFAULT_SEEDS})")
   p.add_argument("--seed_offset", type=int, default=0, help="the first seed (default 0)")
@@ -75,11 +76,15 @@ def _targets(text: str) -> list[str]:
   return chosen
 
 
-def groupings(targets: Sequence[str], seeds: Sequence[int], other_k: int):
+def groupings(targets: Sequence[str], seeds: Sequence[int], other_k: int,
+              train_examples: Optional[int] = None):
   """(the one job of every run, targets outer as the demo's; the jobs of `other_k` runs, seeds
-  outer so that other_k = len(targets) is one job per seed)."""
-  first = [methods_lib.request(t, s) for t in targets for s in seeds]
-  by_seed = [methods_lib.request(t, s) for s in seeds for t in targets]
+  outer so that other_k = len(targets) is one job per seed); runs train on their target's first
+  `train_examples` examples (None: all)."""
+  first = [methods_lib.request(t, s, train_examples=train_examples)
+           for t in targets for s in seeds]
+  by_seed = [methods_lib.request(t, s, train_examples=train_examples)
+             for s in seeds for t in targets]
   return first, [by_seed[i:i + other_k] for i in range(0, len(by_seed), other_k)]
 
 
@@ -129,7 +134,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   logging.getLogger("absl").setLevel(logging.ERROR)
   started = time.time()
   recipe = methods_lib.recipe("pt", settings, methods_lib.sampled_vocab_rows())
-  first, second = groupings(targets, seeds, other_k)
+  first, second = groupings(targets, seeds, other_k, settings.train_examples)
   print(f"spot_jax.demo.noise: Prompt Tuning, {len(targets)} targets x {len(seeds)} seeds "
         f"(seeds {seeds[0]}-{seeds[-1]}), {settings.target_steps} steps, each run twice: one job "
         f"of K={runs}, then {len(second)} jobs of K={other_k}; runs in {runs_dir}", flush=True)

@@ -11,11 +11,11 @@ comparison, the pool's mean difference, the share of tables giving each verdict 
 replication rate: the probability that a disjoint seed set of the same size gives the same
 verdict.
 
-  python -m spot_jax.demo --num_seeds=10 --output_dir=a
-  python -m spot_jax.demo --num_seeds=10 --seed_offset=10 --output_dir=b
-  python -m spot_jax.demo.replication a b                  # tables of 5 seeds, as the demo's
-  python -m spot_jax.demo.replication a b --test=smop=non-inferiority:3 \
-      --test=spot_unrelated=equivalence:3                  # judge those comparisons so
+  python -m spot_jax.demo --output_dir=a                   # seeds 0-9
+  python -m spot_jax.demo --seed_offset=10 --output_dir=b  # seeds 10-19
+  python -m spot_jax.demo --seed_offset=20 --output_dir=c  # seeds 20-29
+  python -m spot_jax.demo.replication a b c                # tables of 10 seeds, as the demo's
+  python -m spot_jax.demo.replication a b c --test=smop=equivalence:5   # judge one otherwise
 
 The pool is finite: subsets of 20 seeds are not independent samples of every seed, so the rates
 are estimates, and a pool of exactly twice the table's size only ever splits into halves. Each
@@ -36,10 +36,10 @@ from spot_jax import fileio
 from spot_jax import verdicts as verdicts_lib
 from spot_jax import validate
 from spot_jax.demo import results as results_lib
-from spot_jax.demo.methods import METHOD_NAMES
+from spot_jax.demo.methods import DEFAULT_SEEDS, METHOD_NAMES
 from spot_jax.errors import ConfigError
 
-DEFAULT_TABLE_SEEDS = 5
+DEFAULT_TABLE_SEEDS = DEFAULT_SEEDS  # the demo's table
 DEFAULT_DRAWS = 2000
 
 

@@ -22,12 +22,13 @@ import numpy as np
 from spot_jax import stats
 from spot_jax import verdicts as verdicts_lib
 from spot_jax.demo import source_library
+from spot_jax.demo.claims import CLAIM_TESTS, PAIRED_CLAIMS, SUPERIORITY
+from spot_jax.demo.claims import HEADLINE_HEADING, claim_rows, headline_rows, signed
 from spot_jax.demo.methods import JOB_NAMES, METHOD_NAMES, MPT_SOURCE, SOURCE, Settings, accuracy
 from spot_jax.experiment import RunOutcome
 
 BASELINE = "pt"
-HOLDS, DOES_NOT_HOLD = verdicts_lib.HOLDS, verdicts_lib.DOES_NOT_HOLD
-SUPERIORITY = verdicts_lib.Test()
+MEAN_ROW = "mean of targets"
 
 
 @dataclasses.dataclass
@@ -65,13 +66,8 @@ class Summary:
     return stats.interval(self.scores[(target, method)])
 
   def pairs(self) -> list[tuple[str, str]]:
-    """(method, baseline) of every comparison reported: each method against Prompt Tuning, then
-    each claim's other pairs (SPoT against SPoT unrelated, a successor against its method)."""
-    found = [(m, BASELINE) for m in self.methods if m != BASELINE]
-    found += [(m, b) for m, b, _, _ in _PAIRED_CLAIMS
-              if m in self.methods and b in self.methods and (m, b) not in found]
-    return found + [(m, b) for m, b in self.tests
-                    if m in self.methods and b in self.methods and (m, b) not in found]
+    """(method, baseline) of every comparison reported (`pairs`)."""
+    return pairs(self.methods, self.tests)
 
   @property
   def comparisons(self) -> int:
@@ -150,13 +146,14 @@ class Summary:
                               "difference_vs_pt": self.difference(t, m).to_json(),
                               "verdict_vs_pt": self.verdict(t, m)})}
              for t in self.targets for m in self.methods}
-    claims = claim_rows(self)
+    claims, headline = claim_rows(self), headline_rows(self)
     return {"targets": self.targets, "methods": self.methods, "seeds": self.seeds,
             "chance": self.chance, "cells": cells,
             "sources": [{"task": s, "accuracy": a} for s, a in self.sources],
             "left_out": self.left_out,
             "retrieval": [self.choices[k] for k in sorted(self.choices)],
             "claims": [dict(zip(claims[0], row)) for row in claims[1:]],
+            "headline": [dict(zip(headline[0], row)) for row in headline[1:]],
             "targets_mean": {f"{m}-{b}": {"difference": iv.to_json(),
                                           "verdict": verdicts_lib.verdict(iv, self.test(m, b))}
                              for m, b in self.pairs() for iv in [self.pooled_difference(m, b)]},
@@ -170,8 +167,10 @@ class Summary:
 def summarize(outcomes: Sequence[RunOutcome], targets: Sequence[str], methods: Sequence[str],
               seeds: Sequence[int], chance: Mapping[str, float], sources: Sequence[RunOutcome],
               choices: Mapping[tuple[str, int], dict], seconds: Mapping[str, Optional[float]],
-              prompt_length: int = Settings.prompt_length, left_out: Sequence = ()) -> Summary:
-  """Scores per (target, method) in seed order, from the runs' records."""
+              prompt_length: int = Settings.prompt_length, left_out: Sequence = (),
+              tests: Optional[Mapping[tuple[str, str], verdicts_lib.Test]] = None) -> Summary:
+  """Scores per (target, method) in seed order, from the runs' records; `tests`: the claims
+  judged by a margin (default `claims.CLAIM_TESTS`)."""
   by_key = {(o.label, o.method, o.seed): accuracy(o) for o in outcomes}
   scores = {}
   for t in targets:
@@ -180,9 +179,24 @@ def summarize(outcomes: Sequence[RunOutcome], targets: Sequence[str], methods: S
       if missing:
         raise RuntimeError(f"no finished {m} run of {t} for seeds {missing}")
       scores[(t, m)] = [by_key[(t, m, s)] for s in seeds]
+  tests = {pair: test for pair, test in (CLAIM_TESTS if tests is None else tests).items()
+           if set(pair) <= set(methods)}
   return Summary(list(targets), list(methods), list(seeds), dict(chance), scores,
                  [(o.label, accuracy(o)) for o in sources], dict(choices), dict(seconds),
-                 int(prompt_length), left_out=list(left_out))
+                 int(prompt_length), tests, left_out=list(left_out))
+
+
+def pairs(methods: Sequence[str],
+          tests: Optional[Mapping[tuple[str, str], verdicts_lib.Test]] = None
+          ) -> list[tuple[str, str]]:
+  """(method, baseline) of every comparison a table of `methods` reports: each method against
+  Prompt Tuning, then each claim's other pairs (SPoT against SPoT unrelated, a successor against
+  its method), then any other pair given a test."""
+  found = [(m, BASELINE) for m in methods if m != BASELINE]
+  found += [(m, b) for m, b, _, _ in PAIRED_CLAIMS
+            if m in methods and b in methods and (m, b) not in found]
+  return found + [(m, b) for m, b in (tests or {})
+                  if m in methods and b in methods and (m, b) not in found]
 
 
 # --- tables ---------------------------------------------------------------------------------------
@@ -201,17 +215,12 @@ def verdict_rows(s: Summary) -> list[list[str]]:
   others = [m for m in s.methods if m != BASELINE]
   named = lambda m: "" if s.test(m) == SUPERIORITY else f" ({s.test(m).label})"
   rows = [["target"] + [f"{METHOD_NAMES[m]} - PT{named(m)}" for m in others]]
-  cell = lambda iv, m: f"{_signed(iv)} {verdicts_lib.verdict(iv, s.test(m))}"
+  cell = lambda iv, m: f"{signed(iv)} {verdicts_lib.verdict(iv, s.test(m))}"
   for t in s.targets:
     rows.append([t] + [cell(s.difference(t, m), m) for m in others])
   if len(s.targets) > 1:
     rows.append([MEAN_ROW] + [cell(s.pooled_difference(m), m) for m in others])
   return rows
-
-
-def _signed(iv: stats.Interval) -> str:
-  text = iv.format()
-  return text if text.startswith("-") or text == "n/a" else "+" + text
 
 
 def source_rows(s: Summary) -> list[list[str]]:
@@ -224,78 +233,6 @@ def source_rows(s: Summary) -> list[list[str]]:
     rows.append([t] + [p["source"] + ("*" if p["related"] else "") for p in picks]
                 + [f"{sum(p['related'] for p in picks)}/{len(picks)}"])
   return rows
-
-
-CLAIM_COLUMNS = ("claim", "target", "measured", "seeds", "verdict")
-MEAN_ROW = "mean of targets"
-_PAIRED_CLAIMS = (
-    ("spot", "pt", "SPoT beats Prompt Tuning on a related target (retrieved source)", "better"),
-    ("spot_unrelated", "pt", "SPoT from an unrelated source does not beat Prompt Tuning",
-     "not better"),
-    ("spot", "spot_unrelated", "the retrieved source beats an unrelated one", "better"),
-    ("smop", "pt", "SMoP 4x5 (5 prompt tokens per input) matches or beats {L}-token Prompt Tuning",
-     "not worse"),
-    ("residual", "pt", "Residual PT ends higher than Prompt Tuning at the same steps", "better"),
-    # The successors (on request): each against the method it set out to improve.
-    ("prefix", "pt", "Prefix tuning ({L} keys and values in every attention) beats {L}-token "
-     "Prompt Tuning", "better"),
-    ("ptuning_v2", "pt", "P-tuning v2 ({L} tokens in every encoder layer) beats {L}-token Prompt "
-     "Tuning", "better"),
-    ("dept", "pt", "DePT (10 tokens + rank-8 offsets{budget}) matches or beats "
-     "{L}-token Prompt Tuning", "not worse"),
-    ("residual_smop", "smop", "Residual SMoP beats SMoP 4x5", "better"),
-    ("attempt", "spot", "ATTEMPT (an attentional mixture of the 8 sources) beats SPoT (one "
-     "retrieved source)", "better"),
-    ("attempt", "pt", "ATTEMPT beats Prompt Tuning", "better"),
-    ("mpt", "spot", "MPT (a prompt distilled from the 8 sources) beats SPoT", "better"),
-    ("mpt", "pt", "MPT beats Prompt Tuning", "better"),
-)
-
-
-def _claim_verdict(verdict: str, wanted: str) -> str:
-  """A paired verdict read against what the claim predicts."""
-  if wanted == "better":
-    return {stats.BETTER: HOLDS, stats.WORSE: DOES_NOT_HOLD}.get(verdict, stats.UNRESOLVED)
-  if wanted == "not better":  # only a resolved loss shows it; a resolved win refutes it
-    return {stats.WORSE: HOLDS, stats.BETTER: DOES_NOT_HOLD}.get(verdict, stats.UNRESOLVED)
-  # "not worse": a resolved win shows it; a resolved loss refutes it; a tie is not an equivalence
-  return {stats.BETTER: HOLDS, stats.WORSE: DOES_NOT_HOLD}.get(verdict, stats.UNRESOLVED)
-
-
-def _claim_text(text: str, prompt_length: int) -> str:
-  """A claim's words for the recipe's prompt length (DePT's budget matches 20 tokens only)."""
-  return text.format(L=prompt_length,
-                     budget=", about the same parameters" if prompt_length == 20 else "")
-
-
-def claim_rows(s: Summary) -> list[list[str]]:
-  """Header + one row per (claim, target) the demo measures, and retrieval's ranking claim;
-  with `s.tests`, a last column names each row's test."""
-  rows = [list(CLAIM_COLUMNS) + (["test"] if s.tests else [])]
-  n = str(len(s.seeds))
-  for method, base, text, wanted in _PAIRED_CLAIMS:
-    if method not in s.methods or base not in s.methods:
-      continue
-    test = s.test(method, base)
-    for t, diff in s.differences(method, base):
-      verdict = verdicts_lib.verdict(diff, test)
-      rows.append([_claim_text(text, s.prompt_length), t, f"{_signed(diff)} points", n,
-                   _claim_verdict(verdict, wanted) if test == SUPERIORITY else verdict]
-                  + ([test.label] if s.tests else []))
-  if s.choices:
-    from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
-    hits = np.array([1.0 if c["related"] else 0.0 for c in s.choices.values()])
-    chance = float(np.mean([sum(r[0] in suite.RELATED[c["target"]] for r in c["ranking"])
-                            / len(c["ranking"]) for c in s.choices.values()]))
-    share = stats.interval(100 * hits)
-    verdict = (HOLDS if share.resolved and share.low > 100 * chance else
-               DOES_NOT_HOLD if share.resolved and share.high < 100 * chance else stats.UNRESOLVED)
-    rows.append(["task embeddings rank a related source first (top-1 of the library)", "all",
-                 f"{share.format()}% of {len(hits)} target runs (chance {100 * chance:.0f}%)", n,
-                 verdict])
-  rows.append(["retrieval keeps most of the oracle's gain", "-", "see docs/spot.md (the study)",
-               "-", "-"])
-  return [r + ["-"] * (len(rows[0]) - len(r)) for r in rows]
 
 
 def time_rows(s: Summary) -> list[list[str]]:
@@ -391,6 +328,8 @@ def write(output_dir: pathlib.Path, s: Summary, recipe: Mapping) -> list[pathlib
       gone = (f"{x['task']} {x['accuracy']} (chance {x['chance']:.1f})" for x in s.left_out)
       text += [f"Left out of retrieval (accuracy not {source_library.MIN_GAIN:g} points above "
                f"the task's chance): {', '.join(gone)}.", ""]
+  if len(headline_rows(s)) > 1:
+    text += [HEADLINE_HEADING + ":", "", markdown(headline_rows(s))]
   text += ["Claims:", "", markdown(claim_rows(s))]
   if time_rows(s):
     text += ["Jobs trained by this process (every job's runs share one jitted step):", "",

@@ -128,8 +128,9 @@ def choose(entries: Sequence[prompt_library.Entry], targets_pt: Sequence[RunOutc
 
 def spot_requests(choices: Mapping[tuple[str, int], Choice],
                   entries: Sequence[prompt_library.Entry], targets: Sequence[str],
-                  seeds: Sequence[int]) -> list[RunRequest]:
-  """SPoT's runs: seed s of each target starts from the best prompt retrieval chose for it."""
+                  seeds: Sequence[int], train_examples: Optional[int] = None) -> list[RunRequest]:
+  """SPoT's runs: seed s of each target starts from the best prompt retrieval chose for it
+  (trained on the target's first `train_examples` examples; None: all)."""
   by_id = {e.id: e for e in entries}
   out = []
   for target in targets:
@@ -137,16 +138,17 @@ def spot_requests(choices: Mapping[tuple[str, int], Choice],
       c = choices[(target, seed)]
       out.append(methods.request(
           target, seed, by_id[c.source].prompt,
-          f"retrieved library entry {c.source} (similarity {c.similarity:.4f})"))
+          f"retrieved library entry {c.source} (similarity {c.similarity:.4f})", train_examples))
   return out
 
 
 def unrelated_requests(entries: Sequence[prompt_library.Entry],
                        unrelated: Mapping[str, Sequence[str]], targets: Sequence[str],
-                       seeds: Sequence[int]) -> list[RunRequest]:
+                       seeds: Sequence[int], train_examples: Optional[int] = None
+                       ) -> list[RunRequest]:
   """The control: every seed of a target starts from UNRELATED[target][0]'s best prompt."""
   by_id = {e.id: e for e in entries}
   return [methods.request(t, s, by_id[unrelated[t][0]].prompt,
-                          f"unrelated source {unrelated[t][0]} (control)")
+                          f"unrelated source {unrelated[t][0]} (control)", train_examples)
           for t in targets for s in seeds]
 

@@ -19,6 +19,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from spot_jax import cli
+from spot_jax.demo import claims as claims_lib
 from spot_jax.demo import replication
 from spot_jax.demo import results
 from tests.helpers import REPO
@@ -110,11 +111,12 @@ def test_a_large_effect_replicates_and_the_command_prints_its_rates(tmp_path, ca
   kw = dict(methods=("pt", "spot", "smop"), targets=("x", "y"))
   a = _folder(tmp_path / "a", range(5), halves[0], **kw)
   b = _folder(tmp_path / "b", range(5, 10), halves[1], **kw)
-  rep = replication.replicate(replication.pool([a, b]), draws=300)  # the demo's 5 seeds per table
+  rep = replication.replicate(replication.pool([a, b]), table_seeds=5, draws=300)
   assert all(rep.better[("spot", "pt", t)] == 1.0 for t in ("x", "y", results.MEAN_ROW))
   assert rep.reversal == 0.0
   # As docs/embedded.md shows it (`python -m spot_jax.demo.replication a b`), fewer draws.
-  assert cli.run(replication.main, [a, b, "--draws=300"], "spot_jax.demo.replication") == 0
+  assert cli.run(replication.main, [a, b, "--draws=300", "--seeds_per_table=5"],
+                 "spot_jax.demo.replication") == 0
   out = capsys.readouterr().out
   assert ("pooled 10 seeds from 2 folder(s); 300 pairs of disjoint 5-seed tables, 6 "
           "comparisons each" in out)
@@ -196,10 +198,10 @@ def test_summary_judges_each_comparison_by_its_test_and_names_it():
   assert results.verdict_rows(plain)[0] == ["target", "SPoT - PT", "SMoP 4x5 - PT",
                                             "SPoT unrelated - PT"]
   claims = results.claim_rows(judged)
-  assert claims[0] == list(results.CLAIM_COLUMNS) + ["test"]
+  assert claims[0] == list(claims_lib.CLAIM_COLUMNS) + ["test"]
   smop_row = next(r for r in claims if r[0].startswith("SMoP"))
   assert smop_row[4:] == ["holds", "non-inferiority, margin 2 points"]
-  assert results.claim_rows(plain)[0] == list(results.CLAIM_COLUMNS)
+  assert results.claim_rows(plain)[0] == list(claims_lib.CLAIM_COLUMNS)
   back = results.Summary.from_json(json.loads(json.dumps(judged.to_json())))
   assert back.tests == tests and back.verdicts() == judged.verdicts()
   assert "tests" not in plain.to_json()
@@ -242,8 +244,8 @@ def test_the_command_judges_comparisons_by_the_tests_given(tmp_path, capsys):
   kw = dict(methods=("pt", "smop"), targets=("x",))
   a = _folder(tmp_path / "a", range(5), halves[0], **kw)
   b = _folder(tmp_path / "b", range(5, 10), halves[1], **kw)
-  assert cli.run(replication.main, [a, b, "--draws=200", "--test=smop=non-inferiority:3"],
-                 "spot_jax.demo.replication") == 0
+  assert cli.run(replication.main, [a, b, "--draws=200", "--test=smop=non-inferiority:3",
+                                    "--seeds_per_table=5"], "spot_jax.demo.replication") == 0
   out = capsys.readouterr().out
   assert "better / holds" in out and "same verdict" in out
   # Within 0.3 points of PT on every seed: non-inferiority at 3 points holds in every table.

@@ -23,6 +23,7 @@ from spot_jax.train import optimizers
 from spot_jax import prompts
 from spot_jax import t5
 from spot_jax import train as train_lib
+from spot_jax.errors import ConfigError
 from tasks import embedded as suite
 from tests.helpers import REPO
 
@@ -106,6 +107,22 @@ def test_tasks_registered_idempotently_with_taskless_variants():
   assert set(seqio.TaskRegistry.names()) == before
   for key in suite.TASKS:
     assert suite.task_name(key) in before and suite.task_name(key, taskless=True) in before
+
+
+def test_a_low_resource_variant_trains_on_the_first_examples_and_keeps_the_other_splits():
+  name = suite.task_name("category", taskless=True, train_examples=24)
+  assert name == "spot_toy_category_taskless_n24_v100"
+  assert suite.task_name("category", taskless=True, train_examples=24) == name  # idempotent
+  task, full = seqio.get_mixture_or_task(name), seqio.get_mixture_or_task(
+      suite.task_name("category", taskless=True))
+  read = lambda t, split: [ex["targets_pretokenized"] for ex in t.get_dataset(
+      {"inputs": 48, "targets": 8}, split=split, shuffle=False, num_epochs=1).as_numpy_iterator()]
+  assert read(task, "train") == read(full, "train")[:24]
+  assert read(task, "validation") == read(full, "validation")
+  for bad, fragment in ((0, "train_examples=0 must be a positive integer"),
+                        (4001, "train_examples=4001: the suite's train splits hold 4000")):
+    with pytest.raises(ConfigError, match=fragment):
+      suite.task_name("category", taskless=True, train_examples=bad)
 
 
 @needs_model
@@ -224,6 +241,13 @@ def _one_line_error(capsys, main, argv, prog):
     (["--seed_offset=-5"], "--seed_offset=-5 must be an integer >= 0"),
     (["--num_seeds=0"], "--num_seeds=0 must be a positive integer"),
     (["--methods=pt,all"], "--methods=all stands alone; give 'all' or a comma list of methods"),
+    (["--train_examples=0"], "--train_examples=0 must be 'all' or an integer from 1 to 4000"),
+    (["--train_examples=4001"], "--train_examples=4001 must be 'all' or an integer from 1 to 4000"),
+    (["--train_examples=few"], "--train_examples=few must be 'all' or an integer from 1 to 4000"),
+    (["--margin=0"], "--margin=0.0 must be a number of points > 0"),
+    (["--margin=-3", "--claims"], "--margin=-3.0 must be a number of points > 0"),
+    (["--power=1"], "--power=1.0 must be"),
+    (["--power=0", "--claims"], "--power=0.0 must be"),
 ])
 def test_demo_bad_input_is_one_line(capsys, tmp_path, argv, expected):
   from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
@@ -281,7 +305,8 @@ def test_demo_run_from_a_fresh_process_takes_its_lengths_and_prints_no_tf_log_li
   # CUDA driver gets a cuInit error, both in the middle of the progress lines.
   from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
   proc = _demo_in_a_fresh_process(["--methods=pt", "--targets=category", "--target_steps=2",
-                                   "--seeds=0", "--prompt_length=6", "--input_length=37",
+                                   "--seeds=0", "--claims", "--train_examples=16",
+                                   "--prompt_length=6", "--input_length=37",
                                    f"--rank_examples={RANK_EXAMPLES}", "--compilation_cache=none",
                                    f"--output_dir={tmp_path}"],
                                   None, timeout=600)
@@ -291,6 +316,11 @@ def test_demo_run_from_a_fresh_process_takes_its_lengths_and_prints_no_tf_log_li
   # Prompt Tuning alone compares nothing: no verdict table (it had a heading over 0 comparisons).
   assert "Each method minus" not in proc.stdout + (tmp_path / "results.md").read_text()
   assert "validation accuracy %" in proc.stdout
+  # --claims with fewer seeds than the power analysis asks for runs, with one warning line.
+  warnings = [l for l in proc.stderr.splitlines() if l.startswith("spot_jax.demo: warning:")]
+  assert len(warnings) == 1 and "1 seeds where the power analysis asks for" in warnings[0] \
+      and "the power is 0%, not 90%" in warnings[0], proc.stderr[-2000:]
+  assert "power analysis" in proc.stdout
   log = proc.stdout + proc.stderr
   assert "cache_dataset_ops" not in log and "cuInit" not in log, log[-2000:]
   assert not [l for l in log.splitlines() if l[:5] in ("W0000", "E0000")], log[-2000:]
@@ -301,6 +331,7 @@ def test_demo_run_from_a_fresh_process_takes_its_lengths_and_prints_no_tf_log_li
   job, = (tmp_path / "runs").iterdir()
   run = RunDir(job / "category.seed_0")
   assert np.load(run.exported_prompt()[0]).shape[0] == 6 and run.read_record().method["length"] == 6
+  assert run.read_record().task == suite.task_name("category", taskless=True, train_examples=16)
   assert json.loads(run.rank_path.read_text())["examples"] == RANK_EXAMPLES
 
 
