@@ -34,6 +34,9 @@ from spot_jax.errors import ConfigError
 VERSION = "v100"
 EXTRA_IDS = 100
 SPLIT_SIZES = {"train": 4000, "validation": 1000, "test": 200}
+# The demo's low-resource regime: the first 32 train examples (`task_name(..., train_examples=32)`;
+# registered with the others, so that programs naming tasks find them, e.g. the SPoT study).
+LOW_RESOURCE = 32
 
 DOMAINS = {
     "movies": ("film", "plot", "actor", "scene", "ending", "script", "cast", "music"),
@@ -356,10 +359,12 @@ def _register(task: ToyTask, taskless: bool, train_examples: Optional[int] = Non
 
 
 def register_all() -> None:
-  """Registers every task and its taskless variant, and SOURCE_MIXTURE (idempotent)."""
+  """Registers every task, its taskless variant and their LOW_RESOURCE-example variants, and
+  SOURCE_MIXTURE (idempotent)."""
   for task in TASKS.values():
-    _register(task, taskless=False)
-    _register(task, taskless=True)
+    for taskless in (False, True):
+      _register(task, taskless)
+      _register(task, taskless, LOW_RESOURCE)
   if SOURCE_MIXTURE not in seqio.MixtureRegistry.names():
     # Every split has the same size per task, so equal rates are examples-proportional.
     seqio.MixtureRegistry.add(SOURCE_MIXTURE, [(task_name(k, taskless=True), 1.0) for k in SOURCES])

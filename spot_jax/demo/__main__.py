@@ -5,14 +5,14 @@ with seeds.
      largest target seed) and add their prompts and task embeddings (each run's prompt at the
      embedding step) to a prompt library
   2. Prompt Tuning on each target in the low-resource regime (its first 32 training examples,
-     20 steps), 10 seeds (one job for every target and seed); seed s's prompt at the embedding
+     20 steps), 20 seeds (one job for every target and seed); seed s's prompt at the embedding
      step is the target's task embedding
   3. retrieval ranks the library by similarity to it: SPoT's run of seed s starts from the most
      similar source's prompt (the suite's RELATED map only checks the choice); then SMoP
      (4 prompts x 5 tokens), Residual Prompt Tuning and, as a control, SPoT from an unrelated
      source, one job per method
   4. score every target run by rank classification (its prompt picks the likeliest class label)
-     on the first 1,000 validation examples; print the mean and 95% interval over seeds per
+     on the first 500 validation examples; print the mean and 95% interval over seeds per
      target and method, each method's paired verdict against Prompt Tuning on every target and on
      the targets' mean (a table's verdicts are one family: simultaneous 95% intervals), the
      headline claims with their tests (superiority; non-inferiority for SMoP and equivalence for
@@ -23,8 +23,8 @@ Every run is an ordinary trainer run in <output_dir>/runs/<method>-<digest>/<tas
 run.json holds its score. Rerunning with the same flags reuses the finished runs (the same
 tables, seconds); --fresh trains everything again.
 
-  python -m spot_jax.demo                          # seeds 0-9, about 4 minutes on 2 CPU cores
-  python -m spot_jax.demo --seed_offset=10         # another seed set: seeds 10-19
+  python -m spot_jax.demo                          # seeds 0-19, about 4 minutes on 2 CPU cores
+  python -m spot_jax.demo --seed_offset=20         # another seed set: seeds 20-39
   python -m spot_jax.demo --claims                 # the seeds the power analysis asks for
   python -m spot_jax.demo --seeds=0,1,2 --quick    # fewer steps, the same compiles
   python -m spot_jax.demo --methods=pt,spot --targets=sentiment_travel

@@ -71,10 +71,10 @@ HEADLINE = (("spot", "pt"), ("spot_unrelated", "pt"), ("residual", "pt"), ("smop
 
 
 # The pilot: the SD (points) of one seed's paired difference on the targets' mean, per headline
-# claim, over the default design's pool of 30 seeds (`python -m spot_jax.demo` with seeds 0-9,
-# 10-19 and 20-29; docs/embedded.md, "Power").
-PILOT_SD = {("spot", "pt"): 6.46, ("spot_unrelated", "pt"): 7.40, ("residual", "pt"): 6.21,
-            ("smop", "pt"): 7.14}
+# claim, over the default design's pool of 60 seeds (`python -m spot_jax.demo` with seeds 0-19,
+# 20-39 and 40-59; docs/embedded.md, "Power").
+PILOT_SD = {("spot", "pt"): 5.79, ("spot_unrelated", "pt"): 7.06, ("residual", "pt"): 5.69,
+            ("smop", "pt"): 6.71}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,10 +11,10 @@ comparison, the pool's mean difference, the share of tables giving each verdict 
 replication rate: the probability that a disjoint seed set of the same size gives the same
 verdict.
 
-  python -m spot_jax.demo --output_dir=a                   # seeds 0-9
-  python -m spot_jax.demo --seed_offset=10 --output_dir=b  # seeds 10-19
-  python -m spot_jax.demo --seed_offset=20 --output_dir=c  # seeds 20-29
-  python -m spot_jax.demo.replication a b c                # tables of 10 seeds, as the demo's
+  python -m spot_jax.demo --output_dir=a                   # seeds 0-19
+  python -m spot_jax.demo --seed_offset=20 --output_dir=b  # seeds 20-39
+  python -m spot_jax.demo --seed_offset=40 --output_dir=c  # seeds 40-59
+  python -m spot_jax.demo.replication a b c                # tables of 20 seeds, as the demo's
   python -m spot_jax.demo.replication a b c --test=smop=equivalence:5   # judge one otherwise
 
 The pool is finite: subsets of 20 seeds are not independent samples of every seed, so the rates

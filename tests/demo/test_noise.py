@@ -12,6 +12,7 @@ import pytest
 from spot_jax import cli
 from spot_jax import embedded
 from spot_jax import power
+from spot_jax.demo import methods
 from spot_jax.demo import noise
 from spot_jax.demo import variance
 from spot_jax.run_dir import RunDir
@@ -98,12 +99,13 @@ def test_a_tiny_pilot_writes_the_split_of_its_runs(tmp_path, capsys):
   assert len(jobs) == 5  # one job of 4 runs, four of one
   for target in ("sum", "category"):
     first, second = doc["scores"][target]["first"], doc["scores"][target]["second"]
-    # class-label targets: the rank-classification accuracy each run saved, on 1,000 examples
+    # class-label targets: the rank-classification accuracy each run saved, on the demo's examples
     recorded = sorted(json.loads(RunDir(job / f"{target}.seed_{s}").rank_path.read_text())[
         "accuracy"] for job in jobs for s in (0, 1) if (job / f"{target}.seed_{s}").is_dir())
     assert sorted(first + second) == pytest.approx(recorded, abs=0.01)
     expected = variance.decompose(first, second,
-                                  variance.binomial_variance(first + second, 1000))
+                                  variance.binomial_variance(first + second,
+                                                             methods.Settings().rank_examples))
     assert doc["components"][target] == expected.to_json()
   mean = variance.Components(**doc["components"]["mean of targets"])
   sd = power.difference_sd(mean.training, mean.evaluation, mean.rounding)

@@ -119,6 +119,10 @@ def test_a_low_resource_variant_trains_on_the_first_examples_and_keeps_the_other
       {"inputs": 48, "targets": 8}, split=split, shuffle=False, num_epochs=1).as_numpy_iterator()]
   assert read(task, "train") == read(full, "train")[:24]
   assert read(task, "validation") == read(full, "validation")
+  from spot_jax.demo import methods as demo_methods  # pylint: disable=g-import-not-at-top
+  # The demo's default regime is registered with the suite, for programs that name tasks.
+  assert demo_methods.Settings().train_examples == demo_methods.LOW_RESOURCE == suite.LOW_RESOURCE
+  assert suite.task_name("sum", True, suite.LOW_RESOURCE) in seqio.TaskRegistry.names()
   for bad, fragment in ((0, "train_examples=0 must be a positive integer"),
                         (4001, "train_examples=4001: the suite's train splits hold 4000")):
     with pytest.raises(ConfigError, match=fragment):
@@ -273,7 +277,7 @@ def test_pretrain_toy_bad_input_is_one_line(capsys, tmp_path):
   assert "--steps=0 must be a positive integer" in line
 
 
-RANK_EXAMPLES = 100  # validation examples the demo runs below score per target (the demo's: 1,000)
+RANK_EXAMPLES = 100  # validation examples the demo runs below score per target (the demo's: 500)
 
 
 def _demo_in_a_fresh_process(argv, tf_log_level, timeout):
