@@ -6,8 +6,9 @@ of the experiment runner (`spot_jax.experiment`), read back from run.json; `sour
 SPoT's pipeline (a prompt library of the source prompts, sources that did not learn their task
 left out, retrieval by task embedding); `results` writes the seeded tables, verdicts, claims,
 JSON and chart; `claims` names what the papers claim, each claim's test and margin, and the
-power analysis that sets `--claims`' seeds; `successor_methods` adds the successor methods (`--methods=all`); `replication`
-(`python -m spot_jax.demo.replication`) estimates how often another seed set gives the same
-verdicts; `noise` (`python -m spot_jax.demo.noise`) splits the spread over seeds into training
-seed, evaluation sample and rounding (`variance`). Nothing here changes the trainer.
+power analysis that sets `--claims`' seeds; `successor_methods` adds the successor methods
+(`--methods=all`); `replication` (`python -m spot_jax.demo.replication`) estimates how often
+another seed set gives the same verdicts; `noise` (`python -m spot_jax.demo.noise`) splits the
+spread over seeds into training seed, evaluation sample and rounding (`variance`). Nothing here
+changes the trainer.
 """

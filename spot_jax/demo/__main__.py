@@ -76,6 +76,13 @@ def _choices(value: str, valid: Sequence[str], what: str, flag: str) -> list[str
   return list(dict.fromkeys(chosen))
 
 
+def _seed_text(seeds: Sequence[int]) -> str:
+  """'0-102' for a run of consecutive seeds, else the list."""
+  if len(seeds) > 2 and list(seeds) == list(range(seeds[0], seeds[0] + len(seeds))):
+    return f"{seeds[0]}-{seeds[-1]}"
+  return ", ".join(map(str, seeds))
+
+
 def _design(args, methods: Sequence[str]) -> claims_lib.Design:
   """The power analysis' design: --margin, --power and the targets'-mean family of `methods`."""
   margin = validate.positive(args.margin, "--margin", unit="points", example=claims_lib.MARGIN)
@@ -229,7 +236,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
   needs_library = bool({"spot", "spot_unrelated", *successor_methods.NEEDS_LIBRARY} & set(methods))
   jobs = len(methods) + needs_library + ("mpt" in methods)
   print(f"spot_jax.demo: {len(targets)} targets x {len(methods)} methods x {len(seeds)} seeds "
-        f"(seeds {', '.join(map(str, seeds))})" + (f" + {len(suite.SOURCES)} source prompts"
+        f"(seeds {_seed_text(seeds)})" + (f" + {len(suite.SOURCES)} source prompts"
                                                    if needs_library else "")
         + f" in {jobs} jobs on the embedded {embedded.CONFIG_NAME}, {settings.source_steps} source "
         f"/ {settings.target_steps} target steps; runs in {runs_dir}", flush=True)

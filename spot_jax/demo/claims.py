@@ -20,9 +20,7 @@ from spot_jax import verdicts as verdicts_lib
 HOLDS, DOES_NOT_HOLD = verdicts_lib.HOLDS, verdicts_lib.DOES_NOT_HOLD
 SUPERIORITY = verdicts_lib.Test()
 
-
 CLAIM_COLUMNS = ("claim", "target", "measured", "seeds", "verdict")
-MEAN_ROW = "mean of targets"
 PAIRED_CLAIMS = (
     ("spot", "pt", "SPoT beats Prompt Tuning on a related target (retrieved source)", "better"),
     ("spot_unrelated", "pt", "SPoT from an unrelated source neither helps nor hurts (control)",
