@@ -39,7 +39,7 @@ def _table(seeds, scores, choices, tests) -> results.Summary:
                          [], choices, {}, tests=dict(tests))
 
 
-def test_headline_rows_read_each_claim_by_its_own_test():
+def test_headline_rows_read_each_claim_by_its_own_test(tmp_path):
   # SPoT and Residual well above PT; SMoP 1 point below (inside the margin); the control equal.
   s = _summary({"spot": 8.0, "residual": 6.0, "smop": -1.0, "spot_unrelated": 0.0})
   rows = claims.headline_rows(s)
@@ -56,6 +56,13 @@ def test_headline_rows_read_each_claim_by_its_own_test():
   assert retrieval[0].startswith("task embeddings rank a related source first") \
       and retrieval[4] == claims.HOLDS  # 75% against a chance of 25%
   assert len(rows) == 6
+  # results.json carries the same rows, and results.md shows them under their heading.
+  doc = s.to_json()["headline"]
+  assert [d["verdict"] for d in doc] == [r[4] for r in rows[1:]]
+  assert doc[1]["test"] == "equivalence, margin 3 points"
+  results.write(tmp_path, s, {"target_steps": 20})
+  md = (tmp_path / "results.md").read_text()
+  assert claims.HEADLINE_HEADING in md and "| share above chance |" in md
 
 
 def test_a_control_that_helps_and_a_smop_that_loses_do_not_hold():
