@@ -23,7 +23,7 @@ Every run is an ordinary trainer run in <output_dir>/runs/<method>-<digest>/<tas
 run.json holds its score. Rerunning with the same flags reuses the finished runs (the same
 tables, seconds); --fresh trains everything again.
 
-  python -m spot_jax.demo                          # seeds 0-19, about 4 minutes on 2 CPU cores
+  python -m spot_jax.demo                          # seeds 0-19, about 5 minutes on 2 CPU cores
   python -m spot_jax.demo --seed_offset=20         # another seed set: seeds 20-39
   python -m spot_jax.demo --claims                 # the seeds the power analysis asks for
   python -m spot_jax.demo --seeds=0,1,2 --quick    # fewer steps, the same compiles
@@ -87,7 +87,8 @@ def _design(args, methods: Sequence[str]) -> claims_lib.Design:
   """The power analysis' design: --margin, --power and the targets'-mean family of `methods`."""
   margin = validate.positive(args.margin, "--margin", unit="points", example=claims_lib.MARGIN)
   target = validate.fraction(args.power, "--power", example=power.POWER)
-  return claims_lib.Design(margin, target, max(len(results_lib.pairs(methods)), 1))
+  made = tuple(pair for pair in claims_lib.HEADLINE if set(pair) <= set(methods))
+  return claims_lib.Design(margin, target, max(len(results_lib.pairs(methods)), 1), made)
 
 
 def _seeds(args, design: claims_lib.Design) -> list[int]:

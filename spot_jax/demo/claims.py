@@ -83,24 +83,30 @@ class Design:
   margin: float = MARGIN
   target: float = power_lib.POWER
   comparisons: int = 5
+  claims: tuple[tuple[str, str], ...] = HEADLINE  # the headline claims the table makes
 
   def plans(self) -> dict[tuple[str, str], power_lib.Plan]:
     tests = claim_tests(self.margin)
     out = {}
     for pair, sd in PILOT_SD.items():
+      if pair not in self.claims:
+        continue
       test = tests.get(pair, SUPERIORITY)
       difference = self.margin if test == SUPERIORITY else 0.0
       out[pair] = power_lib.plan(sd, difference, test, self.target, comparisons=self.comparisons)
     return out
 
   def seeds(self) -> int:
-    """The seeds a table needs for every headline claim to reach the target power."""
-    return max(p.seeds for p in self.plans().values())
+    """The seeds a table needs for every headline claim it makes to reach the target power (2
+    when it makes none)."""
+    return max([p.seeds for p in self.plans().values()], default=2)
 
   def shortfall(self, seeds: int) -> str | None:
     """One warning line naming the power `seeds` seeds reach on the claim that needs the most,
     or None when they are enough."""
     plans = self.plans()
+    if not plans:
+      return None
     worst = max(plans, key=lambda pair: plans[pair].seeds)
     return power_lib.shortfall_warning(plans[worst], seeds)
 
