@@ -187,7 +187,8 @@ class ToyTask:
   Attributes:
     key: short name; the task is `spot_toy_<key>_v100` and inputs start with `<key>`.
     generate: rng -> (inputs without the task name, target string).
-    labels: the class labels, or () for open answers (numbers, word lists).
+    labels: every answer the task has (class names, or the numbers of a counting or arithmetic
+      task; its postprocessor maps them to class ids), or () for word lists.
     skill: the family ("sentiment", "nli", ...), used to document related pairs.
   """
   key: str
@@ -204,6 +205,14 @@ class ToyTask:
     return task_name(self.key, taskless=True)
 
   @property
+  def classes(self) -> tuple[str, ...]:
+    """The class labels rank classification picks among; () for a task whose answer the prompt
+    composes (a sum, a count, a word list), which greedy decoding scores. A number is not a class:
+    numbers share first tokens ("1", "15"), so the likeliest whole number and greedy's path to
+    one part on some examples, and the two scorers would measure different things."""
+    return () if self.skill in COMPOSED_SKILLS else self.labels
+
+  @property
   def chance(self) -> float:
     """Accuracy (percent) of always answering the most frequent train label."""
     _, targets = examples(self.key, "train")
@@ -211,6 +220,8 @@ class ToyTask:
     return 100.0 * counts.max() / len(targets)
 
 
+# The skills whose answers are composed, not chosen (`ToyTask.classes`).
+COMPOSED_SKILLS = ("arithmetic", "sequence")
 _NUMBERS = tuple(str(i) for i in range(19))
 TASKS: Dict[str, ToyTask] = {t.key: t for t in (
     # sources

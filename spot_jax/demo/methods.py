@@ -75,7 +75,7 @@ class Settings:
     source_input_length: the sources' input length (paraphrase inputs reach 48).
     target_length: output length in tokens (the longest label is 4 tokens and EOS).
     eval_examples: validation examples greedy decoding scores at the end of a run whose task
-      has no class labels (the sources, open-ended targets).
+      has no class labels (the sources; a target whose answer is composed, such as sum).
     rank_examples: validation examples rank classification scores for a target with class
       labels (`spot_jax.experiment.rank`; such runs are not decoded).
     embedding_step: the step whose prompt is a run's task embedding (sources and targets).
@@ -215,8 +215,8 @@ def with_rank_classification(job_recipe: Recipe, requests: Sequence[RunRequest],
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   if job_recipe.name == SOURCE or not job_recipe.evaluate:
     return job_recipe
-  labels = {r.label: suite.TASKS[r.label].labels for r in requests
-            if r.label in suite.TASKS and suite.TASKS[r.label].labels}
+  labels = {r.label: suite.TASKS[r.label].classes for r in requests
+            if r.label in suite.TASKS and suite.TASKS[r.label].classes}
   if not labels:
     return job_recipe
   open_ended = {r.label for r in requests} - set(labels)

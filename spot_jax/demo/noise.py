@@ -150,7 +150,7 @@ def main(argv: Sequence[str]) -> Optional[int]:
     print(f"\r{name} grouping: {len(jobs)} job(s), {seconds[name]:.0f}s      ", flush=True)
   first_scores = _scores(outcomes["first"], targets, seeds)
   second_scores = _scores(outcomes["second"], targets, seeds)
-  examples = {t: min(settings.rank_examples if suite.TASKS[t].labels else settings.eval_examples,
+  examples = {t: min(settings.rank_examples if suite.TASKS[t].classes else settings.eval_examples,
                      len(suite.examples(t, "validation")[0])) for t in targets}
   components = {t: variance.decompose(first_scores[t], second_scores[t],
                                       variance.binomial_variance(first_scores[t]

@@ -11,6 +11,7 @@ import pytest
 
 from spot_jax import cli
 from spot_jax import embedded
+from spot_jax import experiment
 from spot_jax import power
 from spot_jax.demo import methods
 from spot_jax.demo import noise
@@ -97,15 +98,21 @@ def test_a_tiny_pilot_writes_the_split_of_its_runs(tmp_path, capsys):
   assert doc["k"] == {"first": 4, "second": 1} and doc["seeds"] == [0, 1]
   jobs = sorted((tmp_path / "runs").iterdir())
   assert len(jobs) == 5  # one job of 4 runs, four of one
-  for target in ("sum", "category"):
+  settings = methods.Settings()
+  for target, examples in (("sum", settings.eval_examples), ("category", settings.rank_examples)):
     first, second = doc["scores"][target]["first"], doc["scores"][target]["second"]
-    # class-label targets: the rank-classification accuracy each run saved, on the demo's examples
-    recorded = sorted(json.loads(RunDir(job / f"{target}.seed_{s}").rank_path.read_text())[
-        "accuracy"] for job in jobs for s in (0, 1) if (job / f"{target}.seed_{s}").is_dir())
+    # a class-label target: the rank-classification accuracy each run saved; a sum (composed,
+    # not a class): greedy decoding's best validation accuracy in each run.json
+    runs = [job / f"{target}.seed_{s}" for job in jobs for s in (0, 1)
+            if (job / f"{target}.seed_{s}").is_dir()]
+    ranked = target == "category"
+    recorded = sorted(json.loads(RunDir(r).rank_path.read_text())["accuracy"] if ranked
+                      else experiment.read_outcome(r).score for r in runs)
+    assert ranked or not any(RunDir(r).rank_path.exists() for r in runs)
     assert sorted(first + second) == pytest.approx(recorded, abs=0.01)
+    assert doc["examples"][target] == examples
     expected = variance.decompose(first, second,
-                                  variance.binomial_variance(first + second,
-                                                             methods.Settings().rank_examples))
+                                  variance.binomial_variance(first + second, examples))
     assert doc["components"][target] == expected.to_json()
   mean = variance.Components(**doc["components"]["mean of targets"])
   sd = power.difference_sd(mean.training, mean.evaluation, mean.rounding)

@@ -430,7 +430,7 @@ def test_demo_targets_mean_row_and_families(tmp_path):
 # One very short real demo for the tests below: the 8 sources, then Prompt Tuning, SPoT and every
 # successor on one target with 2 seeds, each class-label run scored on RANK_EXAMPLES examples.
 SUCCESSORS = ["prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt"]
-DEMO_ARGV = ["--targets=sum", f"--methods={','.join(['pt', 'spot'] + SUCCESSORS)}",
+DEMO_ARGV = ["--targets=category", f"--methods={','.join(['pt', 'spot'] + SUCCESSORS)}",
              "--seeds=3,4", "--source_steps=4", "--target_steps=4",
              f"--rank_examples={RANK_EXAMPLES}", "--compilation_cache=none"]
 
@@ -459,16 +459,16 @@ def test_seeded_demo_from_real_runs_retrieves_spot_sources_and_reuses_them(demo,
   from spot_jax.run_dir import RunDir  # pylint: disable=g-import-not-at-top
   from spot_jax.spot import library as prompt_library, similarity  # pylint: disable=g-import-not-at-top
   out_dir, out, saved = demo
-  assert saved["seeds"] == [3, 4] and "sum/spot" in saved["cells"]
+  assert saved["seeds"] == [3, 4] and "category/spot" in saved["cells"]
   jobs = _jobs(out_dir)
   # the table's numbers are the runs' own rank-classification accuracies, and the verdict is
   # the paired one
   for method in ("pt", "spot"):
-    scores = [json.loads(RunDir(jobs[method] / f"sum.seed_{s}").rank_path.read_text())["accuracy"]
-              for s in (3, 4)]
-    assert saved["cells"][f"sum/{method}"]["scores"] == pytest.approx(scores, abs=0.01)
-  assert saved["cells"]["sum/spot"]["verdict_vs_pt"] == stats.paired_verdict(
-      saved["cells"]["sum/pt"]["scores"], saved["cells"]["sum/spot"]["scores"])
+    scores = [json.loads(RunDir(jobs[method] / f"category.seed_{s}").rank_path.read_text())[
+        "accuracy"] for s in (3, 4)]
+    assert saved["cells"][f"category/{method}"]["scores"] == pytest.approx(scores, abs=0.01)
+  assert saved["cells"]["category/spot"]["verdict_vs_pt"] == stats.paired_verdict(
+      saved["cells"]["category/pt"]["scores"], saved["cells"]["category/spot"]["scores"])
   # SPoT's source is retrieval's: the library entry most similar to the seed's early PT prompt
   # among the sources 10 points above their task's chance (every source stays in the library)
   library, = (out_dir / "libraries").iterdir()
@@ -481,11 +481,11 @@ def test_seeded_demo_from_real_runs_retrieves_spot_sources_and_reuses_them(demo,
   assert all(f"source {t} left out of retrieval: " in out for t in left_out)
   for choice in saved["retrieval"]:
     seed = choice["seed"]
-    embedding = np.load(RunDir(jobs["pt"] / f"sum.seed_{seed}").embedding_prompt()[0])
+    embedding = np.load(RunDir(jobs["pt"] / f"category.seed_{seed}").embedding_prompt()[0])
     sims = similarity.similarities(embedding, [e.embedding for e in ranked], "average")
     assert choice["source"] == ranked[int(np.argmax(sims))].id
-    assert choice["related"] == (choice["source"] in suite.RELATED["sum"])
-    record = RunDir(jobs["spot"] / f"sum.seed_{seed}").read_record()
+    assert choice["related"] == (choice["source"] in suite.RELATED["category"])
+    record = RunDir(jobs["spot"] / f"category.seed_{seed}").read_record()
     assert (record.finished
             and record.init.startswith(f"retrieved library entry {choice['source']} "))
   assert "SPoT's source per seed" in out and "paired by seed" in out
@@ -507,18 +507,18 @@ def test_demo_successors_run_from_the_library_and_enter_the_tables(demo):
   out_dir, out, saved = demo
   methods = ["pt", "spot"] + SUCCESSORS
   assert saved["methods"] == methods
-  assert sorted(saved["cells"]) == sorted(f"sum/{m}" for m in methods)
+  assert sorted(saved["cells"]) == sorted(f"category/{m}" for m in methods)
   jobs = _jobs(out_dir)
   assert sorted(jobs) == sorted(methods + ["source", "mpt_source"])
   for method in methods:
     for seed in (3, 4):
-      run = RunDir(jobs[method] / f"sum.seed_{seed}")  # every method scored by rank
+      run = RunDir(jobs[method] / f"category.seed_{seed}")  # every method scored by rank
       assert run.read_record().finished and run.rank_path.is_file(), (method, seed)
   # ATTEMPT's frozen sources are the library's best source prompts, in the suite's order
   library, = (out_dir / "libraries").iterdir()
   entries, _ = prompt_library.Library(library).load()
   by_id = {e.id: e.prompt for e in entries}
-  run = RunDir(jobs["attempt"] / "sum.seed_3")
+  run = RunDir(jobs["attempt"] / "category.seed_3")
   module = prompts.Attempt(np.stack([by_id[k] for k in suite.SOURCES]), bottleneck=100)
   candidates = prompts.effective_prompt(module, run.prompt_params())
   np.testing.assert_array_equal(candidates[:len(suite.SOURCES)],
@@ -527,7 +527,7 @@ def test_demo_successors_run_from_the_library_and_enter_the_tables(demo):
   distilled = RunDir(jobs["mpt_source"] / "sources.seed_5").prompt_params()
   assert distilled["task_cols"].shape[0] == len(suite.SOURCES)
   # DePT's offset trains at its own rate: both parameter groups moved
-  dept = RunDir(jobs["dept"] / "sum.seed_3").prompt_params()
+  dept = RunDir(jobs["dept"] / "category.seed_3").prompt_params()
   assert np.any(np.asarray(dept["offset"]["b"]) != 0)
   claims = [c["claim"] for c in saved["claims"]]
   assert (any(c.startswith("Prefix tuning") for c in claims)

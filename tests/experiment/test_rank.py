@@ -1,5 +1,5 @@
-"""Rank classification of trained toy runs: where greedy decoding answers a label, the likeliest
-label is that label (at least 99% of such examples of labels with distinct first tokens); the
+"""Rank classification of trained toy runs: where greedy decoding answers a class label, the
+likeliest label is that label (at least 99% of such examples on every classification target); the
 accuracy is saved in the run directory, carried by the outcome and reused on a rerun; a run
 without prompt parameters is refused."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tasks import embedded as suite
 
 needs_model = pytest.mark.skipif(not os.path.isdir(embedded.CHECKPOINT_PATH),
                                  reason="no toy model; run python -m spot_jax.embedded.pretrain")
-TARGETS = ("sentiment_travel", "category", "sum")
+TARGETS = ("sentiment_travel", "sentiment_sports", "category")
 EXAMPLES = 500
 
 
@@ -40,7 +40,7 @@ def _recipe() -> experiment.Recipe:
           methods.Settings(), 40)), steps=40,
       lengths={"inputs": 37, "targets": 6}, batch_size=8, task_module="tasks.embedded",
       initial_checkpoint_path=embedded.CHECKPOINT_PATH, metric=None, embedding_step=10,
-      class_labels={t: suite.TASKS[t].labels for t in TARGETS}, rank_examples=EXAMPLES,
+      class_labels={t: suite.TASKS[t].classes for t in TARGETS}, rank_examples=EXAMPLES,
       rank_batch_size=100)
 
 
@@ -67,12 +67,13 @@ def _greedy_labels(recipe, outcome, data: rank.Examples, labels) -> np.ndarray:
 
 @needs_model
 def test_rank_classification_agrees_with_greedy_labels(trained):
-  """The demo's recipe. Where labels start with distinct tokens (sentiment, category) greedy's
-  first step nearly decides, and the two agree on >= 99%; sum's numbers share first tokens
-  ("1", "15"), where a greedy path and the likeliest whole label part more often (>= 90%)."""
+  """The demo's recipe on the suite's classification targets: their labels start with distinct
+  tokens, so greedy's first step nearly decides, and the two agree on >= 99% of the examples where
+  greedy answers a label (>= 98% on each target: one run of 500 examples each)."""
   recipe, _, _, result = trained
+  same, answered = 0, 0
   for outcome in result.outcomes:
-    labels = suite.TASKS[outcome.label].labels
+    labels = suite.TASKS[outcome.label].classes
     data = rank.examples(outcome.task, labels, EXAMPLES, 37, "tasks.embedded")
     greedy = _greedy_labels(recipe, outcome, data, labels)
     scorer = rank._Scorer(recipe)  # pylint: disable=protected-access
@@ -84,8 +85,11 @@ def test_rank_classification_agrees_with_greedy_labels(trained):
     agree = float(np.mean(picks[labelled] == greedy[labelled]))
     print(f"{outcome.label}: greedy answers a label on {labelled.sum()}/{EXAMPLES}, rank "
           f"classification agrees on {agree:.3f}")
-    assert agree >= (0.90 if outcome.label == "sum" else 0.99), (outcome.label, agree)
+    assert agree >= 0.98, (outcome.label, agree)
+    same, answered = same + int(np.sum(picks[labelled] == greedy[labelled])), answered + int(
+        labelled.sum())
     assert outcome.rank_accuracy == round(100 * float(np.mean(picks == data.gold)), 2)
+  assert same / answered >= 0.99, (same, answered)
 
 
 @needs_model
@@ -115,7 +119,7 @@ def test_a_run_without_prompt_parameters_is_refused_naming_the_method(trained, t
   prompt = run.prompt_path(recipe.steps).read_bytes()
   (empty.path / "prompts" / "prompt_best.npy").write_bytes(prompt)
   with pytest.raises(ConfigError, match="method 'model_tuning' cannot be scored"):
-    scorer.accuracy(empty, requests[0].task, suite.TASKS[TARGETS[0]].labels, 0)
+    scorer.accuracy(empty, requests[0].task, suite.TASKS[TARGETS[0]].classes, 0)
 
 
 @needs_model
