@@ -30,6 +30,7 @@ tables, seconds); --fresh trains everything again.
   python -m spot_jax.demo --methods=pt,spot --targets=sentiment_travel
   python -m spot_jax.demo --methods=all            # the default methods and the successors
   python -m spot_jax.demo --train_examples=all --target_steps=40   # every training example
+  python -m spot_jax.demo --methods=pt,residual --learning_rate=1   # another peak rate
 
 The successors (prefix tuning, P-tuning v2, DePT, Residual SMoP, ATTEMPT, MPT; see
 spot_jax/demo/successor_methods.py) run only when named: each adds one job (MPT two).
@@ -151,6 +152,9 @@ def _parser() -> cli.ArgumentParser:
                       f"(default {recipe.train_examples}: the low-resource regime)")
   p.add_argument("--source_steps", type=int, default=None, help="override the source steps")
   p.add_argument("--target_steps", type=int, default=None, help="override the target steps")
+  p.add_argument("--learning_rate", type=float, default=None,
+                 help=f"Adafactor's peak rate; the decay ends at a tenth of it (default "
+                      f"{recipe.learning_rate:g}, down to {recipe.final_learning_rate:g})")
   p.add_argument("--prompt_length", type=int, default=None,
                  help=f"prompt tokens of Prompt Tuning, SPoT, Residual PT and the successors that "
                       f"take the recipe's length (default {recipe.prompt_length}; SMoP stays "
@@ -173,6 +177,10 @@ def _settings(args) -> methods_lib.Settings:
   changes = dict(QUICK if args.quick else FULL if args.full else {})
   if args.train_examples is not None:
     changes["train_examples"] = _train_examples(args.train_examples)
+  if args.learning_rate is not None:
+    rate = validate.positive(args.learning_rate, "--learning_rate",
+                             example=methods_lib.Settings.learning_rate)
+    changes.update(learning_rate=rate, final_learning_rate=rate / 10)
   return methods_lib.settings_from_flags(
       args, ("source_steps", "target_steps", "prompt_length", "input_length", "rank_examples"),
       **changes)

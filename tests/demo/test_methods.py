@@ -24,3 +24,9 @@ def test_numbers_and_word_lists_are_composed_answers_not_classes():
   assert suite.TASKS["sum"].labels and suite.TASKS["category"].classes == suite.TASKS[
       "category"].labels
 
+
+def test_the_learning_rate_flag_moves_the_peak_and_the_end_of_the_decay():
+  from spot_jax.demo import __main__ as demo  # pylint: disable=g-import-not-at-top
+  settings = demo._settings(demo._parser().parse_args(["--learning_rate=1"]))  # pylint: disable=protected-access
+  assert (settings.learning_rate, settings.final_learning_rate) == (1.0, 0.1)
+  assert demo._settings(demo._parser().parse_args([])) == methods.Settings()  # pylint: disable=protected-access

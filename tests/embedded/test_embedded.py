@@ -252,6 +252,7 @@ def _one_line_error(capsys, main, argv, prog):
     (["--margin=-3", "--claims"], "--margin=-3.0 must be a number of points > 0"),
     (["--power=1"], "--power=1.0 must be"),
     (["--power=0", "--claims"], "--power=0.0 must be"),
+    (["--learning_rate=0"], "--learning_rate=0.0 must be a number > 0, e.g. --learning_rate=0.3"),
 ])
 def test_demo_bad_input_is_one_line(capsys, tmp_path, argv, expected):
   from spot_jax.demo.__main__ import main  # pylint: disable=g-import-not-at-top
