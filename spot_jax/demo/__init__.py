@@ -8,7 +8,8 @@ left out, retrieval by task embedding); `results` writes the seeded tables, verd
 JSON and chart; `claims` names what the papers claim, each claim's test and margin, and the
 power analysis that sets `--claims`' seeds; `successor_methods` adds the successor methods
 (`--methods=all`); `replication` (`python -m spot_jax.demo.replication`) estimates how often
-another seed set gives the same verdicts; `noise` (`python -m spot_jax.demo.noise`) splits the
-spread over seeds into training seed, evaluation sample and rounding (`variance`). Nothing here
-changes the trainer.
+another seed set gives the same verdicts; `robustness` (`python -m spot_jax.demo.robustness`)
+compares methods' spreads over a grid of learning rates; `noise` (`python -m spot_jax.demo.noise`)
+splits the spread over seeds into training seed, evaluation sample and rounding (`variance`).
+Nothing here changes the trainer.
 """
