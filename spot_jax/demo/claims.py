@@ -124,7 +124,7 @@ def power_rows(design: Design, seeds: int,
   return rows
 
 
-def _claim_verdict(verdict: str, wanted: str) -> str:
+def claim_verdict(verdict: str, wanted: str) -> str:
   """A paired verdict read against what the claim predicts."""
   if wanted == "better":
     return {stats.BETTER: HOLDS, stats.WORSE: DOES_NOT_HOLD}.get(verdict, stats.UNRESOLVED)
@@ -173,7 +173,7 @@ def _paired_row(s, method: str, base: str, text: str, wanted: str, target: str,
   test = s.test(method, base)
   verdict = verdicts_lib.verdict(diff, test)
   return ([_claim_text(text, s.prompt_length), target, f"{signed(diff)} points", str(len(s.seeds)),
-           _claim_verdict(verdict, wanted) if test == SUPERIORITY else verdict]
+           claim_verdict(verdict, wanted) if test == SUPERIORITY else verdict]
           + ([test.label] if with_test else []))
 
 

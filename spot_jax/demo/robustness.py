@@ -68,12 +68,12 @@ class Grid:
 
   def verdict(self, method: str) -> str:
     """holds / does not hold / not resolved, for "`method` moves less than Prompt Tuning"."""
-    iv = self.difference(method)
-    if iv.resolved and iv.low > 0:
-      return claims_lib.HOLDS
-    if iv.resolved and iv.high < 0:
-      return claims_lib.DOES_NOT_HOLD
-    return stats.UNRESOLVED
+    return claims_lib.claim_verdict(stats.verdict(self.difference(method)), "better")
+
+
+def _beyond_rate(recipe: dict) -> dict:
+  """A demo recipe without the fields a learning-rate grid changes."""
+  return {k: v for k, v in recipe.items() if k not in RATE_KEYS}
 
 
 def grid(folders: Sequence[str]) -> Grid:
@@ -92,8 +92,7 @@ def grid(folders: Sequence[str]) -> Grid:
       if getattr(s, what) != getattr(first, what):
         raise ConfigError(f"{folder!r} ran {what} {getattr(s, what)}, {folders[0]!r} ran "
                           f"{getattr(first, what)}; run every rate with the same demo flags")
-    if {k: v for k, v in other.items() if k not in RATE_KEYS} != {
-        k: v for k, v in recipe.items() if k not in RATE_KEYS}:
+    if _beyond_rate(other) != _beyond_rate(recipe):
       raise ConfigError(f"{folder!r} ran another recipe than {folders[0]!r} beyond the learning "
                         f"rate (steps, lengths or examples differ); change only --learning_rate")
     if "learning_rate" not in other:
