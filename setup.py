@@ -55,9 +55,9 @@ setuptools.setup(
             "httpx>=0.27",
         ],
         "hf": ["datasets>=2.18"],
-        # T5 parity tests (tests/t5/test_parity_tasks.py): what t5's preprocessors, postprocessors
-        # and metrics import. t5==0.9.4 itself pins tfds-nightly/seqio-nightly, so it is installed
-        # separately with `pip install --no-deps t5==0.9.4` (see .ci/run).
+        # T5 parity tests (tests/backbones/t5/test_parity_tasks.py): what t5's preprocessors,
+        # postprocessors and metrics import. t5==0.9.4 itself pins tfds-nightly/seqio-nightly,
+        # so it is installed separately with `pip install --no-deps t5==0.9.4` (see .ci/run).
         "t5parity": ["babel", "sacrebleu", "rouge-score", "editdistance", "immutabledict"],
         # t5x itself is installed from its repository (docs/t5x.md); these are what it needs
         # beyond spot-jax's own dependencies.

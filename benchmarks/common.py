@@ -22,7 +22,7 @@ import numpy as np
 
 from spot_jax import fileio, prompts, validate
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import config_by_name
+from spot_jax.backbones.t5 import config_by_name
 
 # name -> (prompt method, prompt length); length None means --prompt_length.
 METHODS = {
@@ -81,7 +81,7 @@ def prompt_module(kind: str, length: int, emb_dim: Optional[int] = None,
 def bench_model(kind: str, length: int, config, input_length: int = 512):
   """The model a METHODS kind trains: an EncoderDecoderModel, or MPT's distillation model."""
   from spot_jax import models  # pylint: disable=g-import-not-at-top
-  from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5 import Transformer  # pylint: disable=g-import-not-at-top
   module = Transformer(config, prompt=prompt_module(kind, length, config.emb_dim, input_length))
   if kind != "mpt_distill":
     return models.EncoderDecoderModel(module)

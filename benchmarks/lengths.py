@@ -37,7 +37,7 @@ from spot_jax.data import bucketing
 from spot_jax import train as train_lib
 from spot_jax import validate
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import Transformer, config_by_name
+from spot_jax.backbones.t5 import Transformer, config_by_name
 from spot_jax.train.state import TrainState
 
 RTE_LENGTHS = pathlib.Path(__file__).parent / "data" / "rte_train_t5_input_lengths.txt"

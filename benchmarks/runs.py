@@ -156,7 +156,7 @@ def goal_lines(rows: Sequence[dict]) -> list[str]:
 def _parse(argv: Sequence[str]):
   parser = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
   parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                      help="comma-separated spot_jax.t5 config names")
+                      help="comma-separated spot_jax.backbones.t5 config names")
   parser.add_argument("--method", default="pt100", help=f"one of {', '.join(common.METHODS)}")
   parser.add_argument("--runs", default=",".join(map(str, DEFAULT_RUNS)),
                       help="comma-separated K values (1, the single run, is always included)")

@@ -75,7 +75,7 @@ def random_backbone(config, seed: int):
   """The random frozen T5 of `config` (the trainer's backbone key of `seed`), on the device."""
   import jax  # pylint: disable=g-import-not-at-top
   from spot_jax import backbone as backbone_lib, models  # pylint: disable=g-import-not-at-top
-  from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5 import Transformer  # pylint: disable=g-import-not-at-top
   model = models.EncoderDecoderModel(Transformer(config))
   dummy = model.dummy_batch(4, 4)
   return jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)))(
@@ -178,7 +178,7 @@ def run_peft(params, config, table, workloads: Sequence[Any], tasks: Sequence[st
   prompts (written to a temporary work directory); its rows, outputs included."""
   import jax  # pylint: disable=g-import-not-at-top
   from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
-  from spot_jax.t5 import hf_export  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5 import hf_export  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory(prefix="spot_jax_bench_serve_") as work:
     hf_export.export_hf(jax.tree_util.tree_map(np.asarray, params), config,
                         os.path.join(work, "hf"))
@@ -254,7 +254,8 @@ def goal_lines(rows: Sequence[dict]) -> list[str]:
 def _parse(argv: Sequence[str]):
   p = cli.ArgumentParser(prog="benchmarks.serve", description=__doc__.splitlines()[0])
   p.add_argument("--model", default="t5_1_1_small_like",
-                 help="a spot_jax.t5 config name (random weights; untied output layer: see above)")
+                 help="a spot_jax.backbones.t5 config name (random weights; untied output layer: "
+                      "see above)")
   for name in common.OVERRIDE_FLAGS:
     p.add_argument(f"--{name}", type=int, default=None, help=f"override the config's {name}")
   p.add_argument("--methods", default="pt100,smop4x5", help=f"comma-separated, from: "
@@ -308,7 +309,7 @@ def main(argv: Sequence[str]) -> int:
   if peft_skipped:
     print(f"--vs=peft: {peft_skipped}", flush=True)
   from spot_jax.serve import server as server_lib  # pylint: disable=g-import-not-at-top
-  from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5 import Transformer  # pylint: disable=g-import-not-at-top
   params = random_backbone(config, args.seed)
   num_prompts = max(serve_workload.parse_workload(w)[0] for w in workload_names)
   rows: list[dict] = []

@@ -48,7 +48,7 @@ def setup(work: str, shape: str, num_prompts: int) -> list[str]:
   import jax  # pylint: disable=g-import-not-at-top
   from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
-  from spot_jax.t5 import checkpoints, config_by_name, hf_export
+  from spot_jax.backbones.t5 import checkpoints, config_by_name, hf_export
   config = config_by_name(SHAPES[shape], dropout_rate=0.0)
   if shape == "toy":
     params = checkpoints.load_checkpoint(embedded.CHECKPOINT_PATH, config)

@@ -48,7 +48,7 @@ from benchmarks.common import (DEFAULT_METHODS, METHODS, OVERRIDE_FLAGS, SHAPE_F
                                T5X_DROPOUT_RNGS, bench_config, device_batch,
                                    hlo_op_counts, nbytes, timed, xla_flops)
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import config_by_name
+from spot_jax.backbones.t5 import config_by_name
 from spot_jax.train.state import TrainState
 
 @contextlib.contextmanager
@@ -225,7 +225,8 @@ def bench_methods(methods: Sequence[str], config_name: str, batch_size: int, inp
 def _parse(argv: Sequence[str]):
   parser = cli.ArgumentParser(prog="benchmarks", description=__doc__.splitlines()[0])
   flags.add_backbone(parser, required=False, gin_files=False, checkpoint=False, seed=False,
-                     model_help="a spot_jax.t5 config name (default t5_small; t5_1_1_small_like "
+                     model_help="a spot_jax.backbones.t5 config name (default t5_small; "
+                                "t5_1_1_small_like "
                                 "with --vs=t5x)")
   parser.add_argument("--methods", default=None,
                       help=f"comma-separated, from: {', '.join(METHODS)} (default "

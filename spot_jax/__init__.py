@@ -1,7 +1,8 @@
 """spot-jax: soft prompts for frozen T5 models in JAX/Flax (docs/architecture.md has the layers).
 
 Sub-packages:
-  t5/          the frozen T5: config, Flax network, checkpoints by format, decoding
+  backbones/   the frozen backbones, two kinds: `t5` (encoder-decoder) and `decoder` (Llama,
+               Gemma 2/3: decoder-only); networks, checkpoints by format, decoding
   prompts/     every prompt method (Prompt Tuning, SMoP, Residual, deep prompts, DePT, ...)
   data/        seqio tasks -> deterministic, resumable training batches
   train/       the trainer (`python -m spot_jax.train`)

@@ -81,10 +81,10 @@ def fingerprint(config: Any, checkpoint_path: Optional[str], seed: int = 0) -> d
 
 
 def config_names(config_digest: str) -> list[str]:
-  """The registered config names (`spot_jax.t5.config.CONFIGS`, the gin/models/<name>.gin files)
-  whose weight-defining fields hash to `config_digest` (several share one: t5_1_1_small and
-  t5_1_1_lm100k_small)."""
-  from spot_jax.t5 import config as config_lib  # pylint: disable=g-import-not-at-top
+  """The registered config names (`spot_jax.backbones.t5.config.CONFIGS`, the
+  gin/models/<name>.gin files) whose weight-defining fields hash to `config_digest` (several
+  share one: t5_1_1_small and t5_1_1_lm100k_small)."""
+  from spot_jax.backbones.t5 import config as config_lib  # pylint: disable=g-import-not-at-top
   return [name for name, c in config_lib.CONFIGS.items() if config_hash(c) == config_digest]
 
 
@@ -203,7 +203,7 @@ def load_backbone(model: models.EncoderDecoderModel, dummy: Mapping[str, jax.Arr
   shardings = partitioning.param_shardings(abstract, mesh, rules)
   if initial_checkpoint_path:
     check_initial_checkpoint(initial_checkpoint_path)
-    from spot_jax import t5  # pylint: disable=g-import-not-at-top
+    from spot_jax.backbones import t5  # pylint: disable=g-import-not-at-top
     path = resolve_checkpoint_path(initial_checkpoint_path)
     return t5.load_checkpoint(path, model.config, mesh=mesh, rules=rules), shardings
   info(f"note: no INITIAL_CHECKPOINT_PATH; the backbone is randomly initialised (seed {seed}); "

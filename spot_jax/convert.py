@@ -7,13 +7,13 @@
       --model=t5_1_1_lm100k_base --output_dir=/models/t5-base-lm-adapt-hf [--overwrite]
 
 The second form (T5X or orbax -> Hugging Face) writes config.json + model.safetensors
-(`spot_jax.t5.hf_export`), e.g. as the base model of an exported PEFT prompt adapter.
+(`spot_jax.backbones.t5.hf_export`), e.g. as the base model of an exported PEFT prompt adapter.
 
 The model config comes from the directory's config.json; with `--model` (a config name or a gin
 model file) the checkpoint must match that config exactly. The T5X output (msgpack `checkpoint` +
-gzip zarr arrays, float32) is read by `spot_jax.t5.load_checkpoint` and by t5x; tensors are streamed
-one block at a time, so converting XXL needs little host memory. Bad input is one line on stderr,
-`spot_jax.convert: error: ...`, and exit status 2 (`spot_jax.cli`).
+gzip zarr arrays, float32) is read by `spot_jax.backbones.t5.load_checkpoint` and by t5x;
+tensors are streamed one block at a time, so converting XXL needs little host memory. Bad input
+is one line on stderr, `spot_jax.convert: error: ...`, and exit status 2 (`spot_jax.cli`).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from spot_jax import cli, fileio
 from spot_jax import validate
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import checkpoints, hf
-from spot_jax.t5.config import CONFIGS, T5Config, config_by_name
+from spot_jax.backbones.t5 import checkpoints, hf
+from spot_jax.backbones.t5.config import CONFIGS, T5Config, config_by_name
 
 _ARCH_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers",
                 "num_decoder_layers", "mlp_activations", "logits_via_embedding",
@@ -123,7 +123,7 @@ def _to_hf(args) -> int:
   if not args.model:
     raise ConfigError("--checkpoint needs --model (T5X checkpoints do not record their "
                       f"architecture); valid config names: {', '.join(sorted(CONFIGS))}")
-  from spot_jax.t5 import hf_export  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5 import hf_export  # pylint: disable=g-import-not-at-top
   config = flags.model_config(args.model, args.model_binding)
   params = checkpoints.load_checkpoint(args.checkpoint, config)
   tensors = hf_export.export_hf(params, config, args.output_dir, overwrite=args.overwrite)

@@ -244,12 +244,12 @@ def _backbone(served) -> tuple[Any, Any]:
   from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
   if served.checkpoint and jax.process_count() == 1:
     # Straight onto the device: no mesh, no abstract init of its own.
-    from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
+    from spot_jax.backbones.t5 import checkpoints  # pylint: disable=g-import-not-at-top
     backbone_lib.check_initial_checkpoint(served.checkpoint)
     return checkpoints.load_checkpoint(backbone_lib.resolve_checkpoint_path(served.checkpoint),
                                        served.config), None
   from spot_jax import models, partitioning  # pylint: disable=g-import-not-at-top
-  from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5 import Transformer  # pylint: disable=g-import-not-at-top
   model = models.EncoderDecoderModel(Transformer(served.config))
   mesh = partitioning.create_mesh(1)
   note = lambda line: print(line, file=sys.stderr)
@@ -268,7 +268,7 @@ def _interpret(args, table, served) -> int:
     validate.output_file(args.output, "--output")
   if served.checkpoint:
     from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
-    from spot_jax.t5 import checkpoints  # pylint: disable=g-import-not-at-top
+    from spot_jax.backbones.t5 import checkpoints  # pylint: disable=g-import-not-at-top
     backbone_lib.check_initial_checkpoint(served.checkpoint)
     embedding = checkpoints.load_embedding(backbone_lib.resolve_checkpoint_path(served.checkpoint),
                                            served.config)
@@ -321,7 +321,7 @@ def _predict(args, table, served, phases) -> int:
   labels = inputs.label_tokens(vocab, args.label, args.target_length) if args.label else None
   settings = server_lib.DecodeSettings(args.target_length, args.method, args.num_beams,
                                        args.alpha, args.temperature, args.top_k, args.seed)
-  from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5 import Transformer  # pylint: disable=g-import-not-at-top
   params, mesh = _backbone(served)
   srv = server_lib.Server(Transformer(config), params, table, placement=args.placement,
                           settings=settings, mesh=mesh if jax.process_count() > 1 else None)

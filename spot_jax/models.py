@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from spot_jax import losses
-from spot_jax.t5 import network, scoring
+from spot_jax.backbones.t5 import network, scoring
 
 Array = jax.Array
 Params = Mapping[str, Any]
@@ -132,7 +132,7 @@ class EncoderDecoderModel:
   def predict_batch(self, params: Params, encoder_input_tokens: Array, max_decode_length: int,
                     rng: Optional[Array] = None) -> Array:
     """Decoded token ids [B, max_decode_length] (0 after EOS)."""
-    from spot_jax.t5 import generate  # pylint: disable=g-import-not-at-top
+    from spot_jax.backbones.t5 import generate  # pylint: disable=g-import-not-at-top
     tokens, _ = generate(self.module, params, encoder_input_tokens,
                          max_decode_length=max_decode_length, method=self.decode_method,
                          num_beams=self.num_beams, alpha=self.beam_alpha, rng=rng,

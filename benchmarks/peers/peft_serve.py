@@ -3,7 +3,7 @@
 Started by `python -m benchmarks.serve --vs=peft` in its own process (torch and JAX never
 share one) with a work directory the parent wrote:
 
-  hf/                   the parent's random T5 as a Hugging Face model (`spot_jax.t5.hf_export`)
+  hf/                   the parent's random T5 as a Hugging Face model (`backbones.t5.hf_export`)
   adapters/<name>/      one PEFT prompt-tuning adapter per prompt (`spot_jax.serve.peft_io`)
   workloads/<PxN>.json  the request queues (`serve_workload.write`)
 

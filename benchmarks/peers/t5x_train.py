@@ -95,7 +95,7 @@ def build_model(shape: dict, prompt_length: int, dropout_rate: float):
 
 def contrib_config(shape: dict, dropout_rate: float):
   """spot-jax's T5.1.1 `T5Config` at `shape` (SHAPE_KEYS), float32 activations."""
-  from spot_jax import t5  # pylint: disable=import-outside-toplevel
+  from spot_jax.backbones import t5  # pylint: disable=import-outside-toplevel
   return t5.config_by_name("t5_1_1_small", dtype="float32", dropout_rate=dropout_rate).replace(
       **{k: shape[k] for k in SHAPE_KEYS})
 
@@ -113,7 +113,7 @@ def build_contrib_model(config: Any, prompt_length: int, *bindings: str):
   gin.add_config_file_search_path(str(paths.ROOT))
   fields = [f"t5.T5Config.{k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
   gin.parse_config("\n".join([
-      "from __gin__ import dynamic_registration", "from spot_jax import t5", 
+      "from __gin__ import dynamic_registration", "from spot_jax.backbones import t5", 
       "from spot_jax.contrib.t5x import models as spot_t5x_models",
       "include 'gin/prompts/prompt_tuning_uniform.gin'", "include 'gin/t5x/models/common.gin'",
       "CONFIG_NAME = 't5_1_1_small'", f"PROMPT_LENGTH = {int(prompt_length)}", "VOCABULARY = None",

@@ -133,6 +133,6 @@ def model_config(spec: str, bindings: Sequence[str] = (), **overrides):
     if bindings:
       raise ConfigError(f"--model_binding applies to a gin model file; --model={spec} is a config "
                         f"name (give --model=<file>.gin, or drop --model_binding)")
-    from spot_jax.t5.config import config_by_name  # pylint: disable=g-import-not-at-top
+    from spot_jax.backbones.t5.config import config_by_name  # pylint: disable=g-import-not-at-top
     config = config_by_name(spec)
   return dataclasses.replace(config, **overrides) if overrides else config

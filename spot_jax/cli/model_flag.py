@@ -50,6 +50,6 @@ def load_model(spec: str, bindings: Sequence[str] = ()) -> tuple[models.EncoderD
     return model, spec
   if bindings:
     raise ConfigError("--model_binding applies to a gin model file; give --model=<file>.gin")
-  from spot_jax import t5  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones import t5  # pylint: disable=g-import-not-at-top
   config = t5.config_by_name(spec, dropout_rate=0.0)
   return models.EncoderDecoderModel(t5.Transformer(config)), spec

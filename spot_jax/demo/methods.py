@@ -26,7 +26,7 @@ from spot_jax import fileio
 from spot_jax import experiment
 from spot_jax import models
 from spot_jax import prompts
-from spot_jax import t5
+from spot_jax.backbones import t5
 from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.experiment import Recipe, RunOutcome, RunRequest

@@ -3,9 +3,9 @@ made by `spot_jax.embedded.pretrain`.
 
 Attributes:
   TOY_DIR: the folder holding the toy model, its vocabulary, gin file, loss log and README.
-  CHECKPOINT_PATH: its T5X checkpoint directory (load with `spot_jax.t5.load_checkpoint`).
+  CHECKPOINT_PATH: its T5X checkpoint directory (load with `spot_jax.backbones.t5.load_checkpoint`).
   VOCAB_PATH: its SentencePiece model (the vocabulary of `tasks.embedded`).
-  CONFIG_NAME: its `spot_jax.t5.config_by_name` name.
+  CONFIG_NAME: its `spot_jax.backbones.t5.config_by_name` name.
   TOY_DIR_ENV: environment variable naming another folder made by `pretrain_toy` to use
     instead (read at import).
 

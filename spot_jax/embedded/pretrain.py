@@ -4,7 +4,8 @@ r"""`python -m spot_jax.embedded.pretrain`: makes the embedded toy T5 from nothi
   2. a T5.1.1-style model (config `t5_1_1_toy`) trained with AdamW on span corruption over the
      corpus plus multi-task examples of some source tasks with their task-name prefixes (never
      a target task)
-  3. written to --output_dir: `checkpoint/` (T5X, loads with `spot_jax.t5.load_checkpoint`),
+  3. written to --output_dir: `checkpoint/` (T5X, loads with
+     `spot_jax.backbones.t5.load_checkpoint`),
      `spm.model`, `losses.json` (every step's loss), `eval.json` (accuracy on the pretraining
      tasks' validation splits) and `t5_1_1_toy.gin`.
 
@@ -32,7 +33,7 @@ from spot_jax.cli import flags
 from spot_jax import embedded
 from spot_jax import fileio
 from spot_jax import models
-from spot_jax import t5
+from spot_jax.backbones import t5
 from spot_jax import validate
 from spot_jax.embedded import toy_data
 from spot_jax.errors import ConfigError
@@ -62,7 +63,7 @@ GIN_TEXT = """\
 #     --gin.PROMPT_LENGTH=20 --gin.TRAIN_STEPS=300 --gin.EVAL_PERIOD=300 --gin.BATCH_SIZE=16
 from __gin__ import dynamic_registration
 from spot_jax import models
-from spot_jax import t5
+from spot_jax.backbones import t5
 from spot_jax import validate
 
 PROMPT = None
@@ -193,7 +194,7 @@ def readme(log: dict, scores: Optional[dict]) -> str:
       f"{log['peak_learning_rate']}, {WARMUP_STEPS} warm-up steps, cosine decay to 10%, weight "
       f"decay 0.01, clipping 1.0), float32, no dropout, jax {log['jax_version']}; "
       f"{log['seconds']:.0f} s of training on this machine (2 shared CPU cores).", "",
-      "Files: `checkpoint/` (T5X format: `spot_jax.t5.load_checkpoint(path, "
+      "Files: `checkpoint/` (T5X format: `spot_jax.backbones.t5.load_checkpoint(path, "
       "config_by_name('t5_1_1_toy'))`), `spm.model` (the SentencePiece vocabulary, "
       f"{log['vocabulary_pieces']} pieces + {suite.EXTRA_IDS} sentinels in a 384-row table; pad 0, "
       "EOS 1, unk 2), `t5_1_1_toy.gin` (the gin model file, also `gin/models/`), `losses.json` "

@@ -40,7 +40,7 @@ from spot_jax.prompts.residual import ResidualMlp, ResidualPrompt
 from spot_jax.prompts.mpt import MultitaskPrompt
 from spot_jax.prompts.residual_smop import ResidualSMoP
 from spot_jax.prompts.smop import ROUTINGS, SMoP
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5.config import T5Config
 
 DEEP_PROMPT_METHODS = (PrefixTuning, PTuningV2)  # the deep hook: per-layer prefixes
 PROMPT_METHODS = (PromptTuning, SMoP, ResidualPrompt, DePT, ResidualSMoP, Attempt,

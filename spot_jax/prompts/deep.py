@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import prefixes as prefixes_lib
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5 import prefixes as prefixes_lib
+from spot_jax.backbones.t5.config import T5Config
 
 KV_FIELDS = prefixes_lib.ATTENTION_TYPES
 TOKEN_FIELDS = ("encoder_tokens", "decoder_tokens")
@@ -94,7 +94,7 @@ def deep_prompt(parts: Mapping[str, Any]) -> prefixes_lib.DeepPrompt:
 
 
 def rms_norm(x: Any, scale: Any, epsilon: float) -> Any:
-  """T5's layer norm in float32 (as `spot_jax.t5.layers.RMSNorm`)."""
+  """T5's layer norm in float32 (as `spot_jax.backbones.t5.layers.RMSNorm`)."""
   x = jnp.asarray(x, jnp.float32)
   var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
   return x * jax.lax.rsqrt(var + epsilon) * jnp.asarray(scale, jnp.float32)

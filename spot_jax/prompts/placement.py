@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from spot_jax import validate
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import layers
+from spot_jax.backbones.t5 import layers
 
 Array = jax.Array
 

@@ -1,7 +1,8 @@
 """Prefix tuning (Li & Liang 2021): learned key/value prefixes in every attention layer.
 
 Every layer of each chosen attention type gets P = `length` extra key and value positions in
-front of its own (see `spot_jax.t5.prefixes`: visible to every query; in self-attention they sit
+front of its own (see
+`spot_jax.backbones.t5.prefixes`: visible to every query; in self-attention they sit
 just before the sequence for the relative-position bias). The prefixes are stored flat, as
 PEFT's PrefixEncoder stores them, [P, S * H * D] for S key/value slots, or produced by PEFT's
 `prefix_projection` MLP
@@ -38,8 +39,8 @@ import numpy as np
 from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, deep, initializers
-from spot_jax.t5 import prefixes as prefixes_lib
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5 import prefixes as prefixes_lib
+from spot_jax.backbones.t5.config import T5Config
 
 Array = jax.Array
 

@@ -4,7 +4,7 @@ What it computes in spot-jax: layer l of each chosen stack gets its own prompt P
 prompt is placed in front of that layer's input, goes through the layer's frozen
 pre-attention layer norm and key/value projections, and is attended to by every input
 position (placed just before the sequence for the relative-position bias, visible to all
-queries, as prefixes are; see `spot_jax.t5.prefixes`). Its own outputs are discarded: the
+queries, as prefixes are; see `spot_jax.backbones.t5.prefixes`). Its own outputs are discarded: the
 next layer sees a fresh P_{l+1}, and the decoder's cross-attention sees only the input's
 positions. Equivalently, layer l gets key/value prefixes
 
@@ -38,8 +38,8 @@ from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, deep, initializers
 from spot_jax.prompts.prefix_tuning import PrefixTuning
-from spot_jax.t5 import prefixes as prefixes_lib
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5 import prefixes as prefixes_lib
+from spot_jax.backbones.t5.config import T5Config
 
 Array = jax.Array
 

@@ -95,7 +95,7 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
   if args.label:
     from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
     inputs.label_tokens(vocab, args.label, args.target_length)  # checked now, not per request
-  from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5 import Transformer  # pylint: disable=g-import-not-at-top
   params, mesh = infer._backbone(served)  # pylint: disable=protected-access
   several = jax.process_count() > 1  # the others repeat process 0's calls (`follow`)
   mirror = follow.Mirror(several)

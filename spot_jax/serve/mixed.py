@@ -29,8 +29,8 @@ import jax.numpy as jnp
 
 from spot_jax.prompts import attempt, common, dept, placement as placement_lib
 from spot_jax.serve.table import ROUTING_CODES, TableArrays
-from spot_jax.t5 import generation, prefixes as prefixes_lib, scoring
-from spot_jax.t5.network import Transformer
+from spot_jax.backbones.t5 import generation, prefixes as prefixes_lib, scoring
+from spot_jax.backbones.t5.network import Transformer
 
 Array = jax.Array
 PyTree = Any

@@ -28,7 +28,7 @@ import numpy as np
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5.config import T5Config
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

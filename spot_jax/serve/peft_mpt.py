@@ -30,7 +30,7 @@ from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
 from spot_jax.serve import peft_io
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5.config import T5Config
 
 PEFT_TYPE = "MULTITASK_PROMPT_TUNING"
 KEYS = {"shared": "prompt_embeddings", "task_cols": "prefix_task_cols",

@@ -37,7 +37,7 @@ from spot_jax.prompts import attempt as attempt_lib
 from spot_jax.prompts import deep as deep_lib
 from spot_jax.prompts.dept import OFFSET
 from spot_jax.serve.table import SMOP_EVAL_ROUTING, Attention, ServedPrompt
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5.config import T5Config
 
 
 def from_module(name: str, module: nn.Module, params: Any, source: str = "",

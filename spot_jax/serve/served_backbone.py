@@ -27,7 +27,7 @@ from spot_jax import backbone as backbone_lib
 from spot_jax import embedded
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import RunDir, RunRecord
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5.config import T5Config
 
 OVERRIDE_FLAG = "--allow_backbone_change"
 

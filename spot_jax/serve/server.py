@@ -16,13 +16,13 @@ from spot_jax import partitioning
 from spot_jax.errors import ConfigError
 from spot_jax.serve import mixed
 from spot_jax.serve.table import PromptTable
-from spot_jax.t5 import generation
-from spot_jax.t5.network import Transformer
+from spot_jax.backbones.t5 import generation
+from spot_jax.backbones.t5.network import Transformer
 
 
 @dataclasses.dataclass
 class DecodeSettings:
-  """How to decode (see `spot_jax.t5.generate`)."""
+  """How to decode (see `spot_jax.backbones.t5.generate`)."""
   max_decode_length: int = 32
   method: str = "greedy"
   num_beams: int = 4

@@ -30,7 +30,7 @@ from spot_jax import models
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, placement as placement_lib
 from spot_jax.prompts.mpt import MultitaskPrompt
-from spot_jax.t5 import network
+from spot_jax.backbones.t5 import network
 
 Array = jax.Array
 

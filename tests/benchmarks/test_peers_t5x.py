@@ -11,7 +11,7 @@ from spot_jax import cli
 from benchmarks import train_step as bench
 from benchmarks import common
 from benchmarks.peers import t5x_train as bench_t5x
-from spot_jax.t5 import CONFIGS
+from spot_jax.backbones.t5 import CONFIGS
 from tests.helpers import REPO as ROOT
 
 TINY = ["--model=t5_1_1_test", "--steps=1", "--input_length=8", "--target_length=4",

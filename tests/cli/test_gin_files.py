@@ -7,7 +7,7 @@ import gin
 import pytest
 
 from spot_jax.cli import gin_flags
-from spot_jax import t5
+from spot_jax.backbones import t5
 from tests.helpers import REPO
 
 MODEL_FILES = sorted((REPO / "gin" / "models").glob("*.gin"))

@@ -36,7 +36,7 @@ PROGRAMS = [
      [*SMOKE, "--gin.TRAIN_STEPS=-5"], "TRAIN_STEPS=-5 must be a positive integer"),
     ("spot_jax.eval", "spot_jax.eval:main", "spot_jax.fileio:creatable_dir",
      [*EVAL, "--gin.MODEL_DIR='{tmp}'"], EVAL, "give exactly one of MODEL_DIR"),
-    ("spot_jax.infer", "spot_jax.infer:main", "spot_jax.t5.config:config_by_name",
+    ("spot_jax.infer", "spot_jax.infer:main", "spot_jax.backbones.t5.config:config_by_name",
      ["--model=t5_1_1_byte_tiny", "--prompt={tmp}/p.npy"],
      ["--model=t5_1_1_byte_tiny", "--vocab=byte", "--prompt={tmp}/missing.npy",
       "--input={tmp}/in.txt", "--output={tmp}/out.jsonl"], "missing.npy"),

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import traverse_util
 from t5x import trainer as t5x_trainer
 
-from spot_jax import t5
+from spot_jax.backbones import t5
 from benchmarks import common
 from benchmarks.peers import t5x_train as t5x_bench
 from spot_jax.contrib.t5x import optim

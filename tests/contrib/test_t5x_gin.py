@@ -81,7 +81,7 @@ def method_sources(tmp_path_factory) -> dict[str, list[str]]:
   """The bindings ATTEMPT and MPT files need to build their prompt module: library sources and
   an MPT source adapter (read when the module is built; widths are checked only when it runs)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from spot_jax import t5  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones import t5  # pylint: disable=g-import-not-at-top
   from spot_jax.serve import peft_mpt  # pylint: disable=g-import-not-at-top
   from spot_jax.spot import library as prompt_library  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("sources")
@@ -102,7 +102,7 @@ def method_sources(tmp_path_factory) -> dict[str, list[str]]:
 @pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.name)
 def test_model_file_builds_its_model(path, method_sources):
   from spot_jax import prompts  # pylint: disable=g-import-not-at-top
-  from spot_jax import t5  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones import t5  # pylint: disable=g-import-not-at-top
   from spot_jax.contrib.t5x import models  # pylint: disable=g-import-not-at-top
   gin.add_config_file_search_path(str(REPO))
   bindings = next((b for m, b in method_sources.items() if path.stem.endswith("_" + m)), [])

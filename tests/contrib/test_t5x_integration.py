@@ -30,7 +30,7 @@ from spot_jax.train import evaluate as spot_eval
 from spot_jax.train import evaluator as evaluator_lib
 from spot_jax import models
 from spot_jax import prompts
-from spot_jax import t5
+from spot_jax.backbones import t5
 from spot_jax.contrib.t5x import checkpointer
 from spot_jax.contrib.t5x import state_fns
 from tests.helpers import REPO

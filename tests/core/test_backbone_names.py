@@ -8,7 +8,7 @@ from spot_jax import backbone as backbone_lib
 from spot_jax import embedded
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import config_by_name
+from spot_jax.backbones.t5 import config_by_name
 
 
 def test_the_shipped_checkpoint_and_a_gin_model_file_by_their_names(tmp_path, monkeypatch):

@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from spot_jax import cli, convert  # noqa: E402
-from spot_jax.t5 import T5Config, Transformer, load_checkpoint  # noqa: E402
-from spot_jax.t5 import checkpoints  # noqa: E402
+from spot_jax.backbones.t5 import T5Config, Transformer, load_checkpoint  # noqa: E402
+from spot_jax.backbones.t5 import checkpoints  # noqa: E402
 from tests.helpers import REPO as REPO_ROOT  # noqa: E402
 
 CONFIG = T5Config(vocab_size=56, emb_dim=16, num_heads=4, head_dim=4, mlp_dim=32,

@@ -17,7 +17,7 @@ from spot_jax.data import bucketing
 from spot_jax.train import optimizers
 from spot_jax import train as train_lib
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import Transformer, config_by_name
+from spot_jax.backbones.t5 import Transformer, config_by_name
 from tests.helpers import bucketing as bucketing_util
 from tests.helpers.cli_error_runner import run_cases
 from tests.helpers.bucketing_task import BATCH, BUCKETS, LENGTHS, NUM_TRAIN, WINDOW, _cfg

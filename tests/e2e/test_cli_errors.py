@@ -38,7 +38,7 @@ import pytest
 
 from spot_jax import backbone as backbone_lib
 from spot_jax.run_dir import RunDir
-from spot_jax.t5 import checkpoints, config_by_name
+from spot_jax.backbones.t5 import checkpoints, config_by_name
 from tests.helpers import REPO
 from tests.helpers.cli_error_runner import run_cases, tree_hash
 from tests.helpers.cli_errors import _env

@@ -30,7 +30,7 @@ def _assert_one_line_error(proc: subprocess.CompletedProcess, fragment: str) -> 
 def mismatched_checkpoint(tmp_path_factory) -> str:
   """A valid checkpoint of another architecture (the 128-vocab test model)."""
   from spot_jax import models  # pylint: disable=g-import-not-at-top
-  from spot_jax.t5 import Transformer, config_by_name, save_checkpoint  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5 import Transformer, config_by_name, save_checkpoint  # pylint: disable=g-import-not-at-top
   model = models.EncoderDecoderModel(Transformer(config_by_name("t5_1_1_test")))
   params = models.unbox(model.init_backbone(jax.random.PRNGKey(0), model.dummy_batch(4, 4)))
   path = tmp_path_factory.mktemp("other") / "checkpoint_0"

@@ -18,7 +18,7 @@ from spot_jax.serve import peft_mpt, prompt_loaders
 from spot_jax.run_dir import RunDir
 from spot_jax.serve.table import PromptTable
 from spot_jax.spot import library as prompt_library
-from spot_jax.t5 import config_by_name
+from spot_jax.backbones.t5 import config_by_name
 from tests.helpers import REPO  # noqa: E402
 from tests.helpers.kill import kill_at_checkpoint  # noqa: E402
 from tests.helpers.train_cli import _env, _losses, run_in_one_process

@@ -16,7 +16,7 @@ import seqio
 
 from spot_jax import models, partitioning, prompts
 from spot_jax import backbone as backbone_lib
-from spot_jax.t5 import Transformer, config_by_name, generate
+from spot_jax.backbones.t5 import Transformer, config_by_name, generate
 from tests.helpers import REPO
 from tests.helpers.kill import kill_at_checkpoint  # noqa: E402
 from tests.helpers.train_cli import _cmd, _env, _losses, run_in_one_process

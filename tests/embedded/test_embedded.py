@@ -21,7 +21,7 @@ from spot_jax.train import evaluator as evaluator_lib
 from spot_jax import models
 from spot_jax.train import optimizers
 from spot_jax import prompts
-from spot_jax import t5
+from spot_jax.backbones import t5
 from spot_jax import train as train_lib
 from spot_jax.errors import ConfigError
 from tasks import embedded as suite

@@ -16,7 +16,7 @@ from spot_jax import embedded
 from spot_jax import experiment
 from spot_jax import models
 from spot_jax import prompts
-from spot_jax import t5
+from spot_jax.backbones import t5
 from spot_jax.demo import methods
 from spot_jax.errors import ConfigError
 from spot_jax.experiment import rank
@@ -127,7 +127,7 @@ def test_finished_runs_are_scored_in_a_process_that_did_not_train_them(trained, 
   """A rerun reuses the trained runs and only scores them: the backbone's abstract parameters are
   then first computed under the scorer's mesh, which must not constrain their shardings."""
   recipe, requests, job_dir, result = trained
-  from spot_jax.t5.checkpoints import common  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5.checkpoints import common  # pylint: disable=g-import-not-at-top
   common._abstract_params.cache_clear()  # pylint: disable=protected-access  # as a new process
   again = experiment.run(dataclasses.replace(recipe, rank_examples=40), job_dir, requests[:1])
   assert again.seconds is None and again.rank_seconds is not None

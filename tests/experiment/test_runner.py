@@ -15,7 +15,7 @@ from spot_jax import embedded
 from spot_jax import experiment
 from spot_jax import models
 from spot_jax import prompts
-from spot_jax import t5
+from spot_jax.backbones import t5
 from spot_jax.run_dir import RunDir
 from tasks import embedded as suite
 

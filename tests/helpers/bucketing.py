@@ -12,7 +12,7 @@ import numpy as np
 
 from spot_jax import data, models
 from spot_jax.data import bucketing
-from spot_jax.t5 import Transformer, config_by_name
+from spot_jax.backbones.t5 import Transformer, config_by_name
 from tests.helpers.prompt_train import frozen_backbone
 
 

@@ -1,6 +1,6 @@
 """Hand-made GLUE and SuperGLUE examples and their expected strings and metrics.
 
-Shared by tests/t5/test_parity_tasks.py, tests/tasks/test_glue.py.
+Shared by tests/backbones/t5/test_parity_tasks.py, tests/tasks/test_glue.py.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import numpy as np
 from spot_jax import data, models, prompts
 from spot_jax import train as train_lib
 from spot_jax.run_dir import RunDir
-from spot_jax.t5 import Transformer, config_by_name, save_checkpoint
+from spot_jax.backbones.t5 import Transformer, config_by_name, save_checkpoint
 from spot_jax.train import evaluator as evaluator_lib
 from tests.helpers import prompt_train
 

@@ -15,7 +15,7 @@ import jax  # pylint: disable=g-import-not-at-top
 
 from spot_jax import data, models, prompts
 from spot_jax import train as train_lib
-from spot_jax.t5 import Transformer, config_by_name
+from spot_jax.backbones.t5 import Transformer, config_by_name
 from tests.helpers import local_tasks
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from spot_jax.t5 import checkpoints, config_by_name
+from spot_jax.backbones.t5 import checkpoints, config_by_name
 from tests.helpers.prompt_train import frozen_backbone
 
 

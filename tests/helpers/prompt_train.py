@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from spot_jax.t5 import Transformer, config_by_name
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5 import Transformer, config_by_name
+from spot_jax.backbones.t5.config import T5Config
 
 EOS = 1
 # Backbone dropout off: it is not under test here and its RNG ops triple compile time.

@@ -30,7 +30,7 @@ def mixed_setup(config, modules: Mapping, make_params: Callable, lengths: Sequen
 def trained_looking_params(config, module, backbone, seed: int):
   """The module's parameters, every leaf moved off its initial value (B of DePT is not zero)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from spot_jax.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5 import Transformer  # pylint: disable=g-import-not-at-top
   from tests.helpers.prompt_train import create_prompt_params  # pylint: disable=g-import-not-at-top
   params = create_prompt_params(Transformer(config, prompt=module), backbone, seed)
   rs = np.random.RandomState(seed)

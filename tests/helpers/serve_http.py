@@ -16,7 +16,7 @@ import numpy as np
 
 from spot_jax import embedded, fileio
 from spot_jax.serve import peft_io
-from spot_jax.t5 import config_by_name
+from spot_jax.backbones.t5 import config_by_name
 from spot_jax.train import checkpointer
 from tests.helpers import REPO
 

@@ -12,7 +12,7 @@ import pytest
 from spot_jax import models, prompts
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import attempt as attempt_lib
-from spot_jax.t5 import Transformer
+from spot_jax.backbones.t5 import Transformer
 from tests.helpers import prompt_train as util
 
 S, M, E, R = 3, 4, 8, 5

@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from spot_jax import partitioning, prompts
-from spot_jax.t5 import Transformer
+from spot_jax.backbones.t5 import Transformer
 from tests.helpers import prompt_train as util
 
 MODULES = {

@@ -20,8 +20,8 @@ import pytest
 from spot_jax import prompts
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import deep
-from spot_jax.t5 import Transformer, config_by_name, generate, layers, network
-from spot_jax.t5.prefixes import DeepPrompt, Prefix
+from spot_jax.backbones.t5 import Transformer, config_by_name, generate, layers, network
+from spot_jax.backbones.t5.prefixes import DeepPrompt, Prefix
 from tests.helpers.prompt_train import create_prompt_params, frozen_backbone, synthetic_batch
 
 CONFIGS = {name: config_by_name(name).replace(dropout_rate=0.0)

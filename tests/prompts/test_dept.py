@@ -12,7 +12,7 @@ import pytest
 from spot_jax import prompts
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import placement as placement_lib
-from spot_jax.t5 import Transformer
+from spot_jax.backbones.t5 import Transformer
 from spot_jax.train import optimizers
 from tests.helpers import bucketing, prompt_train as util
 from tests.helpers.bucketing_task import BUCKETS, WINDOW, _cfg

@@ -10,7 +10,7 @@ import pytest
 
 from spot_jax import prompts
 from tests.helpers import prompt_train as util
-from spot_jax.t5 import Transformer
+from spot_jax.backbones.t5 import Transformer
 from tests.helpers import REPO
 
 PROMPTS_DIR = REPO / "gin" / "prompts"

@@ -12,7 +12,7 @@ from tests.helpers import prompt_train as util
 from spot_jax import prompts
 from spot_jax.prompts import initializers
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import Transformer, config_by_name
+from spot_jax.backbones.t5 import Transformer, config_by_name
 
 RNG = jax.random.PRNGKey(0)
 

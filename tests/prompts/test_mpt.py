@@ -9,7 +9,7 @@ import pytest
 from spot_jax import models, prompts
 from spot_jax.errors import ConfigError
 from spot_jax.spot import distill
-from spot_jax.t5 import Transformer
+from spot_jax.backbones.t5 import Transformer
 from tests.helpers import prompt_train as util
 
 CONFIG = util.TEST_CONFIG

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from spot_jax import prompts
-from spot_jax.t5 import Transformer
+from spot_jax.backbones.t5 import Transformer
 from tests.helpers import prompt_train as util
 
 # Row lengths 3, 5 (full), 1 and 0 (an all-padding row) on T = 5.

@@ -9,7 +9,7 @@ import pytest
 
 from spot_jax import prompts
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import Transformer
+from spot_jax.backbones.t5 import Transformer
 from tests.helpers import bucketing, prompt_train as util
 from tests.helpers.bucketing_task import BUCKETS, WINDOW, _cfg
 from tests.helpers.residual import _reference as residual_reference

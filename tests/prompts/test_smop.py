@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spot_jax import prompts
-from spot_jax.t5 import Transformer
+from spot_jax.backbones.t5 import Transformer
 from tests.helpers import prompt_train as util
 
 K, LEN, E = 3, 2, 4

@@ -14,7 +14,7 @@ import optax
 import pytest
 
 from spot_jax import prompts
-from spot_jax.t5 import Transformer
+from spot_jax.backbones.t5 import Transformer
 from tests.helpers import prompt_train as util
 
 STEPS, BATCH = 100, 16

@@ -17,7 +17,7 @@ LAYERS = [
     ["errors", "validate", "quiet_logs", "spot_jax"],  # spot_jax: the package's face
     ["fileio", "paths", "partitioning", "orbax_io", "vocabulary", "losses", "stats", "verdicts",
      "power", "data", "runtime"],
-    ["t5", "run_dir"],
+    ["backbones", "run_dir"],
     ["models", "prompts", "cli"],
     ["embedded"],  # the shipped toy model's files (its pretraining program reads tasks: see below)
     ["tasks", "convert"],
@@ -88,7 +88,7 @@ def graph():
   for module, path in modules.items():
     targets = set()
     for name in _imports(module, path):
-      while name and name not in modules:  # spot_jax.t5.config_by_name -> spot_jax.t5
+      while name and name not in modules:  # spot_jax.backbones.t5.config_by_name -> ...t5
         name = name.rsplit(".", 1)[0] if "." in name else ""
       if name and name != module and name != "spot_jax":
         targets.add(name)

@@ -12,8 +12,8 @@ from spot_jax.errors import ConfigError
 from spot_jax.prompts import Attempt, MultitaskPrompt, PromptTuning, SMoP, initializers, mpt
 from spot_jax.serve import mixed, prompt_loaders
 from spot_jax.serve.table import PromptTable
-from spot_jax.t5 import Transformer, config_by_name, generate
-from spot_jax.t5.generation import search_settings
+from spot_jax.backbones.t5 import Transformer, config_by_name, generate
+from spot_jax.backbones.t5.generation import search_settings
 from tests.helpers.prompt_train import create_prompt_params, frozen_backbone
 
 CONFIG = config_by_name("t5_1_1_test", dropout_rate=0.0)

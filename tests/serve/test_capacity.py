@@ -12,8 +12,8 @@ from spot_jax.prompts import DePT, PromptTuning, SMoP, initializers
 from spot_jax.serve import mixed
 from spot_jax.serve.capacity import Capacity, SizedTable, next_power_of_two
 from spot_jax.serve.table import ServedPrompt
-from spot_jax.t5 import Transformer, config_by_name
-from spot_jax.t5.generation import search_settings
+from spot_jax.backbones.t5 import Transformer, config_by_name
+from spot_jax.backbones.t5.generation import search_settings
 from tests.helpers.serve import mixed_setup, trained_looking_params
 
 CONFIG = config_by_name("t5_1_1_test", dropout_rate=0.0)

@@ -17,7 +17,7 @@ from spot_jax.prompts import PromptTuning, deep, initializers
 from spot_jax.serve import prompt_loaders
 from spot_jax.serve.server import DecodeSettings, Server
 from spot_jax.serve.table import PromptTable, ServedPrompt
-from spot_jax.t5 import Transformer, config_by_name, generate
+from spot_jax.backbones.t5 import Transformer, config_by_name, generate
 from tests.helpers.prompt_train import create_prompt_params, frozen_backbone
 
 CONFIG = config_by_name("t5_1_1_test", dropout_rate=0.0)

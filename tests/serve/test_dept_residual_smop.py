@@ -12,8 +12,8 @@ from spot_jax import cli, infer
 from spot_jax.prompts import DePT, PromptTuning, ResidualSMoP, SMoP, initializers
 from spot_jax.serve import mixed, prompt_loaders
 from spot_jax.serve.table import PromptTable, ServedPrompt
-from spot_jax.t5 import Transformer, config_by_name, generate
-from spot_jax.t5.generation import search_settings
+from spot_jax.backbones.t5 import Transformer, config_by_name, generate
+from spot_jax.backbones.t5.generation import search_settings
 from spot_jax import fileio
 from spot_jax.train import checkpointer
 from tests.helpers.serve import mixed_setup, trained_looking_params

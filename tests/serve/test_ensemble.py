@@ -8,7 +8,7 @@ from spot_jax.errors import ConfigError
 from spot_jax.serve import ensemble, interpret
 from spot_jax.serve.server import DecodeSettings, Server
 from spot_jax.serve.table import PromptTable, ServedPrompt
-from spot_jax.t5 import Transformer, config_by_name
+from spot_jax.backbones.t5 import Transformer, config_by_name
 from tests.helpers.prompt_train import frozen_backbone
 
 CONFIG = config_by_name("t5_1_1_test", dropout_rate=0.0)

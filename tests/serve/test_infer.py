@@ -18,7 +18,7 @@ from spot_jax import cli, fileio, infer
 from spot_jax.train import checkpointer
 from spot_jax.prompts import PromptTuning
 from spot_jax.serve import mixed, peft_io
-from spot_jax.t5 import Transformer, checkpoints, config_by_name, generate
+from spot_jax.backbones.t5 import Transformer, checkpoints, config_by_name, generate
 from tests.helpers import REPO
 from tests.helpers.prompt_train import frozen_backbone
 

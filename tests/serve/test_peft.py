@@ -21,7 +21,7 @@ from spot_jax.run_dir import RunDir  # noqa: E402
 from spot_jax.errors import ConfigError  # noqa: E402
 from spot_jax.prompts import ResidualPrompt, initializers  # noqa: E402
 from spot_jax.serve import peft_io  # noqa: E402
-from spot_jax.t5 import Transformer, checkpoints, config_by_name  # noqa: E402
+from spot_jax.backbones.t5 import Transformer, checkpoints, config_by_name  # noqa: E402
 from tests.helpers.peft_models import peft_base, padded_batch  # noqa: E402
 from tests.helpers.prompt_train import create_prompt_params, frozen_backbone  # noqa: E402
 
@@ -49,7 +49,7 @@ def test_converted_config_and_tying(exported):
   name, config, _, _, _, _, hf_dir, _ = exported
   cfg = json.loads((hf_dir / "config.json").read_text())
   assert cfg["tie_word_embeddings"] is config.logits_via_embedding
-  from spot_jax.t5.hf import config_from_hf  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5.hf import config_from_hf  # pylint: disable=g-import-not-at-top
   assert config_from_hf(cfg) == config.replace(dropout_rate=cfg["dropout_rate"])
   model = transformers.T5ForConditionalGeneration.from_pretrained(str(hf_dir))
   tied = model.lm_head.weight.data_ptr() == model.shared.weight.data_ptr() or torch.equal(

@@ -17,7 +17,7 @@ from spot_jax import library as library_cli
 from spot_jax.run_dir import RunDir, RunRecord
 from spot_jax import backbone as backbone_lib
 from spot_jax.spot import library as prompt_library
-from spot_jax.t5 import config_by_name
+from spot_jax.backbones.t5 import config_by_name
 from tests.helpers import REPO
 
 MODEL = ["--model=t5_1_1_byte_tiny", "--task_module=tests.helpers.spot_tasks"]

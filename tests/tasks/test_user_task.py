@@ -245,7 +245,7 @@ def test_a_relative_checkpoint_path_resolves_here_then_in_the_repository(tmp_pat
 def test_run_records_keep_the_checkpoint_the_run_loaded(tmp_path, monkeypatch):
   """A relative INITIAL_CHECKPOINT_PATH found in the checkout is recorded as that checkout's
   files (the shipped model: its portable name), never joined to the working directory."""
-  from spot_jax import t5  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones import t5  # pylint: disable=g-import-not-at-top
   monkeypatch.chdir(tmp_path)
   config = t5.config_by_name(embedded.CONFIG_NAME)
   rel = "spot_jax/embedded/toy_t5/checkpoint"

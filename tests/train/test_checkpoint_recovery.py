@@ -29,7 +29,7 @@ from spot_jax.train import checkpointer
 from spot_jax.train import optimizers
 from spot_jax import train as train_lib
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import Transformer, config_by_name
+from spot_jax.backbones.t5 import Transformer, config_by_name
 from tests.helpers import local_tasks
 from tests.helpers import REPO
 from tests.helpers.cli_error_runner import tree_hash

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from spot_jax import models, prompts
-from spot_jax.t5 import Transformer, config_by_name
+from spot_jax.backbones.t5 import Transformer, config_by_name
 from spot_jax.train import evaluator as evaluator_lib
 from tests.helpers import local_tasks
 

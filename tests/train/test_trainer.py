@@ -12,7 +12,7 @@ from spot_jax.train import evaluator as evaluator_lib
 from spot_jax.train import optimizers
 from spot_jax import train as train_lib
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import Transformer, config_by_name, save_checkpoint
+from spot_jax.backbones.t5 import Transformer, config_by_name, save_checkpoint
 from tests.helpers import local_tasks
 
 LENGTHS = {"inputs": 32, "targets": 4}

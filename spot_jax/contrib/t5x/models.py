@@ -1,8 +1,8 @@
 """A t5x model over spot-jax's T5 backbone with a soft-prompt module.
 
 `PromptEncoderDecoderModel` is t5x's `EncoderDecoderModel` (loss, metrics, evaluation and the
-training loop unchanged) around `spot_jax.t5.Transformer(config, prompt=...)`, whose parameter
-tree is a T5X checkpoint's plus a `prompt/` subtree. What differs from t5x's own model:
+training loop unchanged) around `spot_jax.backbones.t5.Transformer(config, prompt=...)`, whose
+parameter tree is a T5X checkpoint's plus a `prompt/` subtree. What differs from t5x's own model:
 
 - initial variables: spot-jax creates parameters boxed with logical axis names; t5x wants raw
   arrays plus a `params_axes` collection (`<name>_axes`), which is built from those boxes;
@@ -34,7 +34,7 @@ from t5x import models as t5x_models
 from spot_jax import models as spot_models
 from spot_jax.contrib.t5x import optim
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import generation
+from spot_jax.backbones.t5 import generation
 
 DECODE_METHODS = ("greedy", "beam", "sample")
 
@@ -65,7 +65,7 @@ def stop_backbone_gradients(params: Mapping[str, Any]) -> dict:
 
 
 class PromptEncoderDecoderModel(t5x_models.EncoderDecoderModel):
-  """t5x's EncoderDecoderModel for `spot_jax.t5.Transformer` with a prompt module.
+  """t5x's EncoderDecoderModel for `spot_jax.backbones.t5.Transformer` with a prompt module.
 
   Constructor arguments are t5x's (module, input_vocabulary, output_vocabulary,
   optimizer_def, z_loss, ...) plus:

@@ -9,8 +9,9 @@ import numpy as np
 from flax import traverse_util
 from jax.sharding import Sharding
 
-from spot_jax.t5.checkpoints.common import (CheckpointError, Index, Params, StoredArray, brief,
-                                            check_divisible, check_fit)
+from spot_jax.backbones.t5.checkpoints.common import (CheckpointError, Index, Params,
+                                                      StoredArray, brief, check_divisible,
+                                                      check_fit)
 
 
 

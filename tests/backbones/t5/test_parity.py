@@ -1,7 +1,8 @@
 """Numerical parity with transformers' PyTorch T5, through the Hugging Face checkpoint loader.
 
 Random tiny models of both families are saved with `save_pretrained` (or as pytorch_model.bin),
-loaded by `spot_jax.t5.load_checkpoint`, and run on padded batches: encoder outputs at valid
+loaded by
+`spot_jax.backbones.t5.load_checkpoint`, and run on padded batches: encoder outputs at valid
 positions and decoder logits at non-padding targets must agree within 1e-4 (float32).
 """
 from __future__ import annotations
@@ -18,8 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from spot_jax.t5 import T5Config, Transformer, load_checkpoint  # noqa: E402
-from spot_jax.t5.hf import config_from_hf  # noqa: E402
+from spot_jax.backbones.t5 import T5Config, Transformer, load_checkpoint  # noqa: E402
+from spot_jax.backbones.t5.hf import config_from_hf  # noqa: E402
 
 TOL = 1e-4
 

@@ -8,7 +8,8 @@
   * Orbax: a directory written by orbax's PyTree/Standard checkpointers (`_METADATA`,
     `manifest.ocdbt`, ...), parameters under `optimizer/target`, `target`, a lone `params`
     key or at the root; restored by orbax with the target shardings.
-  * Hugging Face: `config.json` plus safetensors or `pytorch_model.bin` (see `spot_jax.t5.hf`).
+  * Hugging Face: `config.json` plus safetensors or `pytorch_model.bin` (see
+    `spot_jax.backbones.t5.hf`).
 Optimizer state is never read. Loading is strict: every parameter of `Transformer(config)` must
 be stored with its exact shape and every stored parameter must be used, otherwise a
 `CheckpointError` names each offending parameter path. Arrays come back as float32 (or `dtype`).
@@ -34,11 +35,11 @@ from flax import traverse_util
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from spot_jax import partitioning
-from spot_jax.t5.checkpoints import common, huggingface, orbax_format, t5x_legacy
-from spot_jax.t5.checkpoints.common import (CheckpointError, Params, StoredArray, abstract_params,
-                                            check_fit)
-from spot_jax.t5.checkpoints.save import save_checkpoint
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5.checkpoints import common, huggingface, orbax_format, t5x_legacy
+from spot_jax.backbones.t5.checkpoints.common import (CheckpointError, Params, StoredArray,
+                                                      abstract_params, check_fit)
+from spot_jax.backbones.t5.checkpoints.save import save_checkpoint
+from spot_jax.backbones.t5.config import T5Config
 
 __all__ = ["CheckpointError", "StoredArray", "abstract_params", "check_fit", "detect_format",
            "load_checkpoint", "load_embedding", "save_checkpoint", "stored_arrays"]

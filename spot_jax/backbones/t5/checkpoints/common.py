@@ -15,8 +15,8 @@ from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
 
 from spot_jax import partitioning
 from spot_jax.errors import ConfigError
-from spot_jax.t5.config import T5Config
-from spot_jax.t5.network import Transformer
+from spot_jax.backbones.t5.config import T5Config
+from spot_jax.backbones.t5.network import Transformer
 
 Index = tuple[slice, ...]
 Params = dict[str, Any]

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from spot_jax.t5 import save_checkpoint
-from spot_jax.t5 import checkpoints, config_by_name
+from spot_jax.backbones.t5 import save_checkpoint
+from spot_jax.backbones.t5 import checkpoints, config_by_name
 from tests.helpers import REPO as REPO_ROOT
 
 
@@ -28,8 +28,8 @@ SCRIPT = textwrap.dedent(r"""
     import jax, jax.numpy as jnp, numpy as np
     from flax import traverse_util
     from spot_jax import partitioning
-    from spot_jax.t5 import Transformer, config_by_name, load_checkpoint
-    from spot_jax.t5 import checkpoints
+    from spot_jax.backbones.t5 import Transformer, config_by_name, load_checkpoint
+    from spot_jax.backbones.t5 import checkpoints
 
     paths, indivisible = json.loads(sys.argv[1]), sys.argv[2]
     config = config_by_name("t5_1_1_test")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spot_jax import models, prompts
-from spot_jax.t5 import Transformer, config_by_name, layers
+from spot_jax.backbones.t5 import Transformer, config_by_name, layers
 from tests.helpers.prompt_train import create_prompt_params, frozen_backbone
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spot_jax.t5 import layers
+from spot_jax.backbones.t5 import layers
 
 H, D, E = 3, 4, 10
 
@@ -77,7 +77,7 @@ def test_matches_t5x_formula_values_and_gradients(self_attention, with_bias):
 def test_mask_bias_is_computed_once_per_stack():
   """The layer-independent where(mask, bias, -1e10) is shared by every layer after XLA's CSE."""
   from spot_jax import models  # pylint: disable=g-import-not-at-top
-  from spot_jax.t5 import Transformer, config_by_name  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5 import Transformer, config_by_name  # pylint: disable=g-import-not-at-top
   cfg = config_by_name("t5_1_1_test", dropout_rate=0.0)
   model = models.EncoderDecoderModel(Transformer(cfg))
   batch = model.dummy_batch(12, 6)

@@ -24,8 +24,8 @@ from flax import traverse_util
 
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import hf
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5 import hf
+from spot_jax.backbones.t5.config import T5Config
 
 # spot-jax activation -> transformers feed_forward_proj activation.
 _FF_NAMES = {"gelu": "gelu_new", "relu": "relu", "gelu_exact": "gelu", "silu": "silu"}

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax.t5 import prefixes
+from spot_jax.backbones.t5 import prefixes
 
 Array = jax.Array
 Initializer = Callable[..., Array]

@@ -1,5 +1,5 @@
 """Hugging Face checkpoints: `config.json` plus safetensors or `pytorch_model.bin`, tensors
-renamed to t5x paths and transposed into t5x orientation (see `spot_jax.t5.hf`)."""
+renamed to t5x paths and transposed into t5x orientation (see `spot_jax.backbones.t5.hf`)."""
 from __future__ import annotations
 
 import json
@@ -7,14 +7,14 @@ import os
 
 import numpy as np
 
-from spot_jax.t5.checkpoints.common import CheckpointError, StoredArray
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5.checkpoints.common import CheckpointError, StoredArray
+from spot_jax.backbones.t5.config import T5Config
 
 
 
 def hf_arrays(directory: str, config: T5Config) -> dict[str, StoredArray]:
   """The tensors of a HF directory under t5x paths; names with no place stay as HF names."""
-  from spot_jax.t5 import hf  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.t5 import hf  # pylint: disable=g-import-not-at-top
   config_file = os.path.join(directory, "config.json")
   try:
     with open(config_file, encoding="utf-8") as f:

@@ -2,7 +2,7 @@
 
 The reference reader `read_t5x_raw` below reads a legacy T5X checkpoint the way t5x does
 (msgpack tree, tensorstore specs relative to the checkpoint directory), independently of
-`spot_jax.t5.checkpoints`, so the loader's values and our writer's files are both checked
+`spot_jax.backbones.t5.checkpoints`, so the loader's values and our writer's files are both checked
 against it.
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ import pytest
 import tensorstore as ts
 from flax import serialization, traverse_util
 
-from spot_jax.t5 import (CheckpointError, Transformer, config_by_name, load_checkpoint,
+from spot_jax.backbones.t5 import (CheckpointError, Transformer, config_by_name, load_checkpoint,
                          save_checkpoint)
-from spot_jax.t5 import checkpoints
-from spot_jax.t5.checkpoints import save as save_lib
+from spot_jax.backbones.t5 import checkpoints
+from spot_jax.backbones.t5.checkpoints import save as save_lib
 from spot_jax.errors import ConfigError
 
 TINY = config_by_name("t5_1_1_tiny")

@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spot_jax.t5 import layers, prefixes as prefixes_lib
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5 import layers, prefixes as prefixes_lib
+from spot_jax.backbones.t5.config import T5Config
 
 Array = jax.Array
 

@@ -2,7 +2,7 @@
 
 A Hugging Face T5 directory holds `config.json` and the weights as `model.safetensors`, sharded
 safetensors (`model.safetensors.index.json`) or `pytorch_model.bin` (torch is imported only for
-the last). Names map onto the t5x parameter tree of `spot_jax.t5.Transformer` as follows
+the last). Names map onto the t5x parameter tree of `spot_jax.backbones.t5.Transformer` as follows
 (linear weights are stored [out, in] by PyTorch and transposed to t5x's [in, out]):
 
   shared.weight [V, E]                        -> token_embedder/embedding
@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 
 from spot_jax.errors import ConfigError
-from spot_jax.t5.config import T5Config
+from spot_jax.backbones.t5.config import T5Config
 
 Index = tuple[slice, ...]
 

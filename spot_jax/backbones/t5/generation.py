@@ -1,9 +1,9 @@
-"""Model-level generation for `spot_jax.t5.Transformer`: encode once, then search the decoder.
+"""Model-level generation for `backbones.t5.Transformer`: encode once, then search the decoder.
 
 The encoder runs once (through the prompt hook, if the model has one); the decoder runs one
 position per step against an incremental key/value cache in the "cache" collection, and reads
 its cross-attention keys and values, projected once per sequence, from `layers.FIXED_KV`. The search
-itself lives in `spot_jax.t5.decoding`. `generate` is jitted with the model and the search
+itself lives in `spot_jax.backbones.t5.decoding`. `generate` is jitted with the model and the search
 settings static, so it compiles once per (model, input shape, settings).
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 
 from spot_jax import validate
 from spot_jax.errors import ConfigError
-from spot_jax.t5 import decoding, layers
-from spot_jax.t5.network import Transformer
+from spot_jax.backbones.t5 import decoding, layers
+from spot_jax.backbones.t5.network import Transformer
 
 Array = jax.Array
 PyTree = Any
@@ -140,7 +140,8 @@ def search_settings(model: Transformer, *, max_decode_length: int, method: str =
     ValueError: for an unknown method or out-of-range setting.
   """
   if not isinstance(model, Transformer):
-    raise ValueError(f"generate needs a spot_jax.t5.Transformer, got {type(model).__name__}")
+    raise ValueError(f"generate needs a spot_jax.backbones.t5.Transformer, got "
+                     f"{type(model).__name__}")
   validate.one_of(method, "method", METHODS)
   validate.positive_int(max_decode_length, "max_decode_length")
   if not isinstance(eos_id, int) or not 0 < eos_id < model.config.vocab_size:
@@ -194,8 +195,8 @@ def search(model: Transformer, params: PyTree, encoded: Array, encoder_valid: Ar
     encoded: [B, T', E] encoder output; encoder_valid: [B, T'] bool.
     rng, alpha, temperature: as `generate`, already checked and normalised.
     max_decode_length, method, num_beams, top_k, eos_id, return_all_beams: static settings.
-    prefixes: per-row deep prompts (a `spot_jax.t5.prefixes.DeepPrompt` whose arrays lead with
-      1 or B); None: the model's own deep prompt, if any.
+    prefixes: per-row deep prompts (a `spot_jax.backbones.t5.prefixes.DeepPrompt` whose arrays
+      lead with 1 or B); None: the model's own deep prompt, if any.
 
   Returns:
     As `generate`.

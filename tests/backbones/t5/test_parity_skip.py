@@ -10,7 +10,7 @@ from tests.helpers import REPO
 
 # sys.modules["t5"] = None makes every `import t5...` fail as if the package were not installed.
 BLOCKED = ("import sys; sys.modules['t5'] = None; import pytest; "
-           "sys.exit(pytest.main(['tests/t5/test_parity_tasks.py', '-q', '-rs', '-p', "
+           "sys.exit(pytest.main(['tests/backbones/t5/test_parity_tasks.py', '-q', '-rs', '-p', "
            "'no:cacheprovider']))")
 
 

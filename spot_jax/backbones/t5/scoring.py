@@ -13,8 +13,8 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from spot_jax.t5 import prefixes as prefixes_lib
-from spot_jax.t5.network import Transformer
+from spot_jax.backbones.t5 import prefixes as prefixes_lib
+from spot_jax.backbones.t5.network import Transformer
 
 Array = jax.Array
 PyTree = Any

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spot_jax.t5 import T5Config, Transformer, decoding, generate
+from spot_jax.backbones.t5 import T5Config, Transformer, decoding, generate
 
 # The package exports the function `generate`, which shadows the module of the same name.
-from spot_jax.t5 import generation as generate_lib
+from spot_jax.backbones.t5 import generation as generate_lib
 
 EOS = 1
 

@@ -14,7 +14,7 @@ from flax import serialization, traverse_util
 
 from spot_jax import fileio
 from spot_jax.errors import ConfigError
-from spot_jax.t5.checkpoints.common import StoredArray
+from spot_jax.backbones.t5.checkpoints.common import StoredArray
 
 _T5X_VERSION = 3
 _CHUNK_BYTES = 64 * 1024 * 1024

@@ -10,7 +10,7 @@ import pytest
 
 from spot_jax import models
 from spot_jax.prompts import PrefixTuning, PromptTuning, initializers
-from spot_jax.t5 import Transformer, config_by_name
+from spot_jax.backbones.t5 import Transformer, config_by_name
 from tests.helpers.prompt_train import create_prompt_params, frozen_backbone
 
 CONFIG = config_by_name("t5_1_1_test", dropout_rate=0.0)

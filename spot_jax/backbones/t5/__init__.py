@@ -12,9 +12,9 @@
   hf           Hugging Face configs and tensor names mapped onto the t5x tree
   hf_export    T5X / orbax parameters -> a Hugging Face directory (config.json + safetensors)
 """
-from spot_jax.t5.config import CONFIGS, T5Config, config_by_name
-from spot_jax.t5.network import Transformer
-from spot_jax.t5 import decoding
-from spot_jax.t5.decoding import beam_search, brevity_penalty, temperature_sample
-from spot_jax.t5.generation import generate
-from spot_jax.t5.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
+from spot_jax.backbones.t5.config import CONFIGS, T5Config, config_by_name
+from spot_jax.backbones.t5.network import Transformer
+from spot_jax.backbones.t5 import decoding
+from spot_jax.backbones.t5.decoding import beam_search, brevity_penalty, temperature_sample
+from spot_jax.backbones.t5.generation import generate
+from spot_jax.backbones.t5.checkpoints import CheckpointError, load_checkpoint, save_checkpoint

@@ -12,7 +12,7 @@ import numpy as np
 import tensorstore as ts
 from flax import serialization
 
-from spot_jax.t5.checkpoints.common import CheckpointError, StoredArray
+from spot_jax.backbones.t5.checkpoints.common import CheckpointError, StoredArray
 
 
 

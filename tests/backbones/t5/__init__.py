@@ -1,0 +1,1 @@
+"""Tests of spot_jax.backbones.t5."""

@@ -1,1 +1,0 @@
-"""Tests of spot_jax.t5."""
