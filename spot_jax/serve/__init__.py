@@ -13,6 +13,7 @@
   interpret    nearest vocabulary tokens of every prompt token (cosine similarity)
   peft_io      Hugging Face PEFT prompt-tuning adapters and google-research/prompt-tuning .npy
   peft_mpt     PEFT MULTITASK_PROMPT_TUNING adapters <-> MPT prompts; MPT targets' start
+  peft_causal  PEFT CAUSAL_LM adapters <-> decoder-only prompts (prompt and prefix tuning)
   inputs       text / JSONL / stdin / seqio inputs, class labels' tokens; outputs written
                atomically as JSONL
   capacity     SizedTable: a table padded to power-of-two room, so prompts that fit are added
