@@ -123,11 +123,15 @@ def test_prompt_tuning_left_padding_shifts_positions():
     alone = model(input_ids=batch[:1, 2:]).logits[0, -1]
   _, base_padded = _generate(base, {"input_ids": batch}, mask)
   _, base_alone = _generate(base, {"input_ids": batch[:1, 2:]})
+  _, peft_padded = _generate(model, {"input_ids": batch}, mask, use_cache=False)
+  _, peft_alone = _generate(model, {"input_ids": batch[:1, 2:]}, use_cache=False)
   diff = float((padded - alone).abs().max())
-  print(f"left-padded row vs alone: peft max |dlogit| {diff:.2e}; base model "
-        f"{np.abs(base_padded[0, 0] - base_alone[0, 0]).max():.1e}")
+  generate_diff = float(np.abs(peft_padded[0, 0] - peft_alone[0, 0]).max())
+  base_diff = float(np.abs(base_padded[0, 0] - base_alone[0, 0]).max())
+  print(f"left-padded row vs alone: peft forward max |dlogit| {diff:.2e}, peft generate's first "
+        f"step {generate_diff:.2e}; base model {base_diff:.1e}")
   assert np.abs(base_padded[:, 0] - base_alone[:, 0]).max() < 1e-5  # the base model handles it
-  assert diff > 1e-2, FIXED
+  assert diff > 1e-2 and generate_diff > 1e-2, FIXED
 
 
 def test_workaround_generate_from_inputs_embeds():
