@@ -29,6 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 from spot_jax.errors import ConfigError
+from spot_jax.prompts import initializers
 from spot_jax.serve import peft_io
 
 CAUSAL_LM = "CAUSAL_LM"
@@ -161,6 +162,12 @@ def read_prompt_adapter(path: str, config: Any) -> np.ndarray:
       "token_dim": config.emb_dim, "num_attention_heads": config.num_heads,
       "num_layers": config.num_layers})
   return _weights(path, (cfg.get("num_virtual_tokens"), config.emb_dim))
+
+
+def initializer(path: str, config: Any) -> initializers.Initializer:
+  """A PromptTuning `prompt_init` from a CAUSAL_LM PROMPT_TUNING adapter (training starts there)."""
+  return initializers.from_array(read_prompt_adapter(path, config),
+                                 source=f"peft adapter {path}")
 
 
 def read_prefix_adapter(path: str, config: Any) -> np.ndarray:
