@@ -1,0 +1,99 @@
+"""What the decoder's checkpoint formats share: the error type, the strict shape check, the
+model's dimensions read from its config, and placing a tree on devices."""
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
+
+import jax
+import numpy as np
+from flax import traverse_util
+from jax.sharding import Mesh
+
+from spot_jax import partitioning
+from spot_jax.errors import ConfigError
+
+Params = dict[str, Any]
+
+_MAX_LISTED = 6
+
+
+class CheckpointError(ConfigError):
+  """A checkpoint does not fit the model, or cannot be read; the message names the array."""
+
+
+class Dims(NamedTuple):
+  """The sizes a checkpoint's arrays are checked against (V, E, N, K, H, F, layers)."""
+  vocab: int
+  embed: int
+  heads: int
+  kv_heads: int
+  head_dim: int
+  mlp: int
+  layers: int
+  qk_norm: bool
+  post_norms: bool
+
+
+def dims(config: Any, what: str) -> Dims:
+  """The sizes of `config` (a DecoderConfig); `what` names the format for a refusal."""
+  del what
+  return Dims(config.vocab_size, config.emb_dim, config.num_heads, config.num_kv_heads,
+              config.head_dim, config.mlp_dim, config.num_layers, bool(config.qk_norm),
+              bool(config.post_norms))
+
+
+def _shape(shape: Sequence[int]) -> str:
+  return str(tuple(int(n) for n in shape))
+
+
+def check_fit(stored: Mapping[str, Sequence[int]], expected: Mapping[str, Sequence[int]],
+              source: str) -> None:
+  """Raises `CheckpointError` unless `stored` has exactly the `expected` names and shapes.
+
+  The message is one line naming each offending array (the first few when there are many).
+  """
+  problems = [f"{n} has shape {_shape(stored[n])}, expected {_shape(expected[n])}"
+              for n in sorted(set(stored) & set(expected))
+              if tuple(stored[n]) != tuple(expected[n])]
+  problems += [f"{n} {_shape(expected[n])} is missing" for n in sorted(set(expected) - set(stored))]
+  problems += [f"{n} {_shape(stored[n])} is not part of the model"
+               for n in sorted(set(stored) - set(expected))]
+  if problems:
+    more = f"; and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+    count = f" ({len(problems)} problems)" if len(problems) > 1 else ""
+    raise CheckpointError(f"{source} does not fit the model config{count}: "
+                          f"{'; '.join(problems[:_MAX_LISTED])}{more}; give the checkpoint of "
+                          "this config, or the config of this checkpoint")
+
+
+def place(params: Params, config: Any, mesh: Optional[Mesh] = None,
+          rules: Optional[partitioning.LogicalRules] = None) -> Params:
+  """`params` (numpy) as jax Arrays: on the default device, or on `mesh` with the rule table's
+  shardings of the network's logical axes.
+
+  Raises:
+    CheckpointError: an axis that the mesh cannot split evenly, named.
+  """
+  if mesh is None:
+    device = jax.local_devices()[0]
+    return jax.tree.map(lambda x: jax.device_put(np.asarray(x), device), params)
+  from spot_jax.backbones.decoder import network  # pylint: disable=g-import-not-at-top
+  rules = partitioning.DEFAULT_RULES if rules is None else rules
+  boxed = network.abstract_params(config)
+  shardings = traverse_util.flatten_dict(partitioning.param_shardings(boxed, mesh, rules),
+                                         sep="/")
+  flat = traverse_util.flatten_dict(params, sep="/")
+  placed = {}
+  for path, value in flat.items():
+    sharding = shardings[path]
+    value = np.asarray(value)
+    for dim, (size, axes) in enumerate(zip(value.shape, sharding.spec)):
+      axes = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+      parts = int(np.prod([mesh.shape[a] for a in axes]))
+      if size % parts:
+        raise CheckpointError(f"{path} {list(value.shape)}: axis {dim} of size {size} cannot be "
+                              f"split over mesh axes {axes} ({parts} devices); use a mesh whose "
+                              "axis sizes divide it or override its logical axis rule")
+    placed[path] = jax.make_array_from_callback(value.shape, sharding,
+                                                lambda index, v=value: v[index])
+  return traverse_util.unflatten_dict(placed, sep="/")
