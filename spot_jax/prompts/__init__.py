@@ -1,5 +1,6 @@
 """Soft-prompt methods for a frozen T5: Prompt Tuning, SMoP, Residual Prompt Tuning and their
-successors: the deep prompts (prefix tuning, P-tuning v2), DePT, Residual SMoP, ATTEMPT and MPT.
+successors: the deep prompts (prefix tuning, P-tuning v2), DePT, Residual SMoP, ATTEMPT, MPT
+and ULPT.
 
 Each method is a Flax module for the backbone's input hook (`Transformer(config, prompt=...)`),
 or, for the deep prompts, its deep hook (`layer_prompts`, per-layer prefixes in the attention);
@@ -17,6 +18,7 @@ its parameters live under the model's `prompt/` subtree. Initialisers are plain 
   dept           DePT (Shi & Lipani 2024): a shorter prompt plus low-rank input offsets
   attempt        ATTEMPT (Asai et al. 2022): a target prompt plus an attention over sources
   mpt            MPT (Wang et al. 2023): a shared prompt times rank-r task factors
+  ulpt           ULPT (Wu et al. 2025): r-dimensional rows through a frozen random projection
   placement      where a prompt goes in the encoder input, and the resulting mask
   initializers   initialisers `init(rng, shape, embedding)`
   common         setting checks and embedding-aware parameters the modules share
@@ -40,11 +42,12 @@ from spot_jax.prompts.residual import ResidualMlp, ResidualPrompt
 from spot_jax.prompts.mpt import MultitaskPrompt
 from spot_jax.prompts.residual_smop import ResidualSMoP
 from spot_jax.prompts.smop import ROUTINGS, SMoP
+from spot_jax.prompts.ulpt import ULPT
 from spot_jax.backbones.t5.config import T5Config
 
 DEEP_PROMPT_METHODS = (PrefixTuning, PTuningV2)  # the deep hook: per-layer prefixes
 PROMPT_METHODS = (PromptTuning, SMoP, ResidualPrompt, DePT, ResidualSMoP, Attempt,
-                  MultitaskPrompt) + DEEP_PROMPT_METHODS
+                  MultitaskPrompt, ULPT) + DEEP_PROMPT_METHODS
 
 
 def effective_prompt(module: nn.Module, prompt_params: Any,
@@ -54,7 +57,8 @@ def effective_prompt(module: nn.Module, prompt_params: Any,
   PromptTuning: P [L, E]; ResidualPrompt: the folded P' [L, E]; SMoP: the [k, l, E] prompts;
   ResidualSMoP: the folded [k, l, E] prompts; DePT: its prompt P [m, E] (see `export_arrays`);
   Attempt: its candidates [S + K, m, E] (sources, then targets); MultitaskPrompt: the folded
-  P* o (U V) [L, E] of one task, [K, L, E] of several; the deep prompts: a record of their per-layer
+  P* o (U V) [L, E] of one task, [K, L, E] of several; ULPT: the folded (Z P) diag(s) + b [n, E];
+  the deep prompts: a record of their per-layer
   prefixes or tokens (see `deep`; prefix tuning's MLP folded), which needs `config`.
 
   Args:
@@ -71,7 +75,8 @@ def effective_prompt(module: nn.Module, prompt_params: Any,
 
 
 def export_arrays(module: nn.Module, prompt_params: Any) -> dict[str, np.ndarray]:
-  """Arrays a run exports beside the effective prompt, by name: DePT's folded "offset" [s, E].
+  """Arrays a run exports beside the effective prompt, by name: DePT's folded "offset" [s, E],
+  ULPT's frozen "projection" P [r, E].
 
   Empty for methods whose export is the prompt alone.
   """

@@ -21,6 +21,7 @@ METHODS = {
     "smop": lambda: prompts.SMoP(num_prompts=3, length=2, prompt_init=prompts.sampled_vocab(256)),
     "residual": lambda: prompts.ResidualPrompt(length=4, bottleneck=8,
                                                prompt_init=prompts.sampled_vocab(256)),
+    "ulpt": lambda: prompts.ULPT(length=4, rank=8),
 }
 
 

@@ -22,6 +22,7 @@ MODULES = {
     "attempt": prompts.Attempt(np.zeros((3, 5, util.TEST_CONFIG.emb_dim)), num_targets=2,
                                bottleneck=8),
     "mpt": prompts.MultitaskPrompt(5, num_tasks=2, rank=2),
+    "ulpt": prompts.ULPT(5, rank=4),
 }
 PROMPT_AXES = {"prompt", "prompt_embed", "prompts", "prompt_mlp"}
 

@@ -21,7 +21,7 @@ EXPECTED_FILES = (
     "smop_gumbel", "smop_stochastic", "smop_single", "smop_no_perturbation", "residual",
     "residual_per_token", "prefix_tuning", "prefix_tuning_peft", "ptuning_v2", "dept",
     "residual_smop", "attempt", "attempt_multitask", "mpt_distill", "mpt_target",
-    "mpt_target_factors")
+    "mpt_target_factors", "ulpt")
 
 # Files whose every initialiser works on the 128-token test backbone, with the bindings of
 # their required macros and the attributes the built module must have.
@@ -51,6 +51,8 @@ BACKBONE_FILES = {
                            {"attention": ("decoder",), "layout": "peft", "projection": True}),
     "ptuning_v2": (["PROMPT_LENGTH = 4", "DEEP_STACKS = ('encoder', 'decoder')"],
                    prompts.PTuningV2, {"length": 4, "stacks": ("encoder", "decoder")}),
+    "ulpt": (["PROMPT_LENGTH = 10", "ULPT_RANK = 2"], prompts.ULPT,
+             {"length": 10, "rank": 2, "projection_seed": 0}),
 }
 
 REQUIRED_MACROS = {
@@ -70,6 +72,7 @@ REQUIRED_MACROS = {
     "mpt_distill": ["TASK_NAMES", "TEACHER_LIBRARY", "PROMPT_LENGTH"],
     "mpt_target": ["MPT_SOURCE", "PROMPT_LENGTH"],
     "mpt_target_factors": ["MPT_SOURCE", "PROMPT_LENGTH"],
+    "ulpt": ["PROMPT_LENGTH"],
 }
 
 

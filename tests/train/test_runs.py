@@ -1,8 +1,8 @@
 """K prompt runs in one jitted step equal the same runs trained one at a time.
 
 Tiny byte-vocabulary T5 (dropout 0.1 on), a local TSV task (tests/helpers/k_runs.py). For Prompt
-Tuning, SMoP and Residual: K = 2 seeds in one job against the same 2 runs alone: per-step losses
-within 1e-5 over the first 5 steps, final prompts within 1e-4; each run's directory is an
+Tuning, SMoP, Residual and ULPT: K = 2 seeds in one job against the same 2 runs alone: per-step
+losses within 1e-5 over the first 5 steps, final prompts within 1e-4; each run's directory is an
 ordinary run directory. Through the command line, on two CPU devices: K = 2 shards the runs axis
 over the data axis, K = 3 the batch; prompts within 1e-4 of one device. Bad input (an empty or
 duplicate seed list, lists of different lengths, runs whose shapes differ) is one line naming the
