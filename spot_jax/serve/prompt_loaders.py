@@ -31,8 +31,8 @@ import numpy as np
 
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import PROMPT_FILE_RE, RunDir, companion_file
-from spot_jax.prompts import (DEEP_PROMPT_METHODS, Attempt, DePT, MultitaskPrompt, PromptTuning,
-                              ResidualPrompt, SMoP)
+from spot_jax.prompts import (DEEP_PROMPT_METHODS, ULPT, Attempt, DePT, MultitaskPrompt,
+                              PromptTuning, ResidualPrompt, SMoP)
 from spot_jax.prompts import attempt as attempt_lib
 from spot_jax.prompts import deep as deep_lib
 from spot_jax.prompts.dept import OFFSET
@@ -44,10 +44,11 @@ def from_module(name: str, module: nn.Module, params: Any, source: str = "",
                 task: Optional[int] = None) -> ServedPrompt:
   """The served form of a prompt module's parameters (its `prompt/` subtree).
 
-  PromptTuning: its prompt; ResidualPrompt: the folded P'; SMoP: its prompts (folded for
-  ResidualSMoP), router and the routing it uses at evaluation; DePT: its prompt and folded
-  offset; MultitaskPrompt: task `task`'s folded P* o (U V); Attempt: its sources and task
-  `task`'s target with the attention network. `task` defaults to the module's `default_task`.
+  PromptTuning: its prompt; ResidualPrompt: the folded P'; ULPT: the folded (Z P) diag(s) + b;
+  SMoP: its prompts (folded for ResidualSMoP), router and the routing it uses at evaluation;
+  DePT: its prompt and folded offset; MultitaskPrompt: task `task`'s folded P* o (U V);
+  Attempt: its sources and task `task`'s target with the attention network. `task` defaults to
+  the module's `default_task`.
   """
   params = nn.meta.unbox(params)
   if isinstance(module, DEEP_PROMPT_METHODS):
@@ -60,7 +61,7 @@ def from_module(name: str, module: nn.Module, params: Any, source: str = "",
     routing = SMOP_EVAL_ROUTING[module.routing]
     router = params["router"]["kernel"] if "router" in params else None
     return ServedPrompt(name, module.export_prompt(params), router, routing, source)
-  if isinstance(module, (PromptTuning, ResidualPrompt)):
+  if isinstance(module, (PromptTuning, ResidualPrompt, ULPT)):
     return ServedPrompt(name, module.export_prompt(params), source=source)
   if isinstance(module, MultitaskPrompt):
     return ServedPrompt(name, np.asarray(module.fold(params, task)["prompt"]), source=source)
@@ -69,7 +70,7 @@ def from_module(name: str, module: nn.Module, params: Any, source: str = "",
     return attempt_entry(name, module.export_prompt(params), params, task,
                          module.resolved_temperature(), source)
   raise ConfigError(f"cannot serve a {type(module).__name__}; valid prompt modules: PromptTuning, "
-                    f"ResidualPrompt, SMoP, ResidualSMoP, DePT, MultitaskPrompt, Attempt; "
+                    f"ResidualPrompt, ULPT, SMoP, ResidualSMoP, DePT, MultitaskPrompt, Attempt; "
                     f"PrefixTuning and PTuningV2 through from_deep")
 
 
