@@ -21,7 +21,7 @@ EXPECTED_FILES = (
     "smop_gumbel", "smop_stochastic", "smop_single", "smop_no_perturbation", "residual",
     "residual_per_token", "prefix_tuning", "prefix_tuning_peft", "ptuning_v2", "dept",
     "residual_smop", "attempt", "attempt_multitask", "mpt_distill", "mpt_target",
-    "mpt_target_factors", "ulpt")
+    "mpt_target_factors", "ulpt", "ulpt_transfer")
 
 # Files whose every initialiser works on the 128-token test backbone, with the bindings of
 # their required macros and the attributes the built module must have.
@@ -73,6 +73,7 @@ REQUIRED_MACROS = {
     "mpt_target": ["MPT_SOURCE", "PROMPT_LENGTH"],
     "mpt_target_factors": ["MPT_SOURCE", "PROMPT_LENGTH"],
     "ulpt": ["PROMPT_LENGTH"],
+    "ulpt_transfer": ["SOURCE_MODEL_DIR", "PROMPT_LENGTH", "ULPT_RANK"],
 }
 
 
