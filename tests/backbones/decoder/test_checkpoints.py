@@ -14,6 +14,7 @@ import os
 import shutil
 
 import jax
+import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -200,7 +201,11 @@ def test_missing_shard_and_config_are_named(tmp_path):
     checkpoints.load_hf_dir(str(folder))
   message = _one_line(info)
   assert "has no config.json" in message and "model.safetensors.index.json" in message
-  with pytest.raises(CheckpointError, match="is not a decoder checkpoint"):
+  with pytest.raises(CheckpointError, match="has no config.json"):
+    checkpoints.load_checkpoint(str(folder))
+  for shard in folder.glob("model*"):
+    shard.unlink()
+  with pytest.raises(CheckpointError, match="is not a decoder checkpoint; give a Hugging Face"):
     checkpoints.load_checkpoint(str(folder))
 
 
@@ -280,7 +285,8 @@ def test_gemma_orbax_in_the_library_layouts_restores_to_the_hf_params(gemma, lay
   path = _write_orbax(folder / layout, tree)
   _assert_same_tree(checkpoints.load_gemma_orbax(path, config), want)
   loaded_config, placed = checkpoints.load_checkpoint(path, config)
-  assert loaded_config is config and isinstance(_flat(placed)["final_norm/scale"], np.ndarray)
+  assert loaded_config is config
+  assert isinstance(traverse_util.flatten_dict(placed, sep="/")["final_norm/scale"], jax.Array)
 
 
 def test_untransposed_gating_and_multimodal_weights(gemma, tmp_path):
@@ -290,6 +296,15 @@ def test_untransposed_gating_and_multimodal_weights(gemma, tmp_path):
   tree["transformer/embedder"]["mm_input_embedding_extra"] = np.ones((4, EMBED), np.float32)
   path = _write_orbax(tmp_path / "ck", tree)
   _assert_same_tree(checkpoints.load_gemma_orbax(path, config), want)
+
+
+def test_bfloat16_gemma_orbax_restores_as_float32(gemma, tmp_path):
+  model, config, want, _ = gemma
+  half = jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16), gemma_tree_from_hf(model))
+  got = checkpoints.load_gemma_orbax(_write_orbax(tmp_path / "bf16", half), config)
+  rounded = jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), want)
+  _assert_same_tree(got, rounded)
+  assert all(x.dtype == np.float32 for x in _flat(got).values())
 
 
 def test_save_gemma_orbax_writes_the_library_layout(gemma, tmp_path):
@@ -337,15 +352,14 @@ def test_a_damaged_gemma_orbax_is_one_line_naming_the_array(tmp_path):
     checkpoints.load_checkpoint(str(tmp_path / "reshaped"))
 
 
-def test_load_checkpoint_places_arrays_on_a_mesh(saved):
+def test_load_checkpoint_places_arrays_on_a_mesh_and_checks_the_config(saved):
   _, _, folder = saved
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
   config, params = checkpoints.load_checkpoint(folder, mesh=mesh)
-  leaf = _flat(params)["token_embedder/embedding"]
-  assert leaf.shape == (VOCAB, EMBED)
   placed = traverse_util.flatten_dict(params, sep="/")["token_embedder/embedding"]
-  assert placed.sharding.mesh.shape == mesh.shape
-  other = hf.config_from_hf({**_hf_config("llama").to_dict()})
-  if other != config:
-    with pytest.raises(CheckpointError, match="the config does not match"):
-      checkpoints.load_checkpoint(folder, other)
+  assert placed.shape == (VOCAB, EMBED) and placed.sharding.mesh.shape == mesh.shape
+  half = config.replace(dtype="bfloat16")  # the activation dtype is the caller's choice
+  assert checkpoints.load_checkpoint(folder, half)[0] is half
+  with pytest.raises(CheckpointError) as info:
+    checkpoints.load_checkpoint(folder, config.replace(mlp_dim=2 * MLP))
+  assert f"mlp_dim={2 * MLP} (the checkpoint has {MLP})" in _one_line(info)

@@ -50,17 +50,23 @@ def detect_format(path: str) -> str:
     names = set(os.listdir(path))
     if names & set(_ORBAX_MARKERS) or os.path.isfile(os.path.join(path, "default", "_METADATA")):
       return "gemma"
-    if "config.json" in names:
-      return "hf"
+    if "config.json" in names or any(n.endswith((".safetensors", ".safetensors.index.json"))
+                                     for n in names):
+      return "hf"  # without config.json, load_hf_dir says so
   raise CheckpointError(f"{path} is not a decoder checkpoint; give a Hugging Face model directory "
                         "(config.json + model.safetensors, or model.safetensors.index.json + "
                         "shards) or a Gemma orbax checkpoint directory (_METADATA)")
 
 
+# The activation dtype is the caller's choice, not the checkpoint's (spot_jax.backbone hashes
+# the other fields as the weights' identity).
+_NOT_STORED = ("dtype",)
+
+
 def _config_differences(given: Any, stored: Any) -> list[str]:
   return [f"{f.name}={getattr(given, f.name)!r} (the checkpoint has "
           f"{getattr(stored, f.name)!r})" for f in dataclasses.fields(given)
-          if getattr(given, f.name) != getattr(stored, f.name)]
+          if f.name not in _NOT_STORED and getattr(given, f.name) != getattr(stored, f.name)]
 
 
 def load_checkpoint(path: str, config: Optional[Any] = None, *, mesh: Optional[Mesh] = None,
@@ -70,7 +76,8 @@ def load_checkpoint(path: str, config: Optional[Any] = None, *, mesh: Optional[M
   Args:
     path: a Hugging Face model directory or a Gemma orbax checkpoint directory (local).
     config: the DecoderConfig the weights must fit; required for Gemma orbax checkpoints
-      (they carry none), optional for Hugging Face ones (it must equal config.json's).
+      (they carry none), optional for Hugging Face ones (every field but the activation
+      `dtype` must equal config.json's; the given config is returned).
     mesh: a ("data", "model") mesh; arrays are placed with the rule table's shardings of the
       network's logical axes. Without a mesh, arrays go to the default device.
     rules: logical axis rules (default `spot_jax.partitioning.DEFAULT_RULES`).
@@ -85,12 +92,12 @@ def load_checkpoint(path: str, config: Optional[Any] = None, *, mesh: Optional[M
   fmt = detect_format(path)
   if fmt == "hf":
     stored, params = load_hf_dir(path)
-    if config is not None and config != stored:
-      diffs = _config_differences(config, stored) if dataclasses.is_dataclass(config) else []
+    diffs = [] if config is None else _config_differences(config, stored)
+    if diffs:
       raise CheckpointError(f"the config does not match {os.path.join(path, 'config.json')}: "
-                            f"{'; '.join(diffs[:4]) or 'they differ'}; pass config=None to use "
-                            "the checkpoint's own")
-    config = stored
+                            f"{'; '.join(diffs[:4])}; pass config=None to use the "
+                            "checkpoint's own")
+    config = stored if config is None else config
   else:
     if config is None:
       raise CheckpointError(f"{path} is a Gemma orbax checkpoint, which carries no config; name "

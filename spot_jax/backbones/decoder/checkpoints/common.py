@@ -34,9 +34,8 @@ class Dims(NamedTuple):
   post_norms: bool
 
 
-def dims(config: Any, what: str) -> Dims:
-  """The sizes of `config` (a DecoderConfig); `what` names the format for a refusal."""
-  del what
+def dims(config: Any) -> Dims:
+  """The sizes of `config` (a DecoderConfig)."""
   return Dims(config.vocab_size, config.emb_dim, config.num_heads, config.num_kv_heads,
               config.head_dim, config.mlp_dim, config.num_layers, bool(config.qk_norm),
               bool(config.post_norms))

@@ -37,13 +37,36 @@ import numpy as np
 from flax import traverse_util
 
 from spot_jax import orbax_io
-from spot_jax.backbones.decoder.checkpoints.common import (CheckpointError, Params, check_fit,
-                                                          dims)
+from spot_jax.backbones.decoder.checkpoints.common import (CheckpointError, Dims, Params,
+                                                          check_fit, dims)
 
 ROOT = "transformer"
 _IGNORED = ("SigLiPFromPatches_0/", f"{ROOT}/vision_encoder/", f"{ROOT}/embedder/mm_")
 _KAULDRON = {"collections", "opt_state", "params", "step"}
 _BARE = ("/mlp/gating_einsum", "/mlp/linear")  # weights the nested layout keeps without "/w"
+
+
+# What the library's Transformer fixes and a DecoderConfig leaves free: {field: (the library's
+# value, why)}.
+_LIBRARY = {"attention_bias": (False, "no attention biases"),
+            "tie_word_embeddings": (True, "the output layer is the embedding"),
+            "norm_offset": (1.0, "norm scales are applied as 1 + scale"),
+            "mlp_activation": ("gelu_tanh", "the MLP gate is nn.gelu, tanh-approximated")}
+
+
+def gemma_dims(config: Any) -> Dims:
+  """The sizes of `config`, refused unless the gemma library's Transformer can hold it.
+
+  Raises:
+    CheckpointError: a field the library fixes to another value, named with that value.
+  """
+  for field, (value, why) in _LIBRARY.items():
+    if getattr(config, field) != value:
+      raise CheckpointError(f"a Gemma orbax checkpoint cannot hold a config with {field}="
+                            f"{getattr(config, field)!r} (the gemma library has {field}="
+                            f"{value!r}: {why}); give a Gemma 2/3 config, e.g. "
+                            "config_by_name('gemma_3_1b'), or save a Hugging Face directory")
+  return dims(config)
 
 
 def gemma_shapes(config: Any, *, transpose_gating: bool = True) -> dict[str, tuple[int, ...]]:
@@ -53,7 +76,7 @@ def gemma_shapes(config: Any, *, transpose_gating: bool = True) -> dict[str, tup
     CheckpointError: `config` has weights the library has no place for (biases, an untied
       output layer) or is not a Gemma (norms not zero-centred, no GELU).
   """
-  d = dims(config, "a Gemma checkpoint")
+  d = gemma_dims(config)
   v, e, n, k, h, f = d.vocab, d.embed, d.heads, d.kv_heads, d.head_dim, d.mlp
   shapes = {f"{ROOT}/embedder/input_embedding": (v, e), f"{ROOT}/final_norm/scale": (e,)}
   for i in range(d.layers):
@@ -81,7 +104,7 @@ def params_to_gemma(params: Params, config: Any, *, transpose_gating: bool = Tru
   """Our parameter tree as {gemma name: array} (float32 numpy); see the module docstring."""
   flat = {p: np.asarray(x, np.float32)
           for p, x in traverse_util.flatten_dict(params, sep="/").items()}
-  d = dims(config, "a Gemma checkpoint")
+  d = gemma_dims(config)
   out = {f"{ROOT}/embedder/input_embedding": flat.pop("token_embedder/embedding"),
          f"{ROOT}/final_norm/scale": flat.pop("final_norm/scale")}
   ours = {"pre_attention_norm": "pre_attention_norm", "pre_mlp_norm": "pre_ffw_norm",
@@ -130,7 +153,7 @@ def params_from_gemma(tree: Mapping[str, Any], config: Any, *,
     transpose_gating = gating_transposed({n: a.shape for n, a in named.items()}, config)
   check_fit({n: a.shape for n, a in named.items()},
             gemma_shapes(config, transpose_gating=transpose_gating), "the Gemma tree")
-  d = dims(config, "a Gemma checkpoint")
+  d = gemma_dims(config)
   out = {"token_embedder/embedding": named[f"{ROOT}/embedder/input_embedding"],
          "final_norm/scale": named[f"{ROOT}/final_norm/scale"]}
   for i in range(d.layers):
@@ -159,7 +182,7 @@ def params_from_gemma(tree: Mapping[str, Any], config: Any, *,
 
 def gating_transposed(shapes: Mapping[str, tuple[int, ...]], config: Any) -> bool:
   """Whether the stored `mlp/gating_einsum/w` is [2, F, E] (True) or [2, E, F] (False)."""
-  d = dims(config, "a Gemma checkpoint")
+  d = gemma_dims(config)
   stored = tuple(shapes.get(f"{ROOT}/layer_0/mlp/gating_einsum/w", ()))
   return not (stored == (2, d.embed, d.mlp) and d.embed != d.mlp)
 
@@ -262,14 +285,13 @@ def _metadata_tree(directory: str) -> Mapping[str, Any]:
 def _check_vocab(shapes: Mapping[str, tuple[int, ...]], config: Any, source: str) -> None:
   """A table of another row count is most often a padded one (the library's Gemma 2 has 256128
   rows, the HF config 256000): say which vocab_size would read it."""
-  d = dims(config, "a Gemma checkpoint")
+  d = gemma_dims(config)
   name = f"{ROOT}/embedder/input_embedding"
   stored = shapes.get(name)
   if stored and len(stored) == 2 and stored[1] == d.embed and stored[0] != d.vocab:
     raise CheckpointError(f"{source} does not fit the model config: {name} has shape "
                           f"{tuple(stored)}, expected {(d.vocab, d.embed)}; use a config with "
-                          f"vocab_size={stored[0]} (dataclasses.replace(config, "
-                          f"vocab_size={stored[0]}))")
+                          f"vocab_size={stored[0]} (config.replace(vocab_size={stored[0]}))")
 
 
 def load_gemma_orbax(path: str, config: Any, *,

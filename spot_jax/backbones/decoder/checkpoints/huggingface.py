@@ -147,8 +147,9 @@ def load_hf_dir(path: str) -> tuple[Any, Params]:
     params = hf.params_from_hf(state, config)
   except CheckpointError:
     raise
-  except ConfigError as e:
-    raise CheckpointError(f"{directory}: {e}") from None
+  except ConfigError as e:  # the weights do not fit their own config.json
+    raise CheckpointError(f"{directory}: {e}; copy the checkpoint again, with its own "
+                          f"{CONFIG}") from None
   return config, params
 
 
