@@ -363,3 +363,16 @@ def test_load_checkpoint_places_arrays_on_a_mesh_and_checks_the_config(saved):
   with pytest.raises(CheckpointError) as info:
     checkpoints.load_checkpoint(folder, config.replace(mlp_dim=2 * MLP))
   assert f"mlp_dim={2 * MLP} (the checkpoint has {MLP})" in _one_line(info)
+
+
+def test_saving_refuses_a_tree_or_config_a_gemma_checkpoint_cannot_hold(gemma, tmp_path):
+  _, config, params, _ = gemma
+  partial = {k: v for k, v in params.items() if k != "final_norm"}
+  with pytest.raises(CheckpointError) as info:
+    checkpoints.save_gemma_orbax(str(tmp_path / "a"), config, partial)
+  assert f"final_norm/scale ({EMBED},) is missing" in _one_line(info)
+  with pytest.raises(CheckpointError) as info:
+    checkpoints.save_gemma_orbax(str(tmp_path / "b"), config.replace(mlp_activation="silu"),
+                                 params)
+  assert "mlp_activation='silu' (the gemma library has" in _one_line(info)
+  assert not os.listdir(tmp_path)  # a refusal writes nothing

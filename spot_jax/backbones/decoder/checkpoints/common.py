@@ -46,10 +46,12 @@ def _shape(shape: Sequence[int]) -> str:
 
 
 def check_fit(stored: Mapping[str, Sequence[int]], expected: Mapping[str, Sequence[int]],
-              source: str) -> None:
+              source: str, hint: str = "give the checkpoint of this config, or the config of "
+              "this checkpoint") -> None:
   """Raises `CheckpointError` unless `stored` has exactly the `expected` names and shapes.
 
-  The message is one line naming each offending array (the first few when there are many).
+  The message is one line naming each offending array (the first few when there are many),
+  then `hint`: what would be valid.
   """
   problems = [f"{n} has shape {_shape(stored[n])}, expected {_shape(expected[n])}"
               for n in sorted(set(stored) & set(expected))
@@ -61,8 +63,30 @@ def check_fit(stored: Mapping[str, Sequence[int]], expected: Mapping[str, Sequen
     more = f"; and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
     count = f" ({len(problems)} problems)" if len(problems) > 1 else ""
     raise CheckpointError(f"{source} does not fit the model config{count}: "
-                          f"{'; '.join(problems[:_MAX_LISTED])}{more}; give the checkpoint of "
-                          "this config, or the config of this checkpoint")
+                          f"{'; '.join(problems[:_MAX_LISTED])}{more}; {hint}")
+
+
+def _unboxed(tree: Any) -> Any:
+  """The tree without its axis metadata (no sharding constraint: nothing is traced here)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return jax.tree.map(lambda x: x.value if isinstance(x, nn.meta.AxisMetadata) else x, tree,
+                      is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+
+
+def check_params(params: Params, config: Any, source: str = "the parameter tree"
+                 ) -> dict[str, Any]:
+  """`params` flat ("/"-joined paths), refused unless it is exactly `DecoderLM(config)`'s tree.
+
+  Raises:
+    CheckpointError: one line naming each missing, unexpected or mis-shaped parameter.
+  """
+  from spot_jax.backbones.decoder import network  # pylint: disable=g-import-not-at-top
+  expected = traverse_util.flatten_dict(_unboxed(network.abstract_params(config)), sep="/")
+  flat = traverse_util.flatten_dict(_unboxed(dict(params)), sep="/")
+  check_fit({p: np.shape(x) for p, x in flat.items()},
+            {p: x.shape for p, x in expected.items()}, source,
+            "give the parameters of this config (DecoderLM(config).init)")
+  return flat
 
 
 def place(params: Params, config: Any, mesh: Optional[Mesh] = None,

@@ -38,13 +38,18 @@ from flax import traverse_util
 
 from spot_jax import orbax_io
 from spot_jax.backbones.decoder.checkpoints.common import (CheckpointError, Dims, Params,
-                                                          check_fit, dims)
+                                                          check_fit, check_params, dims)
 
 ROOT = "transformer"
 _IGNORED = ("SigLiPFromPatches_0/", f"{ROOT}/vision_encoder/", f"{ROOT}/embedder/mm_")
 _KAULDRON = {"collections", "opt_state", "params", "step"}
 _BARE = ("/mlp/gating_einsum", "/mlp/linear")  # weights the nested layout keeps without "/w"
 
+
+# {our name under layers_i: the library's under layer_i}, each holding one `scale`.
+_NORMS = {"pre_attention_norm": "pre_attention_norm", "pre_mlp_norm": "pre_ffw_norm",
+          "post_attention_norm": "post_attention_norm", "post_mlp_norm": "post_ffw_norm",
+          "attention/query_norm": "attn/_query_norm", "attention/key_norm": "attn/_key_norm"}
 
 # What the library's Transformer fixes and a DecoderConfig leaves free: {field: (the library's
 # value, why)}.
@@ -101,15 +106,16 @@ def gemma_shapes(config: Any, *, transpose_gating: bool = True) -> dict[str, tup
 
 def params_to_gemma(params: Params, config: Any, *, transpose_gating: bool = True
                     ) -> dict[str, np.ndarray]:
-  """Our parameter tree as {gemma name: array} (float32 numpy); see the module docstring."""
-  flat = {p: np.asarray(x, np.float32)
-          for p, x in traverse_util.flatten_dict(params, sep="/").items()}
+  """Our parameter tree as {gemma name: array} (float32 numpy); see the module docstring.
+
+  Raises:
+    CheckpointError: `config` is no Gemma, or `params` does not fit it (one line naming the
+      parameter).
+  """
   d = gemma_dims(config)
+  flat = {p: np.asarray(x, np.float32) for p, x in check_params(params, config).items()}
   out = {f"{ROOT}/embedder/input_embedding": flat.pop("token_embedder/embedding"),
          f"{ROOT}/final_norm/scale": flat.pop("final_norm/scale")}
-  ours = {"pre_attention_norm": "pre_attention_norm", "pre_mlp_norm": "pre_ffw_norm",
-          "post_attention_norm": "post_attention_norm", "post_mlp_norm": "post_ffw_norm",
-          "attention/query_norm": "attn/_query_norm", "attention/key_norm": "attn/_key_norm"}
   for i in range(d.layers):
     at, mine = f"{ROOT}/layer_{i}", f"layers_{i}"
     q, kk, vv = (flat.pop(f"{mine}/attention/{x}/kernel").transpose(1, 0, 2)
@@ -124,12 +130,9 @@ def params_to_gemma(params: Params, config: Any, *, transpose_gating: bool = Tru
     out[f"{at}/mlp/gating_einsum/w"] = (np.stack([gate.T, up.T]) if transpose_gating
                                         else np.stack([gate, up]))
     out[f"{at}/mlp/linear/w"] = flat.pop(f"{mine}/mlp/wo/kernel")
-    for name, theirs in ours.items():
+    for name, theirs in _NORMS.items():
       if f"{mine}/{name}/scale" in flat:
         out[f"{at}/{theirs}/scale"] = flat.pop(f"{mine}/{name}/scale")
-  if flat:
-    raise CheckpointError(f"{sorted(flat)[0]} has no place in a Gemma checkpoint "
-                          f"({len(flat)} such parameters); give the tree of a Gemma config")
   return out
 
 
@@ -171,10 +174,7 @@ def params_from_gemma(tree: Mapping[str, Any], config: Any, *,
     out[f"{mine}/mlp/wi_0/kernel"] = np.ascontiguousarray(gate)
     out[f"{mine}/mlp/wi_1/kernel"] = np.ascontiguousarray(up)
     out[f"{mine}/mlp/wo/kernel"] = named[f"{at}/mlp/linear/w"]
-    norms = {"pre_attention_norm": "pre_attention_norm", "pre_ffw_norm": "pre_mlp_norm",
-             "post_attention_norm": "post_attention_norm", "post_ffw_norm": "post_mlp_norm",
-             "attn/_query_norm": "attention/query_norm", "attn/_key_norm": "attention/key_norm"}
-    for theirs, ours in norms.items():
+    for ours, theirs in _NORMS.items():
       if f"{at}/{theirs}/scale" in named:
         out[f"{mine}/{ours}/scale"] = named[f"{at}/{theirs}/scale"]
   return traverse_util.unflatten_dict(out, sep="/")
@@ -353,8 +353,6 @@ def save_gemma_orbax(path: str, config: Any, params: Params, *, transpose_gating
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from spot_jax import fileio  # pylint: disable=g-import-not-at-top
   named = params_to_gemma(params, config, transpose_gating=transpose_gating)
-  check_fit({n: a.shape for n, a in named.items()},
-            gemma_shapes(config, transpose_gating=transpose_gating), "the parameter tree")
   tree = checkpoint_tree(named, layout)
   path = os.path.abspath(os.fspath(path))
   if os.path.exists(path) and not overwrite:
