@@ -118,3 +118,16 @@ def test_unreadable_tokenizers_are_one_line(tmp_path, name, expected):
   with pytest.raises(ConfigError) as info:
     tokenizer_lib.load_tokenizer(str(tmp_path / name))
   assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_directory_written_by_transformers(tmp_path):
+  transformers = pytest.importorskip("transformers")
+  reference = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=_bpe_tokenizer(), bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+      unk_token="<unk>")
+  reference.save_pretrained(str(tmp_path))
+  tok = tokenizer_lib.load_tokenizer(str(tmp_path))
+  assert (tok.pad_id, tok.eos_id, tok.bos_id, tok.unk_id) == (0, 1, 2, 3)
+  assert tok.encode(TEXT) == reference.encode(TEXT, add_special_tokens=False)
+  ids = tok.encode(TEXT, add_bos=True)
+  assert tok.decode(ids + [1, 0]) == reference.decode(ids, skip_special_tokens=True) == TEXT
