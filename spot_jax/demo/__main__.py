@@ -32,7 +32,7 @@ tables, seconds); --fresh trains everything again.
   python -m spot_jax.demo --train_examples=all --target_steps=40   # every training example
   python -m spot_jax.demo --methods=pt,residual --learning_rate=1   # another peak rate
 
-The successors (prefix tuning, P-tuning v2, DePT, Residual SMoP, ATTEMPT, MPT; see
+The successors (prefix tuning, P-tuning v2, DePT, Residual SMoP, ATTEMPT, MPT, ULPT; see
 spot_jax/demo/successor_methods.py) run only when named: each adds one job (MPT two).
 """
 from __future__ import annotations

@@ -41,11 +41,12 @@ DEFAULT_SEEDS = 20  # what the 5-minute budget allows; `--claims` runs the power
 # The demo's targets: the suite's, less sum, where no method lifts a prompt trained on 32 examples
 # for 20 steps above about 24% (a floor that compares nothing, at the most labels to score).
 DEFAULT_TARGETS = ("sentiment_travel", "sentiment_sports", "category")
-SUCCESSORS = ("prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt")
+SUCCESSORS = ("prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt", "ulpt")
 METHOD_NAMES = {"pt": "Prompt Tuning", "spot": "SPoT", "smop": "SMoP 4x5",
                 "residual": "Residual PT", "spot_unrelated": "SPoT unrelated",
                 "prefix": "Prefix tuning", "ptuning_v2": "P-tuning v2", "dept": "DePT 10+r8",
-                "residual_smop": "Residual SMoP 4x5", "attempt": "ATTEMPT", "mpt": "MPT"}
+                "residual_smop": "Residual SMoP 4x5", "attempt": "ATTEMPT", "mpt": "MPT",
+                "ulpt": "ULPT r8"}
 SOURCE = "source"  # the method name of the source prompts' job (Prompt Tuning on the sources)
 MPT_SOURCE = "mpt_source"  # the method name of MPT's distillation job (one run on the sources)
 # How the progress lines and the job-time table name each job.

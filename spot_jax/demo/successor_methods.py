@@ -17,6 +17,10 @@ jitted step, ordinary run directories), with its own prompt module and, for DePT
                  factors, distilled from the library's source prompts on the source mixture (one
                  more job), then each target starts from the shared prompt and the average factors
                  (as PEFT's AVERAGE_SOURCE_TASKS)
+  ulpt           ULPT: the recipe's length of prompt rows in r = 8 dimensions through a frozen
+                 random projection to the width (128), scaled and shifted: 10 x 8 + 2 x 128 = 336
+                 parameters against Prompt Tuning's 1,280 (the paper's r = 64 is half the width
+                 here; at 10 tokens the scale and shift alone are a fifth of Prompt Tuning's)
 
 ATTEMPT and MPT read the source prompts from the demo's library, as SPoT does.
 """
@@ -53,6 +57,8 @@ OWN_SETTINGS: Mapping[str, Mapping[str, float]] = types.MappingProxyType({
     "attempt": {"bottleneck": 100},
     # MPT: the task factors' rank and lambda on the distillation terms (the paper's 1 and 0.9).
     "mpt": {"rank": 1, "distill_weight": 0.9},
+    # ULPT: the rows' dimension r and the projection's seed (Z ~ N(0, 1), s = 1, b = 0 at start).
+    "ulpt": {"rank": 8, "projection_seed": 0},
 })
 
 
@@ -129,6 +135,9 @@ def recipe(method: str, settings: methods.Settings, vocab_rows: int,
                                               cols_init=init["task_cols"],
                                               rows_init=init["task_rows"]),
                       key=_key(method, own, shared=methods.array_digest(start["shared"])))
+  if method == "ulpt":
+    return job_recipe(prompts.ULPT(length=length, rank=own["rank"],
+                                   projection_seed=own["projection_seed"]), key=_key(method, own))
   raise ValueError(f"successor {method!r} has settings but no recipe")
 
 

@@ -299,7 +299,7 @@ def test_demo_command_line_error_from_a_fresh_process(tmp_path):
   assert proc.returncode == 2 and lines == [
       "spot_jax.demo: error: unknown method 'lora' in --methods (entry 0); valid: pt, spot, smop, "
       "residual, spot_unrelated, prefix, ptuning_v2, dept, residual_smop, "
-      "attempt, mpt, all"], proc.stderr
+      "attempt, mpt, ulpt, all"], proc.stderr
   assert "Traceback" not in proc.stderr
 
 
@@ -430,7 +430,7 @@ def test_demo_targets_mean_row_and_families(tmp_path):
 
 # One very short real demo for the tests below: the 8 sources, then Prompt Tuning, SPoT and every
 # successor on one target with 2 seeds, each class-label run scored on RANK_EXAMPLES examples.
-SUCCESSORS = ["prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt"]
+SUCCESSORS = ["prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt", "ulpt"]
 DEMO_ARGV = ["--targets=category", f"--methods={','.join(['pt', 'spot'] + SUCCESSORS)}",
              "--seeds=3,4", "--source_steps=4", "--target_steps=4",
              f"--rank_examples={RANK_EXAMPLES}", "--compilation_cache=none"]
@@ -551,7 +551,7 @@ def test_successor_job_keys_hold_their_own_settings_only():
   own = successor_methods.OWN_SETTINGS
   assert sorted(own) == sorted(demo_methods.SUCCESSORS)
   changed = {**own, "dept": {**own["dept"], "rank": 4}}
-  for method in ("prefix", "ptuning_v2", "dept", "residual_smop"):
+  for method in ("prefix", "ptuning_v2", "dept", "residual_smop", "ulpt"):
     before = successor_methods.recipe(method, settings, 100).key
     after = successor_methods.recipe(method, settings, 100, own_settings=changed).key
     assert (before != after) == (method == "dept"), method
