@@ -28,6 +28,7 @@ DEFAULT_RULES: tuple[tuple[str, Optional[str]], ...] = (
     ("mlp", MODEL),
     ("heads", MODEL),
     ("kv", None),
+    ("kv_heads", None),
     ("joined_kv", MODEL),
     ("relpos_buckets", None),
     ("length", None),
