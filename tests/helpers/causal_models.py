@@ -11,7 +11,8 @@ FAMILIES = ("llama", "gemma3")
 
 def hf_config(family: str):
   """A tiny transformers config: 2 layers, 4 query heads over 2 key/value heads (grouped-query
-  attention), head size 6 != width / heads, so no size can stand in for another."""
+  attention), head size 6 != width / heads, so no size can stand in for another; Gemma 3's
+  sliding layer has a window of 4, shorter than prompt + batch, so it slides."""
   import transformers  # pylint: disable=g-import-not-at-top
   sizes = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, head_dim=6,
@@ -20,7 +21,7 @@ def hf_config(family: str):
     return transformers.LlamaConfig(**sizes, tie_word_embeddings=False)
   if family == "gemma3":
     return transformers.Gemma3TextConfig(
-        **sizes, query_pre_attn_scalar=6, sliding_window=512,
+        **sizes, query_pre_attn_scalar=6, sliding_window=4,
         layer_types=["sliding_attention", "full_attention"])
   raise ValueError(family)
 

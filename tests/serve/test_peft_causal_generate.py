@@ -14,7 +14,8 @@ peft 0.21.2 still looks for `past_key_values`, finds none, and takes every step 
   its padding (forward and generate alike).
 
 Workaround (checked here): generate with the base model from `inputs_embeds` = [prompt; embedded
-input] and the mask extended by L ones; for prefixes, a greedy loop over peft's forward. When a
+input] (a left-padded row: [padding; prompt; input]) and the mask extended by L ones; for
+prefixes, a greedy loop over peft's forward. When a
 test below fails because peft now agrees with its forward, update docs/serving.md.
 """
 from __future__ import annotations
@@ -134,18 +135,22 @@ def test_prompt_tuning_left_padding_shifts_positions():
   assert diff > 1e-2 and generate_diff > 1e-2, FIXED
 
 
-def test_workaround_generate_from_inputs_embeds():
+@pytest.mark.parametrize("family", causal_models.FAMILIES)
+def test_workaround_generate_from_inputs_embeds(family):
   """The base model's cached generate from [prompt; embedded input] is peft's forward's greedy
-  decoding, for a lone row and for the same row left-padded in a batch."""
-  base, model = _peft("llama", "prompt")
+  decoding, for a lone row and for the same row left-padded in a batch, its padding put before
+  the prompt (after it, Gemma 3's sliding window would lose prompt rows to the padding)."""
+  base, model = _peft(family, "prompt")
   ids = torch.tensor(IDS)
   want, want_steps = _forward_greedy(model, ids)
 
   def generate(batch):
     mask = (batch != causal_models.PAD).long()
     with torch.no_grad():
-      embeds = torch.cat([model.get_prompt(batch.shape[0]), base.get_input_embeddings()(batch)], 1)
-      mask = torch.cat([torch.ones(batch.shape[0], LENGTH, dtype=torch.long), mask], 1)
+      x, prompt = base.get_input_embeddings()(batch), model.get_prompt(1)[0]
+      pads = (mask == 0).sum(1).tolist()
+      embeds = torch.stack([torch.cat([x[r, :k], prompt, x[r, k:]]) for r, k in enumerate(pads)])
+    mask = torch.cat([mask, torch.ones(len(pads), LENGTH, dtype=mask.dtype)], 1)
     return _generate(base, {"inputs_embeds": embeds}, mask, use_cache=True)
 
   got, got_steps = generate(ids)
