@@ -1,0 +1,13 @@
+"""Frozen decoder-only backbone (Llama, Gemma 2/3, Qwen 2/3): config, network, checkpoints.
+
+  config       DecoderConfig, one frozen dataclass for every family, and the named configs
+  layers       RMSNorm (with Gemma's offset), rotary embedding, grouped-query attention, gated
+               MLP, in Flax linen with logical axes
+  network      `DecoderLM`: the parameter tree, the input hook (soft prompts) and the deep hook
+               (per-layer key/value prefixes)
+  hf           Hugging Face config.json and state dict <-> DecoderConfig and our tree, strictly
+  checkpoints/ strict loading and saving: Hugging Face directories, Gemma orbax checkpoints
+  tokenizer    SentencePiece and Hugging Face tokenizer.json vocabularies
+"""
+from spot_jax.backbones.decoder.config import CONFIGS, DecoderConfig, config_by_name
+from spot_jax.backbones.decoder.network import DecoderLM

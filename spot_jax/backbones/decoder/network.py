@@ -1,0 +1,255 @@
+"""The decoder-only network `DecoderLM` (Llama, Gemma 2/3, Qwen 2/3) under an optional prompt.
+
+Parameter tree (float32, logical axes in parentheses; N heads, K key/value heads, D head size):
+
+  token_embedder/embedding                      [V, E]     (vocab, embed)
+  layers_{i}/pre_attention_norm/scale           [E]        (embed)
+  layers_{i}/attention/query/kernel             [E, N, D]  (embed, heads, kv)
+  layers_{i}/attention/{key,value}/kernel       [E, K, D]  (embed, kv_heads, kv)
+  layers_{i}/attention/{query,key,value}/bias   [N|K, D]   attention_bias only
+  layers_{i}/attention/{query,key}_norm/scale   [D]        (kv), qk_norm only
+  layers_{i}/attention/out/kernel               [N, D, E]  (heads, kv, embed)
+  layers_{i}/post_attention_norm/scale          [E]        post_norms only
+  layers_{i}/pre_mlp_norm/scale                 [E]
+  layers_{i}/mlp/wi_0/kernel, wi_1/kernel       [E, F]     (embed, mlp): gate, up
+  layers_{i}/mlp/wo/kernel                      [F, E]     (mlp, embed)
+  layers_{i}/post_mlp_norm/scale                [E]        post_norms only
+  final_norm/scale                              [E]
+  logits_dense/kernel                           [E, V]     (embed, vocab), untied only
+  prompt/...                                    only when a prompt module is given
+
+The input hook: a prompt module without `layer_prompts` is called on the embedded tokens (after
+Gemma's sqrt(E) scaling, so a soft prompt is not scaled, as PEFT's) as `prompt(embedded [B,T,E],
+tokens [B,T], embedding=[V,E] table, deterministic=...)`, plus `task_index=` when its
+`task_indexed` is True, and returns (x [B,T',E], valid [B,T']). It reads validity from
+`tokens > 0` (the prompt modules' contract); positions the caller marks invalid reach it as 0.
+
+The deep hook: a prompt module with a callable `layer_prompts` is called as
+`prompt.layer_prompts(config, embedding=table, deterministic=...)` and returns one (key, value)
+pair per layer, each [B or 1, P, K, D]; an explicit `prefixes=` takes precedence. They are used
+raw, as a transformers cache of length P would be: no RoPE and no key norm on them.
+
+Indices and positions: the sequence is [prefixes (P), x (T')]. Token t has index P + t and RoPE
+position P + (cumsum(valid) - 1) clipped at 0, so positions count a soft prompt (as PEFT's
+CAUSAL_LM) and skip left padding. Key j is seen by query i when j <= i, key j is valid, and on
+sliding layers i - j < sliding_window (transformers' rule, in indices; prefixes are valid keys).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spot_jax.errors import ConfigError
+from spot_jax.backbones.decoder import layers
+from spot_jax.backbones.decoder.config import DecoderConfig
+
+Array = jax.Array
+Prefixes = Sequence[layers.KV]  # per layer (key, value), each [B or 1, P, K, D]
+
+
+def is_deep_prompt(module: Optional[nn.Module]) -> bool:
+  """Whether a prompt module uses the deep hook (`layer_prompts`) rather than the input hook."""
+  return module is not None and callable(getattr(module, "layer_prompts", None))
+
+
+class Embed(nn.Module):
+  """The token embedding table, also the output layer when tied.
+
+  Parameters: embedding [V, E] ("vocab", "embed").
+
+  Attributes:
+    num_embeddings: V.
+    features: E.
+  """
+  num_embeddings: int
+  features: int
+
+  def setup(self):
+    init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=1, out_axis=0)
+    self.embedding = layers._param(self, "embedding", init,  # pylint: disable=protected-access
+                                   (self.num_embeddings, self.features), ("vocab", "embed"))
+
+  def __call__(self, tokens: Array) -> Array:
+    """tokens [B, T] int -> [B, T, E] float32 rows of the table."""
+    return jnp.take(self.embedding, tokens, axis=0)
+
+  def table(self) -> Array:
+    """The table [V, E] float32 (for prompt initialisers)."""
+    return self.embedding
+
+
+class DecoderBlock(nn.Module):
+  """One pre-norm decoder layer: attention, then the gated MLP, each with a residual.
+
+  Attributes:
+    config: the DecoderConfig.
+    layer_type: "full" or "sliding".
+  """
+  config: DecoderConfig
+  layer_type: str = "full"
+
+  @nn.compact
+  def __call__(self, x: Array, positions: Array, mask: Array, past: Optional[layers.KV] = None,
+               write_index: Optional[Array] = None) -> tuple[Array, Optional[layers.KV]]:
+    """x [B, T, E] -> ([B, T, E], written cache or None); see `layers.Attention`."""
+    cfg = self.config
+
+    def norm(name: str) -> layers.RMSNorm:
+      return layers.RMSNorm(cfg.norm_epsilon, cfg.norm_offset, "embed", name=name)
+
+    h, cache = layers.Attention(cfg, self.layer_type, name="attention")(
+        norm("pre_attention_norm")(x), positions, mask, past, write_index)
+    if cfg.post_norms:
+      h = norm("post_attention_norm")(h)
+    x = x + h
+    h = layers.GatedMLP(cfg, name="mlp")(norm("pre_mlp_norm")(x))
+    if cfg.post_norms:
+      h = norm("post_mlp_norm")(h)
+    return x + h, cache
+
+
+class DecoderLM(nn.Module):
+  """A decoder-only language model with an optional prompt module (see the module docstring).
+
+  Attributes:
+    config: the DecoderConfig.
+    prompt: an input-hook or deep prompt module, or None; its parameters live under `prompt/`.
+  """
+  config: DecoderConfig
+  prompt: Optional[nn.Module] = None
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim)
+    self.layers = [DecoderBlock(cfg, cfg.layer_type(i)) for i in range(cfg.num_layers)]
+    self.final_norm = layers.RMSNorm(cfg.norm_epsilon, cfg.norm_offset, "embed")
+    if not cfg.tie_word_embeddings:
+      self.logits_dense = layers.Dense(cfg.vocab_size, ("embed", "vocab"), cfg.activation_dtype)
+
+  def embed(self, tokens: Array) -> Array:
+    """tokens [B, T] int -> embedded [B, T, E] in the activation dtype, times sqrt(E) for Gemma
+    (the factor rounded to the activation dtype first, as transformers rounds it)."""
+    dtype = self.config.activation_dtype
+    x = self.token_embedder(tokens).astype(dtype)
+    if self.config.scale_embeddings:
+      x = x * jnp.asarray(np.float32(self.config.emb_dim ** 0.5)).astype(dtype)
+    return x
+
+  def table(self) -> Array:
+    """The embedding table [V, E] float32."""
+    return self.token_embedder.table()
+
+  def inputs(self, tokens: Optional[Array], *, valid: Optional[Array] = None,
+             deterministic: bool = True, task_index: Optional[Array] = None,
+             inputs_embeds: Optional[Array] = None) -> tuple[Array, Array]:
+    """The embedded sequence after the input hook: (x [B, T', E], valid [B, T'] bool).
+
+    Args:
+      tokens: [B, T] int ids (may be None with `inputs_embeds` and no input-hook prompt).
+      valid: [B, T] bool, True at real tokens; None: every position is real.
+      deterministic: no dropout in the prompt module.
+      task_index: [B] int each row's task, for prompt modules with `task_indexed`.
+      inputs_embeds: [B, T, E] used instead of `embed(tokens)`: already scaled, as
+        transformers' `inputs_embeds` (which no family scales again).
+    """
+    x = self.embed(tokens) if inputs_embeds is None else inputs_embeds.astype(
+        self.config.activation_dtype)
+    valid = jnp.ones(x.shape[:2], bool) if valid is None else valid.astype(bool)
+    if self.prompt is not None and not is_deep_prompt(self.prompt):
+      if tokens is None:
+        raise ConfigError("an input-hook prompt needs the tokens (their validity is tokens > 0); "
+                          "pass tokens with inputs_embeds")
+      extra = ({"task_index": task_index}
+               if task_index is not None and getattr(self.prompt, "task_indexed", False) else {})
+      x, valid = self.prompt(x, jnp.where(valid, tokens, 0), embedding=self.table(),
+                             deterministic=deterministic, **extra)
+      x = x.astype(self.config.activation_dtype)
+    return nn.with_logical_constraint(x, ("batch", "length", "embed")), valid.astype(bool)
+
+  def deep_prefixes(self, deterministic: bool = True) -> Optional[Prefixes]:
+    """The deep prompt module's per-layer (key, value) prefixes, or None without one."""
+    if not is_deep_prompt(self.prompt):
+      return None
+    return self.prompt.layer_prompts(self.config, embedding=self.table(),
+                                     deterministic=deterministic)
+
+  def stack(self, x: Array, *, positions: Array, q_index: Array, k_index: Array,
+            k_valid: Array, past: Optional[Prefixes] = None,
+            write_index: Optional[Array] = None) -> tuple[Array, Optional[tuple]]:
+    """The layers, the final norm and the output layer.
+
+    Args:
+      x: [B, T, E] embedded inputs.
+      positions: [B, T] RoPE positions.
+      q_index: [B, T] the inputs' indices; k_index, k_valid: [B, S] the keys' (see
+        `layers.attention_mask`).
+      past: per layer (key, value): deep prefixes, or the decoding cache (`write_index`).
+      write_index: where the inputs' keys and values go in the cache (a scalar), or None.
+
+    Returns:
+      (logits [B, T, V] float32, per layer the written cache, or None without write_index).
+    """
+    cfg = self.config
+    if past is not None and len(past) != cfg.num_layers:
+      raise ConfigError(f"{len(past)} prefix (key, value) pairs for a model of "
+                        f"{cfg.num_layers} layers; give one per layer")
+    masks = {kind: layers.attention_mask(q_index, k_index, k_valid,
+                                         cfg.sliding_window if kind == "sliding" else None)
+             for kind in set(cfg.layer_type(i) for i in range(cfg.num_layers))}
+    caches = []
+    for i, layer in enumerate(self.layers):
+      x, cache = layer(x, positions, masks[cfg.layer_type(i)],
+                       None if past is None else past[i], write_index)
+      caches.append(cache)
+    x = self.final_norm(x)
+    if cfg.tie_word_embeddings:
+      logits = jnp.einsum("bte,ve->btv", x, self.table().astype(x.dtype),
+                          preferred_element_type=jnp.float32)
+    else:
+      logits = self.logits_dense(x).astype(jnp.float32)
+    logits = layers.softcap(logits, cfg.final_logit_softcap)
+    return logits, (tuple(caches) if write_index is not None else None)
+
+  def __call__(self, tokens: Optional[Array], *, valid: Optional[Array] = None,
+               deterministic: bool = True, task_index: Optional[Array] = None,
+               prefixes: Optional[Prefixes] = None,
+               inputs_embeds: Optional[Array] = None) -> Array:
+    """Next-token logits of every position.
+
+    Args:
+      tokens: [B, T] int32 ids.
+      valid: [B, T] bool, True at real tokens (any padding, left or right); None: all real.
+      deterministic: no dropout in the prompt module.
+      task_index: [B] int, each row's task (prompt modules with `task_indexed`).
+      prefixes: per layer (key, value) [B or 1, P, K, D]; None: the deep prompt's, if any.
+      inputs_embeds: [B, T, E] in place of the embedded tokens (see `inputs`).
+
+    Returns:
+      logits [B, T', V] float32, T' = T plus the input-hook prompt's positions.
+    """
+    x, valid = self.inputs(tokens, valid=valid, deterministic=deterministic,
+                           task_index=task_index, inputs_embeds=inputs_embeds)
+    if prefixes is None:
+      prefixes = self.deep_prefixes(deterministic)
+    batch, length = valid.shape
+    num = 0 if prefixes is None else prefixes[0][0].shape[1]
+    positions = num + jnp.maximum(jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1, 0)
+    q_index = jnp.broadcast_to(num + jnp.arange(length, dtype=jnp.int32), (batch, length))
+    k_index = jnp.broadcast_to(jnp.arange(num + length, dtype=jnp.int32), (batch, num + length))
+    k_valid = jnp.concatenate([jnp.ones((batch, num), bool), valid], axis=1)
+    logits, _ = self.stack(x, positions=positions, q_index=q_index, k_index=k_index,
+                           k_valid=k_valid, past=prefixes)
+    return logits
+
+
+def abstract_params(config: DecoderConfig, prompt: Optional[nn.Module] = None) -> Any:
+  """The boxed parameter tree (logical axes, ShapeDtypeStructs) of `DecoderLM(config, prompt)`,
+  from `jax.eval_shape`: no memory is allocated."""
+  model = DecoderLM(config, prompt)
+  tokens = jnp.ones((1, 2), jnp.int32)
+  rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}
+  return jax.eval_shape(lambda: model.init(rngs, tokens))["params"]
