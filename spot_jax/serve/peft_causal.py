@@ -24,10 +24,11 @@ a prefix adapter trained with `prefix_projection` reads as any other (peft saves
 from __future__ import annotations
 
 import pathlib
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
+from spot_jax.backbones.decoder.config import DecoderConfig
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
 from spot_jax.serve import peft_io
@@ -38,7 +39,7 @@ PREFIX_TUNING = peft_io.PREFIX_TUNING
 WEIGHTS_KEY = peft_io.WEIGHTS_KEY
 
 
-def prompt_adapter_config(length: int, config: Any,
+def prompt_adapter_config(length: int, config: DecoderConfig,
                           base_model_name_or_path: Optional[str] = None) -> dict:
   """The adapter_config.json of a `length`-token input prompt on the decoder `config`."""
   return {
@@ -53,7 +54,7 @@ def prompt_adapter_config(length: int, config: Any,
   }
 
 
-def prefix_adapter_config(length: int, config: Any,
+def prefix_adapter_config(length: int, config: DecoderConfig,
                           base_model_name_or_path: Optional[str] = None) -> dict:
   """The adapter_config.json of `length` plain (unprojected) prefixes on the decoder `config`."""
   width = config.num_kv_heads * config.head_dim
@@ -68,7 +69,7 @@ def prefix_adapter_config(length: int, config: Any,
   }
 
 
-def export_prompt_adapter(prompt: np.ndarray, config: Any, output_dir: str, *,
+def export_prompt_adapter(prompt: np.ndarray, config: DecoderConfig, output_dir: str, *,
                           base_model_name_or_path: Optional[str] = None,
                           overwrite: bool = False) -> None:
   """Writes a CAUSAL_LM PROMPT_TUNING adapter of `prompt` [L, E] (staged, then renamed).
@@ -89,7 +90,7 @@ def export_prompt_adapter(prompt: np.ndarray, config: Any, output_dir: str, *,
                         overwrite)
 
 
-def prefix_embeddings(kv: np.ndarray, config: Any) -> np.ndarray:
+def prefix_embeddings(kv: np.ndarray, config: DecoderConfig) -> np.ndarray:
   """Prefixes kv [n, 2, P, K, D] as peft's prompt_embeddings [P, n*2*K*D] (slots 2i, 2i+1).
 
   Raises:
@@ -106,7 +107,7 @@ def prefix_embeddings(kv: np.ndarray, config: Any) -> np.ndarray:
       length, layers * 2 * heads * depth)
 
 
-def export_prefix_adapter(kv: np.ndarray, config: Any, output_dir: str, *,
+def export_prefix_adapter(kv: np.ndarray, config: DecoderConfig, output_dir: str, *,
                           base_model_name_or_path: Optional[str] = None,
                           overwrite: bool = False) -> None:
   """Writes a CAUSAL_LM PREFIX_TUNING adapter of prefixes kv [n, 2, P, K, D] (staged).
@@ -151,7 +152,7 @@ def _weights(path: str, expected: tuple[int, int]) -> np.ndarray:
   return array
 
 
-def read_prompt_adapter(path: str, config: Any) -> np.ndarray:
+def read_prompt_adapter(path: str, config: DecoderConfig) -> np.ndarray:
   """The prompt [L, E] float32 (PromptTuning's `prompt`) of a CAUSAL_LM PROMPT_TUNING adapter.
 
   Raises:
@@ -164,13 +165,13 @@ def read_prompt_adapter(path: str, config: Any) -> np.ndarray:
   return _weights(path, (cfg.get("num_virtual_tokens"), config.emb_dim))
 
 
-def initializer(path: str, config: Any) -> initializers.Initializer:
+def initializer(path: str, config: DecoderConfig) -> initializers.Initializer:
   """A PromptTuning `prompt_init` from a CAUSAL_LM PROMPT_TUNING adapter (training starts there)."""
   return initializers.from_array(read_prompt_adapter(path, config),
                                  source=f"peft adapter {path}")
 
 
-def read_prefix_adapter(path: str, config: Any) -> np.ndarray:
+def read_prefix_adapter(path: str, config: DecoderConfig) -> np.ndarray:
   """Prefixes kv [n, 2, P, K, D] float32 of a CAUSAL_LM PREFIX_TUNING adapter (see module doc).
 
   Raises:
