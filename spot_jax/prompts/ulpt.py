@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import pathlib
 import re
 from typing import Any, Mapping, Optional
 
@@ -243,6 +244,22 @@ class ULPT(nn.Module):
     """{"projection": P [r, E]}: the run keeps the P its prompt was trained with."""
     width = parameters(params)["scale"].shape[-1]
     return {PROJECTION: np.array(self.projection(width), np.float32)}
+
+  def check_run_dir(self, run_dir: Any) -> None:
+    """Refuses, in one line, to resume or read a run directory whose kept P (prompts/
+    projection_*.npy) is not the one this module rebuilds (another seed, generator, rank or
+    NumPy stream): its Z, scale and shift would silently mean another prompt."""
+    folder = pathlib.Path(run_dir) / "prompts"
+    for file in sorted(folder.glob(f"{PROJECTION}_*.npy")) if folder.is_dir() else []:
+      stored = np.load(file, allow_pickle=False)
+      rebuilt = projection(self.projection_generator, self.projection_seed, self.rank,
+                           int(stored.shape[-1]))
+      if stored.shape != rebuilt.shape or sha256(stored) != sha256(rebuilt):
+        raise ConfigError(f"{file}: the run kept projection [{stored.shape[0]}, "
+                          f"{stored.shape[-1]}] sha256 {sha256(stored)[:12]}, but ULPT "
+                          f"{self.projection_generator} seed {self.projection_seed} rank "
+                          f"{self.rank} rebuilds sha256 {sha256(rebuilt)[:12]}; give the run's "
+                          f"settings (its run.json) or a new MODEL_DIR")
 
   def projection_record(self, width: int) -> dict[str, Any]:
     """This module's P at width E by what rebuilds it and its hash (`projection_record`)."""

@@ -37,7 +37,10 @@ def initial_prompts(model: models.EncoderDecoderModel, runs: Sequence[Any], back
     stacked: a K-run job, whose shape errors name the run.
   """
   per_run, compiled, shardings = [], {}, None
+  check_run_dir = getattr(model.module.prompt, "check_run_dir", None)  # ULPT: its kept P
   for run in runs:
+    if check_run_dir is not None:
+      check_run_dir(run.run_dir.path)
     rng = backbone_lib.seed_keys(run.seed)[1]
     value = getattr(run.prompt_init, "value", None)
     given = isinstance(value, np.ndarray)

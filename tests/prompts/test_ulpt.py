@@ -149,3 +149,15 @@ def test_a_projection_that_does_not_rebuild_is_refused():
     ulpt.check_record(record, "run", stored=stored)
   with pytest.raises(ConfigError, match=r"rebuilds to sha256 \w+, not the recorded 000000000000"):
     ulpt.check_record(dict(record, sha256="0" * 64), "run")
+
+
+def test_a_run_directory_keeping_another_projection_is_refused(tmp_path):
+  (tmp_path / "prompts").mkdir()
+  np.save(tmp_path / "prompts" / "projection_step_5.npy", ulpt.projection(ulpt.XAVIER, 0, R, E))
+  prompts.ULPT(N, rank=R).check_run_dir(tmp_path)  # the same P: resumes
+  prompts.ULPT(N, rank=R).check_run_dir(tmp_path / "fresh")  # nothing kept yet
+  for module in (prompts.ULPT(N, rank=R, projection_seed=1), prompts.ULPT(N, rank=R + 1)):
+    with pytest.raises(ConfigError, match=r"projection_step_5.npy: the run kept projection "
+                                          r"\[4, 32\] sha256 \w+, but ULPT") as info:
+      module.check_run_dir(tmp_path)
+    assert "\n" not in str(info.value)

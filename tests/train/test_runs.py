@@ -5,11 +5,12 @@ Tuning, SMoP, Residual and ULPT: K = 2 seeds in one job against the same 2 runs 
 losses within 1e-5 over the first 5 steps, final prompts within 1e-4; each run's directory is an
 ordinary run directory. Through the command line, on two CPU devices: K = 2 shards the runs axis
 over the data axis, K = 3 the batch; prompts within 1e-4 of one device. Bad input (an empty or
-duplicate seed list, lists of different lengths, runs whose shapes differ) is one line naming the
-setting, with nothing written.
+duplicate seed list, lists of different lengths, runs whose shapes differ, ULPT runs resumed with
+another projection) is one line naming the setting, with nothing written.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import re
@@ -154,6 +155,24 @@ def test_bad_run_lists_are_one_line_and_nothing_is_written(tmp_path, task, check
     _train(_model("pt"), task, tmp_path / "job", checkpoint, **kwargs)
   assert message in str(info.value) and "\n" not in str(info.value)
   assert not (tmp_path / "job").exists()
+
+
+def test_ulpt_runs_resumed_with_another_projection_are_refused(tmp_path, task, checkpoint):
+  """Each run keeps its P beside its prompts; a restart whose settings rebuild another P is
+  refused in one line before anything is written."""
+  job = tmp_path / "job"
+  _train(_model("ulpt"), task, job, checkpoint, seeds=list(SEEDS), evaluate=False)
+  kept = {p: p.stat().st_mtime_ns for p in job.rglob("*") if p.is_file()}
+  assert (job / "seed_1" / "prompts" / f"projection_step_{STEPS}.npy").is_file()
+  other = _model("ulpt")
+  other = dataclasses.replace(other, module=other.module.clone(
+      prompt=other.module.prompt.clone(projection_seed=1)))
+  with pytest.raises(ConfigError, match=r"projection_step_\d+.npy: the run kept projection "
+                                        r"\[8, 64\] sha256 \w+, but ULPT .* seed 1 rank 8 "
+                                        r"rebuilds") as info:
+    _train(other, task, job, checkpoint, seeds=list(SEEDS), evaluate=False)
+  assert "\n" not in str(info.value)
+  assert {p: p.stat().st_mtime_ns for p in job.rglob("*") if p.is_file()} == kept
 
 
 def test_runs_with_no_common_saved_step_start_again_and_keep_what_was_saved(tmp_path, task,
