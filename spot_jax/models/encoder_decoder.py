@@ -1,4 +1,4 @@
-"""The trainable model: a T5 `Transformer` (optionally with a prompt module) plus its loss.
+"""The prompted encoder-decoder: a T5 `Transformer` (optionally with a prompt module) plus its loss.
 
 `EncoderDecoderModel` knows how to compute the loss of a batch, make the prompt's initial
 parameters from the frozen ones, and predict / score batches. It holds no parameters itself.
@@ -12,17 +12,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional, Union
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from spot_jax import losses
 from spot_jax.backbones.t5 import network, scoring
+from spot_jax.models.common import PROMPT_KEY, Params, loss_and_metrics
 
 Array = jax.Array
-Params = Mapping[str, Any]
-
-PROMPT_KEY = "prompt"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +44,9 @@ class EncoderDecoderModel:
   num_beams: int = 4
   beam_alpha: float = 0.6
   eos_id: int = 1
+
+  kind = "t5"  # the backbone kind (`spot_jax.backbones.kinds`)
+  feature_layout = "encoder_decoder"  # the batches it reads (`spot_jax.data.FEATURE_LAYOUTS`)
 
   @property
   def config(self):
@@ -115,17 +115,9 @@ class EncoderDecoderModel:
     targets = batch["decoder_target_tokens"]
     weights = batch.get("decoder_loss_weights", None)
     weights = (targets > 0) if weights is None else weights
-    loss, metrics = losses.cross_entropy_with_z_loss(
-        logits, targets, weights, z_loss=self.z_loss, label_smoothing=self.label_smoothing,
-        loss_normalizing_factor=self.loss_normalizing_factor)
-    aux = jax.tree_util.tree_leaves(state.get("aux_loss", {}))
-    aux_total = sum((jnp.sum(a) for a in aux), jnp.zeros((), jnp.float32))
-    metrics["aux_loss"] = aux_total
-    metrics["num_examples"] = jnp.asarray(targets.shape[0], jnp.float32)
-    for path, value in jax.tree_util.tree_flatten_with_path(state.get("intermediates", {}))[0]:
-      name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-      metrics[f"intermediates/{name}"] = value
-    return loss + aux_total, metrics
+    return loss_and_metrics(logits, targets, weights, state, z_loss=self.z_loss,
+                            label_smoothing=self.label_smoothing,
+                            loss_normalizing_factor=self.loss_normalizing_factor)
 
   # --- inference --------------------------------------------------------------------------
 
@@ -155,20 +147,3 @@ class EncoderDecoderModel:
                                        method=network.Transformer.encode)
     return scoring.label_log_likelihoods(self.module, params, encoded, valid, labels)
 
-
-def merge_params(frozen: Params, trainable: Params) -> dict[str, Any]:
-  """The full parameter tree from its two disjoint top-level parts."""
-  overlap = set(frozen) & set(trainable)
-  if overlap:
-    raise ValueError(f"frozen and trainable parameters overlap at {sorted(overlap)}")
-  return {**frozen, **trainable}
-
-
-def unbox(tree: Any) -> Any:
-  """Strips logical-axis boxes from a parameter tree (without adding sharding constraints,
-  so it also works on `jax.eval_shape` results inside a mesh context)."""
-  def strip(x):
-    if isinstance(x, nn.LogicallyPartitioned):
-      return x.unbox(apply_constraint=False)
-    return x.unbox() if isinstance(x, nn.meta.AxisMetadata) else x
-  return jax.tree.map(strip, tree, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))

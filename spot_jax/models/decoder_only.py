@@ -1,0 +1,224 @@
+"""The prompted decoder-only model: a frozen `DecoderLM` (Llama, Gemma 2/3) plus its loss.
+
+`DecoderOnlyModel` has the interface the trainer, the evaluator and the experiment runner use
+on `EncoderDecoderModel`; only the batches differ. A task's inputs and targets are one
+sequence, as in t5x's `DecoderFeatureConverter` with inputs (unpacked, fully causal: the frozen
+model was pretrained causal). Features, int32 [B, L] with L = input length + target length:
+
+  decoder_target_tokens   inputs ++ targets, each with its EOS, right-padded with 0
+  decoder_input_tokens    decoder_target_tokens shifted right by one, 0 first; the model puts
+                          the backbone's BOS there, so the model reads [BOS, inputs, targets[:-1]]
+  decoder_loss_weights    1 on the targets' tokens (EOS included), 0 on inputs and padding
+
+A position is real where its target token is (`decoder_target_tokens > 0`). An input-hook
+prompt goes where its placement puts it in the embedded sequence ("prefix": before BOS, as
+PEFT's prompt tuning does; "after_bos"); the logits of prompt positions predict nothing and are
+dropped before the loss, so the loss counts target tokens only. How many positions a prompt
+adds is read from the logits' length, so methods whose added length is not `length` (SMoP's
+routed prompt, DePT's shorter one) need no special case. A deep prompt (prefix tuning,
+P-tuning v2) adds key/value prefixes in every layer and no positions.
+
+Inference takes the inputs alone, [B, T] right-padded (what seqio's encoder-decoder converter
+gives the evaluator as encoder_input_tokens): `predict_batch` generates after [BOS, inputs];
+`score_batch` and `classify_batch` build the sequence above on the device.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional, Union
+
+import jax
+import jax.numpy as jnp
+
+from spot_jax import losses
+from spot_jax.backbones.decoder.network import DecoderLM, is_deep_prompt
+from spot_jax.models.common import PROMPT_KEY, Params, loss_and_metrics
+
+Array = jax.Array
+
+INPUT_HOOK_PLACEMENTS = ("prefix", "after_bos")  # "suffix" would follow the targets
+
+
+def concatenate(inputs: Array, targets: Array) -> tuple[Array, Array]:
+  """Right-padded inputs [B, T] and targets [B, S] -> (inputs ++ targets [B, T + S] right-padded,
+  loss weights [B, T + S] int32, 1 on the targets' tokens); the pipeline's layout, on device."""
+  batch, length = inputs.shape
+  real = jnp.sum(jnp.cumsum((inputs > 0)[:, ::-1], axis=1) > 0, axis=1)  # one past the last
+  width = length + targets.shape[1]
+  where = real[:, None] + jnp.arange(targets.shape[1])[None]
+  rows = jnp.arange(batch)[:, None]
+  tokens = jnp.zeros((batch, width), jnp.int32).at[:, :length].set(inputs)
+  tokens = tokens.at[rows, where].set(targets.astype(jnp.int32))
+  weights = jnp.zeros((batch, width), jnp.int32).at[rows, where].set(
+      (targets > 0).astype(jnp.int32))
+  return tokens, weights
+
+
+def shift_right(tokens: Array, bos_id: int) -> Array:
+  """[B, L] -> [BOS, tokens[:, :-1]] (the model's input for teacher forcing)."""
+  bos = jnp.full((tokens.shape[0], 1), bos_id, jnp.int32)
+  return jnp.concatenate([bos, tokens[:, :-1].astype(jnp.int32)], axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderOnlyModel:
+  """Loss, initialisation and inference around a frozen decoder-only `DecoderLM`.
+
+  Attributes:
+    module: the Flax network; `module.prompt` is the prompt method or None.
+    z_loss: coefficient of t5x's z-loss.
+    label_smoothing: label smoothing of the cross-entropy.
+    loss_normalizing_factor: see `losses.cross_entropy_with_z_loss`.
+    temperature: 0 for greedy decoding in `predict_batch`, else sampling at this temperature.
+    top_k: sample among the k likeliest tokens (None: all).
+    eos_id: end-of-sequence id of the task's vocabulary, where generation stops (None: the
+      backbone config's `eos_id`, right when the task reads the model's own tokenizer).
+    bos_id: the id put before the inputs (None: the backbone config's `bos_id`).
+  """
+  module: DecoderLM
+  z_loss: float = 1e-4
+  label_smoothing: float = 0.0
+  loss_normalizing_factor: Union[None, str, float] = losses.NUM_REAL_TARGET_TOKENS
+  temperature: float = 0.0
+  top_k: Optional[int] = None
+  eos_id: Optional[int] = None
+  bos_id: Optional[int] = None
+
+  kind = "decoder"  # the backbone kind (`spot_jax.backbones.kinds`)
+  feature_layout = "decoder_only"  # the batches it reads (`spot_jax.data.FEATURE_LAYOUTS`)
+
+  @property
+  def config(self):
+    return self.module.config
+
+  @property
+  def bos(self) -> int:
+    return int(self.config.bos_id if self.bos_id is None else self.bos_id)
+
+  @property
+  def eos(self) -> int:
+    return int(self.config.eos_id if self.eos_id is None else self.eos_id)
+
+  @property
+  def has_prompt(self) -> bool:
+    return self.module.prompt is not None
+
+  @property
+  def prompt_length(self) -> int:
+    """Positions the prompt adds to the sequence (0 without a prompt or for deep prompts)."""
+    if self.module.prompt is None or is_deep_prompt(self.module.prompt):
+      return 0
+    return int(getattr(self.module.prompt, "length"))
+
+  # --- parameters -------------------------------------------------------------------------
+
+  @staticmethod
+  def dummy_batch(input_length: int, target_length: int, batch_size: int = 1) -> dict[str, Array]:
+    """An all-ones batch of length input_length + target_length (for shapes and initialisation)."""
+    ones = jnp.ones((batch_size, input_length + target_length), jnp.int32)
+    return {"decoder_input_tokens": ones, "decoder_target_tokens": ones,
+            "decoder_loss_weights": ones}
+
+  def backbone_module(self) -> DecoderLM:
+    """The same network without the prompt (the frozen part's own tree)."""
+    return self.module.clone(prompt=None)
+
+  def init_backbone(self, rng: Array, batch: Mapping[str, Array]) -> Params:
+    """Randomly initialised backbone parameters (boxed with logical axes)."""
+    return self.backbone_module().init({"params": rng}, batch["decoder_input_tokens"])["params"]
+
+  def init_prompt(self, rng: Array, frozen_params: Params, batch: Mapping[str, Array]) -> Params:
+    """Prompt-side parameters `{"prompt": ...}` (boxed), initialised against the frozen weights
+    (the initialisers see the loaded embedding table)."""
+    if not self.has_prompt:
+      return {}
+    _, variables = self.module.apply(
+        {"params": frozen_params}, batch["decoder_input_tokens"],
+        rngs={"params": rng, "dropout": rng}, mutable=["params"])
+    return {PROMPT_KEY: variables["params"][PROMPT_KEY]}
+
+  # --- training ---------------------------------------------------------------------------
+
+  def logits(self, params: Params, batch: Mapping[str, Array], *,
+             dropout_rng: Optional[Array] = None, enable_dropout: bool = False,
+             mutable: Any = False) -> Any:
+    """Teacher-forced logits [B, L, V] at the batch's own positions (prompt positions dropped),
+    and the sown state when `mutable` names collections.
+
+    The model reads decoder_input_tokens with BOS at position 0 (without them: the targets
+    shifted right); a position is real where its target token is."""
+    targets = batch["decoder_target_tokens"]
+    tokens = batch.get("decoder_input_tokens")
+    tokens = (shift_right(targets, self.bos) if tokens is None
+              else jnp.asarray(tokens, jnp.int32).at[:, 0].set(self.bos))
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+    out = self.module.apply({"params": params}, tokens, valid=targets > 0,
+                            deterministic=not enable_dropout, task_index=batch.get("task_index"),
+                            rngs=rngs, mutable=mutable)
+    logits, state = out if mutable else (out, {})
+    logits = self.token_logits(logits, tokens.shape[1])
+    return (logits, state) if mutable else logits
+
+  def token_logits(self, logits: Array, length: int) -> Array:
+    """The logits [B, T', V] of a prompted sequence -> [B, T, V] at the tokens' own positions."""
+    extra = logits.shape[1] - length
+    if extra == 0:
+      return logits
+    placement = getattr(self.module.prompt, "placement", "prefix")
+    if placement == "after_bos":
+      return jnp.concatenate([logits[:, :1], logits[:, 1 + extra:]], axis=1)
+    return logits[:, extra:]
+
+  def loss_fn(self, params: Params, batch: Mapping[str, Array], dropout_rng: Optional[Array],
+              enable_dropout: bool = True) -> tuple[Array, dict[str, Array]]:
+    """Loss of a batch (target tokens only) and metrics (sums, prompt statistics, aux losses)."""
+    logits, state = self.logits(params, batch, dropout_rng=dropout_rng,
+                                enable_dropout=enable_dropout,
+                                mutable=["intermediates", "aux_loss"])
+    return self.task_loss(logits, batch, state)
+
+  def task_loss(self, logits: Array, batch: Mapping[str, Array], state: Mapping[str, Any]
+                ) -> tuple[Array, dict[str, Array]]:
+    """The loss of teacher-forced `logits` [B, L, V] and the sown `state` (see `loss_fn`)."""
+    return loss_and_metrics(logits, batch["decoder_target_tokens"],
+                            batch["decoder_loss_weights"], state, z_loss=self.z_loss,
+                            label_smoothing=self.label_smoothing,
+                            loss_normalizing_factor=self.loss_normalizing_factor)
+
+  # --- inference --------------------------------------------------------------------------
+
+  def predict_batch(self, params: Params, encoder_input_tokens: Array, max_decode_length: int,
+                    rng: Optional[Array] = None, task_index: Optional[Array] = None) -> Array:
+    """Generated token ids [B, max_decode_length] after [BOS, inputs] (0 after EOS)."""
+    from spot_jax.backbones.decoder import decoding  # pylint: disable=g-import-not-at-top
+    bos = jnp.full((encoder_input_tokens.shape[0], 1), self.bos, jnp.int32)
+    tokens = jnp.concatenate([bos, encoder_input_tokens.astype(jnp.int32)], axis=1)
+    valid = jnp.concatenate([jnp.ones_like(bos, bool), encoder_input_tokens > 0], axis=1)
+    return decoding.generate(self.module, params, tokens, valid, max_new_tokens=max_decode_length,
+                             rng=rng, temperature=self.temperature, top_k=self.top_k,
+                             eos_id=self.eos, task_index=task_index)
+
+  def _scores(self, params: Params, inputs: Array, targets: Array,
+              task_index: Optional[Array]) -> Array:
+    """Sum of the target tokens' log-probabilities per row, [B]."""
+    tokens, weights = concatenate(inputs, targets)
+    batch = {"decoder_target_tokens": tokens, "task_index": task_index}
+    logits = self.logits(params, batch)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
+    return jnp.sum(picked * weights, axis=1)
+
+  def score_batch(self, params: Params, batch: Mapping[str, Array]) -> Array:
+    """Sum of target-token log-probabilities per example, [B], of a batch of inputs and targets
+    (encoder_input_tokens / decoder_target_tokens, as the evaluator reads them)."""
+    return self._scores(params, batch["encoder_input_tokens"], batch["decoder_target_tokens"],
+                        batch.get("task_index"))
+
+  def classify_batch(self, params: Params, encoder_input_tokens: Array, labels: Array,
+                     task_index: Optional[Array] = None) -> Array:
+    """Log-likelihoods [B, C] of label rows labels [C, S] (EOS included, 0 = padding) as the
+    continuation of inputs [B, T]: the whole sequence is run once per label."""
+    def one(label: Array) -> Array:
+      targets = jnp.broadcast_to(label[None], (encoder_input_tokens.shape[0], label.shape[0]))
+      return self._scores(params, encoder_input_tokens, targets, task_index)
+    return jax.lax.map(one, labels).T
