@@ -7,8 +7,10 @@ keys.
 The identity of a frozen backbone: its configuration plus its checkpoint's files.
 
 Two prompts can only be compared or transferred when they were trained against the same frozen
-model. A fingerprint is a dict {"id", "config", "checkpoint"}: `config` hashes the T5Config
-fields that define the weights' meaning (dropout and activation dtype excluded), `checkpoint`
+model. A fingerprint is a dict {"id", "config", "checkpoint", "model", "kind"}: `config` hashes
+the config fields that define the weights' meaning (dropout and activation dtype excluded; a
+decoder-only config's hash also covers its kind, so no config of one kind shares a hash with
+one of the other), `kind` is the backbone kind ("t5" or "decoder", `backbones.kinds`), `checkpoint`
 is "random:<seed>" for a randomly initialised backbone, or a hash of every file of the
 checkpoint directory (relative path, size, first and last MiB), which is cheap for multi-GB
 checkpoints and changes whenever a file does.
@@ -27,15 +29,26 @@ import jax
 from spot_jax import models
 from spot_jax import partitioning
 from spot_jax import paths
+from spot_jax.backbones import kinds
 from spot_jax.errors import ConfigError
 
 _IGNORED_FIELDS = ("dropout_rate", "dtype")
 _CHUNK = 1 << 20
 
 
+def _kind(config: Any) -> Optional[str]:
+  """The backbone kind of `config`, or None for a dataclass of no kind."""
+  try:
+    return kinds.kind_of(config)
+  except TypeError:
+    return None
+
+
 def config_hash(config: Any) -> str:
-  """sha256 of the weight-defining fields of a T5Config (dataclass)."""
+  """sha256 of the weight-defining fields of a backbone config (any dataclass)."""
   fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in _IGNORED_FIELDS}
+  if _kind(config) not in (None, "t5"):  # T5's hashes are the ones its runs recorded
+    fields["kind"] = _kind(config)
   return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -70,22 +83,22 @@ def fingerprint(config: Any, checkpoint_path: Optional[str], seed: int = 0) -> d
   is "id" (`same_model`).
 
   Args:
-    config: the backbone's T5Config.
+    config: the backbone's config (T5Config or DecoderConfig).
     checkpoint_path: INITIAL_CHECKPOINT_PATH, or None for a random backbone.
     seed: the run seed (it seeds a random backbone; ignored with a checkpoint).
   """
   cfg, ckpt = config_hash(config), checkpoint_identity(checkpoint_path, seed)
   ident = hashlib.sha256(f"{cfg}|{ckpt}".encode()).hexdigest()[:16]
   return {"id": ident, "config": cfg, "checkpoint": ckpt,
-          "model": model_name(cfg, checkpoint_path, seed)}
+          "model": model_name(cfg, checkpoint_path, seed), "kind": _kind(config) or "t5"}
 
 
 def config_names(config_digest: str) -> list[str]:
-  """The registered config names (`spot_jax.backbones.t5.config.CONFIGS`, the
-  gin/models/<name>.gin files) whose weight-defining fields hash to `config_digest` (several
-  share one: t5_1_1_small and t5_1_1_lm100k_small)."""
-  from spot_jax.backbones.t5 import config as config_lib  # pylint: disable=g-import-not-at-top
-  return [name for name, c in config_lib.CONFIGS.items() if config_hash(c) == config_digest]
+  """The registered config names of every kind (`CONFIGS` of `spot_jax.backbones.t5.config` and
+  `spot_jax.backbones.decoder.config`, the gin/models/<name>.gin files) whose weight-defining
+  fields hash to `config_digest` (several share one: t5_1_1_small and t5_1_1_lm100k_small)."""
+  return [name for kind in kinds.KINDS for name, c in kinds.named_configs(kind).items()
+          if config_hash(c) == config_digest]
 
 
 def model_name(config_digest: str, checkpoint_path: Optional[str], seed: int) -> str:
@@ -130,7 +143,8 @@ def record(config: Any, checkpoint_path: Optional[str], seed: int, vocabulary: A
   if checkpoint_path:
     found = resolve_checkpoint_path(str(checkpoint_path))  # the files the run loads
     checkpoint = found if paths.is_remote(found) else embedded.portable(found)
-  return {"config": json.loads(json.dumps(dataclasses.asdict(config), default=list)),
+  return {"kind": _kind(config) or "t5",
+          "config": json.loads(json.dumps(dataclasses.asdict(config), default=list)),
           "checkpoint": checkpoint, "seed": int(seed),
           "fingerprint": fingerprint(config, checkpoint_path, seed),
           "vocabulary": describe_vocabulary(vocabulary) if vocabulary is not None else None}
@@ -146,6 +160,13 @@ def check_same(recorded: dict, current: dict, where: str, flag: str) -> None:
     flag: how to override on purpose (e.g. "--gin.ALLOW_BACKBONE_CHANGE=True").
   """
   if not same_model(recorded, current):
+    old, new = recorded.get("kind", "t5"), current.get("kind", "t5")
+    if old != new:  # a prompt cannot move between kinds: the flag would not help
+      raise ConfigError(f"{where} was trained against the {kinds.DESCRIPTIONS.get(old, old)} "
+                        f"frozen model {describe(recorded)}, not the "
+                        f"{kinds.DESCRIPTIONS.get(new, new)} {describe(current)} given now; a "
+                        f"prompt does not move between backbone kinds: give the backbone it was "
+                        f"trained with, or a new MODEL_DIR")
     raise ConfigError(f"{where} was trained against frozen model {describe(recorded)}, not "
                       f"{describe(current)} given now; give the backbone it was trained with "
                       f"(config and checkpoint), or {flag} to move the prompt on purpose")
@@ -191,21 +212,24 @@ def seed_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   return backbone_rng, prompt_rng, state_rng
 
 
-def load_backbone(model: models.EncoderDecoderModel, dummy: Mapping[str, jax.Array],
+def load_backbone(model: Any, dummy: Mapping[str, jax.Array],
                   initial_checkpoint_path: Optional[str], seed: int, mesh, rules,
                   info: Callable[[str], None] = print) -> tuple[Any, Any]:
   """The frozen backbone on `mesh` (strictly loaded, or random from `seed`) and its shardings.
 
-  Call outside `nn.logical_axis_rules`: shardings are explicit here.
+  `model` is an `EncoderDecoderModel` or a `DecoderOnlyModel`; its config's kind picks the
+  checkpoint loader (`backbones.kinds.load_checkpoint`). Call outside `nn.logical_axis_rules`:
+  shardings are explicit here.
   """
   backbone_rng = seed_keys(seed)[0]
   abstract = jax.eval_shape(model.init_backbone, backbone_rng, dummy)
   shardings = partitioning.param_shardings(abstract, mesh, rules)
   if initial_checkpoint_path:
     check_initial_checkpoint(initial_checkpoint_path)
-    from spot_jax.backbones import t5  # pylint: disable=g-import-not-at-top
     path = resolve_checkpoint_path(initial_checkpoint_path)
-    return t5.load_checkpoint(path, model.config, mesh=mesh, rules=rules), shardings
+    params = kinds.load_checkpoint(kinds.kind_of(model.config), path, model.config, mesh=mesh,
+                                   rules=rules)
+    return params, shardings
   info(f"note: no INITIAL_CHECKPOINT_PATH; the backbone is randomly initialised (seed {seed}); "
        f"fine for smoke tests, meaningless for research")
   init = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)), out_shardings=shardings)

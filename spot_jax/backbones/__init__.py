@@ -5,9 +5,11 @@
   decoder/  the decoder-only kind: the Llama and Gemma 2/3 families as configurations of one
             network (config, Flax network, Hugging Face and Gemma checkpoints, KV-cache decoding,
             tokenizers)
+  kinds     which kind a config is (`kind_of`), each kind's named configs and strict loader
 
 Each kind has a frozen config dataclass, a Flax network that takes an optional prompt module
 (the input hook before the first layer, or the deep hook in every attention layer), strict
 checkpoint loading, and decoding. Code above the backbones reaches a kind through one name
-(`spot_jax.backbones.t5`, `spot_jax.backbones.decoder`); neither kind imports the other.
+(`spot_jax.backbones.t5`, `spot_jax.backbones.decoder`), or asks `kinds` what a config's kind is
+and loads its checkpoint there; neither kind imports the other.
 """
