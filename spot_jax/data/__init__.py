@@ -5,8 +5,9 @@
   task_index each example's task in a mixture (the optional `task_index` feature)
   replay     streams read once per process: what one job read is replayed to the next
 """
-from spot_jax.data.pipeline import (MODEL_FEATURES, DatasetConfig, bucket_boundaries,
-                                    get_mixture_or_task, import_modules, train_batches, validate)
+from spot_jax.data.pipeline import (FEATURE_LAYOUTS, MODEL_FEATURES, DatasetConfig,
+                                    bucket_boundaries, get_mixture_or_task, import_modules,
+                                    train_batches, validate)
 
-__all__ = ["MODEL_FEATURES", "DatasetConfig", "bucket_boundaries", "get_mixture_or_task",
-           "import_modules", "train_batches", "validate"]
+__all__ = ["FEATURE_LAYOUTS", "MODEL_FEATURES", "DatasetConfig", "bucket_boundaries",
+           "get_mixture_or_task", "import_modules", "train_batches", "validate"]

@@ -5,8 +5,10 @@ Inside a window the examples are grouped by the smallest bucket boundary that ho
 seeded random order. Each batch's encoder_input_tokens are cut to its bucket's boundary instead
 of TASK_FEATURE_LENGTHS['inputs']; every example of the window appears exactly once, with the
 same content. Targets keep their fixed length (a short, fixed decoder side; the prompt changes
-only the encoder). Packing stays refused: the model prepends the prompt to each row, so one row
-must be one example. Pure numpy; `spot_jax.data` applies it to the training stream.
+only the encoder). Decoder-only batches (inputs and targets as one sequence of T + S positions)
+are cut to their bucket's boundary plus S, so the targets always fit. Packing stays refused:
+the model prepends the prompt to each row, so one row must be one example. Pure numpy;
+`spot_jax.data` applies it to the training stream.
 """
 from __future__ import annotations
 
@@ -97,19 +99,27 @@ def bucket_batches(window: Mapping[str, np.ndarray], batch_size: int, boundaries
 
   Returns:
     k batches; every example of the window in exactly one, unchanged except that
-    encoder_input_tokens is cut to [batch_size, boundary of the batch's longest input].
+    encoder_input_tokens is cut to [batch_size, boundary of the batch's longest input] (the
+    decoder-only layout's sequence features: to that boundary plus the target length).
   """
-  tokens = window["encoder_input_tokens"]
+  if "encoder_input_tokens" in window:
+    cut, tokens, extra = ("encoder_input_tokens",), window["encoder_input_tokens"], 0
+  else:  # decoder-only: a row fits boundary + S when its inputs and targets together do
+    cut = ("decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights")
+    tokens = window["decoder_target_tokens"]
+    extra = tokens.shape[1] - int(boundaries[-1])
   n = tokens.shape[0]
   if n % batch_size:
     raise ValueError(f"a window of {n} examples is not a whole number of batches of {batch_size}")
-  bucket = np.searchsorted(np.asarray(boundaries), input_lengths(tokens), side="left")
+  edges = np.asarray(boundaries) + extra
+  bucket = np.searchsorted(edges, input_lengths(tokens), side="left")
   order = np.argsort(bucket, kind="stable").reshape(-1, batch_size)
   out = []
   for b in rng.permutation(len(order)):
     rows = order[b]
-    length = int(boundaries[int(bucket[rows].max())])
+    length = int(edges[int(bucket[rows].max())])
     batch = {k: v[rows] for k, v in window.items()}
-    batch["encoder_input_tokens"] = batch["encoder_input_tokens"][:, :length]
+    for name in cut:
+      batch[name] = batch[name][:, :length]
     out.append(batch)
   return out

@@ -1,9 +1,15 @@
 """Input pipeline: seqio tasks -> unpacked, padded, deterministic, resumable training batches.
 
-A batch holds t5x's encoder-decoder features (int32 numpy, [B, T] / [B, S]):
-encoder_input_tokens, decoder_input_tokens (targets shifted right, 0 first),
-decoder_target_tokens, decoder_loss_weights; plus two [B] bool flags,
-inputs_truncated / targets_truncated, so the trainer can count and warn about truncation.
+The model's kind picks the features (`DatasetConfig.feature_layout`, int32 numpy):
+  "encoder_decoder" (T5): t5x's encoder-decoder features, encoder_input_tokens [B, T],
+    decoder_input_tokens (targets shifted right, 0 first), decoder_target_tokens and
+    decoder_loss_weights [B, S];
+  "decoder_only" (Llama, Gemma): inputs and targets as one sequence of L = T + S positions,
+    decoder_target_tokens (inputs ++ targets, right-padded), decoder_input_tokens (shifted
+    right, 0 first: the model puts its BOS there) and decoder_loss_weights (1 on the targets'
+    tokens only), as `spot_jax.models.decoder_only` documents.
+Both add two [B] bool flags, inputs_truncated / targets_truncated, so the trainer can count and
+warn about truncation. The examples, their order and their truncation are the same in both.
 
 Resuming: the stream is a pure function of (task, seed, host shard) and is positioned by the
 number of batches already consumed (`start_position`), which the training state records.
@@ -35,6 +41,7 @@ from spot_jax.errors import ConfigError
 
 MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
                   "decoder_loss_weights")
+FEATURE_LAYOUTS = ("encoder_decoder", "decoder_only")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +67,8 @@ class DatasetConfig:
       batches, more memory: window * batch_size examples are held at once).
     task_names: None (no task feature), or the seqio task names that give each example's
       `task_index` (its task's position here); every task the mixture reads must be listed.
+    feature_layout: "encoder_decoder" or "decoder_only" (see the module docstring); the trainer
+      sets it from the model (`feature_layout` of `spot_jax.models`).
   """
   mixture_or_task_name: str
   task_feature_lengths: Mapping[str, int]
@@ -73,6 +82,7 @@ class DatasetConfig:
   length_buckets: Union[None, str, Sequence[int]] = None
   bucket_window: int = 64
   task_names: Optional[Sequence[str]] = None
+  feature_layout: str = "encoder_decoder"
 
 
 def import_modules(module: Optional[str]) -> None:
@@ -194,6 +204,7 @@ def validate(cfg: DatasetConfig, prompt_length: int = 0) -> None:
                       f"prompt ({prompt_length} tokens); the input length counts real tokens only "
                       f"and must be at least the prompt length")
   validate_lib.positive_int(cfg.batch_size, "BATCH_SIZE")
+  validate_lib.one_of(cfg.feature_layout, "DatasetConfig.feature_layout", FEATURE_LAYOUTS)
   if cfg.task_names is not None and (isinstance(cfg.task_names, str) or not all(
       isinstance(n, str) for n in cfg.task_names)):
     raise ConfigError(f"TASK_NAMES={cfg.task_names!r}; give a list of seqio task names, e.g. "
@@ -239,6 +250,18 @@ def _to_model_features(tf, ex, input_length: int, target_length: int, eos: dict)
   return features
 
 
+def _to_decoder_only(tf, features: dict, length: int):
+  """Encoder-decoder features -> the decoder-only layout: one sequence of `length` = T + S."""
+  inputs, targets = features.pop("encoder_input_tokens"), features["decoder_target_tokens"]
+  real = tf.boolean_mask(inputs, inputs > 0)  # right-padded: the real tokens, in order
+  sequence = _pad(tf, tf.concat([real, tf.boolean_mask(targets, targets > 0)], axis=0), length)
+  weights = tf.concat([tf.zeros_like(real), tf.cast(targets > 0, tf.int32)], axis=0)
+  features["decoder_target_tokens"] = sequence
+  features["decoder_input_tokens"] = tf.concat([tf.zeros([1], tf.int32), sequence[:-1]], axis=0)
+  features["decoder_loss_weights"] = _pad(tf, weights, length)
+  return features
+
+
 def train_batches(cfg: DatasetConfig, *, start_position: int = 0, shard_id: int = 0,
                   num_shards: int = 1) -> Iterator[dict[str, np.ndarray]]:
   """An endless, deterministic iterator of this host's share of each global batch.
@@ -275,6 +298,10 @@ def train_batches(cfg: DatasetConfig, *, start_position: int = 0, shard_id: int 
     ds = task_index.indexed_dataset(source, cfg.task_names, **kwargs)
   ds = ds.map(lambda ex: _to_model_features(tf, ex, lengths["inputs"], lengths["targets"], eos),
               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  if cfg.feature_layout == "decoder_only":
+    total = lengths["inputs"] + lengths["targets"]
+    ds = ds.map(lambda ex: _to_decoder_only(tf, ex, total), num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True)
   rows = cfg.batch_size // num_shards
   lo = shard_id * rows
   boundaries = bucket_boundaries(cfg)

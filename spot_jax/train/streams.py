@@ -3,8 +3,9 @@
 One run: the stream of `spot_jax.data.train_batches`, each process keeping its rows of the
 global batch (as the trainer always did). K runs: every process reads each run's whole stream
 (its own task and seed, positioned by the shared data position) and stacks the K batches into
-one [K, B, ...] global batch; with length buckets the runs' inputs are padded to the widest
-bucket of the step (padding is masked, so each run's losses do not change). Inputs and targets
+one [K, B, ...] global batch; with length buckets the runs' inputs (a decoder-only model's
+sequences) are padded to the widest bucket of the step (padding is masked, so each run's losses
+do not change). Inputs and targets
 longer than TASK_FEATURE_LENGTHS are truncated by the pipeline and counted here.
 """
 from __future__ import annotations
@@ -17,6 +18,10 @@ import numpy as np
 from spot_jax import data as data_lib
 from spot_jax import partitioning
 from spot_jax.data import replay
+
+# The features length buckets cut, by whether the batches are encoder-decoder ones (True).
+_BUCKETED = {True: ("encoder_input_tokens",),
+             False: ("decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights")}
 
 
 class Streams:
@@ -35,7 +40,7 @@ class Streams:
   def _count(self, host: dict) -> dict:
     self.truncated["inputs"] += int(np.sum(host.pop("inputs_truncated")))
     self.truncated["targets"] += int(np.sum(host.pop("targets_truncated")))
-    self.truncated["seen"] += len(host["encoder_input_tokens"])
+    self.truncated["seen"] += len(host["decoder_target_tokens"])
     return host
 
   def global_batches(self, start_position: int, sharding: jax.sharding.Sharding) -> Iterator[dict]:
@@ -49,11 +54,12 @@ class Streams:
                for cfg in self.plan.train_cfgs]
     while True:
       hosts = [self._count(next(s)) for s in streams]
-      width = max(h["encoder_input_tokens"].shape[1] for h in hosts)
+      padded = _BUCKETED["encoder_input_tokens" in hosts[0]]
+      width = max(h[padded[0]].shape[1] for h in hosts)
       stacked = {}
       for name in hosts[0]:
         rows = [h[name] for h in hosts]
-        if name == "encoder_input_tokens" and any(r.shape[1] != width for r in rows):
+        if name in padded and any(r.shape[1] != width for r in rows):
           rows = [np.pad(r, ((0, 0), (0, width - r.shape[1]))) for r in rows]
         stacked[name] = partitioning.global_batch(np.stack(rows), sharding)
       yield stacked
