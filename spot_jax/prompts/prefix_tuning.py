@@ -26,6 +26,12 @@ Layouts of the S slots (`layout`):
     gets prefixes: layer i's key is slot 4i mod 2n and its value slot 4i+1 mod 2n. With an even
     n, layers i and i + n/2 share one prefix and half the slots are never used; with an odd n
     every slot is used once. Requires the two stacks to have the same depth.
+
+On a decoder-only backbone (a `DecoderConfig`) there is one attention type, the decoder's
+self-attention (`attention=("decoder",)`, layout "separate"): S = 2 n slots of K * D numbers (K
+key/value heads, D the head size), layer i's key in slot 2i and its value in slot 2i+1, which is
+also how peft stores a CAUSAL_LM prefix; `layer_prompts` then returns the network's per-layer
+(key, value) pairs, each [1, P, K, D].
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ import numpy as np
 from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, deep, initializers
+from spot_jax.backbones import kinds
 from spot_jax.backbones.t5 import prefixes as prefixes_lib
 from spot_jax.backbones.t5.config import T5Config
 
@@ -65,9 +72,26 @@ def _torch_linear_init(fan_in: int):
   return lambda rng, shape, dtype=jnp.float32: jax.random.uniform(rng, shape, dtype, -bound, bound)
 
 
+def decoder_only(config: Any) -> bool:
+  """Whether `config` is a decoder-only backbone's (one stack, grouped key/value heads)."""
+  try:
+    return kinds.kind_of(config) == "decoder"
+  except TypeError:
+    return False
+
+
+def kv_shape(config: Any) -> tuple[int, int]:
+  """(key/value heads, head size) of one prefix position: K x D on a decoder, H x D on T5."""
+  if decoder_only(config):
+    return config.num_kv_heads, config.head_dim
+  return config.num_heads, config.head_dim
+
+
 def slot_map(attention: Sequence[str], layout: str, config: T5Config
              ) -> dict[str, list[tuple[int, int]]]:
   """{attention type: [(key slot, value slot) per layer]} and, implicitly, S = stored slots."""
+  if decoder_only(config):
+    return {"decoder": [(2 * i, 2 * i + 1) for i in range(config.num_layers)]}
   if layout == "peft":
     n = config.num_encoder_layers
     return {"decoder": [((4 * i) % (2 * n), (4 * i + 1) % (2 * n))
@@ -83,7 +107,7 @@ def slot_map(attention: Sequence[str], layout: str, config: T5Config
 
 def num_slots(attention: Sequence[str], layout: str, config: T5Config) -> int:
   """S, the key/value slots stored (PEFT's num_layers * 2 for the "peft" layout)."""
-  if layout == "peft":
+  if layout == "peft" and not decoder_only(config):
     return 2 * config.num_encoder_layers
   return sum(2 * len(v) for v in slot_map(attention, layout, config).values())
 
@@ -135,6 +159,12 @@ class PrefixTuning(nn.Module):
     if self.dtype is not None and jnp.dtype(self.dtype) != jnp.dtype(config.activation_dtype):
       raise ConfigError(f"PrefixTuning.dtype={jnp.dtype(self.dtype).name} but the backbone runs in "
                         f"{jnp.dtype(config.activation_dtype).name}; leave dtype unset")
+    if decoder_only(config):
+      if self.attention != ("decoder",) or self.layout != "separate":
+        raise ConfigError(f"PrefixTuning(attention={self.attention}, layout={self.layout!r}) on a "
+                          f"decoder-only model, which has only the decoder's self-attention; set "
+                          f"attention=('decoder',) and layout='separate'")
+      return
     if self.layout == "peft" and config.num_encoder_layers != config.num_decoder_layers:
       raise ConfigError(f"PrefixTuning.layout='peft' needs as many decoder as encoder layers "
                         f"(peft sizes its prefix by the encoder); the model has "
@@ -142,12 +172,12 @@ class PrefixTuning(nn.Module):
                         f"layout='separate'")
 
   @nn.compact
-  def layer_prompts(self, config: T5Config, *, embedding: Array, deterministic: bool
-                    ) -> prefixes_lib.DeepPrompt:
-    """The per-layer prefixes (batch axis 1) of `config`'s stacks."""
+  def layer_prompts(self, config: T5Config, *, embedding: Array, deterministic: bool) -> Any:
+    """The per-layer prefixes (batch axis 1) of `config`'s stacks: T5's `DeepPrompt`, or a
+    decoder-only network's per-layer (key, value) pairs."""
     del deterministic  # no dropout in PEFT's prefix encoder
     self._check_config(config)
-    width = config.num_heads * config.head_dim
+    width = int(np.prod(kv_shape(config)))
     slots = num_slots(self.attention, self.layout, config)
     if not self.projection:
       flat = common.prompt_param(self, "prefix", self.prefix_init, (self.length, slots * width),
@@ -172,10 +202,15 @@ class PrefixTuning(nn.Module):
     h = jnp.tanh(dense(hidden, width, ("prompt_embed", "prompt_mlp"), "hidden")(e))
     return dense(slots * width, hidden, ("prompt_mlp", "prompt_embed"), "out")(h)
 
-  def prefixes(self, flat: Array, config: T5Config) -> prefixes_lib.DeepPrompt:
-    """Flat prefixes [P, S * H * D] -> the `DeepPrompt` of this layout."""
-    heads, depth = config.num_heads, config.head_dim
+  def prefixes(self, flat: Array, config: T5Config) -> Any:
+    """Flat prefixes [P, S * H * D] -> the `DeepPrompt` of this layout (a decoder-only model:
+    per layer (key, value), each [1, P, K, D])."""
+    heads, depth = kv_shape(config)
     slots = jnp.asarray(flat, jnp.float32).reshape(self.length, -1, heads, depth)
+    if decoder_only(config):
+      dtype = config.activation_dtype
+      return tuple((slots[None, :, k].astype(dtype), slots[None, :, v].astype(dtype))
+                   for k, v in slot_map(self.attention, self.layout, config)["decoder"])
     out = {}
     for name, pairs in slot_map(self.attention, self.layout, config).items():
       keys = jnp.stack([slots[:, k] for k, _ in pairs])[None]  # [1, layers, P, H, D]
@@ -197,7 +232,7 @@ class PrefixTuning(nn.Module):
     if missing:
       raise ConfigError(f"PrefixTuning.fold: the parameter subtree lacks {sorted(missing)}; pass "
                         f"the `prompt` subtree of a projected PrefixTuning model")
-    width = config.num_heads * config.head_dim
+    width = int(np.prod(kv_shape(config)))
     slots = num_slots(self.attention, self.layout, config)
     e = jnp.asarray(params["embedding"], jnp.float32)
     hp = jax.lax.Precision.HIGHEST
@@ -214,6 +249,9 @@ class PrefixTuning(nn.Module):
   def export_parts(self, params: Any, config: T5Config) -> dict[str, np.ndarray]:
     """{attention type: plain [layers, 2, P, H, D] prefixes} (see `deep`), folded."""
     prompt = self.prefixes(self.fold(params, config)["prefix"], config)
+    if decoder_only(config):
+      return {"decoder": np.stack([np.stack([np.asarray(k[0]), np.asarray(v[0])])
+                                   for k, v in prompt]).astype(np.float32)}
     return {name: np.stack([np.asarray(p.key[0]), np.asarray(p.value[0])], axis=1)
             for name, p in zip(prompt._fields, prompt) if p is not None}
 

@@ -37,13 +37,19 @@ import numpy as np
 from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import common, deep, initializers
-from spot_jax.prompts.prefix_tuning import PrefixTuning
+from spot_jax.prompts.prefix_tuning import PrefixTuning, decoder_only
 from spot_jax.backbones.t5 import prefixes as prefixes_lib
 from spot_jax.backbones.t5.config import T5Config
 
 Array = jax.Array
 
 STACKS = ("encoder", "decoder")
+# The decoder-only network takes raw key/value prefixes (as a transformers cache of length P):
+# tokens would need each frozen layer's own norm and key/value kernels, which it does not apply.
+DECODER_ONLY_REFUSAL = ("PTuningV2's deep prompt tokens need the frozen layers' own key/value "
+                        "projections, which the decoder-only network does not apply to prefixes; "
+                        "use PrefixTuning(attention=('decoder',)) (gin/prompts/prefix_tuning.gin "
+                        "with PREFIX_ATTENTION=('decoder',))")
 
 
 class PTuningV2(nn.Module):
@@ -79,6 +85,8 @@ class PTuningV2(nn.Module):
                     ) -> prefixes_lib.DeepPrompt:
     """The per-layer prompt tokens (batch axis 1) of the chosen stacks."""
     del deterministic
+    if decoder_only(config):
+      raise ConfigError(DECODER_ONLY_REFUSAL)
     if self.dtype is not None and jnp.dtype(self.dtype) != jnp.dtype(config.activation_dtype):
       raise ConfigError(f"PTuningV2.dtype={jnp.dtype(self.dtype).name} but the backbone runs in "
                         f"{jnp.dtype(config.activation_dtype).name}; leave dtype unset")

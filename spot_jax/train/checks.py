@@ -17,8 +17,10 @@ import numpy as np
 from spot_jax import backbone as backbone_lib
 from spot_jax import data as data_lib
 from spot_jax import models
+from spot_jax import prompts
 from spot_jax import validate
 from spot_jax.errors import ConfigError
+from spot_jax.prompts import ptuning_v2
 from spot_jax.train import run_spec as runs_lib
 from spot_jax.train.evaluator import EvalConfig
 from spot_jax.train.step import DROPOUT_RNGS
@@ -86,13 +88,46 @@ class Plan:
 
 
 def _check_input_length(model: Any, cfg: Any) -> None:
-  """Inputs no longer than a prompt method's own maximum (DePT's offset has one row a position)."""
+  """Inputs no longer than a prompt method's own maximum (DePT's offset has one row a position;
+  a decoder-only model's prompt module sees inputs and targets as one sequence)."""
   longest = getattr(model.module.prompt, "max_input_length", None)
-  given = cfg.task_feature_lengths["inputs"]
+  lengths = cfg.task_feature_lengths
+  given = lengths["inputs"]
+  what = "TASK_FEATURE_LENGTHS['inputs']"
+  if getattr(model, "feature_layout", None) == "decoder_only":
+    given, what = given + lengths["targets"], "inputs + targets of TASK_FEATURE_LENGTHS"
   if longest is not None and given > longest:
-    raise ConfigError(f"TASK_FEATURE_LENGTHS['inputs']={given} is longer than the prompt method's "
-                      f"max input length {longest}; give inputs of at most {longest} tokens or a "
-                      f"longer max length (DePT: MAX_INPUT_LENGTH)")
+    raise ConfigError(f"{what}={given} is longer than the prompt method's max input length "
+                      f"{longest}; give inputs of at most {longest} tokens or a longer max length "
+                      f"(DePT: MAX_INPUT_LENGTH)")
+
+
+def check_backbone_kind(model: Any) -> None:
+  """Refuses, in one line, a prompt method setting that cannot apply to the model's backbone kind.
+
+  A decoder-only backbone reads inputs and targets as one causal sequence and has one stack of
+  self-attention: a prompt after the targets (placement 'suffix') would be seen by no target,
+  deep prompts for an encoder or for cross-attention have nowhere to go, and its attention
+  takes raw key/value prefixes (no deep prompt tokens).
+  """
+  prompt = model.module.prompt
+  if getattr(model, "kind", "t5") != "decoder" or prompt is None:
+    return
+  name = type(prompt).__name__
+  if getattr(prompt, "placement", "prefix") == "suffix":
+    raise ConfigError(f"{name}.placement='suffix' puts the prompt after the targets of a "
+                      f"decoder-only model, where no target sees it; use 'prefix' or 'after_bos'")
+  if isinstance(prompt, prompts.PTuningV2):
+    raise ConfigError(ptuning_v2.DECODER_ONLY_REFUSAL)
+  wanted = tuple(getattr(prompt, "attention", ()))
+  other = [w for w in wanted if w != "decoder"]
+  if other:
+    raise ConfigError(f"{name}.attention={wanted!r}: a decoder-only model has no {other[0]!r} "
+                      f"attention, only the decoder's self-attention; set attention=('decoder',) "
+                      f"(PREFIX_ATTENTION)")
+  if getattr(prompt, "layout", "separate") != "separate":
+    raise ConfigError(f"{name}.layout={prompt.layout!r} is PEFT's layout for T5; a decoder-only "
+                      f"model takes layout='separate'")
 
 
 def _steps(name: str, values: Any, total_steps: int) -> list[int]:
@@ -159,6 +194,9 @@ def plan(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Datas
     raise ConfigError("prompt tuning needs a prompt method: add a --gin_file from gin/prompts/ "
                       "(e.g. gin/prompts/prompt_tuning_sampled_vocab.gin), or use "
                       "gin/runs/model_tune.gin")
+  check_backbone_kind(model)
+  train_dataset_cfg = dataclasses.replace(
+      train_dataset_cfg, feature_layout=getattr(model, "feature_layout", "encoder_decoder"))
   total_steps = validate.positive_int(total_steps, "TRAIN_STEPS")
   validate.positive_int(eval_period, "EVAL_PERIOD")
   validate.positive_int(log_period, "log_period")
