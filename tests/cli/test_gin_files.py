@@ -7,7 +7,7 @@ import gin
 import pytest
 
 from spot_jax.cli import gin_flags
-from spot_jax.backbones import t5
+from spot_jax.backbones import decoder, t5
 from tests.helpers import REPO
 
 MODEL_FILES = sorted((REPO / "gin" / "models").glob("*.gin"))
@@ -40,8 +40,12 @@ def test_header_shows_a_full_command(path):
 @pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.name)
 def test_model_files_build_their_named_config(path):
   _parse([path])
-  config = gin.get_configurable(t5.config_by_name)()
-  assert config == t5.config_by_name(path.stem, dropout_rate=0.1)
+  if path.stem in decoder.CONFIGS:  # a decoder-only backbone's file
+    config = gin.get_configurable(decoder.config_by_name)()
+    assert config == decoder.config_by_name(path.stem)
+  else:
+    config = gin.get_configurable(t5.config_by_name)()
+    assert config == t5.config_by_name(path.stem, dropout_rate=0.1)
   model = gin.query_parameter("%MODEL")
   assert model is not None
   assert gin.query_parameter("%PROMPT") is None
