@@ -259,3 +259,14 @@ def test_a_method_that_cannot_apply_is_refused_in_one_line(tmp_path, task_name, 
     _train(tmp_path / "run", task_name, 2, model=_model(prompt()))
   assert "\n" not in str(info.value)
   assert not (tmp_path / "run").exists()
+
+
+def test_prefix_tuning_exports_the_decoder_prefixes(tmp_path, task_name):
+  model = _model(prompts.PrefixTuning(3, attention=("decoder",)))
+  result = _train(tmp_path / "prefix", task_name, 2, model=model)
+  record = np.load(tmp_path / "prefix" / "prompts" / "prompt_step_2.npy")
+  assert record.dtype.names == ("decoder",)
+  assert record["decoder"].shape == (CONFIG.num_layers, 2, 3, CONFIG.num_kv_heads,
+                                     CONFIG.head_dim)
+  flat = np.asarray(jax.device_get(result.state.params["prompt"]["prefix"]))
+  np.testing.assert_array_equal(record["decoder"][1, 0], flat.reshape(3, -1, 2, 8)[:, 2])
