@@ -1,5 +1,6 @@
-"""Files shipped with the package: the embedded toy T5 (`toy_t5/`),
-made by `spot_jax.embedded.pretrain`.
+"""Files shipped with the package: the embedded toy T5 (`toy_t5/`), made by
+`spot_jax.embedded.pretrain`, and the embedded toy decoder (`toy_decoder/`), made by
+`spot_jax.embedded.pretrain_decoder`; both speak the suite's one vocabulary (`tasks.embedded`).
 
 Attributes:
   TOY_DIR: the folder holding the toy model, its vocabulary, gin file, loss log and README.
@@ -8,10 +9,19 @@ Attributes:
   CONFIG_NAME: its `spot_jax.backbones.t5.config_by_name` name.
   TOY_DIR_ENV: environment variable naming another folder made by `pretrain_toy` to use
     instead (read at import).
+  DECODER_DIR: the folder holding the toy decoder, its vocabulary copy, gin file, logs and
+    README.
+  DECODER_CHECKPOINT_PATH: its Hugging Face directory (load with
+    `spot_jax.backbones.decoder.checkpoints.load_checkpoint`).
+  DECODER_VOCAB_PATH: its SentencePiece model (the same bytes as VOCAB_PATH).
+  DECODER_CONFIG_NAME: its config's name (`spot_jax.embedded.decoder_config.toy_config`).
 
 Modules:
   pretrain   `python -m spot_jax.embedded.pretrain`: makes the toy T5 from nothing, on a CPU
-  toy_data   its pretraining data: SentencePiece vocabulary, span corruption, task batches
+  toy_data   the pretraining data: SentencePiece vocabulary, span corruption, task batches, and
+             the decoder's rows of text and of "<task> <inputs> EOS <targets> EOS"
+  pretrain_decoder  `python -m spot_jax.embedded.pretrain_decoder`: makes the toy decoder
+  decoder_config    its config (`decoder_toy`, Llama-style, BOS a row of its own)
 """
 import os
 
@@ -21,6 +31,10 @@ TOY_DIR = (os.environ.get(TOY_DIR_ENV)
 CHECKPOINT_PATH = os.path.join(TOY_DIR, "checkpoint")
 VOCAB_PATH = os.path.join(TOY_DIR, "spm.model")
 CONFIG_NAME = "t5_1_1_toy"
+DECODER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "toy_decoder")
+DECODER_CHECKPOINT_PATH = os.path.join(DECODER_DIR, "checkpoint")
+DECODER_VOCAB_PATH = os.path.join(DECODER_DIR, "spm.model")
+DECODER_CONFIG_NAME = "decoder_toy"
 
 EMBEDDED_PREFIX = "embedded:"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))

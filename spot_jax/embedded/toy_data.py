@@ -1,7 +1,9 @@
-"""Pretraining data of the toy T5: its SentencePiece vocabulary, span corruption and task batches.
+"""Pretraining data of the toy models: the SentencePiece vocabulary, span corruption and task
+batches for the toy T5, plain text and task sequences for the toy decoder.
 
-Everything is a pure function of a seed, so `python -m spot_jax.embedded.pretrain` sees the same
-batches on every machine. Batches have t5x's features (int32 [B, T] / [B, S]).
+Everything is a pure function of a seed, so `python -m spot_jax.embedded.pretrain` (and
+`pretrain_decoder`) see the same batches on every machine. Batches have t5x's features: int32
+[B, T] / [B, S] for the encoder-decoder, [B, L] for the decoder-only model.
 """
 from __future__ import annotations
 
@@ -114,3 +116,52 @@ def pretraining_batches(sp: spm.SentencePieceProcessor, *, seed: int, batch_size
       inputs.append(encoded[key][0][i])
       targets.append(encoded[key][1][i])
     yield to_batch(inputs, targets, input_length, target_length)
+
+
+def decoder_row(tokens: Sequence[int], targets: Sequence[int] = ()) -> tuple[list[int], list[int]]:
+  """A decoder-only row in the trainer's layout (`spot_jax.models.decoder_only`): (tokens EOS
+  [targets EOS], loss weights). Plain text (no targets) is scored on every token; a task example
+  on its targets only, the part a prompt is later trained to produce."""
+  row = list(tokens) + [EOS_ID]
+  if not targets:
+    return row, [1] * len(row)
+  answer = list(targets) + [EOS_ID]
+  return row + answer, [0] * len(row) + [1] * len(answer)
+
+
+def decoder_pretraining_batches(sp: spm.SentencePieceProcessor, *, seed: int, batch_size: int,
+                                length: int, task_fraction: float = 0.5,
+                                tasks: Sequence[str] = suite.PRETRAIN_SOURCES
+                                ) -> Iterator[dict[str, np.ndarray]]:
+  """Endless decoder-only batches [B, length]: whole corpus sentences (as many as fit, one EOS at
+  the end) and, for `task_fraction` of each batch, examples of `tasks` (uniformly mixed) as
+  "<task name> <inputs> EOS <targets> EOS". Features: decoder_target_tokens (right-padded with
+  0), decoder_input_tokens (shifted right, 0 first; the model puts its BOS there) and
+  decoder_loss_weights."""
+  rng = np.random.RandomState(seed)
+  encoded = {k: ([sp.encode(x) for x in suite.examples(k, "train")[0]],
+                 [sp.encode(y) for y in suite.examples(k, "train")[1]]) for k in tasks}
+  num_tasks = int(round(batch_size * task_fraction))
+  while True:
+    rows = []
+    for _ in range(batch_size - num_tasks):
+      tokens = sp.encode(suite.corpus_sentence(rng))[:length - 1]
+      while True:
+        more = sp.encode(suite.corpus_sentence(rng))
+        if len(tokens) + len(more) > length - 1:
+          break  # the sentence that does not fit is drawn and dropped, so rows stay whole
+        tokens += more
+      rows.append(decoder_row(tokens))
+    for _ in range(num_tasks):
+      key = tasks[rng.randint(len(tasks))]
+      i = rng.randint(len(encoded[key][0]))
+      rows.append(decoder_row(encoded[key][0][i], encoded[key][1][i]))
+    targets = np.zeros((batch_size, length), np.int32)
+    weights = np.zeros((batch_size, length), np.int32)
+    for i, (row, weight) in enumerate(rows):
+      if len(row) > length:
+        raise ValueError(f"a pretraining row of {len(row)} tokens does not fit {length}")
+      targets[i, :len(row)], weights[i, :len(row)] = row, weight
+    inputs = np.concatenate([np.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
+    yield {"decoder_target_tokens": targets, "decoder_input_tokens": inputs,
+           "decoder_loss_weights": weights}

@@ -8,6 +8,7 @@ import pytest
 
 from spot_jax.cli import gin_flags
 from spot_jax.backbones import decoder, t5
+from spot_jax.embedded import decoder_config
 from tests.helpers import REPO
 
 MODEL_FILES = sorted((REPO / "gin" / "models").glob("*.gin"))
@@ -40,7 +41,10 @@ def test_header_shows_a_full_command(path):
 @pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.name)
 def test_model_files_build_their_named_config(path):
   _parse([path])
-  if path.stem in decoder.CONFIGS:  # a decoder-only backbone's file
+  if path.stem == decoder_config.NAME:  # the embedded toy decoder's config lives beside it
+    config = gin.get_configurable(decoder_config.toy_config)()
+    assert config == decoder_config.toy_config()
+  elif path.stem in decoder.CONFIGS:  # a decoder-only backbone's file
     config = gin.get_configurable(decoder.config_by_name)()
     assert config == decoder.config_by_name(path.stem)
   else:
