@@ -47,7 +47,7 @@ class Recipe:
     rank_batch_size: examples per rank-classification batch.
   """
   name: str
-  model: models.EncoderDecoderModel
+  model: models.Model
   optimizer: Any
   steps: int
   lengths: Mapping[str, int]

@@ -180,7 +180,7 @@ def check_model_dir(model_dir: Any) -> pathlib.Path:
   return folder
 
 
-def plan(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.DatasetConfig,
+def plan(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
          total_steps: int, model_dir: Any, eval_cfg: Optional[EvalConfig], eval_period: int,
          checkpoint_cfg: CheckpointConfig, initial_checkpoint_path: Optional[str], trainable: str,
          seed: int, log_period: int, dropout_rng: str, seeds: Optional[Sequence[int]],

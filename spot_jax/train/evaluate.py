@@ -27,7 +27,7 @@ from spot_jax.run_dir import RunDir
 from spot_jax.train.evaluator import EvalConfig, Evaluator
 
 
-def _prompt_file_params(model: models.EncoderDecoderModel, prompt_file: str, backbone: Any,
+def _prompt_file_params(model: models.Model, prompt_file: str, backbone: Any,
                         dummy: Any, seed: int) -> dict:
   path = validate.existing_file(prompt_file, "PROMPT_FILE", "a .npy exported by spot_jax.train")
   abstract = jax.eval_shape(model.init_prompt, backbone_lib.seed_keys(seed)[1], backbone, dummy)
@@ -44,7 +44,7 @@ def _prompt_file_params(model: models.EncoderDecoderModel, prompt_file: str, bac
   return {models.PROMPT_KEY: {"prompt": array.astype(np.float32)}}
 
 
-def evaluate_run(*, model: models.EncoderDecoderModel, eval_cfg: EvalConfig,
+def evaluate_run(*, model: models.Model, eval_cfg: EvalConfig,
                  model_dir: Optional[str] = None, step: Optional[Union[int, str]] = None,
                  use_best: bool = True, prompt_file: Optional[str] = None,
                  initial_checkpoint_path: Optional[str] = None, output_dir: Optional[str] = None,

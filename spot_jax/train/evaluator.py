@@ -132,7 +132,7 @@ class ModelOutputs:
   instance, so each function is traced and compiled once for all of them, not once per task.
   """
 
-  def __init__(self, model: models.EncoderDecoderModel, decode_length: int):
+  def __init__(self, model: models.Model, decode_length: int):
     self.key = (id(model), int(decode_length))
     predict = lambda params, tokens: model.predict_batch(params, tokens, int(decode_length))
     self.predict = jax.jit(predict)
@@ -148,12 +148,12 @@ class Evaluator:
   """Evaluates the parameters of one model, or of K stacked runs, on one task or mixture.
 
   Attributes:
-    model: the `EncoderDecoderModel`.
+    model: the prompted model (`models.Model`, either kind).
     config: the `EvalConfig`.
     mesh: the device mesh the parameters live on.
   """
 
-  def __init__(self, model: models.EncoderDecoderModel, config: EvalConfig,
+  def __init__(self, model: models.Model, config: EvalConfig,
                log_dir: Optional[str] = None, mesh: Optional[jax.sharding.Mesh] = None,
                outputs: Optional[ModelOutputs] = None):
     self.model, self.config = model, config

@@ -80,7 +80,7 @@ class Job:
                                          else PartitionSpec(None, partitioning.DATA))
                            if self.stacked else partitioning.batch_sharding(mesh))
     self._runs_axis = runs_axis
-    self.model: Optional[models.EncoderDecoderModel] = None
+    self.model: Optional[models.Model] = None
     self.run_shardings: Any = None    # one run's state shardings
     self.state_shardings: Any = None  # the job's (stacked for K runs)
     self._resumed, self._resumed_step = False, None
@@ -104,7 +104,7 @@ class Job:
 
   # --- 3. the trainable parameters ----------------------------------------------------------
 
-  def init_params(self, model: models.EncoderDecoderModel, backbone: Any, backbone_shardings: Any,
+  def init_params(self, model: models.Model, backbone: Any, backbone_shardings: Any,
                   dummy: Any) -> tuple[Any, Any, Any]:
     """(trainable params, frozen params, frozen shardings): each run's prompt, stacked for K."""
     self.model = model
@@ -315,7 +315,7 @@ class Job:
     for k, ck in enumerate(self.checkpointers):
       ck.save(done, _state_dict(self._run_slice(state, k, self.run_shardings)))
 
-  def evaluators(self, model: models.EncoderDecoderModel, eval_cfg: Optional[EvalConfig]
+  def evaluators(self, model: models.Model, eval_cfg: Optional[EvalConfig]
                  ) -> Optional[list[tuple[Evaluator, list[int]]]]:
     """One evaluator per evaluated task with the runs it evaluates (runs on TASKS: their own)."""
     if eval_cfg is None:

@@ -41,7 +41,7 @@ __all__ = ["TRAINABLE_ALL", "TRAINABLE_PROMPT", "CheckpointConfig", "RunResult",
            "TrainResult", "train"]
 
 
-def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.DatasetConfig,
+def train(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
           total_steps: int, model_dir: str,
           optimizer: Optional[optax.GradientTransformation] = None,
           eval_cfg: Optional[EvalConfig] = None, eval_period: int = 500,
@@ -139,7 +139,7 @@ def train(*, model: models.EncoderDecoderModel, train_dataset_cfg: data_lib.Data
   return job.result(state, frozen, compilations)
 
 
-def _loop(job: job_lib.Job, model: models.EncoderDecoderModel, state: TrainState, frozen: Any,
+def _loop(job: job_lib.Job, model: models.Model, state: TrainState, frozen: Any,
           step_fn, eval_cfg: Optional[EvalConfig], eval_period: int,
           total_steps: int) -> TrainState:
   """Steps from the state's step to `total_steps`: log, export, evaluate, keep best, checkpoint."""

@@ -19,7 +19,7 @@ from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
 
 
-def with_init(model: models.EncoderDecoderModel, prompt_init: Any) -> models.EncoderDecoderModel:
+def with_init(model: models.Model, prompt_init: Any) -> models.Model:
   """`model` with its prompt module's initialiser replaced (None: unchanged)."""
   if prompt_init is None:
     return model
@@ -27,7 +27,7 @@ def with_init(model: models.EncoderDecoderModel, prompt_init: Any) -> models.Enc
       prompt=model.module.prompt.clone(prompt_init=prompt_init)))
 
 
-def initial_prompts(model: models.EncoderDecoderModel, runs: Sequence[Any], backbone: Any,
+def initial_prompts(model: models.Model, runs: Sequence[Any], backbone: Any,
                     dummy: Any, mesh: jax.sharding.Mesh, rules: Any, stacked: bool
                     ) -> tuple[list[Any], Any]:
   """(each run's prompt parameters, one run's prompt shardings).
@@ -67,7 +67,7 @@ def initial_prompts(model: models.EncoderDecoderModel, runs: Sequence[Any], back
   return per_run, shardings
 
 
-def origin(model: models.EncoderDecoderModel, run: Any) -> str:
+def origin(model: models.Model, run: Any) -> str:
   """Where a run's prompt starts, in words, for its record (`RunRecord.init`).
 
   The run's own note when it has one (a SPoT layer's "library entry ..."), else its own

@@ -37,7 +37,7 @@ def dropout_key(step_rng: jax.Array, dropout_rng: str = "threefry") -> jax.Array
   return jax.random.wrap_key_data(jax.random.bits(step_rng, (4,), jnp.uint32), impl=dropout_rng)
 
 
-def make_train_step(model: models.EncoderDecoderModel, tx: optax.GradientTransformation,
+def make_train_step(model: models.Model, tx: optax.GradientTransformation,
                     dropout_rng: str = "threefry"
                     ) -> Callable[[TrainState, Any,
                                    Mapping[str, jax.Array]], tuple[TrainState, dict]]:
@@ -70,7 +70,7 @@ def make_train_step(model: models.EncoderDecoderModel, tx: optax.GradientTransfo
   return train_step
 
 
-def make_runs_step(model: models.EncoderDecoderModel, tx: optax.GradientTransformation,
+def make_runs_step(model: models.Model, tx: optax.GradientTransformation,
                    dropout_rng: str = "threefry", spmd_axis_name: Optional[str] = None
                    ) -> Callable[[TrainState, Any,
                                   Mapping[str, jax.Array]], tuple[TrainState, dict]]:
