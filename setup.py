@@ -13,10 +13,12 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["spot_jax", "spot_jax.*", "tasks", "tasks.*"]),
     package_data={"": ["*.gin"],
                   # The embedded toy T5: vocabulary, README, loss log and its T5X checkpoint
-                  # (zarr arrays are folders holding a hidden .zarray and chunk files).
+                  # (zarr arrays are folders holding a hidden .zarray and chunk files); the
+                  # embedded toy decoder: the same files, its checkpoint a Hugging Face folder.
                   "spot_jax": ["embedded/toy_t5/*", "embedded/toy_t5/checkpoint/*",
                                "embedded/toy_t5/checkpoint/*/*",
-                               "embedded/toy_t5/checkpoint/*/.zarray"]},
+                               "embedded/toy_t5/checkpoint/*/.zarray",
+                               "embedded/toy_decoder/*", "embedded/toy_decoder/checkpoint/*"]},
     install_requires=[
         "jax>=0.6,<0.11",
         "flax>=0.10,<0.13",

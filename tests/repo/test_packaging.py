@@ -1,4 +1,4 @@
-"""What `pip install .` installs: the library, the task registries and the toy model's files;
+"""What `pip install .` installs: the library, the task registries and the toy models' files;
 never the benchmarks, which run from a checkout."""
 import subprocess
 import sys
@@ -31,3 +31,6 @@ def test_the_toy_model_and_gin_files_are_installed(wheel_names):
   assert "spot_jax/embedded/toy_t5/checkpoint/checkpoint" in names
   assert any(n.startswith("spot_jax/embedded/toy_t5/checkpoint/") and n.endswith("/.zarray")
              for n in names)
+  for name in ("spm.model", "decoder_toy.gin", "README.md", "losses.json", "eval.json",
+               "checkpoint/config.json", "checkpoint/model.safetensors"):
+    assert f"spot_jax/embedded/toy_decoder/{name}" in names, name
