@@ -179,7 +179,8 @@ class DecoderLM(nn.Module):
 
   def stack(self, x: Array, *, positions: Array, q_index: Array, k_index: Array,
             k_valid: Array, past: Optional[Prefixes] = None,
-            write_index: Optional[Array] = None) -> tuple[Array, Optional[tuple]]:
+            write_index: Optional[Array] = None,
+            last_only: bool = False) -> tuple[Array, Optional[tuple]]:
     """The layers, the final norm and the output layer.
 
     Args:
@@ -189,6 +190,8 @@ class DecoderLM(nn.Module):
         `layers.attention_mask`).
       past: per layer (key, value): deep prefixes, or the decoding cache (`write_index`).
       write_index: where the inputs' keys and values go in the cache (a scalar), or None.
+      last_only: the logits of the last position only (T = 1 in the result), as decoding's
+        prefill needs: [B, T, V] over a 262k vocabulary would dwarf the rest.
 
     Returns:
       (logits [B, T, V] float32, per layer the written cache, or None without write_index).
@@ -205,7 +208,7 @@ class DecoderLM(nn.Module):
       x, cache = layer(x, positions, masks[cfg.layer_type(i)],
                        None if past is None else past[i], write_index)
       caches.append(cache)
-    x = self.final_norm(x)
+    x = self.final_norm(x[:, -1:] if last_only else x)
     if cfg.tie_word_embeddings:
       logits = jnp.einsum("bte,ve->btv", x, self.table().astype(x.dtype),
                           preferred_element_type=jnp.float32)
