@@ -1,14 +1,18 @@
-"""Serving frozen T5 models with soft prompts (above the trainer; nothing here trains).
+"""Serving frozen T5 and decoder-only models with soft prompts (above the trainer; nothing here
+trains).
 
   table        PromptTable: named prompts (Prompt Tuning, folded Residual and MPT, SMoP, folded
                Residual SMoP, ATTEMPT with its attention network, DePT with its input offset,
                deep prompts' per-layer prefixes) stacked
-  mixed        jitted decoding / scoring of batches whose rows each name their prompt
+  gather       each row's prompt gathered from the table in jit (routing, ATTEMPT, DePT,
+               placement, per-row prefixes), for either backbone kind
+  mixed        jitted decoding / scoring of batches whose rows each name their prompt (T5)
+  mixed_decoder  the same on a decoder-only backbone (Llama, Gemma): [prompt | BOS, inputs]
   prompt_loaders  prompts from modules, .npy files, run directories, PEFT adapters, libraries
   served_backbone  the served backbone and vocabulary: --model's, or the one the run
                directories recorded (run.json), refusing another backbone than recorded
   ensemble     N prompts of one task in one batched pass; majority vote or mean log-probs
-  server       a frozen backbone + table; fixed-size jitted calls, counted
+  server       a frozen backbone (either kind) + table; fixed-size jitted calls, counted
   predict      batches examples through a server into JSONL records and a summary; Phases
   interpret    nearest vocabulary tokens of every prompt token (cosine similarity)
   peft_io      Hugging Face PEFT prompt-tuning adapters and google-research/prompt-tuning .npy

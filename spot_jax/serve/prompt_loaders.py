@@ -29,6 +29,7 @@ from typing import Any, Optional
 import flax.linen as nn
 import numpy as np
 
+from spot_jax.backbones import kinds
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import PROMPT_FILE_RE, RunDir, companion_file
 from spot_jax.prompts import (DEEP_PROMPT_METHODS, ULPT, Attempt, DePT, MultitaskPrompt,
@@ -74,13 +75,31 @@ def from_module(name: str, module: nn.Module, params: Any, source: str = "",
                     f"PrefixTuning and PTuningV2 through from_deep")
 
 
-def from_deep(name: str, parts: dict, config: Optional[T5Config], source: str) -> ServedPrompt:
+def from_deep(name: str, parts: dict, config: Optional[Any], source: str) -> ServedPrompt:
   """A deep prompt's entry (no input prompt) from its parts, checked against `config`."""
   if config is None:
     raise ConfigError(f"{source} is a deep prompt; serving it needs the model's config")
-  deep_lib.check_fits(parts, config, source)
+  if kinds.kind_of(config) == "t5":
+    deep_lib.check_fits(parts, config, source)
+  else:
+    check_decoder_prefixes(parts, config, source)
   return ServedPrompt(name, np.zeros((1, 0, config.emb_dim), np.float32), source=source,
                       deep=parts)
+
+
+def check_decoder_prefixes(parts: dict, config: Any, source: str) -> None:
+  """Refuses, in one line, deep prompt parts a decoder-only `config` cannot take: only decoder
+  self-attention prefixes [layers, 2, P, K, D] of its shape."""
+  other = sorted(set(parts) - {"decoder"})
+  if other:
+    raise ConfigError(f"{source} holds {other[0]!r} prefixes; a decoder-only model has only the "
+                      f"decoder's self-attention (give a prompt trained on this model)")
+  kv = parts["decoder"]
+  want = (config.num_layers, 2, config.num_kv_heads, config.head_dim)
+  if kv.ndim != 5 or (kv.shape[:2] + kv.shape[3:]) != want:
+    raise ConfigError(f"{source} has decoder prefixes of shape {kv.shape}; the model takes "
+                      f"[{config.num_layers}, 2, P, {config.num_kv_heads}, {config.head_dim}] "
+                      f"(give a prompt trained on this model)")
 
 
 def attempt_entry(name: str, candidates: np.ndarray, params: Any, task: int,

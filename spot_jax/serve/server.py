@@ -1,8 +1,10 @@
 """A frozen backbone plus a prompt table, decoding and scoring named rows in fixed-size batches.
 
-Every call runs one jitted function (`mixed.generate_mixed` or `mixed.score_mixed`) on a
+Every call runs one jitted function (`generate_mixed`, `score_mixed` or `classify_mixed`) on a
 batch padded to `batch_size` rows, so a job compiles once per function whatever its prompt
-mix; `forward_passes` counts the calls (the ensemble asserts it makes one).
+mix; `forward_passes` counts the calls (the ensemble asserts it makes one). The backbone's kind
+picks the functions: `mixed` for a T5 `Transformer`, `mixed_decoder` for a decoder-only
+`DecoderLM` (`spot_jax.backbones.kinds`); everything above the server is the same for both.
 """
 from __future__ import annotations
 
@@ -13,16 +15,15 @@ import jax
 import numpy as np
 
 from spot_jax import partitioning
+from spot_jax.backbones import kinds
 from spot_jax.errors import ConfigError
-from spot_jax.serve import mixed
 from spot_jax.serve.table import PromptTable
-from spot_jax.backbones.t5 import generation
-from spot_jax.backbones.t5.network import Transformer
 
 
 @dataclasses.dataclass
 class DecodeSettings:
-  """How to decode (see `spot_jax.backbones.t5.generate`)."""
+  """How to decode (see `spot_jax.backbones.t5.generate`; a decoder-only backbone decodes
+  greedily or samples, and `eos_id` is its vocabulary's end of sequence)."""
   max_decode_length: int = 32
   method: str = "greedy"
   num_beams: int = 4
@@ -34,10 +35,11 @@ class DecodeSettings:
 
 
 class Server:
-  """Serves the prompts of `table` on a frozen T5.
+  """Serves the prompts of `table` on a frozen T5 or decoder-only model.
 
   Attributes:
-    model: the prompt-less `Transformer`.
+    model: the prompt-less `Transformer` or `DecoderLM`.
+    kind: its kind, "t5" or "decoder".
     params: its frozen parameters.
     table: the `PromptTable`.
     placement: where prompts go ("prefix", "after_bos", "suffix").
@@ -47,19 +49,31 @@ class Server:
     forward_passes: jitted calls made so far.
   """
 
-  def __init__(self, model: Transformer, params: Any, table: PromptTable, *,
+  def __init__(self, model: Any, params: Any, table: PromptTable, *,
                placement: str = "prefix", settings: Optional[DecodeSettings] = None,
                mesh: Optional[jax.sharding.Mesh] = None):
     if model.prompt is not None:
-      raise ConfigError("Server needs the prompt-less backbone Transformer(config)")
+      raise ConfigError(f"Server needs the prompt-less backbone {type(model).__name__}(config)")
+    self.kind = kinds.kind_of(model.config)
+    # pylint: disable=g-import-not-at-top  (a job on one kind never imports the other)
+    if self.kind == "decoder":
+      from spot_jax.serve import mixed_decoder as mixed_lib
+      mixed_lib.check_placement(placement)
+      search_settings = mixed_lib.search_settings
+      _check_decoder_table(table, model.config)
+    else:
+      from spot_jax.serve import mixed as mixed_lib
+      from spot_jax.backbones.t5.generation import search_settings
+    # pylint: enable=g-import-not-at-top
     if table.has_tokens:  # P-tuning v2: the backbone's projections give the plain prefixes
       from spot_jax.prompts import deep  # pylint: disable=g-import-not-at-top
       table = table.fold_tokens(lambda t, stack: deep.fold_tokens(t, params, model.config, stack))
     self.model, self.params, self.table, self.placement = model, params, table, placement
+    self._mixed = mixed_lib
     self.settings = settings or DecodeSettings()
     s = self.settings
     rng = jax.random.PRNGKey(s.seed) if s.method == "sample" else None
-    self._dynamic, self._static = generation.search_settings(
+    self._dynamic, self._static = search_settings(
         model, max_decode_length=s.max_decode_length, method=s.method, num_beams=s.num_beams,
         alpha=s.alpha, temperature=s.temperature, top_k=s.top_k, rng=rng, eos_id=s.eos_id)
     self.mesh = mesh
@@ -92,24 +106,34 @@ class Server:
     if rng is not None:
       rng = jax.random.fold_in(rng, batch_index)
     self.forward_passes += 1
-    out, scores = mixed.generate_mixed(self.model, self.params, self._arrays, index, tokens, rng,
-                                       alpha, temperature, placement=self.placement,
-                                       **self._static)
+    out, scores = self._mixed.generate_mixed(self.model, self.params, self._arrays, index,
+                                             tokens, rng, alpha, temperature,
+                                             placement=self.placement, **self._static)
     return self._fetch(out), self._fetch(scores)
 
   def score(self, names: Sequence[str], tokens: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """Log-likelihood [B] of targets [B, S] (EOS included, 0 = padding) under row prompts."""
     index, tokens = self._rows(names, tokens)
     self.forward_passes += 1
-    return self._fetch(mixed.score_mixed(self.model, self.params, self._arrays, index, tokens,
-                                         self._place(np.asarray(targets, np.int32)),
-                                         placement=self.placement))
+    return self._fetch(self._mixed.score_mixed(
+        self.model, self.params, self._arrays, index, tokens,
+        self._place(np.asarray(targets, np.int32)), placement=self.placement))
 
   def classify(self, names: Sequence[str], tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Log-likelihoods [B, C] of C label token rows labels [C, S]: one pass that encodes each of
-    the B inputs once and scores its C labels (B * C decoder rows)."""
+    """Log-likelihoods [B, C] of C label token rows labels [C, S]: one pass (T5: each input
+    encoded once and its C labels scored, B * C decoder rows; a decoder-only backbone: B * C
+    rows of input and label)."""
     index, tokens = self._rows(names, tokens)
     self.forward_passes += 1
-    return self._fetch(mixed.classify_mixed(self.model, self.params, self._arrays, index, tokens,
-                                            self._place(np.asarray(labels, np.int32)),
-                                            placement=self.placement))
+    return self._fetch(self._mixed.classify_mixed(
+        self.model, self.params, self._arrays, index, tokens,
+        self._place(np.asarray(labels, np.int32)), placement=self.placement))
+
+
+
+def _check_decoder_table(table: PromptTable, config: Any) -> None:
+  """Refuses, in one line, entries a decoder-only backbone cannot serve."""
+  from spot_jax.serve import prompt_loaders  # pylint: disable=g-import-not-at-top
+  for e in table.entries:
+    if e.deep:
+      prompt_loaders.check_decoder_prefixes(e.deep, config, f"prompt {e.name!r} ({e.source})")
