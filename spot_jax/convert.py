@@ -1,4 +1,6 @@
-"""Converts a Hugging Face T5 directory into a T5X (or orbax) checkpoint, and back.
+"""Converts a Hugging Face T5 directory into a T5X (or orbax) checkpoint, and back; and
+decoder-only models (Llama, Gemma 2/3, Qwen) between Hugging Face and the gemma library's orbax
+layout (`spot_jax.backbones.decoder.convert`).
 
   python -m spot_jax.convert --hf_dir=/models/t5-base-lm-adapt \
       --output_dir=/ckpts/t5_1_1_lm100k_base/checkpoint_0 [--format=t5x|orbax] \
@@ -8,6 +10,10 @@
 
 The second form (T5X or orbax -> Hugging Face) writes config.json + model.safetensors
 (`spot_jax.backbones.t5.hf_export`), e.g. as the base model of an exported PEFT prompt adapter.
+
+Decoder-only models take the same flags: a `--hf_dir` whose config.json names a decoder model
+type becomes a Gemma orbax checkpoint (`--format=gemma`, the default for them), and
+`--checkpoint` with a decoder `--model` (e.g. gemma_3_1b) becomes a Hugging Face directory.
 
 The model config comes from the directory's config.json; with `--model` (a config name or a gin
 model file) the checkpoint must match that config exactly. The T5X output (msgpack `checkpoint` +
@@ -97,7 +103,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      "directory (needs --model)")
   flags.add_output_dir(parser,
                        "checkpoint (or, with --checkpoint, Hugging Face) directory to create")
-  parser.add_argument("--format", default="t5x", choices=("t5x", "orbax"))
+  parser.add_argument("--format", default=None, choices=("t5x", "orbax", "gemma"),
+                      help="t5x (default for T5) or orbax; gemma for decoder-only models")
   parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
   args = parser.parse_args(argv)
   if (args.hf_dir is None) == (args.checkpoint is None):
@@ -106,6 +113,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error("the following arguments are required: --output_dir")
   # before reading any weights: the result is staged beside --output_dir, in its folder
   fileio.writable_dir(os.path.dirname(os.path.abspath(args.output_dir)), "--output_dir's folder")
+  decoder = _decoder_config(args)
+  if decoder is not None or (args.hf_dir and _decoder_dir(args.hf_dir)):
+    return _convert_decoder(args, decoder)
+  if args.format == "gemma":
+    raise ConfigError("--format=gemma is for decoder-only models (Gemma, Llama, Qwen); a T5 "
+                      "checkpoint converts to --format=t5x or --format=orbax")
+  args.format = args.format or "t5x"
   if args.checkpoint is not None:
     return _to_hf(args)
   config = flags.model_config(args.model, args.model_binding) if args.model else None
@@ -115,6 +129,46 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   arch = f"config {', '.join(names)}" if names else f"config {config}"
   print(f"wrote {args.format} checkpoint with {tensors} tensors ({size:,} parameters, float32; "
         f"{arch}) to {args.output_dir}")
+  return 0
+
+
+def _decoder_dir(hf_dir: str) -> bool:
+  """Whether --hf_dir holds a decoder-only model (by its config.json's model_type)."""
+  from spot_jax.backbones.decoder import convert as decoder_convert  # pylint: disable=g-import-not-at-top
+  config_file = os.path.join(hf_dir, "config.json")
+  return os.path.isfile(config_file) and decoder_convert.is_decoder_dir(
+      fileio.read_json(config_file, "--hf_dir's config.json"))
+
+
+def _decoder_config(args) -> Optional[object]:
+  """--model's DecoderConfig when it names a decoder config, else None (a T5 name or file)."""
+  from spot_jax.backbones.decoder import config as decoder_config  # pylint: disable=g-import-not-at-top
+  if args.model and args.model in decoder_config.CONFIGS:
+    if args.model_binding:
+      raise ConfigError("--model_binding applies to a gin model file; give --model=<file>.gin")
+    return decoder_config.config_by_name(args.model)
+  return None
+
+
+def _convert_decoder(args, config) -> int:
+  """The decoder-only conversions (`spot_jax.backbones.decoder.convert`)."""
+  from spot_jax.backbones.decoder import convert as decoder_convert  # pylint: disable=g-import-not-at-top
+  if args.format not in (None, "gemma"):
+    raise ConfigError(f"--format={args.format} is a T5 format; a decoder-only model converts "
+                      "to --format=gemma (Hugging Face -> the gemma library's orbax layout)")
+  if args.checkpoint is not None:
+    if config is None:
+      from spot_jax.backbones.decoder import config as decoder_config  # pylint: disable=g-import-not-at-top
+      raise ConfigError("--checkpoint of a decoder-only model needs --model, a decoder config "
+                        f"name: {', '.join(sorted(decoder_config.CONFIGS))}")
+    size = decoder_convert.to_hf(args.checkpoint, config, args.output_dir,
+                                 overwrite=args.overwrite)
+    print(f"wrote Hugging Face directory ({size:,} parameters, float32; config {args.model}) "
+          f"to {args.output_dir}")
+    return 0
+  config, size = decoder_convert.hf_to_gemma(args.hf_dir, args.output_dir, config=config,
+                                             overwrite=args.overwrite)
+  print(f"wrote Gemma orbax checkpoint ({size:,} parameters, float32) to {args.output_dir}")
   return 0
 
 
