@@ -67,17 +67,18 @@ def claim_tests(margin: float = MARGIN) -> dict[tuple[str, str], verdicts_lib.Te
 CLAIM_TESTS = claim_tests()
 
 
-# The claims the default demo is for, in this order (the other rows of PAIRED_CLAIMS are in the
-# claims table only).
+# The claims the default demo is for, in this order, then ULPT's when it is asked for
+# (`--methods=...,ulpt`); the other rows of PAIRED_CLAIMS are in the claims table only.
 HEADLINE_HEADING = "The papers' headline claims on the targets' mean"
-HEADLINE = (("spot", "pt"), ("spot_unrelated", "pt"), ("residual", "pt"), ("smop", "pt"))
+HEADLINE = (("spot", "pt"), ("spot_unrelated", "pt"), ("residual", "pt"), ("smop", "pt"),
+            ("ulpt", "pt"))
 
 
 # The pilot: the SD (points) of one seed's paired difference on the targets' mean, per headline
 # claim, over the default design's pool of 60 seeds (`python -m spot_jax.demo` with seeds 0-19,
-# 20-39 and 40-59; docs/embedded.md, "Power").
+# 20-39 and 40-59; docs/embedded.md, "Power"); ULPT's from `--methods=pt,ulpt` on the same seeds.
 PILOT_SD = {("spot", "pt"): 5.79, ("spot_unrelated", "pt"): 7.06, ("residual", "pt"): 5.69,
-            ("smop", "pt"): 6.71}
+            ("smop", "pt"): 6.71, ("ulpt", "pt"): 7.36}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,7 +103,7 @@ def test_the_design_reaches_its_power_on_every_claim_and_warns_below_it():
   assert set(spot_only.plans()) == {("spot", "pt")} and spot_only.seeds() < needed
   assert claims.Design(claims=()).seeds() == 2 and claims.Design(claims=()).shortfall(2) is None
   rows = claims.power_rows(design, methods.DEFAULT_SEEDS, methods.METHOD_NAMES)
-  assert rows[0][-1] == f"power at {methods.DEFAULT_SEEDS} seeds" and len(rows) == 5
+  assert rows[0][-1] == f"power at {methods.DEFAULT_SEEDS} seeds" and len(rows) == 6
   assert {r[1] for r in rows[1:]} == {"superiority at +3", "non-inferiority, margin 3 points",
                                       "equivalence, margin 3 points"}
 
