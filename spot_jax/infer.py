@@ -1,4 +1,4 @@
-"""`python -m spot_jax.infer`: serve soft prompts on a frozen T5.
+"""`python -m spot_jax.infer`: serve soft prompts on a frozen T5 or decoder-only model.
 
   # A run directory alone: its recorded backbone and vocabulary (no --model, no --vocab)
   python -m spot_jax.infer --prompt=/runs/rte_pt --input=in.txt --output=out.jsonl
@@ -26,7 +26,9 @@ Run directories record their backbone and vocabulary (run.json): without --model
 on the recorded config, checkpoint and vocabulary (spot_jax.serve.served_backbone); a --model or
 --checkpoint other than the recorded one is refused unless --allow_backbone_change. With
 --model and no --checkpoint the backbone is the random one of --seed (what a smoke run trains
-against). See docs/serving.md.
+against). A decoder-only run (Llama, Gemma) serves the same way: its inputs become
+[BOS, inputs] as in training, it decodes greedily or samples, and a prompt of the other kind is
+refused in one line. See docs/serving.md.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from spot_jax import cli, fileio, validate
+from spot_jax import cli, validate
 from spot_jax.cli import distributed
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
@@ -158,7 +160,8 @@ def main(argv: Sequence[str]) -> int:
       weights_used=not (args.export_peft or args.export_npy or args.export_peft_mpt))
   config = served.config
   if args.export_peft_mpt:
-    return _export_mpt(args, specs, config)
+    from spot_jax.serve import export  # pylint: disable=g-import-not-at-top
+    return export.export_mpt(args, specs, config)
   fingerprint = None  # library entries must match the served model
   if any(prompt_loaders.library_reference(p) for _, p in specs):
     fingerprint = served.fingerprint()
@@ -169,73 +172,11 @@ def main(argv: Sequence[str]) -> int:
   table = table_lib.PromptTable(entries, config.emb_dim)
   phases.mark("imports and prompts")
   if args.export_peft or args.export_npy:
-    return _export(args, table, config)
+    from spot_jax.serve import export  # pylint: disable=g-import-not-at-top
+    return export.export(args, table, config)
   if args.interpret:
     return _interpret(args, table, served)
   return _predict(args, table, served, phases)
-
-
-def _single(table, what: str):
-  if len(table) != 1:
-    raise ConfigError(f"{what} exports one prompt; {len(table)} given ({', '.join(table.names)})")
-  entry = table.entries[0]
-  if entry.deep and what != "--export_peft":
-    raise ConfigError(f"prompt {entry.name!r} is a deep prompt (per-layer prefixes); {what} holds "
-                      f"one [L, E] input prompt (its run's prompts/*.npy is the deep record)")
-  if entry.num_prompts != 1:
-    raise ConfigError(f"prompt {entry.name!r} is a per-input mixture of {entry.num_prompts} "
-                      f"prompts ({entry.routing} routing, SMoP or ATTEMPT); {what} holds one [L, "
-                      "E] prompt")
-  if entry.offset is not None:
-    raise ConfigError(f"prompt {entry.name!r} is a DePT prompt with an offset of the input "
-                      f"embeddings; {what} holds one [L, E] prompt without it")
-  return entry
-
-
-def _export_mpt(args, specs, config) -> int:
-  from spot_jax.serve import peft_mpt  # pylint: disable=g-import-not-at-top
-  if len(specs) != 1:
-    raise ConfigError(f"--export_peft_mpt exports one MPT prompt; {len(specs)} given")
-  fileio.writable_dir(os.path.dirname(os.path.abspath(args.export_peft_mpt)),
-                      "--export_peft_mpt's folder")
-  arrays = peft_mpt.source_arrays(specs[0][1], config)
-  peft_mpt.export_adapter(arrays, config, args.export_peft_mpt,
-                          base_model_name_or_path=args.base_model, overwrite=args.overwrite)
-  k, length, r = arrays["task_cols"].shape
-  print(f"wrote PEFT multitask prompt-tuning adapter ({k} tasks, {length} tokens x "
-        f"{arrays['shared'].shape[1]}, rank {r}) of {specs[0][0]!r} to {args.export_peft_mpt}")
-  return 0
-
-
-def _export(args, table, config) -> int:
-  from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
-  if args.export_peft:
-    entry = _single(table, "--export_peft")
-    fileio.writable_dir(os.path.dirname(os.path.abspath(args.export_peft)),
-                        "--export_peft's folder")
-    if entry.deep:
-      if entry.has_tokens or entry.length:
-        raise ConfigError(f"prompt {entry.name!r} is not plain decoder prefixes; peft's prefix "
-                          f"tuning holds decoder self-attention prefixes only")
-      peft_io.export_prefix_adapter(entry.deep, config, args.export_peft,
-                                    base_model_name_or_path=args.base_model,
-                                    overwrite=args.overwrite)
-      print(f"wrote PEFT prefix-tuning adapter ({entry.deep['decoder'].shape[2]} prefix positions "
-            f"x {config.num_decoder_layers} decoder layers) of {entry.name!r} to "
-            f"{args.export_peft}")
-      return 0
-    peft_io.export_adapter(entry.prompts[0], config, args.export_peft,
-                           base_model_name_or_path=args.base_model, overwrite=args.overwrite)
-    print(f"wrote PEFT prompt-tuning adapter ({entry.length} tokens x {entry.width}) of "
-          f"{entry.name!r} to {args.export_peft}")
-  else:
-    entry = _single(table, "--export_npy")
-    validate.output_file(args.export_npy, "--export_npy")
-    if os.path.exists(args.export_npy) and not args.overwrite:
-      raise ConfigError(f"{args.export_npy} exists; pass --overwrite to replace it")
-    peft_io.export_npy(entry.prompts[0], args.export_npy)
-    print(f"wrote [{entry.length}, {entry.width}] prompt {entry.name!r} to {args.export_npy}")
-  return 0
 
 
 def _backbone(served) -> tuple[Any, Any]:
@@ -244,13 +185,11 @@ def _backbone(served) -> tuple[Any, Any]:
   from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
   if served.checkpoint and jax.process_count() == 1:
     # Straight onto the device: no mesh, no abstract init of its own.
-    from spot_jax.backbones.t5 import checkpoints  # pylint: disable=g-import-not-at-top
     backbone_lib.check_initial_checkpoint(served.checkpoint)
-    return checkpoints.load_checkpoint(backbone_lib.resolve_checkpoint_path(served.checkpoint),
-                                       served.config), None
-  from spot_jax import models, partitioning  # pylint: disable=g-import-not-at-top
-  from spot_jax.backbones.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  model = models.EncoderDecoderModel(Transformer(served.config))
+    path = backbone_lib.resolve_checkpoint_path(served.checkpoint)
+    return kinds.load_checkpoint(served.kind, path, served.config), None
+  from spot_jax import partitioning  # pylint: disable=g-import-not-at-top
+  model = served.model()
   mesh = partitioning.create_mesh(1)
   note = lambda line: print(line, file=sys.stderr)
   params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), served.checkpoint,
@@ -266,7 +205,7 @@ def _interpret(args, table, served) -> int:
                       f"(per-layer keys and values, no vocabulary neighbours)")
   if args.output:
     validate.output_file(args.output, "--output")
-  if served.checkpoint:
+  if served.checkpoint and served.kind == "t5":
     from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
     from spot_jax.backbones.t5 import checkpoints  # pylint: disable=g-import-not-at-top
     backbone_lib.check_initial_checkpoint(served.checkpoint)
@@ -313,17 +252,17 @@ def _predict(args, table, served, phases) -> int:
     names = _resolve_prompts(args, table, examples)  # before the (slow) vocabulary import
     vocab = served.vocabulary(args.vocab)  # --vocab's, the runs' recorded one, or T5's
   config = served.config
-  if vocab.vocab_size > config.vocab_size:
-    raise ConfigError(f"the vocabulary has {vocab.vocab_size} ids but the model's table has "
-                      f"{config.vocab_size}; give the model's vocabulary (--vocab)")
+  served.check_vocabulary(vocab)
   tokens = _tokens(args, vocab, examples)
+  if tokens.max() >= config.vocab_size:
+    raise ConfigError(f"an input encodes to id {tokens.max()}, beyond the model's table of "
+                      f"{config.vocab_size} ids; give inputs (or --vocab) the model was trained on")
   phases.mark("inputs and vocabulary")
   labels = inputs.label_tokens(vocab, args.label, args.target_length) if args.label else None
   settings = server_lib.DecodeSettings(args.target_length, args.method, args.num_beams,
                                        args.alpha, args.temperature, args.top_k, args.seed)
-  from spot_jax.backbones.t5 import Transformer  # pylint: disable=g-import-not-at-top
   params, mesh = _backbone(served)
-  srv = server_lib.Server(Transformer(config), params, table, placement=args.placement,
+  srv = server_lib.Server(served.network(), params, table, placement=args.placement,
                           settings=settings, mesh=mesh if jax.process_count() > 1 else None)
   phases.mark("backbone")
   show, first = predict.tty_progress(PROG), []

@@ -121,7 +121,9 @@ def pairs(flag: str, items: Sequence[str], example: str) -> dict[str, str]:
 
 
 def model_config(spec: str, bindings: Sequence[str] = (), **overrides):
-  """The T5Config of `--model` (a config name or a gin model file), with `overrides` applied.
+  """The backbone config of `--model` (a T5 or decoder-only config name, or a gin model file),
+  with `overrides` applied where the config has the field (a decoder-only config has no
+  dropout: `dropout_rate=0.0` holds for it as it is).
 
   Raises:
     ConfigError: an unknown config name or gin file, or --model_binding without a gin file.
@@ -133,6 +135,13 @@ def model_config(spec: str, bindings: Sequence[str] = (), **overrides):
     if bindings:
       raise ConfigError(f"--model_binding applies to a gin model file; --model={spec} is a config "
                         f"name (give --model=<file>.gin, or drop --model_binding)")
-    from spot_jax.backbones.t5.config import config_by_name  # pylint: disable=g-import-not-at-top
-    config = config_by_name(spec)
+    from spot_jax.backbones import kinds  # pylint: disable=g-import-not-at-top
+    decoders = kinds.named_configs("decoder")
+    if spec in decoders:
+      config = decoders[spec]
+    else:
+      from spot_jax.backbones.t5.config import config_by_name  # pylint: disable=g-import-not-at-top
+      config = config_by_name(spec)
+  fields = {f.name for f in dataclasses.fields(config)}
+  overrides = {k: v for k, v in overrides.items() if k in fields}
   return dataclasses.replace(config, **overrides) if overrides else config

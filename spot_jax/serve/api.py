@@ -173,6 +173,9 @@ def token_rows(vocab: Any, texts: Sequence[str], field: str, limits: Limits,
                             f"server's input length {limits.input_length}; shorten it (or start "
                             f"the server with --truncate)", field)
       ids = ids[:limits.input_length - 1] + [1]
+    if max(ids) >= limits.vocab_size:
+      raise ApiError(400, f"{where} encodes to id {max(ids)}, beyond the model's table of "
+                          f"{limits.vocab_size} ids; give text the model was trained on", field)
     if offset_length and len(ids) > offset_length:
       raise ApiError(400, f"{where} is {len(ids)} tokens (EOS included) but the prompt offsets "
                           f"only its first {offset_length} input positions (DePT); give at most "

@@ -16,7 +16,6 @@ import numpy as np
 
 from spot_jax import infer
 from spot_jax.cli import flags
-from spot_jax.errors import ConfigError
 from spot_jax.serve import api, batcher as batcher_lib, capacity as capacity_lib
 from spot_jax.serve import catalog as catalog_lib, follow
 from spot_jax.serve import metrics as metrics_lib, prompt_loaders, served_backbone
@@ -42,8 +41,10 @@ class Loader:
 
   def __call__(self, name: str, path: str) -> list:
     from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
+    runs = served_backbone.recorded_runs([path])
+    served_backbone.check_kinds(runs, self.served.kind)
     if not self.args.allow_backbone_change:
-      for where, record in served_backbone.recorded_runs([path]):
+      for where, record in runs:
         backbone_lib.check_same(record.fingerprint, self.fingerprint(), f"prompt {where}",
                                 served_backbone.OVERRIDE_FLAG)
     library = prompt_loaders.library_reference(path) is not None
@@ -87,20 +88,17 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
   loader = Loader(served, args)
   entries = [e for name, path in specs for e in loader(name, path)]
   vocab = served.vocabulary(args.vocab)
-  if vocab.vocab_size > config.vocab_size:
-    raise ConfigError(f"the vocabulary has {vocab.vocab_size} ids but the model's table has "
-                      f"{config.vocab_size}; give the model's vocabulary (--vocab)")
+  served.check_vocabulary(vocab)
   limits = api.Limits(args.input_length, args.target_length, args.max_batch_size,
                       config.vocab_size, args.truncate, tuple(args.label))
   if args.label:
     from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
     inputs.label_tokens(vocab, args.label, args.target_length)  # checked now, not per request
-  from spot_jax.backbones.t5 import Transformer  # pylint: disable=g-import-not-at-top
   params, mesh = infer._backbone(served)  # pylint: disable=protected-access
   several = jax.process_count() > 1  # the others repeat process 0's calls (`follow`)
   mirror = follow.Mirror(several)
   capacity = capacity_lib.Capacity(capacity_lib.next_power_of_two(args.table_rows), 0, 0, 0, 0)
-  catalog = catalog_lib.Catalog(Transformer(config), params, entries, emb_dim=config.emb_dim,
+  catalog = catalog_lib.Catalog(served.network(), params, entries, emb_dim=config.emb_dim,
                                 target_length=args.target_length, load=loader,
                                 placement=args.placement, seed=args.seed, capacity=capacity,
                                 mesh=mesh if several else None, mirror=mirror)

@@ -11,7 +11,8 @@
   from_library    a SPoT prompt library entry, `LIBRARY_DIR#ENTRY_ID` (its best prompt), refused
                   when the entry was trained against another frozen model
   load            any of the above by path (a directory holding adapter_config.json is a
-                  PEFT adapter, see `peft_io` and `peft_mpt`)
+                  PEFT adapter, see `peft_io` and `peft_mpt`; on a decoder-only model a
+                  CAUSAL_LM one, see `peft_causal`)
   load_all        `load`, with one entry per task of a multi-task run or adapter ("NAME/k")
 
 Multi-task prompts (ATTEMPT with several targets, MPT) serve one task per entry: `task` picks
@@ -290,6 +291,8 @@ def load(name: str, path: str, smop_routing: str = "linear",
   p = pathlib.Path(path)
   if p.is_dir() and (p / "adapter_config.json").exists():
     from spot_jax.serve import peft_io, peft_mpt  # pylint: disable=g-import-not-at-top
+    if config is not None and kinds.kind_of(config) == "decoder":
+      return _causal_adapter(name, str(p), config)
     if peft_mpt.adapter_type(str(p)) == peft_mpt.PEFT_TYPE:
       arrays = peft_mpt.read_adapter(str(p), config)
       if not 0 <= task < arrays["task_cols"].shape[0]:
@@ -309,6 +312,15 @@ def load(name: str, path: str, smop_routing: str = "linear",
     return from_npy(name, str(p))
   raise ConfigError(f"prompt {name!r}: {path} does not exist; give a run directory (MODEL_DIR), "
                     f"a .npy prompt, a PEFT adapter directory or LIBRARY_DIR#ENTRY_ID")
+
+
+def _causal_adapter(name: str, path: str, config: Any) -> ServedPrompt:
+  """A PEFT CAUSAL_LM prompt- or prefix-tuning adapter on a decoder-only model (`peft_causal`)."""
+  from spot_jax.serve import peft_causal, peft_io  # pylint: disable=g-import-not-at-top
+  if peft_io.peft_type(path) == peft_io.PREFIX_TUNING:
+    return from_deep(name, {"decoder": peft_causal.read_prefix_adapter(path, config)}, config,
+                     path)
+  return ServedPrompt(name, peft_causal.read_prompt_adapter(path, config), source=path)
 
 
 def load_all(name: str, path: str, **kwargs: Any) -> list[ServedPrompt]:

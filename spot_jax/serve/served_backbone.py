@@ -15,6 +15,11 @@ directories needs no --model and no --vocab:
 
 Only directories holding run.json count: .npy prompts, PEFT adapters and library entries record
 no config (library entries are checked against the served fingerprint where they are loaded).
+
+Both backbone kinds serve (`spot_jax.backbones.kinds`): a run records its kind with its config,
+and a run of one kind is refused on the other in one line, even with --allow_backbone_change.
+A decoder-only backbone reads the runs' recorded (task) vocabulary, or --vocab, or else the
+tokenizer of its checkpoint directory; BOS is its config's.
 """
 from __future__ import annotations
 
@@ -25,9 +30,9 @@ from typing import Any, Optional, Sequence
 
 from spot_jax import backbone as backbone_lib
 from spot_jax import embedded
+from spot_jax.backbones import kinds
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import RunDir, RunRecord
-from spot_jax.backbones.t5.config import T5Config
 
 OVERRIDE_FLAG = "--allow_backbone_change"
 
@@ -37,13 +42,13 @@ class ServedBackbone:
   """What `infer` serves on.
 
   Attributes:
-    config: the T5Config (dropout off).
+    config: the T5Config (dropout off) or DecoderConfig.
     checkpoint: the frozen weights' local or remote path, or None for a random backbone.
     seed: the seed of the random backbone (unused with a checkpoint).
     origin: where the settings came from ("--model", or the run directory whose record it is).
     vocabularies: (run directory, recorded vocabulary) of every run that recorded one.
   """
-  config: T5Config
+  config: Any
   checkpoint: Optional[str]
   seed: int
   origin: str
@@ -53,13 +58,49 @@ class ServedBackbone:
     """`spot_jax.backbone.fingerprint` of the served backbone (hashes the checkpoint's files)."""
     return backbone_lib.fingerprint(self.config, self.checkpoint, self.seed)
 
+  @property
+  def kind(self) -> str:
+    """"t5" or "decoder"."""
+    return kinds.kind_of(self.config)
+
+  def network(self) -> Any:
+    """The prompt-less frozen network: `Transformer(config)` or `DecoderLM(config)`."""
+    # pylint: disable=g-import-not-at-top  (a job on one kind never imports the other)
+    if self.kind == "decoder":
+      from spot_jax.backbones.decoder.network import DecoderLM
+      return DecoderLM(self.config)
+    from spot_jax.backbones.t5.network import Transformer
+    return Transformer(self.config)
+
+  def model(self) -> Any:
+    """The prompted model around `network()` (what `backbone.load_backbone` initialises)."""
+    from spot_jax import models  # pylint: disable=g-import-not-at-top
+    if self.kind == "decoder":
+      return models.DecoderOnlyModel(self.network())
+    return models.EncoderDecoderModel(self.network())
+
+  def check_vocabulary(self, vocab: Any) -> None:
+    """Refuses a vocabulary with more ids than a T5's table (a decoder-only model trained on a
+    larger vocabulary's ids, e.g. bytes on a tiny table, is checked per input instead)."""
+    if self.kind == "t5" and vocab.vocab_size > self.config.vocab_size:
+      raise ConfigError(f"the vocabulary has {vocab.vocab_size} ids but the model's table has "
+                        f"{self.config.vocab_size}; give the model's vocabulary (--vocab)")
+
   def vocabulary(self, flag: Optional[str]) -> Any:
-    """The vocabulary of the inputs: --vocab's, else the runs' recorded one, else T5's.
+    """The vocabulary of the inputs: --vocab's, else the runs' recorded one, else T5's (a
+    decoder-only backbone: its checkpoint's tokenizer).
 
     Raises:
-      ConfigError: runs that recorded different vocabularies, or a recorded file gone.
+      ConfigError: runs that recorded different vocabularies, or a recorded file gone; a
+        decoder-only backbone without any of them.
     """
     from spot_jax import vocabulary as vocab_lib  # pylint: disable=g-import-not-at-top
+    if flag is None and not self.vocabularies and self.kind == "decoder":
+      if not self.checkpoint or "://" in self.checkpoint:
+        raise ConfigError("a decoder-only backbone without a checkpoint directory has no "
+                          "tokenizer of its own; give --vocab ('byte' or a SentencePiece model)")
+      from spot_jax.backbones.decoder import tokenizer  # pylint: disable=g-import-not-at-top
+      return tokenizer.load_tokenizer(backbone_lib.resolve_checkpoint_path(self.checkpoint))
     if flag is not None or not self.vocabularies:
       return vocab_lib.get(flag)
     (where, first), *rest = self.vocabularies
@@ -115,8 +156,9 @@ def recorded_runs(paths: Sequence[str]) -> list[tuple[str, RunRecord]]:
   return out
 
 
-def recorded_config(record: RunRecord, where: str) -> T5Config:
-  """The T5Config a run recorded (dropout off).
+def recorded_config(record: RunRecord, where: str) -> Any:
+  """The backbone config a run recorded: its kind's (a T5Config with dropout off, or a
+  DecoderConfig).
 
   Raises:
     ConfigError: a record without a config, or with fields this version does not know.
@@ -126,12 +168,17 @@ def recorded_config(record: RunRecord, where: str) -> T5Config:
     raise ConfigError(f"{where}'s run.json records no backbone config; give --model (and "
                       f"--checkpoint)")
   fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+  kind = (record.backbone or {}).get("kind", "t5")
+  if kind not in kinds.KINDS:
+    raise ConfigError(f"{where}'s run.json records a backbone of kind {kind!r}; this version "
+                      f"serves {', '.join(kinds.KINDS)}")
+  cls = type(next(iter(kinds.named_configs(kind).values())))
   try:
-    config = T5Config(**fields)
+    config = cls(**fields)
   except (TypeError, ValueError) as e:
     raise ConfigError(f"{where}'s run.json records a backbone config this version cannot build "
                       f"({e}); give --model") from None
-  return dataclasses.replace(config, dropout_rate=0.0)
+  return dataclasses.replace(config, dropout_rate=0.0) if kind == "t5" else config
 
 
 def recorded_checkpoint(record: RunRecord, where: str) -> Optional[str]:
@@ -157,7 +204,7 @@ def _check_agree(runs: Sequence[tuple[str, RunRecord]]) -> None:
                         f"separate calls, or give --model and --checkpoint with {OVERRIDE_FLAG}")
 
 
-def resolve(paths: Sequence[str], *, config: Optional[T5Config], checkpoint: Optional[str] = None,
+def resolve(paths: Sequence[str], *, config: Optional[Any], checkpoint: Optional[str] = None,
             seed: int = 0, allow_backbone_change: bool = False,
             weights_used: bool = True) -> ServedBackbone:
   """The backbone served for `--prompt` values `paths` (see the module docstring).
@@ -191,6 +238,7 @@ def resolve(paths: Sequence[str], *, config: Optional[T5Config], checkpoint: Opt
                             where, vocabularies)
     if checkpoint is None:  # exactly the recorded backbone: nothing to compare
       return served
+  check_kinds(runs, served.kind)
   if runs and not allow_backbone_change:
     if not weights_used:
       _check_configs(runs, served.config)
@@ -201,7 +249,19 @@ def resolve(paths: Sequence[str], *, config: Optional[T5Config], checkpoint: Opt
   return served
 
 
-def _check_configs(runs: Sequence[tuple[str, RunRecord]], config: T5Config) -> None:
+def check_kinds(runs: Sequence[tuple[str, RunRecord]], kind: str) -> None:
+  """Refuses, in one line, a run of another backbone kind (no flag moves a prompt across)."""
+  for where, record in runs:
+    recorded = (record.backbone or {}).get("kind", "t5")
+    if recorded != kind:
+      trained = kinds.DESCRIPTIONS.get(recorded, recorded)
+      raise ConfigError(f"--prompt {where} was trained on a {trained} backbone, and the served "
+                        f"one is {kinds.DESCRIPTIONS[kind]}; a prompt "
+                        f"does not move between backbone kinds: serve it on the backbone it was "
+                        f"trained with")
+
+
+def _check_configs(runs: Sequence[tuple[str, RunRecord]], config: Any) -> None:
   """Each run recorded `config` (the weight-defining fields; an export reads nothing else)."""
   given = backbone_lib.config_hash(config)
   for where, record in runs:
