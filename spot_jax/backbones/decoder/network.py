@@ -33,6 +33,9 @@ Indices and positions: the sequence is [prefixes (P), x (T')]. Token t has index
 position P + (cumsum(valid) - 1) clipped at 0, so positions count a soft prompt (as PEFT's
 CAUSAL_LM) and skip left padding. Key j is seen by query i when j <= i, key j is valid, and on
 sliding layers i - j < sliding_window (transformers' rule, in indices; prefixes are valid keys).
+Input-hook placements are made for rows that start at index 0 (right padding): on a left-padded
+row a "prefix" prompt lands before the padding, and a sliding window then counts the padding
+between them, as transformers would. `decoding.generate` start-aligns its rows first.
 """
 from __future__ import annotations
 

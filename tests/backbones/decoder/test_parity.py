@@ -139,6 +139,7 @@ def test_family_switches_are_read_from_the_hf_config(family):
     assert (config.attn_logit_softcap, config.final_logit_softcap) == (2.0, 1.5)
   if name.startswith("llama"):
     assert config.rope_scaling.rope_type == "llama3" and config.layer_types == ()
+  assert config.tie_word_embeddings == (name in ("llama_tied", "gemma2", "gemma3"))
   assert config.attention_bias == (name == "qwen2")
   assert config.qk_norm == (name in ("gemma3", "gemma3_untied", "qwen3"))
 
