@@ -15,6 +15,7 @@ trains).
   server       a frozen backbone (either kind) + table; fixed-size jitted calls, counted
   predict      batches examples through a server into JSONL records and a summary; Phases
   interpret    nearest vocabulary tokens of every prompt token (cosine similarity)
+  export       infer's exports: a bare .npy, PEFT adapters of either kind, an unfolded MPT
   peft_io      Hugging Face PEFT prompt-tuning adapters and google-research/prompt-tuning .npy
   peft_mpt     PEFT MULTITASK_PROMPT_TUNING adapters <-> MPT prompts; MPT targets' start
   peft_causal  PEFT CAUSAL_LM adapters <-> decoder-only prompts (prompt and prefix tuning)

@@ -255,10 +255,9 @@ def check_kinds(runs: Sequence[tuple[str, RunRecord]], kind: str) -> None:
     recorded = (record.backbone or {}).get("kind", "t5")
     if recorded != kind:
       trained = kinds.DESCRIPTIONS.get(recorded, recorded)
-      raise ConfigError(f"--prompt {where} was trained on a {trained} backbone, and the served "
-                        f"one is {kinds.DESCRIPTIONS[kind]}; a prompt "
-                        f"does not move between backbone kinds: serve it on the backbone it was "
-                        f"trained with")
+      raise ConfigError(f"--prompt {where} was trained on an {trained} backbone, not on the "
+                        f"{kinds.DESCRIPTIONS[kind]} one served; a prompt does not move between "
+                        f"backbone kinds: serve it on the backbone it was trained with")
 
 
 def _check_configs(runs: Sequence[tuple[str, RunRecord]], config: Any) -> None:
