@@ -20,11 +20,13 @@ P-tuning v2) adds key/value prefixes in every layer and no positions.
 
 Inference takes the inputs alone, [B, T] right-padded (what seqio's encoder-decoder converter
 gives the evaluator as encoder_input_tokens): `predict_batch` generates after [BOS, inputs];
-`score_batch` and `classify_batch` build the sequence above on the device.
+`score_batch` builds the sequence above on the device; `classify_batch` runs [BOS, inputs] once
+into a key/value cache and scores each class label's tokens against it.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping, Optional, Union
 
 import jax
@@ -217,8 +219,64 @@ class DecoderOnlyModel:
   def classify_batch(self, params: Params, encoder_input_tokens: Array, labels: Array,
                      task_index: Optional[Array] = None) -> Array:
     """Log-likelihoods [B, C] of label rows labels [C, S] (EOS included, 0 = padding) as the
-    continuation of inputs [B, T]: the whole sequence is run once per label."""
+    continuation of inputs [B, T].
+
+    [BOS, inputs] and the prompt are run once, into a key/value cache; each label then reads
+    that cache (C passes of S positions instead of C of T + S). Each row is rolled so that its
+    last real position ends the prefix, and key indices and RoPE positions are the row's own,
+    so sliding-window layers see the distances of `score_batch`'s one sequence.
+    """
+    module, variables, batch = self.module, {"params": params}, encoder_input_tokens.shape[0]
+    bos = jnp.full((batch, 1), self.bos, jnp.int32)
+    x, valid = module.apply(
+        variables, jnp.concatenate([bos, encoder_input_tokens.astype(jnp.int32)], axis=1),
+        valid=jnp.concatenate([jnp.ones_like(bos, bool), encoder_input_tokens > 0], axis=1),
+        task_index=task_index, method=DecoderLM.inputs)
+    prefixes = module.apply(variables, method=DecoderLM.deep_prefixes)
+    num = 0 if prefixes is None else prefixes[0][0].shape[1]
+    length, width = valid.shape[1], labels.shape[1]
+    real = jnp.sum(valid, axis=1, dtype=jnp.int32)  # right-padded: real positions come first
+    shift = length - real
+    source = (jnp.arange(length)[None] - shift[:, None]) % length
+    x = jnp.take_along_axis(x, source[..., None], axis=1)
+    valid = jnp.take_along_axis(valid, source, axis=1)
+    slots = jnp.arange(num + length + width, dtype=jnp.int32)[None]
+    k_index = jnp.where(slots < num, slots, slots - shift[:, None])
+    k_valid = jnp.zeros(k_index.shape, bool).at[:, :num].set(True)
+    k_valid = k_valid.at[:, num:num + length].set(valid)
+    stack = functools.partial(module.apply, variables, method=DecoderLM.stack)
+    last, cache = stack(
+        x, positions=num + jnp.maximum(jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1, 0),
+        q_index=k_index[:, num:num + length], k_index=k_index, k_valid=k_valid,
+        past=self._empty_cache(prefixes, batch, k_index.shape[1]), write_index=jnp.int32(num),
+        last_only=True)
+
     def one(label: Array) -> Array:
-      targets = jnp.broadcast_to(label[None], (encoder_input_tokens.shape[0], label.shape[0]))
-      return self._scores(params, encoder_input_tokens, targets, task_index)
+      tokens = jnp.broadcast_to(label[None], (batch, width)).astype(jnp.int32)
+      logits, _ = stack(
+          module.apply(variables, tokens, method=DecoderLM.embed),
+          positions=(num + real)[:, None] + jnp.arange(width, dtype=jnp.int32)[None],
+          q_index=k_index[:, num + length:], k_index=k_index,
+          k_valid=k_valid.at[:, num + length:].set(tokens > 0), past=cache,
+          write_index=jnp.int32(num + length))
+      # Label token j is predicted by the prefix's last position (j = 0) or label token j - 1.
+      logits = jnp.concatenate([last, logits[:, :-1]], axis=1).astype(jnp.float32)
+      picked = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[..., None],
+                                   axis=-1)[..., 0]
+      return jnp.sum(jnp.where(tokens > 0, picked, 0.0), axis=1)
+
     return jax.lax.map(one, labels).T
+
+  def _empty_cache(self, prefixes: Any, batch: int, size: int) -> tuple:
+    """Per layer (key, value) [B, size, K, D] zeros, the deep prefixes written at the front."""
+    cfg = self.config
+    shape = (batch, size, cfg.num_kv_heads, cfg.head_dim)
+    cache = []
+    for i in range(cfg.num_layers):
+      pair = [jnp.zeros(shape, cfg.activation_dtype) for _ in range(2)]
+      if prefixes is not None:
+        pair = [jax.lax.dynamic_update_slice(entry, jnp.broadcast_to(
+            front.astype(entry.dtype), (batch,) + front.shape[1:]), (0, 0, 0, 0))
+                for entry, front in zip(pair, prefixes[i])]
+      cache.append(tuple(pair))
+    return tuple(cache)

@@ -270,3 +270,24 @@ def test_prefix_tuning_exports_the_decoder_prefixes(tmp_path, task_name):
                                      CONFIG.head_dim)
   flat = np.asarray(jax.device_get(result.state.params["prompt"]["prefix"]))
   np.testing.assert_array_equal(record["decoder"][1, 0], flat.reshape(3, -1, 2, 8)[:, 2])
+
+
+@pytest.mark.parametrize("config_name, prompt", [
+    ("decoder_tiny_llama", lambda: prompts.PromptTuning(3)),
+    ("decoder_tiny_gemma3", lambda: prompts.PromptTuning(3, placement="after_bos")),
+    ("decoder_tiny_gemma3", lambda: prompts.PrefixTuning(2, attention=("decoder",))),
+])
+def test_label_scores_from_one_prefix_pass_equal_whole_sequences(config_name, prompt):
+  """Rank classification reads one cache of [BOS, inputs] per row; each label's score equals the
+  score of inputs ++ label run as one sequence (Gemma 3's sliding layers included)."""
+  model = models.DecoderOnlyModel(DecoderLM(config_by_name(config_name), prompt=prompt()))
+  frozen = models.unbox(model.init_backbone(jax.random.PRNGKey(0), model.dummy_batch(8, 4)))
+  params = models.merge_params(frozen, models.unbox(model.init_prompt(
+      jax.random.PRNGKey(1), frozen, model.dummy_batch(8, 4))))
+  inputs = np.array([[40, 41, 42, 43, 44, 45, 1, 0], [50, 1, 0, 0, 0, 0, 0, 0]], np.int32)
+  labels = np.array([[60, 61, 1, 0], [62, 1, 0, 0], [63, 64, 65, 1]], np.int32)
+  got = np.asarray(jax.jit(model.classify_batch)(params, inputs, labels))
+  want = np.stack([np.asarray(model.score_batch(params, {
+      "encoder_input_tokens": inputs,
+      "decoder_target_tokens": np.broadcast_to(label, (2, 4))})) for label in labels], axis=1)
+  np.testing.assert_allclose(got, want, atol=1e-4)
