@@ -1,5 +1,6 @@
-"""What the HTTP serving tests share: toy prompts of five methods, and the real server in a
-subprocess on 127.0.0.1 (a free port the server picks and prints)."""
+"""What the HTTP serving tests share: toy prompts of five methods (for the toy T5, and for a tiny
+random decoder-only model), and the real server in a subprocess on 127.0.0.1 (a free port the
+server picks and prints)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from spot_jax import embedded, fileio
-from spot_jax.serve import peft_io
+from spot_jax.serve import peft_causal, peft_io
+from spot_jax.backbones.decoder import config as decoder_config
 from spot_jax.backbones.t5 import config_by_name
 from spot_jax.train import checkpointer
 from tests.helpers import REPO
@@ -25,6 +27,7 @@ CHECKPOINT = embedded.CHECKPOINT_PATH
 BACKBONE = [f"--model={embedded.CONFIG_NAME}", f"--checkpoint={CHECKPOINT}",
             f"--vocab={embedded.VOCAB_PATH}"]
 OFFSET = 16  # the DePT prompt offsets this many input positions
+DECODER_BACKBONE = ["--model=decoder_tiny_gemma3", "--seed=0", "--vocab=byte"]
 
 
 def _run(root: pathlib.Path, name: str) -> checkpointer.Checkpointer:
@@ -51,6 +54,33 @@ def make_prompts(root: pathlib.Path) -> dict[str, str]:
   run = _run(root, "dept_run")
   fileio.save_npy(run.run_dir.prompts / "prompt_step_5.npy", normal(0.5, 3, e))
   fileio.save_npy(run.run_dir.prompts / "offset_step_5.npy", normal(0.3, OFFSET, e))
+  run.close()
+  return {"pt": str(root / "pt.npy"), "smop": str(root / "smop_run"),
+          "peft": str(root / "peft_pt"), "prefix": str(root / "peft_prefix"),
+          "dept": str(root / "dept_run")}
+
+
+def make_decoder_prompts(root: pathlib.Path) -> dict[str, str]:
+  """Five prompts of different methods for a random decoder_tiny_gemma3 -> {name: path}: Prompt
+  Tuning (.npy), SMoP (run directory with its router), a PEFT CAUSAL_LM prompt-tuning adapter,
+  a PEFT CAUSAL_LM prefix-tuning adapter (per-layer prefixes) and DePT (run directory, prompt +
+  input offset)."""
+  cfg = decoder_config.config_by_name("decoder_tiny_gemma3")
+  rs = np.random.RandomState(1)
+  normal = lambda scale, *shape: rs.normal(0, scale, shape).astype(np.float32)
+  e = cfg.emb_dim
+  np.save(root / "pt.npy", normal(1.0, 4, e))
+  run = _run(root, "smop_run")
+  smop = {"prompts": normal(1.0, 3, 2, e), "router": {"kernel": normal(3.0, e, 3)}}
+  run.save_best(7, {"params": {"prompt": smop}, "step": np.int32(7)}, "accuracy", 0.5)
+  fileio.save_npy(run.run_dir.prompt_path("best"), smop["prompts"])
+  run.close()
+  peft_causal.export_prompt_adapter(normal(1.0, 5, e), cfg, str(root / "peft_pt"))
+  kv = normal(1.0, cfg.num_layers, 2, 3, cfg.num_kv_heads, cfg.head_dim)
+  peft_causal.export_prefix_adapter(kv, cfg, str(root / "peft_prefix"))
+  run = _run(root, "dept_run")
+  fileio.save_npy(run.run_dir.prompts / "prompt_step_5.npy", normal(1.0, 3, e))
+  fileio.save_npy(run.run_dir.prompts / "offset_step_5.npy", normal(0.5, OFFSET, e))
   run.close()
   return {"pt": str(root / "pt.npy"), "smop": str(root / "smop_run"),
           "peft": str(root / "peft_pt"), "prefix": str(root / "peft_prefix"),
@@ -91,11 +121,13 @@ class Served:
       self.proc.stdout.close()
 
 
-def start(prompts: dict[str, str], extra: Sequence[str] = (), timeout: float = 600) -> Served:
-  """Starts the server on the toy T5 with `prompts`; returns once it listens."""
+def start(prompts: dict[str, str], extra: Sequence[str] = (), timeout: float = 600,
+          backbone: Sequence[str] = tuple(BACKBONE)) -> Served:
+  """Starts the server on `backbone` (default: the toy T5) with `prompts`; returns once it
+  listens."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
          "PYTHONPATH": str(REPO)}
-  argv = [sys.executable, "-m", "spot_jax.serve", *BACKBONE, "--port=0",
+  argv = [sys.executable, "-m", "spot_jax.serve", *backbone, "--port=0",
           *(f"--prompt={n}={p}" for n, p in prompts.items()), *extra]
   proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=env, cwd=REPO)
