@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pathlib
 import sys
 from typing import Any, Optional, Sequence
@@ -185,6 +184,7 @@ def _backbone(served) -> tuple[Any, Any]:
   from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
   if served.checkpoint and jax.process_count() == 1:
     # Straight onto the device: no mesh, no abstract init of its own.
+    from spot_jax.backbones import kinds  # pylint: disable=g-import-not-at-top
     backbone_lib.check_initial_checkpoint(served.checkpoint)
     path = backbone_lib.resolve_checkpoint_path(served.checkpoint)
     return kinds.load_checkpoint(served.kind, path, served.config), None

@@ -81,8 +81,8 @@ def test_classify_scores_equal_infer_labels(served, capsys):
   for a, record in zip(answers, records):
     got = a.json()["data"][0]
     assert got["label"] == record["prediction"]
-    np.testing.assert_allclose([got["scores"][l] for l in ("yes", "no")],
-                               [record["label_scores"][l] for l in ("yes", "no")],
+    np.testing.assert_allclose([got["scores"][label] for label in ("yes", "no")],
+                               [record["label_scores"][label] for label in ("yes", "no")],
                                rtol=1e-5, atol=1e-5)
 
 
