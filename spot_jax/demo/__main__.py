@@ -31,6 +31,7 @@ tables, seconds); --fresh trains everything again.
   python -m spot_jax.demo --methods=all            # the default methods and the successors
   python -m spot_jax.demo --train_examples=all --target_steps=40   # every training example
   python -m spot_jax.demo --methods=pt,residual --learning_rate=1   # another peak rate
+  python -m spot_jax.demo --backbone=decoder       # the same claims on the toy decoder
 
 The successors (prefix tuning, P-tuning v2, DePT, Residual SMoP, ATTEMPT, MPT, ULPT; see
 spot_jax/demo/successor_methods.py) run only when named: each adds one job (MPT two).
@@ -46,7 +47,6 @@ from typing import Optional, Sequence
 
 from spot_jax import cli
 from spot_jax.cli import flags
-from spot_jax import embedded
 from spot_jax import runtime
 from spot_jax import stats
 from spot_jax import experiment
@@ -129,6 +129,9 @@ def _parser() -> cli.ArgumentParser:
                  help=f"comma list of {', '.join(suite.TARGETS + suite.HARD_TARGETS)} (default "
                       f"{','.join(methods_lib.DEFAULT_TARGETS)}; the last two: skills the toy "
                       f"backbone only half-learned)")
+  p.add_argument("--backbone", default="t5",
+                 help=f"the frozen embedded model: {', '.join(methods_lib.BACKBONES)} (default t5; "
+                      f"decoder: the Llama-style toy decoder, the default methods only)")
   p.add_argument("--seeds", default=None, help="comma list of distinct non-negative seeds (default "
                                                "--num_seeds seeds from --seed_offset)")
   p.add_argument("--seed_offset", type=int, default=None, help="the first seed (default 0)")
@@ -175,6 +178,7 @@ def _parser() -> cli.ArgumentParser:
 
 def _settings(args) -> methods_lib.Settings:
   changes = dict(QUICK if args.quick else FULL if args.full else {})
+  changes["backbone"] = validate.one_of(args.backbone, "--backbone", list(methods_lib.BACKBONES))
   if args.train_examples is not None:
     changes["train_examples"] = _train_examples(args.train_examples)
   if args.learning_rate is not None:
@@ -226,12 +230,15 @@ def main(argv: Sequence[str]) -> Optional[int]:
   if "all" in chosen:
     raise ConfigError("--methods=all stands alone; give 'all' or a comma list of methods")
   methods = ["pt"] + [m for m in chosen if m != "pt"]
+  settings = _settings(args)
+  if settings.backbone != "t5" and set(methods) - set(methods_lib.METHODS):
+    raise ConfigError(f"--backbone={settings.backbone} runs the default methods "
+                      f"({', '.join(methods_lib.METHODS)}); the successors run on --backbone=t5")
   targets = _choices(args.targets, suite.TARGETS + suite.HARD_TARGETS, "target task", "--targets")
   design = _design(args, methods)
   seeds = _seeds(args, design)
-  settings = _settings(args)
   shortfall = design.shortfall(len(seeds)) if args.claims else None
-  out, runs_dir = methods_lib.output_folders(args.output_dir)
+  out, runs_dir = methods_lib.output_folders(args.output_dir, settings.backbone)
   if shortfall:
     print(f"spot_jax.demo: {shortfall}", file=sys.stderr, flush=True)
   if args.compilation_cache != "none":
@@ -247,7 +254,8 @@ def main(argv: Sequence[str]) -> Optional[int]:
   print(f"spot_jax.demo: {len(targets)} targets x {len(methods)} methods x {len(seeds)} seeds "
         f"(seeds {_seed_text(seeds)})" + (f" + {len(suite.SOURCES)} source prompts"
                                                    if needs_library else "")
-        + f" in {jobs} jobs on the embedded {embedded.CONFIG_NAME}, {settings.source_steps} source "
+        + f" in {jobs} jobs on the embedded {methods_lib.BACKBONES[settings.backbone]}, "
+        f"{settings.source_steps} source "
         f"/ {settings.target_steps} target steps; runs in {runs_dir}", flush=True)
   done = [0]
   seconds: dict[str, Optional[float]] = {}

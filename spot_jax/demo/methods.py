@@ -26,6 +26,7 @@ from spot_jax import fileio
 from spot_jax import experiment
 from spot_jax import models
 from spot_jax import prompts
+from spot_jax.backbones import kinds
 from spot_jax.backbones import t5
 from spot_jax import validate
 from spot_jax.errors import ConfigError
@@ -53,6 +54,9 @@ MPT_SOURCE = "mpt_source"  # the method name of MPT's distillation job (one run 
 JOB_NAMES = {**METHOD_NAMES, SOURCE: "sources", MPT_SOURCE: "MPT distillation"}
 TASK_MODULE = "tasks.embedded"
 LONGEST_TARGET_INPUT = 37  # tokens of the suite's longest target input
+# --backbone: the embedded toy T5 (the default) or the embedded toy decoder (Llama-style); the
+# decoder runs the default methods (the successors' recipes are the encoder-decoder's).
+BACKBONES = {"t5": "toy T5 (t5_1_1_toy)", "decoder": "toy decoder (decoder_toy)"}
 LOW_RESOURCE = 32  # a target's training examples by default (tasks.embedded.LOW_RESOURCE)
 METRIC = "accuracy"
 
@@ -80,6 +84,7 @@ class Settings:
     rank_examples: validation examples rank classification scores for a target with class
       labels (`spot_jax.experiment.rank`; such runs are not decoded).
     embedding_step: the step whose prompt is a run's task embedding (sources and targets).
+    backbone: the frozen model, a key of BACKBONES.
   """
   source_steps: int = 80
   target_steps: int = 20
@@ -97,6 +102,7 @@ class Settings:
   # (`python -m spot_jax.demo.noise`); 500 keep it near 5% and leave the time for twice the seeds.
   rank_examples: int = 500
   embedding_step: int = 10
+  backbone: str = "t5"
 
 
 def settings_from_flags(args: Any, names: Sequence[str], **changes: Any) -> Settings:
@@ -108,11 +114,13 @@ def settings_from_flags(args: Any, names: Sequence[str], **changes: Any) -> Sett
   return dataclasses.replace(Settings(), **changes)
 
 
-def output_folders(output_dir: str) -> tuple[pathlib.Path, pathlib.Path]:
+def output_folders(output_dir: str, backbone: str = "t5") -> tuple[pathlib.Path, pathlib.Path]:
   """(--output_dir, its runs/ folder), made after checking that the embedded toy model exists."""
-  if not os.path.isdir(embedded.CHECKPOINT_PATH):
-    raise ConfigError(f"the embedded toy model is missing at {embedded.CHECKPOINT_PATH}; "
-                      f"make it with `python -m spot_jax.embedded.pretrain`")
+  path, program = ((embedded.DECODER_CHECKPOINT_PATH, "pretrain_decoder") if backbone == "decoder"
+                   else (embedded.CHECKPOINT_PATH, "pretrain"))
+  if not os.path.isdir(path):
+    raise ConfigError(f"the embedded toy model is missing at {path}; "
+                      f"make it with `python -m spot_jax.embedded.{program}`")
   out = fileio.writable_dir(output_dir, "--output_dir")
   runs_dir = out / "runs"
   runs_dir.mkdir(exist_ok=True)
@@ -149,8 +157,20 @@ def _prompt_module(method: str, settings: Settings, vocab_rows: int):
   raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
 
 
-def _plain_model(module: t5.Transformer) -> models.EncoderDecoderModel:
+def _plain_model(module: Any) -> Any:
+  if kinds.kind_of(module.config) == "decoder":
+    return models.DecoderOnlyModel(module=module)
   return models.EncoderDecoderModel(module=module)
+
+
+def backbone_module(backbone: str, prompt: Any) -> tuple[Any, str]:
+  """(the embedded `backbone`'s network under `prompt`, dropout off; its checkpoint path)."""
+  if backbone == "decoder":
+    from spot_jax.backbones.decoder.network import DecoderLM  # pylint: disable=g-import-not-at-top
+    from spot_jax.embedded import decoder_config  # pylint: disable=g-import-not-at-top
+    return DecoderLM(decoder_config.toy_config(), prompt=prompt), embedded.DECODER_CHECKPOINT_PATH
+  config = t5.config_by_name(embedded.CONFIG_NAME, dropout_rate=0.0)
+  return t5.Transformer(config, prompt=prompt), embedded.CHECKPOINT_PATH
 
 
 def _adafactor(learning_rate) -> Any:
@@ -159,10 +179,11 @@ def _adafactor(learning_rate) -> Any:
 
 def recipe(method: str, settings: Settings, vocab_rows: int, *, prompt: Any = None,
            optimizer: Callable[[Any], Any] = _adafactor,
-           model: Callable[[t5.Transformer], models.EncoderDecoderModel] = _plain_model,
+           model: Callable[[Any], Any] = _plain_model,
            source: bool = False, evaluate: bool = True, task_names: Optional[Sequence[str]] = None,
            key: Optional[Mapping[str, Any]] = None) -> Recipe:
-  """A job's recipe: `method`'s prompt on the frozen toy T5 (dropout off) with the demo's settings.
+  """A job's recipe: `method`'s prompt on the frozen embedded backbone (`settings.backbone`,
+  dropout off) with the demo's settings.
 
   Args:
     method: one of METHODS, a successor's name, SOURCE or MPT_SOURCE (names the job).
@@ -177,16 +198,15 @@ def recipe(method: str, settings: Settings, vocab_rows: int, *, prompt: Any = No
     key: more content for the job's digest (a successor's settings, its frozen sources' digest).
   """
   steps = settings.source_steps if source else settings.target_steps
-  config = t5.config_by_name(embedded.CONFIG_NAME, dropout_rate=0.0)
-  module = t5.Transformer(config, prompt=_prompt_module(method, settings, vocab_rows)
-                          if prompt is None else prompt)
+  module, checkpoint = backbone_module(
+      settings.backbone, _prompt_module(method, settings, vocab_rows) if prompt is None else prompt)
   inputs = settings.source_input_length if source else settings.input_length
   return Recipe(
       name=method, model=model(module),
       optimizer=optimizer(learning_rate_schedule(settings, steps)), steps=steps,
       lengths={"inputs": inputs, "targets": settings.target_length},
       batch_size=settings.batch_size, task_module=TASK_MODULE,
-      initial_checkpoint_path=embedded.CHECKPOINT_PATH, metric=METRIC if evaluate else None,
+      initial_checkpoint_path=checkpoint, metric=METRIC if evaluate else None,
       eval_period=steps, eval_batch_size=100, eval_num_examples=settings.eval_examples,
       checkpoint_period=steps, embedding_step=min(settings.embedding_step, steps),
       task_names=task_names, key=key)
@@ -235,7 +255,10 @@ def job_dir(runs_dir: pathlib.Path, settings: Settings, job_recipe: Recipe,
             requests: Sequence[RunRequest]) -> pathlib.Path:
   """<runs_dir>/<method>-<digest of the settings, the runs, their initial prompts and the
   recipe's key>."""
-  key = {"method": job_recipe.name, "settings": dataclasses.asdict(settings),
+  named = dataclasses.asdict(settings)
+  if named["backbone"] == "t5":  # the toy T5's digests stay those of the demos before --backbone
+    del named["backbone"]
+  key = {"method": job_recipe.name, "settings": named,
          "runs": [[r.label, r.seed, r.init_note, None if r.init is None else array_digest(r.init)]
                   for r in requests]}
   if job_recipe.key:  # absent for the default methods: their digests stay those of earlier demos
