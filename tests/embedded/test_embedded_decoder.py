@@ -94,3 +94,21 @@ def test_decoder_rows_score_text_everywhere_and_tasks_on_their_targets():
   from spot_jax.embedded import toy_data  # pylint: disable=g-import-not-at-top
   assert toy_data.decoder_row([5, 6]) == ([5, 6, 1], [1, 1, 1])
   assert toy_data.decoder_row([5, 6], [7]) == ([5, 6, 1, 7, 1], [0, 0, 0, 1, 1])
+
+
+@needs_model
+def test_transformers_llama_reads_the_committed_checkpoint_to_the_same_logits(committed):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from spot_jax.backbones.decoder.network import DecoderLM  # pylint: disable=g-import-not-at-top
+  config, params, _ = committed
+  reference = transformers.AutoModelForCausalLM.from_pretrained(
+      embedded.DECODER_CHECKPOINT_PATH).eval()
+  assert type(reference).__name__ == "LlamaForCausalLM"
+  vocab = suite.get_vocabulary()
+  tokens = np.array([[config.bos_id] + vocab.encode(suite.examples("topic", "validation")[0][0])
+                     + [config.eos_id]])
+  with torch.no_grad():
+    want = reference(torch.tensor(tokens)).logits.numpy()
+  got = np.asarray(DecoderLM(config).apply({"params": params}, tokens.astype(np.int32)))
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
