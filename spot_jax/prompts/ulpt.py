@@ -14,8 +14,9 @@ trained prompt: "numpy-pcg64-xavier-uniform" draws U(-sqrt(6 / (r + E)), +sqrt(6
 (Xavier-uniform, the paper's code) from `np.random.Generator(np.random.PCG64(seed))`;
 "identity" is P = I, only for r = E (ULPT then is Prompt Tuning of Z, scaled and shifted). A
 run stores P beside every exported prompt (prompts/projection_{step_N,best}.npy, see
-`export_arrays`) and records its seed and generator (run.json); `projection_record` names it
-with its SHA-256 and `check_record` refuses, in one line, a P that does not rebuild to it.
+`export_arrays`) and records it in run.json by seed, generator and SHA-256 (`projection_record`,
+the method's "projection"); `check_record` and `ULPT.check_run_dir` refuse, in one line, a P that
+does not rebuild to what the run kept.
 
 After training, `fold` computes the [n, E] prompt once: what is exported, served, added to a
 SPoT library and written as PEFT's PROMPT_TUNING `prompt_embeddings`.
@@ -288,7 +289,7 @@ def _source(model_dir: str, step: Any) -> tuple[dict[str, np.ndarray], dict[str,
   stored = np.load(stored_file, allow_pickle=False)
   rec = {"generator": method.get("projection_generator"), "seed": method.get("projection_seed"),
          "rank": method.get("rank"), "width": int(stored.shape[-1]),
-         "sha256": method.get("projection_sha256")}
+         "sha256": (method.get("projection") or {}).get("sha256", method.get("projection_sha256"))}
   check_record(rec, str(stored_file), stored)
   rec["sha256"] = sha256(stored)
   params, _ = run.restore_params(which, warn=lambda line: None)

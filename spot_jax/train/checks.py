@@ -235,6 +235,9 @@ def plan(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
   if stacked:
     runs_lib.check_job(folder, run_list)
   method = describe_method(model.module.prompt)
+  projection = getattr(model.module.prompt, "projection_record", None)  # ULPT's frozen P
+  if projection is not None:  # by seed, generator and hash; refuses a rank above the width
+    method["projection"] = projection(model.config.emb_dim)
   records = [_check_existing_record(run, method) for run in run_list]
   if cc.embedding_step is None and records[0] is not None and records[0].embedding_step:
     embedding_step = min(int(records[0].embedding_step), total_steps)  # a resumed run keeps its own

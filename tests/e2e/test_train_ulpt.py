@@ -98,6 +98,7 @@ def test_trains_from_gin_resumes_after_sigkill_and_serves(runs):
                                  "projection_generator")} == {
       "class": "ULPT", "length": LENGTH, "rank": RANK, "projection_seed": 0,
       "projection_generator": ulpt.XAVIER}
+  assert method["projection"] == ulpt.projection_record(ulpt.XAVIER, 0, RANK, CONFIG.emb_dim)
   kept = np.load(ref.prompts / f"projection_step_{STEPS}.npy")
   np.testing.assert_array_equal(kept, ulpt.projection(ulpt.XAVIER, 0, RANK, CONFIG.emb_dim))
   state = ocp.StandardCheckpointer().restore(root / "ref" / "checkpoints" / str(STEPS) / "default")
