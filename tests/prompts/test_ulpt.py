@@ -1,9 +1,10 @@
-"""ULPT: the folded prompt against NumPy, what trains, the reduction to Prompt Tuning, folding,
-the projection's record and refusals, and SPoT transfer between ULPT runs."""
+"""ULPT: the folded prompt against NumPy, what trains, the reduction to Prompt Tuning, folding
+(on T5 and on the decoder-only backbone), the projection's record and refusals."""
 from __future__ import annotations
 
 import hashlib
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -161,3 +162,22 @@ def test_a_run_directory_keeping_another_projection_is_refused(tmp_path):
                                           r"\[4, 32\] sha256 \w+, but ULPT") as info:
       module.check_run_dir(tmp_path)
     assert "\n" not in str(info.value)
+
+
+def test_on_the_decoder_only_backbone_the_fold_keeps_the_logits():
+  """The decoder-only backbone calls prompt modules through the same input hook."""
+  from spot_jax.backbones.decoder.config import config_by_name  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.decoder.network import DecoderLM  # pylint: disable=g-import-not-at-top
+  config = config_by_name("decoder_tiny_llama")
+  module = prompts.ULPT(N, rank=R, projection_seed=4)
+  tokens = jnp.asarray(np.random.RandomState(0).randint(2, config.vocab_size, (2, 5)), jnp.int32)
+  variables = DecoderLM(config, module).init(jax.random.PRNGKey(0), tokens)
+  params = jax.tree_util.tree_map(np.asarray, nn.meta.unbox(variables["params"]))
+  params["prompt"] = {k: v + np.random.RandomState(1).normal(0, 0.5, v.shape).astype(np.float32)
+                      for k, v in params["prompt"].items()}
+  assert sorted(params["prompt"]) == ["scale", "shift", "z"]
+  got = DecoderLM(config, module).apply({"params": params}, tokens)
+  folded = {**params, "prompt": module.fold(params["prompt"])}
+  want = DecoderLM(config, module.folded_module()).apply({"params": folded}, tokens)
+  assert got.shape[1] == N + tokens.shape[1]
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5)
