@@ -9,8 +9,9 @@ width and vocabulary; a Gemma pattern keeps its last layer full, the others slid
 times the trainer's jitted step (`spot_jax.train.step.make_train_step`: gradients of the prompt
 tree only, the state donated, the frozen tree an input) of `DecoderOnlyModel` with
 `PromptTuning(length=--prompt_length)` and optax AdamW; z-loss 0, so its loss is the mean
-cross-entropy of the target tokens, PEFT's. A row is `--input_length` + `--target_length` tokens
-(the loss on the targets) after the prompt.
+cross-entropy of the target tokens, PEFT's. As in the trainer (`DecoderOnlyModel.for_batches`),
+the output layer runs on the target positions only; PEFT's runs on every position. A row is
+`--input_length` + `--target_length` tokens (the loss on the targets) after the prompt.
 
 With `--vs=peft` (default) the PEFT side runs first, in its own process
 (`benchmarks.peers.peft_decoder_train`): it builds the transformers model of
@@ -122,8 +123,9 @@ def bench_spot_jax(config, work_dir: Optional[str], args) -> dict:
   from spot_jax.train import optimizers  # pylint: disable=g-import-not-at-top
   from spot_jax.train import step as step_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.train.state import TrainState  # pylint: disable=g-import-not-at-top
-  model = models.DecoderOnlyModel(
-      DecoderLM(config, prompt=prompts.PromptTuning(length=args.prompt_length)), z_loss=0.0)
+  model = models.DecoderOnlyModel(  # as the trainer configures it for these lengths
+      DecoderLM(config, prompt=prompts.PromptTuning(length=args.prompt_length)),
+      z_loss=0.0).for_batches({"inputs": args.input_length, "targets": args.target_length})
   with _mesh():
     frozen, prompt = initial_params(model, config, work_dir, args.seed)
     tx = optimizers.adamw(learning_rate=args.learning_rate, weight_decay=args.weight_decay)

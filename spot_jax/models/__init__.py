@@ -7,10 +7,10 @@
                    loss of a batch, shared by both
 
 Both models hold no parameters and have one interface: `dummy_batch`, `backbone_module`,
-`init_backbone`, `init_prompt`, `loss_fn`, `task_loss`, `predict_batch`, `score_batch`,
-`classify_batch`, `has_prompt`, `prompt_length`, `config`, plus `kind` (the backbone kind) and
-`feature_layout` (the batches the data pipeline makes for it); `Model` is either. t5x keeps its
-two models side by side the same way.
+`init_backbone`, `init_prompt`, `for_batches` (the model for the trainer's lengths), `loss_fn`,
+`task_loss`, `predict_batch`, `score_batch`, `classify_batch`, `has_prompt`, `prompt_length`,
+`config`, plus `kind` (the backbone kind) and `feature_layout` (the batches the data pipeline
+makes for it); `Model` is either. t5x keeps its two models side by side the same way.
 """
 from typing import Union
 

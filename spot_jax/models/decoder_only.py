@@ -76,6 +76,10 @@ class DecoderOnlyModel:
     eos_id: end-of-sequence id of the task's vocabulary, where generation stops (None: the
       backbone config's `eos_id`, right when the task reads the model's own tokenizer).
     bos_id: the id put before the inputs (None: the backbone config's `bos_id`).
+    loss_positions: the most positions of a row the loss counts (the task's target length;
+      the trainer sets it, `for_batches`): the training loss runs the output layer on those
+      positions only, which over a 128k-262k vocabulary is most of a step. None: every
+      position (a batch with more weighted positions in a row would lose the extra ones).
   """
   module: DecoderLM
   z_loss: float = 1e-4
@@ -85,6 +89,7 @@ class DecoderOnlyModel:
   top_k: Optional[int] = None
   eos_id: Optional[int] = None
   bos_id: Optional[int] = None
+  loss_positions: Optional[int] = None
 
   kind = "decoder"  # the backbone kind (`spot_jax.backbones.kinds`)
   feature_layout = "decoder_only"  # the batches it reads (`spot_jax.data.FEATURE_LAYOUTS`)
@@ -92,6 +97,11 @@ class DecoderOnlyModel:
   @property
   def config(self):
     return self.module.config
+
+  def for_batches(self, task_feature_lengths: Mapping[str, int]) -> "DecoderOnlyModel":
+    """This model for training batches of these feature lengths: the loss reads at most the
+    targets' length of positions per row (`loss_positions`)."""
+    return dataclasses.replace(self, loss_positions=int(task_feature_lengths["targets"]))
 
   @property
   def bos(self) -> int:
@@ -143,9 +153,10 @@ class DecoderOnlyModel:
 
   def logits(self, params: Params, batch: Mapping[str, Array], *,
              dropout_rng: Optional[Array] = None, enable_dropout: bool = False,
-             mutable: Any = False) -> Any:
+             mutable: Any = False, keep: Optional[Array] = None) -> Any:
     """Teacher-forced logits [B, L, V] at the batch's own positions (prompt positions dropped),
-    and the sown state when `mutable` names collections.
+    and the sown state when `mutable` names collections; with `keep` [B, K], at those positions
+    only ([B, K, V]).
 
     The model reads decoder_input_tokens with BOS at position 0 (without them: the targets
     shifted right); a position is real where its target token is."""
@@ -156,9 +167,10 @@ class DecoderOnlyModel:
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
     out = self.module.apply({"params": params}, tokens, valid=targets > 0,
                             deterministic=not enable_dropout, task_index=batch.get("task_index"),
-                            rngs=rngs, mutable=mutable)
+                            keep=keep, rngs=rngs, mutable=mutable)
     logits, state = out if mutable else (out, {})
-    logits = self.token_logits(logits, tokens.shape[1])
+    if keep is None:
+      logits = self.token_logits(logits, tokens.shape[1])
     return (logits, state) if mutable else logits
 
   def token_logits(self, logits: Array, length: int) -> Array:
@@ -173,11 +185,27 @@ class DecoderOnlyModel:
 
   def loss_fn(self, params: Params, batch: Mapping[str, Array], dropout_rng: Optional[Array],
               enable_dropout: bool = True) -> tuple[Array, dict[str, Array]]:
-    """Loss of a batch (target tokens only) and metrics (sums, prompt statistics, aux losses)."""
+    """Loss of a batch (target tokens only) and metrics (sums, prompt statistics, aux losses).
+
+    With `loss_positions` K, each row's weighted positions (in order, then unweighted ones up to
+    K) are the only ones the output layer sees; the loss and metrics are the same sums."""
+    keep = self.loss_index(batch["decoder_loss_weights"])
     logits, state = self.logits(params, batch, dropout_rng=dropout_rng,
                                 enable_dropout=enable_dropout,
-                                mutable=["intermediates", "aux_loss"])
+                                mutable=["intermediates", "aux_loss"], keep=keep)
+    if keep is not None:
+      batch = {**batch, **{k: jnp.take_along_axis(jnp.asarray(batch[k]), keep, axis=1)
+                           for k in ("decoder_target_tokens", "decoder_loss_weights")}}
     return self.task_loss(logits, batch, state)
+
+  def loss_index(self, weights: Array) -> Optional[Array]:
+    """[B, K] positions of each row's weighted tokens first (stable order), K =
+    `loss_positions`; None when it is unset or not shorter than the rows."""
+    k = self.loss_positions
+    if k is None or k >= weights.shape[1]:
+      return None
+    unweighted = (jnp.asarray(weights) <= 0).astype(jnp.int32)
+    return jnp.argsort(unweighted, axis=1, stable=True)[:, :k].astype(jnp.int32)
 
   def task_loss(self, logits: Array, batch: Mapping[str, Array], state: Mapping[str, Any]
                 ) -> tuple[Array, dict[str, Array]]:

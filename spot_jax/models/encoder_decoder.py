@@ -99,6 +99,12 @@ class EncoderDecoderModel:
 
   # --- training ---------------------------------------------------------------------------
 
+  def for_batches(self, task_feature_lengths: Mapping[str, int]) -> "EncoderDecoderModel":
+    """This model for training batches of these lengths: itself (its decoder already runs on
+    the targets alone)."""
+    del task_feature_lengths
+    return self
+
   def loss_fn(self, params: Params, batch: Mapping[str, Array], dropout_rng: Optional[Array],
               enable_dropout: bool = True) -> tuple[Array, dict[str, Array]]:
     """Loss of a batch and metrics (sums, prompt statistics, auxiliary losses)."""

@@ -102,6 +102,7 @@ def train(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
   rules = partitioning.logical_rules(shard_prompt_embed,
                                      overrides=(("batch", None),) if runs_sharded else ())
   lengths = train_dataset_cfg.task_feature_lengths
+  model = model.for_batches(lengths)  # a decoder-only loss reads the targets' positions only
   dummy = model.dummy_batch(lengths["inputs"], lengths["targets"])
   job = job_lib.Job(plan, mesh, rules, runs_sharded, verbose)
   job.log.info(f"mesh: data={data_size} x model={num_partitions} over {jax.device_count()} "

@@ -182,8 +182,8 @@ class DecoderLM(nn.Module):
 
   def stack(self, x: Array, *, positions: Array, q_index: Array, k_index: Array,
             k_valid: Array, past: Optional[Prefixes] = None,
-            write_index: Optional[Array] = None,
-            last_only: bool = False) -> tuple[Array, Optional[tuple]]:
+            write_index: Optional[Array] = None, last_only: bool = False,
+            keep: Optional[Array] = None) -> tuple[Array, Optional[tuple]]:
     """The layers, the final norm and the output layer.
 
     Args:
@@ -195,6 +195,8 @@ class DecoderLM(nn.Module):
       write_index: where the inputs' keys and values go in the cache (a scalar), or None.
       last_only: the logits of the last position only (T = 1 in the result), as decoding's
         prefill needs: [B, T, V] over a 262k vocabulary would dwarf the rest.
+      keep: [B, K] int indices of the positions whose logits to compute (T = K in the result),
+        or None: every position.
 
     Returns:
       (logits [B, T, V] float32, per layer the written cache, or None without write_index).
@@ -211,7 +213,10 @@ class DecoderLM(nn.Module):
       x, cache = layer(x, positions, masks[cfg.layer_type(i)],
                        None if past is None else past[i], write_index)
       caches.append(cache)
-    x = self.final_norm(x[:, -1:] if last_only else x)
+    x = x[:, -1:] if last_only else x
+    if keep is not None:
+      x = jnp.take_along_axis(x, keep[..., None].astype(jnp.int32), axis=1)
+    x = self.final_norm(x)
     if cfg.tie_word_embeddings:
       logits = jnp.einsum("bte,ve->btv", x, self.table().astype(x.dtype),
                           preferred_element_type=jnp.float32)
@@ -223,8 +228,9 @@ class DecoderLM(nn.Module):
   def __call__(self, tokens: Optional[Array], *, valid: Optional[Array] = None,
                deterministic: bool = True, task_index: Optional[Array] = None,
                prefixes: Optional[Prefixes] = None,
-               inputs_embeds: Optional[Array] = None) -> Array:
-    """Next-token logits of every position.
+               inputs_embeds: Optional[Array] = None,
+               keep: Optional[Array] = None) -> Array:
+    """Next-token logits of every position (or of the `keep` positions).
 
     Args:
       tokens: [B, T] int32 ids.
@@ -233,9 +239,12 @@ class DecoderLM(nn.Module):
       task_index: [B] int, each row's task (prompt modules with `task_indexed`).
       prefixes: per layer (key, value) [B or 1, P, K, D]; None: the deep prompt's, if any.
       inputs_embeds: [B, T, E] in place of the embedded tokens (see `inputs`).
+      keep: [B, K] int positions of `tokens` whose logits alone are computed (a loss that
+        counts K positions of a row need not pay the output layer for the other T' - K).
 
     Returns:
-      logits [B, T', V] float32, T' = T plus the input-hook prompt's positions.
+      logits [B, T', V] float32, T' = T plus the input-hook prompt's positions; with `keep`,
+      [B, K, V] at those positions.
     """
     x, valid = self.inputs(tokens, valid=valid, deterministic=deterministic,
                            task_index=task_index, inputs_embeds=inputs_embeds)
@@ -247,9 +256,23 @@ class DecoderLM(nn.Module):
     q_index = jnp.broadcast_to(num + jnp.arange(length, dtype=jnp.int32), (batch, length))
     k_index = jnp.broadcast_to(jnp.arange(num + length, dtype=jnp.int32), (batch, num + length))
     k_valid = jnp.concatenate([jnp.ones((batch, num), bool), valid], axis=1)
+    if keep is not None:
+      given = (tokens if tokens is not None else inputs_embeds).shape[1]
+      keep = self.prompted_index(keep, length - given)
     logits, _ = self.stack(x, positions=positions, q_index=q_index, k_index=k_index,
-                           k_valid=k_valid, past=prefixes)
+                           k_valid=k_valid, past=prefixes, keep=keep)
     return logits
+
+  def prompted_index(self, index: Array, added: int) -> Array:
+    """Token positions -> their positions in the sequence the input-hook prompt made, `added`
+    positions longer (the prompt's placement: before every token, after BOS, or after each
+    row's last token)."""
+    placement = getattr(self.prompt, "placement", "prefix")
+    if not added or placement == "suffix":
+      return index
+    if placement == "after_bos":
+      return jnp.where(index > 0, index + added, index)
+    return index + added
 
 
 def abstract_params(config: DecoderConfig, prompt: Optional[nn.Module] = None) -> Any:
