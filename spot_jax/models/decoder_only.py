@@ -230,10 +230,14 @@ class DecoderOnlyModel:
 
   def _scores(self, params: Params, inputs: Array, targets: Array,
               task_index: Optional[Array]) -> Array:
-    """Sum of the target tokens' log-probabilities per row, [B]."""
+    """Sum of the target tokens' log-probabilities per row, [B] (the output layer on the
+    targets' positions only)."""
     tokens, weights = concatenate(inputs, targets)
     batch = {"decoder_target_tokens": tokens, "task_index": task_index}
-    logits = self.logits(params, batch)
+    keep = dataclasses.replace(self, loss_positions=targets.shape[1]).loss_index(weights)
+    logits = self.logits(params, batch, keep=keep)
+    if keep is not None:
+      tokens, weights = (jnp.take_along_axis(a, keep, axis=1) for a in (tokens, weights))
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     picked = jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
     return jnp.sum(picked * weights, axis=1)

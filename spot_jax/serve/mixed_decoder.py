@@ -94,8 +94,9 @@ def _prefixes(table: TableArrays, index: Array) -> tuple[Optional[tuple], Array,
 
 
 def _forward(model: DecoderLM, params: PyTree, table: TableArrays, index: Array, x: Array,
-             valid: Array) -> Array:
-  """Teacher-forced logits [B, M, V] of compacted rows (valid first), with per-row prefixes."""
+             valid: Array, keep: Optional[Array] = None) -> Array:
+  """Teacher-forced logits [B, M, V] of compacted rows (valid first), with per-row prefixes;
+  with `keep` [B, K] (compacted slots), of those slots only ([B, K, V])."""
   past, visible, num = _prefixes(table, index)
   big_p = visible.shape[1]
   batch, length = valid.shape
@@ -105,7 +106,7 @@ def _forward(model: DecoderLM, params: PyTree, table: TableArrays, index: Array,
                              q_index], axis=1)
   logits, _ = model.apply({"params": params}, x, positions=q_index, q_index=q_index,
                           k_index=k_index, k_valid=jnp.concatenate([visible, valid], axis=1),
-                          past=past, method=DecoderLM.stack)
+                          past=past, keep=keep, method=DecoderLM.stack)
   return logits
 
 
@@ -118,13 +119,17 @@ def _token_slots(table: TableArrays, index: Array, length: int, placement: str) 
 
 def _scores(model: DecoderLM, params: PyTree, table: TableArrays, index: Array, inputs: Array,
             targets: Array, placement: str) -> Array:
-  """Sum of the targets' log-probabilities [B] after inputs [B, T] (the trainer's layout)."""
+  """Sum of the targets' log-probabilities [B] after inputs [B, T] (the trainer's layout).
+
+  The output layer runs on each row's S = targets.shape[1] target slots only."""
   sequence, weights = decoder_only.concatenate(inputs, targets)
   tokens = decoder_only.shift_right(sequence, model.config.bos_id)
   x, valid = _prompted(model, params, table, index, tokens, sequence > 0, placement)
-  logits = _forward(model, params, table, index, x, valid)
+  order = jnp.argsort((weights <= 0).astype(jnp.int32), axis=1, stable=True)[:, :targets.shape[1]]
+  sequence, weights = (jnp.take_along_axis(a, order, axis=1) for a in (sequence, weights))
   slots = _token_slots(table, index, tokens.shape[1], placement)
-  logits = jnp.take_along_axis(logits, slots[..., None], axis=1)  # [B, T, V]
+  keep = jnp.take_along_axis(slots, order, axis=1)
+  logits = _forward(model, params, table, index, x, valid, keep)  # [B, S, V]
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   picked = jnp.take_along_axis(log_probs, sequence[..., None], axis=-1)[..., 0]
   return jnp.sum(picked * weights, axis=1)
