@@ -14,7 +14,7 @@ which is what `DecoderLM` gives the row alone with its own prompt module, so eve
 and decodes as it would alone. Decoding rolls each row so that its last position ends the
 prefill; then one token per step for the whole batch against a key/value cache of P + M + N
 entries (prefixes, prefill, new tokens). Class labels are scored as continuations of the
-inputs, one row per (input, label), as `DecoderOnlyModel.classify_batch` does.
+inputs from one cache of [BOS, inputs] per row, as `DecoderOnlyModel.classify_batch` does.
 """
 from __future__ import annotations
 
@@ -145,13 +145,54 @@ def score_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: Arr
 @functools.partial(jax.jit, static_argnames=("model", "placement"))
 def classify_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: Array,
                    tokens: Array, labels: Array, *, placement: str) -> Array:
-  """Log-likelihoods [B, C] of every label row labels [C, S] after every input row [B, T]: one
-  pass over B * C rows, each input followed by one label."""
-  batch, count = tokens.shape[0], labels.shape[0]
-  rows = jnp.repeat(tokens, count, axis=0)
-  targets = jnp.tile(labels, (batch, 1))
-  scores = _scores(model, params, table, jnp.repeat(index, count), rows, targets, placement)
-  return scores.reshape(batch, count)
+  """Log-likelihoods [B, C] of every label row labels [C, S] after every input row [B, T].
+
+  [BOS, inputs] and each row's prompt run once, into a key/value cache (rows rolled so that
+  their last real position ends the prefix, as `generate_mixed` does); each label then reads
+  that cache: C passes of S positions instead of B * C sequences of T + S. A table holding an
+  entry whose prompt reads the embedded row (a router, ATTEMPT's attention, DePT's offsets)
+  scores each (input, label) row as one sequence instead, as `score_batch` reads it."""
+  batch, big_s = tokens.shape[0], labels.shape[1]
+  if table.offsets.shape[1] or table.prompts.shape[1] > 1 or table.attn_down.shape[-1]:
+    count = labels.shape[0]
+    scores = _scores(model, params, table, jnp.repeat(index, count),
+                     jnp.repeat(tokens, count, axis=0), jnp.tile(labels, (batch, 1)), placement)
+    return scores.reshape(batch, count)
+  bos = jnp.full((batch, 1), model.config.bos_id, jnp.int32)
+  sequence = jnp.concatenate([bos, tokens.astype(jnp.int32)], axis=1)
+  x, valid = _prompted(model, params, table, index, sequence, sequence > 0, placement)
+  x, valid = _roll_to_end(x, valid)
+  past, visible, num = _prefixes(table, index)
+  big_p, big_m = visible.shape[1], valid.shape[1]
+  count = jnp.sum(valid, axis=1, dtype=jnp.int32)
+  slots = jnp.arange(big_p + big_m + big_s, dtype=jnp.int32)[None]
+  k_index = jnp.where(slots < big_p, slots - big_p + num[:, None],
+                      slots - big_p - big_m + count[:, None] + num[:, None])
+  stack = functools.partial(model.apply, {"params": params}, method=DecoderLM.stack)
+  q_index = k_index[:, big_p:big_p + big_m]
+  logits, cache = stack(x, positions=q_index, q_index=q_index, k_index=k_index,
+                        k_valid=jnp.concatenate([visible, valid,
+                                                 jnp.zeros((batch, big_s), bool)], axis=1),
+                        past=_empty_cache(model, past, batch, big_p + big_m + big_s),
+                        write_index=jnp.int32(big_p), last_only=True)
+  k_valid = jnp.concatenate([visible, valid, jnp.ones((batch, big_s), bool)], axis=1)
+  at = k_index[:, big_p + big_m:]
+
+  def one(label: Array) -> Array:
+    """[S] -> [B]: the label's log-likelihood after each row's prefix."""
+    rows = jnp.broadcast_to(label.astype(jnp.int32), (batch, big_s))
+    scored = logits
+    if big_s > 1:  # token j of the label is predicted at its position j - 1
+      embedded = model.apply({"params": params}, rows[:, :-1], method=DecoderLM.embed)
+      following, _ = stack(embedded, positions=at[:, :-1], q_index=at[:, :-1],
+                           k_index=k_index, k_valid=k_valid, past=cache,
+                           write_index=jnp.int32(big_p + big_m))
+      scored = jnp.concatenate([logits, following], axis=1)
+    log_probs = jax.nn.log_softmax(scored.astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(log_probs, rows[..., None], axis=-1)[..., 0]
+    return jnp.sum(picked * (rows > 0), axis=1)
+
+  return jax.lax.map(one, labels).T
 
 
 def _roll_to_end(x: Array, valid: Array) -> tuple[Array, Array]:

@@ -133,6 +133,24 @@ def test_scores_and_labels_equal_the_module_alone(setup):
                                err_msg=name)
 
 
+def test_labels_read_one_cache_of_the_inputs_as_whole_sequences_score(setup):
+  """A table of prompts that do not read the row (Prompt Tuning, folded Residual and ULPT,
+  prefixes) scores labels from one cache of [BOS, inputs] per row: each label's score is
+  still `score_batch` of inputs ++ label, on sliding and full layers."""
+  backbone, _, _, table, rows = setup
+  plain = ["pt", "residual", "ulpt", "prefix"]
+  server = _server(backbone, PromptTable([table.entries[table.index(n)] for n in plain],
+                                         CONFIG.emb_dim))
+  names = plain * 2
+  classes = server.classify(names, rows, TARGETS)
+  for r, name in enumerate(names):
+    model, params = _module_params(setup, name)
+    want = [float(np.asarray(model.score_batch(params, {
+        "encoder_input_tokens": jnp.asarray(rows[r:r + 1]),
+        "decoder_target_tokens": jnp.asarray(label[None])}))[0]) for label in TARGETS]
+    np.testing.assert_allclose(classes[r], want, atol=1e-5, err_msg=name)
+
+
 def test_any_mix_compiles_once(setup):
   backbone, _, _, table, rows = setup
   server = _server(backbone, table)
