@@ -56,6 +56,17 @@ def concatenate(inputs: Array, targets: Array) -> tuple[Array, Array]:
   return tokens, weights
 
 
+def input_positions(weights: Optional[Array]) -> Optional[Array]:
+  """[B, L] loss weights -> [B, L] bool, the model input positions that hold BOS or an input
+  token (input position t holds sequence token t - 1): what the prompt module reads, as it reads
+  [BOS, inputs] before decoding. None: no weights, every position."""
+  if weights is None:
+    return None
+  weights = jnp.asarray(weights)
+  first = jnp.ones((weights.shape[0], 1), bool)
+  return jnp.concatenate([first, weights[:, :-1] <= 0], axis=1)
+
+
 def shift_right(tokens: Array, bos_id: int) -> Array:
   """[B, L] -> [BOS, tokens[:, :-1]] (the model's input for teacher forcing)."""
   bos = jnp.full((tokens.shape[0], 1), bos_id, jnp.int32)
@@ -167,7 +178,8 @@ class DecoderOnlyModel:
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
     out = self.module.apply({"params": params}, tokens, valid=targets > 0,
                             deterministic=not enable_dropout, task_index=batch.get("task_index"),
-                            keep=keep, rngs=rngs, mutable=mutable)
+                            keep=keep, reads=input_positions(batch.get("decoder_loss_weights")),
+                            rngs=rngs, mutable=mutable)
     logits, state = out if mutable else (out, {})
     if keep is None:
       logits = self.token_logits(logits, tokens.shape[1])
@@ -233,7 +245,8 @@ class DecoderOnlyModel:
     """Sum of the target tokens' log-probabilities per row, [B] (the output layer on the
     targets' positions only)."""
     tokens, weights = concatenate(inputs, targets)
-    batch = {"decoder_target_tokens": tokens, "task_index": task_index}
+    batch = {"decoder_target_tokens": tokens, "decoder_loss_weights": weights,
+             "task_index": task_index}
     keep = dataclasses.replace(self, loss_positions=targets.shape[1]).loss_index(weights)
     logits = self.logits(params, batch, keep=keep)
     if keep is not None:

@@ -18,6 +18,8 @@ positions its entry lacks made invisible (`row_kv`).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
@@ -72,22 +74,26 @@ def attempt_weights(table: TableArrays, index: Array, pooled: Array) -> Array:
 
 
 def prompted_input(table: TableArrays, index: Array, embedded: Array, tokens: Array,
-                   placement: str = "prefix") -> tuple[Array, Array]:
+                   placement: str = "prefix", reads: Optional[Array] = None
+                   ) -> tuple[Array, Array]:
   """embedded [B, T, E], tokens [B, T] -> (x [B, L + T, E], valid [B, L + T] bool).
 
-  Valid positions of each row come first and in order (see the module docstring).
+  Valid positions of each row come first and in order (see the module docstring). `reads`
+  [B, T] bool: the positions routers, ATTEMPT's pooling and DePT's offsets read (a decoder-only
+  row's inputs, not its teacher-forced targets); None: every real position.
   """
   valid = tokens > 0
+  read = valid if reads is None else valid & reads
   if table.offsets.shape[1]:  # some entry offsets the input embeddings (DePT)
     offsets = table.offsets[index]  # [B, S, E]
     width = embedded.shape[1]
     if offsets.shape[1] < width:  # positions no entry covers: zero (longer rows are refused)
       offsets = jnp.pad(offsets, ((0, 0), (0, width - offsets.shape[1]), (0, 0)))
-    embedded = dept.add_offset(embedded, valid, offsets)
-  weights = route(table, index, common.mean_embedding(embedded, valid))
+    embedded = dept.add_offset(embedded, read, offsets)
+  weights = route(table, index, common.mean_embedding(embedded, read))
   if table.attn_down.shape[-1]:  # static: only tables holding an ATTEMPT entry pay for it
     weights = jnp.where((table.routing[index] == ROUTING_CODES["attempt"])[:, None],
-                        attempt_weights(table, index, common.max_pool(embedded, valid)), weights)
+                        attempt_weights(table, index, common.max_pool(embedded, read)), weights)
   prompt = jnp.einsum("bk,bkle->ble", weights, table.prompts[index])
   batch, big_l = prompt.shape[:2]
   real = jnp.arange(big_l)[None] < table.lengths[index][:, None]  # [B, L]

@@ -77,11 +77,13 @@ def check_placement(placement: str) -> None:
 
 
 def _prompted(model: DecoderLM, params: PyTree, table: TableArrays, index: Array, tokens: Array,
-              valid: Array, placement: str) -> tuple[Array, Array]:
-  """Model input tokens [B, T] (BOS first) -> (x [B, M, E], valid [B, M], valid first)."""
+              valid: Array, placement: str, reads: Optional[Array] = None
+              ) -> tuple[Array, Array]:
+  """Model input tokens [B, T] (BOS first) -> (x [B, M, E], valid [B, M], valid first);
+  `reads`: the positions the prompts read (the inputs; None: all)."""
   tokens = jnp.where(valid, tokens, 0)  # the prompt modules read validity from tokens > 0
   embedded = model.apply({"params": params}, tokens, method=DecoderLM.embed)
-  return prompted_input(table, index, embedded, tokens, placement)
+  return prompted_input(table, index, embedded, tokens, placement, reads)
 
 
 def _prefixes(table: TableArrays, index: Array) -> tuple[Optional[tuple], Array, Array]:
@@ -124,7 +126,8 @@ def _scores(model: DecoderLM, params: PyTree, table: TableArrays, index: Array, 
   The output layer runs on each row's S = targets.shape[1] target slots only."""
   sequence, weights = decoder_only.concatenate(inputs, targets)
   tokens = decoder_only.shift_right(sequence, model.config.bos_id)
-  x, valid = _prompted(model, params, table, index, tokens, sequence > 0, placement)
+  x, valid = _prompted(model, params, table, index, tokens, sequence > 0, placement,
+                       decoder_only.input_positions(weights))
   order = jnp.argsort((weights <= 0).astype(jnp.int32), axis=1, stable=True)[:, :targets.shape[1]]
   sequence, weights = (jnp.take_along_axis(a, order, axis=1) for a in (sequence, weights))
   slots = _token_slots(table, index, tokens.shape[1], placement)
@@ -149,15 +152,9 @@ def classify_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: 
 
   [BOS, inputs] and each row's prompt run once, into a key/value cache (rows rolled so that
   their last real position ends the prefix, as `generate_mixed` does); each label then reads
-  that cache: C passes of S positions instead of B * C sequences of T + S. A table holding an
-  entry whose prompt reads the embedded row (a router, ATTEMPT's attention, DePT's offsets)
-  scores each (input, label) row as one sequence instead, as `score_batch` reads it."""
+  that cache: C passes of S positions instead of B * C sequences of T + S. The prompts read
+  the inputs alone either way (`_scores`' `reads`), so routers, ATTEMPT and DePT score alike."""
   batch, big_s = tokens.shape[0], labels.shape[1]
-  if table.offsets.shape[1] or table.prompts.shape[1] > 1 or table.attn_down.shape[-1]:
-    count = labels.shape[0]
-    scores = _scores(model, params, table, jnp.repeat(index, count),
-                     jnp.repeat(tokens, count, axis=0), jnp.tile(labels, (batch, 1)), placement)
-    return scores.reshape(batch, count)
   bos = jnp.full((batch, 1), model.config.bos_id, jnp.int32)
   sequence = jnp.concatenate([bos, tokens.astype(jnp.int32)], axis=1)
   x, valid = _prompted(model, params, table, index, sequence, sequence > 0, placement)

@@ -187,6 +187,37 @@ def test_loss_counts_target_tokens_only(task_name):
   assert float(loss(dict(batch, decoder_target_tokens=changed))) != base
 
 
+@pytest.mark.parametrize("prompt", [
+    lambda: prompts.PromptTuning(4, prompt_init=prompts.sampled_vocab()),
+    lambda: prompts.PromptTuning(3, placement="after_bos"),
+    lambda: prompts.SMoP(num_prompts=2, length=3),
+    lambda: prompts.PrefixTuning(2, attention=("decoder",)),
+])
+def test_loss_on_the_target_positions_only_equals_the_full_loss(task_name, prompt):
+  """The trainer's model (`for_batches`: the output layer on each row's target positions) has
+  the full model's loss, metrics and prompt gradients."""
+  full = models.DecoderOnlyModel(DecoderLM(CONFIG, prompt=prompt()), eos_id=1)
+  short = full.for_batches(LENGTHS)
+  assert short.loss_positions == LENGTHS["targets"]
+  frozen = models.unbox(full.init_backbone(jax.random.PRNGKey(0), full.dummy_batch(8, 4)))
+  start = models.unbox(full.init_prompt(jax.random.PRNGKey(1), frozen, full.dummy_batch(8, 4)))
+  batch = _batches(task_name, "train", 1)[0]
+  assert int(np.max(np.sum(batch["decoder_loss_weights"] > 0, axis=1))) <= LENGTHS["targets"]
+
+  def loss(model):
+    return jax.jit(jax.value_and_grad(lambda p: model.loss_fn(
+        models.merge_params(frozen, p), batch, None, enable_dropout=False), has_aux=True))(start)
+
+  (want, want_metrics), want_grads = loss(full)
+  (got, got_metrics), got_grads = loss(short)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  for name in want_metrics:
+    np.testing.assert_allclose(got_metrics[name], want_metrics[name], rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+  for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("placement", ["prefix", "after_bos"])
 def test_prompt_positions_are_dropped_from_the_logits(placement):
   """A prompt made of token embeddings (this Llama does not scale them) gives the logits the
@@ -261,6 +292,16 @@ def test_a_method_that_cannot_apply_is_refused_in_one_line(tmp_path, task_name, 
   assert not (tmp_path / "run").exists()
 
 
+def test_a_task_vocabulary_beyond_the_table_is_refused(tmp_path, task_name):
+  small = models.DecoderOnlyModel(DecoderLM(CONFIG.replace(vocab_size=200),
+                                            prompt=prompts.PromptTuning(4)), eos_id=1)
+  with pytest.raises(ConfigError, match="vocabulary has 259 ids but the model's embedding table "
+                                        "has 200 rows") as info:
+    _train(tmp_path / "run", task_name, 2, model=small)
+  assert "\n" not in str(info.value)
+  assert not (tmp_path / "run").exists()
+
+
 def test_prefix_tuning_exports_the_decoder_prefixes(tmp_path, task_name):
   model = _model(prompts.PrefixTuning(3, attention=("decoder",)))
   result = _train(tmp_path / "prefix", task_name, 2, model=model)
@@ -276,14 +317,24 @@ def test_prefix_tuning_exports_the_decoder_prefixes(tmp_path, task_name):
     ("decoder_tiny_llama", lambda: prompts.PromptTuning(3)),
     ("decoder_tiny_gemma3", lambda: prompts.PromptTuning(3, placement="after_bos")),
     ("decoder_tiny_gemma3", lambda: prompts.PrefixTuning(2, attention=("decoder",))),
+    ("decoder_tiny_llama", lambda: prompts.SMoP(num_prompts=3, length=2, router_init=(
+        jax.nn.initializers.normal(3.0)))),
+    ("decoder_tiny_gemma3", lambda: prompts.DePT(2, max_length=16, rank=2)),
+    ("decoder_tiny_llama", lambda: prompts.Attempt(source_prompts=np.random.RandomState(3).normal(
+        0, 1, (2, 3, CONFIG.emb_dim)).astype(np.float32), bottleneck=4)),
 ])
 def test_label_scores_from_one_prefix_pass_equal_whole_sequences(config_name, prompt):
   """Rank classification reads one cache of [BOS, inputs] per row; each label's score equals the
-  score of inputs ++ label run as one sequence (Gemma 3's sliding layers included)."""
+  score of inputs ++ label run as one sequence (Gemma 3's sliding layers included): a prompt
+  that reads the row (router, pooling, DePT's offsets) reads the inputs alone in both, as in
+  training and before decoding."""
   model = models.DecoderOnlyModel(DecoderLM(config_by_name(config_name), prompt=prompt()))
   frozen = models.unbox(model.init_backbone(jax.random.PRNGKey(0), model.dummy_batch(8, 4)))
-  params = models.merge_params(frozen, models.unbox(model.init_prompt(
-      jax.random.PRNGKey(1), frozen, model.dummy_batch(8, 4))))
+  prompt_params = models.unbox(model.init_prompt(jax.random.PRNGKey(1), frozen,
+                                                 model.dummy_batch(8, 4)))
+  rs = np.random.RandomState(0)  # every leaf off its initial value (DePT's B starts at zero)
+  params = models.merge_params(frozen, jax.tree.map(
+      lambda v: np.asarray(v) + rs.normal(0, 0.3, np.shape(v)).astype(np.float32), prompt_params))
   inputs = np.array([[40, 41, 42, 43, 44, 45, 1, 0], [50, 1, 0, 0, 0, 0, 0, 0]], np.int32)
   labels = np.array([[60, 61, 1, 0], [62, 1, 0, 0], [63, 64, 65, 1]], np.int32)
   got = np.asarray(jax.jit(model.classify_batch)(params, inputs, labels))

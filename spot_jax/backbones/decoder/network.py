@@ -148,7 +148,8 @@ class DecoderLM(nn.Module):
 
   def inputs(self, tokens: Optional[Array], *, valid: Optional[Array] = None,
              deterministic: bool = True, task_index: Optional[Array] = None,
-             inputs_embeds: Optional[Array] = None) -> tuple[Array, Array]:
+             inputs_embeds: Optional[Array] = None,
+             reads: Optional[Array] = None) -> tuple[Array, Array]:
     """The embedded sequence after the input hook: (x [B, T', E], valid [B, T'] bool).
 
     Args:
@@ -158,6 +159,10 @@ class DecoderLM(nn.Module):
       task_index: [B] int each row's task, for prompt modules with `task_indexed`.
       inputs_embeds: [B, T, E] used instead of `embed(tokens)`: already scaled, as
         transformers' `inputs_embeds` (which no family scales again).
+      reads: [B, T] bool, the positions the prompt module reads (a router's mean, ATTEMPT's
+        pooling, DePT's offsets): the inputs, not the targets a teacher-forced row carries
+        after them, so that a prompt sees in training what it sees before decoding. None: every
+        real position.
     """
     x = self.embed(tokens) if inputs_embeds is None else inputs_embeds.astype(
         self.config.activation_dtype)
@@ -168,8 +173,17 @@ class DecoderLM(nn.Module):
                           "pass tokens with inputs_embeds")
       extra = ({"task_index": task_index}
                if task_index is not None and getattr(self.prompt, "task_indexed", False) else {})
-      x, valid = self.prompt(x, jnp.where(valid, tokens, 0), embedding=self.table(),
-                             deterministic=deterministic, **extra)
+      if reads is not None and getattr(self.prompt, "placement", "prefix") == "suffix":
+        raise ConfigError("placement='suffix' would put the prompt after the inputs a "
+                          "teacher-forced row reads, before its targets; use 'prefix' or "
+                          "'after_bos'")
+      read = valid if reads is None else valid & reads.astype(bool)
+      x, combined = self.prompt(x, jnp.where(read, tokens, 0), embedding=self.table(),
+                                deterministic=deterministic, **extra)
+      if reads is not None:  # the positions it did not read are still real
+        at = self.prompted_index(jnp.arange(valid.shape[1]), combined.shape[1] - valid.shape[1])
+        combined = combined.at[:, at].set(combined[:, at] | valid)
+      valid = combined
       x = x.astype(self.config.activation_dtype)
     return nn.with_logical_constraint(x, ("batch", "length", "embed")), valid.astype(bool)
 
@@ -229,7 +243,7 @@ class DecoderLM(nn.Module):
                deterministic: bool = True, task_index: Optional[Array] = None,
                prefixes: Optional[Prefixes] = None,
                inputs_embeds: Optional[Array] = None,
-               keep: Optional[Array] = None) -> Array:
+               keep: Optional[Array] = None, reads: Optional[Array] = None) -> Array:
     """Next-token logits of every position (or of the `keep` positions).
 
     Args:
@@ -241,13 +255,14 @@ class DecoderLM(nn.Module):
       inputs_embeds: [B, T, E] in place of the embedded tokens (see `inputs`).
       keep: [B, K] int positions of `tokens` whose logits alone are computed (a loss that
         counts K positions of a row need not pay the output layer for the other T' - K).
+      reads: [B, T] bool, the positions the prompt module reads (see `inputs`).
 
     Returns:
       logits [B, T', V] float32, T' = T plus the input-hook prompt's positions; with `keep`,
       [B, K, V] at those positions.
     """
     x, valid = self.inputs(tokens, valid=valid, deterministic=deterministic,
-                           task_index=task_index, inputs_embeds=inputs_embeds)
+                           task_index=task_index, inputs_embeds=inputs_embeds, reads=reads)
     if prefixes is None:
       prefixes = self.deep_prefixes(deterministic)
     batch, length = valid.shape
