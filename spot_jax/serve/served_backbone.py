@@ -80,11 +80,11 @@ class ServedBackbone:
     return models.EncoderDecoderModel(self.network())
 
   def check_vocabulary(self, vocab: Any) -> None:
-    """Refuses a vocabulary with more ids than a T5's table (a decoder-only model trained on a
-    larger vocabulary's ids, e.g. bytes on a tiny table, is checked per input instead)."""
-    if self.kind == "t5" and vocab.vocab_size > self.config.vocab_size:
-      raise ConfigError(f"the vocabulary has {vocab.vocab_size} ids but the model's table has "
-                        f"{self.config.vocab_size}; give the model's vocabulary (--vocab)")
+    """Refuses a vocabulary (a tokenizer) with more ids than the model's embedding table."""
+    if vocab.vocab_size > self.config.vocab_size:
+      what = getattr(vocab, "path", None) or "the vocabulary"
+      raise ConfigError(f"{what} has {vocab.vocab_size} ids but the model's embedding table has "
+                        f"{self.config.vocab_size} rows; give the model's own tokenizer (--vocab)")
 
   def vocabulary(self, flag: Optional[str]) -> Any:
     """The vocabulary of the inputs: --vocab's, else the runs' recorded one, else T5's (a

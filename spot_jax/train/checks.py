@@ -243,12 +243,25 @@ def plan(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
     embedding_step = min(int(records[0].embedding_step), total_steps)  # a resumed run keeps its own
   vocab = data_lib.get_mixture_or_task(train_dataset_cfg.mixture_or_task_name).output_features
   vocabulary = getattr(vocab.get("inputs") or vocab.get("targets"), "vocabulary", None)
+  _check_vocabulary_fits(model, vocabulary, train_dataset_cfg.mixture_or_task_name)
   return Plan(runs=run_list, default_task=train_dataset_cfg.mixture_or_task_name, stacked=stacked,
               model_dir=folder, train_cfgs=train_cfgs, trainable=trainable, total_steps=total_steps,
               log_period=int(log_period), checkpoint_period=period,
               save_prompt_steps=frozenset(save_steps + [embedding_step]),
               embedding_step=embedding_step, checkpoint_cfg=dataclasses.replace(cc, keep=keep),
               vocabulary=vocabulary, task_module=train_dataset_cfg.module, method=method)
+
+
+def _check_vocabulary_fits(model: Any, vocabulary: Any, task: str) -> None:
+  """Refuses a decoder-only run whose task's vocabulary has ids the embedding table has no row
+  for (a tokenizer of another model): they would read clamped rows and score no logit."""
+  rows = getattr(model.config, "vocab_size", None)
+  size = getattr(vocabulary, "vocab_size", None)
+  if getattr(model, "kind", "t5") != "decoder" or rows is None or size is None or size <= rows:
+    return
+  raise ConfigError(f"the task {task}'s vocabulary has {size} ids but the model's embedding table "
+                    f"has {rows} rows (vocab_size={rows}); give a task in the model's own "
+                    f"tokenizer (at most {rows} ids)")
 
 
 def _check_existing_record(run: runs_lib.Run, method: Mapping[str, Any]):

@@ -153,15 +153,41 @@ def places(tmp_path_factory):
     (foreign / name).mkdir(parents=True)
     if text is not None:
       (foreign / name / "results.json").write_text(text)
+  decoder = _decoder_inputs(root / "decoder")
   return {"run": str(run), "damaged": str(damaged), "tmp": str(tmp), "file": str(blocker),
           "gin_dir": str(gin_dir),
-          "foreign": str(foreign), **fps,
+          "foreign": str(foreign), "decoder": str(decoder), **fps,
           "hashes": {str(run): tree_hash(run), str(damaged): tree_hash(damaged),
-                     str(foreign): tree_hash(foreign)}}
+                     str(foreign): tree_hash(foreign), str(decoder): tree_hash(decoder)}}
+
+
+def _decoder_inputs(root: pathlib.Path) -> pathlib.Path:
+  """{decoder}: Hugging Face config.json files the decoder network does not support (relu2,
+  yarn), a 32-wide prompt for decoder_tiny_gemma3 and a SentencePiece model of 500 ids, more
+  than its 384-row table."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  llama = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=384,
+               hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=8, hidden_act="silu", rms_norm_eps=1e-6,
+               rope_theta=10000.0, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
+  for name, change in (("relu2", dict(hidden_act="relu2")),
+                       ("yarn", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}))):
+    (root / name).mkdir(parents=True)
+    (root / name / "config.json").write_text(json.dumps({**llama, **change}))
+  np.save(root / "prompt.npy", np.zeros((4, 32), np.float32))
+  rng = np.random.RandomState(0)
+  words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.randint(2, 9)))
+           for _ in range(3000)]
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(" ".join(rng.choice(words, 12)) for _ in range(4000)),
+      model_prefix=str(root / "big"), vocab_size=500, model_type="bpe", pad_id=0, eos_id=1,
+      unk_id=2, bos_id=-1, minloglevel=2)
+  return root
 
 
 def _fill(arg: str, places: dict) -> str:
-  for key in ("run", "damaged", "tmp", "file", "gin_dir", "foreign", "fp0", "fp1", "fp_test",
+  for key in ("run", "damaged", "tmp", "file", "gin_dir", "foreign", "decoder", "fp0", "fp1",
+              "fp_test",
               "ckpt", "fp_ckpt"):
     arg = arg.replace("{" + key + "}", places[key])
   return arg
@@ -170,7 +196,8 @@ def _fill(arg: str, places: dict) -> str:
 def _case(row, places) -> dict:
   _, module, args, _, _ = row
   args = [_fill(a, places) for a in args]
-  watched = [places[k] for k in ("run", "damaged", "foreign") if any(places[k] in a for a in args)]
+  watched = [places[k] for k in ("run", "damaged", "foreign", "decoder")
+             if any(places[k] in a for a in args)]
   return {"module": module, "args": args, "model_dir": watched[0] if watched else None}
 
 

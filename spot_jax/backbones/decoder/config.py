@@ -249,8 +249,9 @@ def _build_registry() -> dict[str, DecoderConfig]:
                                   rope_scaling=RopeScaling("linear", 8.0),
                                   max_position_embeddings=131072, **_GEMMA3),
   }
-  # Tiny random models for tests and CPU smoke runs: each family's every switch, small sizes.
-  tiny = dict(vocab_size=128, emb_dim=32, num_heads=4, num_kv_heads=2, num_layers=2,
+  # Tiny random models for tests and CPU smoke runs: each family's every switch, small sizes;
+  # 384 rows hold the byte vocabulary's 259 ids (as t5_1_1_byte_tiny's table).
+  tiny = dict(vocab_size=384, emb_dim=32, num_heads=4, num_kv_heads=2, num_layers=2,
               head_dim=8, mlp_dim=64)
   reg["decoder_tiny_llama"] = DecoderConfig(
       **tiny, **dict(_LLAMA, tie_word_embeddings=False, bos_id=1, eos_id=2,
