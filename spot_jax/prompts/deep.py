@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax.backbones import kinds
 from spot_jax.errors import ConfigError
 from spot_jax.backbones.t5 import prefixes as prefixes_lib
 from spot_jax.backbones.t5.config import T5Config
@@ -113,6 +114,8 @@ def fold_tokens(tokens: Any, backbone: Mapping[str, Any], config: T5Config, stac
     config: the model configuration.
     stack: "encoder" or "decoder".
   """
+  if kinds.kind_of(config) == "decoder":
+    return _fold_decoder_tokens(tokens, backbone, config)
   norm, attention = (("pre_attention_layer_norm", "attention") if stack == "encoder"
                      else ("pre_self_attention_layer_norm", "self_attention"))
   tokens = jnp.asarray(tokens, jnp.float32)
@@ -126,3 +129,19 @@ def fold_tokens(tokens: Any, backbone: Mapping[str, Any], config: T5Config, stac
         y.shape[0], heads, depth) for n in ("key", "value")]
     out.append(jnp.stack(kv).astype(jnp.float32))
   return np.asarray(jnp.stack(out))
+
+
+def _fold_decoder_tokens(tokens: Any, backbone: Mapping[str, Any], config: Any) -> np.ndarray:
+  """A decoder-only model's [layers, P, E] tokens -> [layers, 2, P, K, D] prefixes, computed by
+  the network itself (`DecoderLM.deep_prefixes`: norm, projections, key norm, RoPE)."""
+  # pylint: disable=g-import-not-at-top
+  from spot_jax.backbones.decoder.network import DecoderLM
+  from spot_jax.prompts.ptuning_v2 import PTuningV2
+  # pylint: enable=g-import-not-at-top
+  tokens = jnp.asarray(tokens, jnp.float32)
+  module = DecoderLM(config, prompt=PTuningV2(int(tokens.shape[1]), stacks=("decoder",)))
+  params = {**{k: v for k, v in backbone.items() if k != "prompt"},
+            "prompt": {"decoder_tokens": tokens}}
+  pairs = module.apply({"params": params}, method=DecoderLM.deep_prefixes)
+  return np.stack([np.stack([np.asarray(k[0], np.float32), np.asarray(v[0], np.float32)])
+                   for k, v in pairs])

@@ -23,7 +23,10 @@ learns past key values directly, i.e. prefix tuning on the encoder without the M
 `PrefixTuning(length, attention=("encoder",))` is that variant.
 
 `stacks` chooses the encoder's self-attention (default, the paper's NLU setting) and/or the
-decoder's self-attention.
+decoder's self-attention. On a decoder-only backbone (Llama, Gemma) it is the decoder's: layer l
+makes its prefixes of P_l with its own pre-attention RMSNorm, key/value projections, key norm
+(Gemma 3) and RoPE at positions 0..L-1, before the sequence's positions L, L+1, ...
+(`DecoderLM.deep_prefixes`).
 """
 from __future__ import annotations
 
@@ -44,12 +47,13 @@ from spot_jax.backbones.t5.config import T5Config
 Array = jax.Array
 
 STACKS = ("encoder", "decoder")
-# The decoder-only network takes raw key/value prefixes (as a transformers cache of length P):
-# tokens would need each frozen layer's own norm and key/value kernels, which it does not apply.
-DECODER_ONLY_REFUSAL = ("PTuningV2's deep prompt tokens need the frozen layers' own key/value "
-                        "projections, which the decoder-only network does not apply to prefixes; "
-                        "use PrefixTuning(attention=('decoder',)) (gin/prompts/prefix_tuning.gin "
-                        "with PREFIX_ATTENTION=('decoder',))")
+
+
+def check_decoder_stacks(stacks: tuple[str, ...]) -> None:
+  """Refuses, in one line, stacks a decoder-only model does not have."""
+  if tuple(stacks) != ("decoder",):
+    raise ConfigError(f"PTuningV2.stacks={tuple(stacks)!r}: a decoder-only model has only the "
+                      f"decoder's self-attention; set stacks=('decoder',) (DEEP_STACKS)")
 
 
 class PTuningV2(nn.Module):
@@ -85,11 +89,14 @@ class PTuningV2(nn.Module):
                     ) -> prefixes_lib.DeepPrompt:
     """The per-layer prompt tokens (batch axis 1) of the chosen stacks."""
     del deterministic
-    if decoder_only(config):
-      raise ConfigError(DECODER_ONLY_REFUSAL)
     if self.dtype is not None and jnp.dtype(self.dtype) != jnp.dtype(config.activation_dtype):
       raise ConfigError(f"PTuningV2.dtype={jnp.dtype(self.dtype).name} but the backbone runs in "
                         f"{jnp.dtype(config.activation_dtype).name}; leave dtype unset")
+    if decoder_only(config):  # the network makes each layer's prefixes of its tokens
+      check_decoder_stacks(self.stacks)
+      return common.prompt_param(self, "decoder_tokens", self.prompt_init,
+                                 (config.num_layers, self.length, config.emb_dim),
+                                 ("prompts", "prompt", "prompt_embed"), embedding)
     out = {}
     for stack in self.stacks:
       layers = config.num_encoder_layers if stack == "encoder" else config.num_decoder_layers

@@ -89,6 +89,10 @@ def export_causal(args, entry, config) -> int:
   """--export_peft of a decoder-only prompt: a PEFT CAUSAL_LM adapter (prompt or prefixes)."""
   from spot_jax.serve import peft_causal  # pylint: disable=g-import-not-at-top
   fileio.writable_dir(os.path.dirname(os.path.abspath(args.export_peft)), "--export_peft's folder")
+  if entry.has_tokens:
+    raise ConfigError(f"prompt {entry.name!r} is P-tuning v2 prompt tokens, which become key/value "
+                      f"prefixes only through the frozen weights; --export_peft writes prefix "
+                      f"tuning's plain prefixes (train PrefixTuning, or serve this prompt)")
   if entry.deep:
     peft_causal.export_prefix_adapter(entry.deep["decoder"], config, args.export_peft,
                                       base_model_name_or_path=args.base_model,

@@ -90,11 +90,22 @@ def from_deep(name: str, parts: dict, config: Optional[Any], source: str) -> Ser
 
 def check_decoder_prefixes(parts: dict, config: Any, source: str) -> None:
   """Refuses, in one line, deep prompt parts a decoder-only `config` cannot take: only decoder
-  self-attention prefixes [layers, 2, P, K, D] of its shape."""
-  other = sorted(set(parts) - {"decoder"})
+  self-attention prefixes [layers, 2, P, K, D] or P-tuning v2 tokens [layers, P, E] of its
+  shape."""
+  other = sorted(set(parts) - {"decoder", "decoder_tokens"})
   if other:
     raise ConfigError(f"{source} holds {other[0]!r} prefixes; a decoder-only model has only the "
                       f"decoder's self-attention (give a prompt trained on this model)")
+  if len(parts) != 1:
+    raise ConfigError(f"{source} holds both decoder prefixes and decoder prompt tokens; give one")
+  if "decoder_tokens" in parts:
+    tokens = parts["decoder_tokens"]
+    if tokens.ndim != 3 or tokens.shape[0] != config.num_layers or (
+        tokens.shape[2] != config.emb_dim):
+      raise ConfigError(f"{source} has decoder prompt tokens of shape {tokens.shape}; the model "
+                        f"takes [{config.num_layers}, P, {config.emb_dim}] (give a prompt trained "
+                        f"on this model)")
+    return
   kv = parts["decoder"]
   want = (config.num_layers, 2, config.num_kv_heads, config.head_dim)
   if kv.ndim != 5 or (kv.shape[:2] + kv.shape[3:]) != want:

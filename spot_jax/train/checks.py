@@ -107,8 +107,7 @@ def check_backbone_kind(model: Any) -> None:
 
   A decoder-only backbone reads inputs and targets as one causal sequence and has one stack of
   self-attention: a prompt after the targets (placement 'suffix') would be seen by no target,
-  deep prompts for an encoder or for cross-attention have nowhere to go, and its attention
-  takes raw key/value prefixes (no deep prompt tokens).
+  and deep prompts for an encoder or for cross-attention have nowhere to go.
   """
   prompt = model.module.prompt
   if getattr(model, "kind", "t5") != "decoder" or prompt is None:
@@ -118,7 +117,8 @@ def check_backbone_kind(model: Any) -> None:
     raise ConfigError(f"{name}.placement='suffix' puts the prompt after the targets of a "
                       f"decoder-only model, where no target sees it; use 'prefix' or 'after_bos'")
   if isinstance(prompt, prompts.PTuningV2):
-    raise ConfigError(ptuning_v2.DECODER_ONLY_REFUSAL)
+    ptuning_v2.check_decoder_stacks(prompt.stacks)
+    return
   wanted = tuple(getattr(prompt, "attention", ()))
   other = [w for w in wanted if w != "decoder"]
   if other:

@@ -1,9 +1,10 @@
 """Serving prompts on a decoder-only backbone (a tiny random Gemma 3: sliding and full layers).
 
 Invariants: in one mixed batch of Prompt Tuning, SMoP, folded Residual, folded ULPT, prefix
-tuning, DePT and ATTEMPT prompts, every row decodes token for token, and scores (its greedy
-completion, given targets, class labels) within 1e-5, like that prompt served alone and like its
-prompt module applied alone in `DecoderLM` (the trainer's model); any mix compiles once.
+tuning, P-tuning v2 (folded by the server), DePT and ATTEMPT prompts, every row decodes token
+for token, and scores (its greedy completion, given targets, class labels) within 1e-5, like that
+prompt served alone and like its prompt module applied alone in `DecoderLM` (the trainer's
+model); any mix compiles once.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from spot_jax.serve.table import PromptTable
 CONFIG = config_by_name("decoder_tiny_gemma3")
 EOS = 1  # the tasks' (seqio's) end of sequence; BOS is the config's (2)
 DECODE = 6
-LENGTHS = [9, 3, 6, 2, 9, 5, 7, 4]
+LENGTHS = [9, 3, 6, 2, 9, 5, 7, 4, 8]
 TARGETS = np.array([[40, 41, EOS, 0], [50, EOS, 0, 0]], np.int32)
 
 
@@ -37,6 +38,7 @@ def _modules():
       "residual": prompts.ResidualPrompt(4, bottleneck=8, prompt_init=init),
       "ulpt": prompts.ULPT(5, rank=4, prompt_init=init),
       "prefix": prompts.PrefixTuning(2, attention=("decoder",)),
+      "ptuning_v2": prompts.PTuningV2(2, stacks=("decoder",)),
       "dept": prompts.DePT(2, max_length=16, rank=2, prompt_init=init),
       "attempt": prompts.Attempt(source_prompts=np.random.RandomState(3).normal(
           0, 1, (2, 3, CONFIG.emb_dim)).astype(np.float32), bottleneck=4, prompt_init=init),
@@ -62,6 +64,9 @@ def setup():
     if isinstance(module, prompts.PrefixTuning):
       entries.append(prompt_loaders.from_deep(
           name, module.export_parts(params[name], CONFIG), CONFIG, name))
+    elif isinstance(module, prompts.PTuningV2):  # the server folds its tokens into prefixes
+      entries.append(prompt_loaders.from_deep(
+          name, {"decoder_tokens": np.asarray(params[name]["decoder_tokens"])}, CONFIG, name))
     else:
       entries.append(prompt_loaders.from_module(name, module, params[name]))
   rs = np.random.RandomState(0)
@@ -120,7 +125,7 @@ def test_scores_and_labels_equal_the_module_alone(setup):
   backbone, _, _, table, rows = setup
   server = _server(backbone, table)
   names = table.names[::-1] + table.names[:1]  # every method, on other rows than above
-  targets = np.tile(TARGETS, (len(rows) // 2, 1))
+  targets = np.tile(TARGETS, (len(rows) // 2 + 1, 1))[:len(rows)]
   scored = server.score(names, rows, targets)
   classes = server.classify(names, rows, TARGETS)
   for r, name in enumerate(names):
@@ -138,10 +143,10 @@ def test_labels_read_one_cache_of_the_inputs_as_whole_sequences_score(setup):
   prefixes) scores labels from one cache of [BOS, inputs] per row: each label's score is
   still `score_batch` of inputs ++ label, on sliding and full layers."""
   backbone, _, _, table, rows = setup
-  plain = ["pt", "residual", "ulpt", "prefix"]
+  plain = ["pt", "residual", "ulpt", "prefix", "ptuning_v2"]
   server = _server(backbone, PromptTable([table.entries[table.index(n)] for n in plain],
                                          CONFIG.emb_dim))
-  names = plain * 2
+  names = plain + plain[:4]
   classes = server.classify(names, rows, TARGETS)
   for r, name in enumerate(names):
     model, params = _module_params(setup, name)

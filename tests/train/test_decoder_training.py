@@ -259,7 +259,44 @@ METHODS = {
     "prefix_tuning": lambda: prompts.PrefixTuning(3, attention=("decoder",)),
     "prefix_tuning_mlp": lambda: prompts.PrefixTuning(3, attention=("decoder",), projection=True,
                                                       projection_dim=8),
+    "ptuning_v2": lambda: prompts.PTuningV2(3, stacks=("decoder",)),
 }
+
+
+@pytest.mark.parametrize("config_name", ["decoder_tiny_llama", "decoder_tiny_gemma3"])
+def test_ptuning_v2_equals_tokens_in_front_of_every_layer(config_name):
+  """P-tuning v2 on a decoder: layer l run on [P_l; h] (P_l at positions 0..L-1, causal,
+  sliding windows included) with the prompt's outputs discarded gives the logits the network
+  computes from P_l's prefixes."""
+  from spot_jax.backbones.decoder import layers  # pylint: disable=g-import-not-at-top
+  config = config_by_name(config_name)
+  length, rows = 3, np.array([[2, 40, 41, 42, 43, 44, 45, 46, 47], [2, 50, 51, 52, 53, 54, 55,
+                                                                      56, 57]], np.int32)
+  model = models.DecoderOnlyModel(DecoderLM(config, prompt=prompts.PTuningV2(
+      length, stacks=("decoder",))))
+  frozen = models.unbox(model.init_backbone(jax.random.PRNGKey(0), model.dummy_batch(8, 4)))
+  tokens = np.random.RandomState(1).normal(0, 1, (config.num_layers, length, config.emb_dim))
+  got = DecoderLM(config, prompt=model.module.prompt).apply(
+      {"params": {**frozen, "prompt": {"decoder_tokens": jnp.asarray(tokens, jnp.float32)}}},
+      jnp.asarray(rows))
+
+  def explicit(net, ids):
+    x, (batch, width) = net.embed(ids), ids.shape
+    pos = jnp.broadcast_to(jnp.arange(length + width), (batch, length + width))
+    for i, layer in enumerate(net.layers):
+      window = config.sliding_window if config.layer_type(i) == "sliding" else None
+      mask = layers.attention_mask(pos, pos, jnp.ones(pos.shape, bool), window)
+      prompt = jnp.broadcast_to(jnp.asarray(tokens[i], x.dtype), (batch, length, x.shape[-1]))
+      x = layer(jnp.concatenate([prompt, x], axis=1), pos, mask)[0][:, length:]
+    x = net.final_norm(x)
+    out = (jnp.einsum("bte,ve->btv", x, net.table()) if config.tie_word_embeddings
+           else net.logits_dense(x))
+    return layers.softcap(out.astype(jnp.float32), config.final_logit_softcap)
+
+  want = DecoderLM(config).apply({"params": frozen}, jnp.asarray(rows), method=explicit)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5)
+  assert np.max(np.abs(np.asarray(got) - np.asarray(DecoderLM(config).apply(
+      {"params": frozen}, jnp.asarray(rows))))) > 1e-3  # the prompt changes the logits
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -282,7 +319,7 @@ def test_every_method_trains_a_step_on_the_decoder(name, task_name):
 @pytest.mark.parametrize("prompt, message", [
     (lambda: prompts.PromptTuning(4, placement="suffix"), "placement='suffix' puts the prompt"),
     (lambda: prompts.PrefixTuning(3), "has no 'encoder' attention"),
-    (lambda: prompts.PTuningV2(3, stacks=("decoder",)), "PTuningV2's deep prompt tokens need"),
+    (lambda: prompts.PTuningV2(3), r"PTuningV2.stacks=\('encoder',\): a decoder-only model"),
     (lambda: prompts.PrefixTuning(3, attention=("decoder",), layout="peft"), "layout='peft'"),
 ])
 def test_a_method_that_cannot_apply_is_refused_in_one_line(tmp_path, task_name, prompt, message):

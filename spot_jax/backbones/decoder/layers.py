@@ -225,8 +225,9 @@ class Attention(nn.Module):
   layer_type: str = "full"
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, mask: Array, past: Optional[KV] = None,
-               write_index: Optional[Array] = None) -> tuple[Array, Optional[KV]]:
+  def __call__(self, x: Array, positions: Array, mask: Optional[Array],
+               past: Optional[KV] = None, write_index: Optional[Array] = None,
+               kv_only: bool = False) -> tuple[Array, Optional[KV]]:
     """Attends the new tokens' queries to the past's keys and their own.
 
     Args:
@@ -237,21 +238,25 @@ class Attention(nn.Module):
         new keys (S = P + T); or, with `write_index`, a cache [B, S, K, D] the new keys and
         values are written into at `write_index` before attending over all S of it.
       write_index: the cache index of the first new token (a scalar), or None.
+      kv_only: return the inputs' (key, value) [B, T, K, D] at `positions` (key norm and RoPE
+        applied, as the cache holds them) and attend to nothing (`mask` unused).
 
     Returns:
-      (y [B, T, E], the cache written to when `write_index` is given, else None).
+      (y [B, T, E], the cache written to when `write_index` is given, else None); with
+      `kv_only`, (key, value).
     """
     cfg, dtype = self.config, self.config.activation_dtype
     heads_in = functools.partial(HeadsIn, head_dim=cfg.head_dim, use_bias=cfg.attention_bias,
                                  dtype=dtype)
-    q = heads_in(cfg.num_heads, heads_axis="heads", name="query")(x)
+    norm = functools.partial(RMSNorm, cfg.norm_epsilon, cfg.norm_offset, "kv")
+    inv_freq = layer_frequencies(cfg, self.layer_type)
     k = heads_in(cfg.num_kv_heads, heads_axis="kv_heads", name="key")(x)
     v = heads_in(cfg.num_kv_heads, heads_axis="kv_heads", name="value")(x)
-    if cfg.qk_norm:
-      norm = functools.partial(RMSNorm, cfg.norm_epsilon, cfg.norm_offset, "kv")
-      q, k = norm(name="query_norm")(q), norm(name="key_norm")(k)
-    inv_freq = layer_frequencies(cfg, self.layer_type)
-    q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+    k = apply_rope(norm(name="key_norm")(k) if cfg.qk_norm else k, positions, inv_freq)
+    if kv_only:
+      return k, v
+    q = heads_in(cfg.num_heads, heads_axis="heads", name="query")(x)
+    q = apply_rope(norm(name="query_norm")(q) if cfg.qk_norm else q, positions, inv_freq)
     cache = None
     if past is not None and write_index is not None:
       at = (0, write_index, 0, 0)

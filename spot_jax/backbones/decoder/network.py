@@ -96,16 +96,21 @@ class DecoderBlock(nn.Module):
   layer_type: str = "full"
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, mask: Array, past: Optional[layers.KV] = None,
-               write_index: Optional[Array] = None) -> tuple[Array, Optional[layers.KV]]:
-    """x [B, T, E] -> ([B, T, E], written cache or None); see `layers.Attention`."""
+  def __call__(self, x: Array, positions: Array, mask: Optional[Array],
+               past: Optional[layers.KV] = None, write_index: Optional[Array] = None,
+               kv_only: bool = False) -> tuple[Array, Optional[layers.KV]]:
+    """x [B, T, E] -> ([B, T, E], written cache or None); see `layers.Attention`. With
+    `kv_only`: the (key, value) this layer's attention makes of x, through its own frozen norm
+    and projections (P-tuning v2's prompt tokens)."""
     cfg = self.config
 
     def norm(name: str) -> layers.RMSNorm:
       return layers.RMSNorm(cfg.norm_epsilon, cfg.norm_offset, "embed", name=name)
 
-    h, cache = layers.Attention(cfg, self.layer_type, name="attention")(
-        norm("pre_attention_norm")(x), positions, mask, past, write_index)
+    attention = layers.Attention(cfg, self.layer_type, name="attention")
+    if kv_only:
+      return attention(norm("pre_attention_norm")(x), positions, None, kv_only=True)
+    h, cache = attention(norm("pre_attention_norm")(x), positions, mask, past, write_index)
     if cfg.post_norms:
       h = norm("post_attention_norm")(h)
     x = x + h
@@ -188,11 +193,21 @@ class DecoderLM(nn.Module):
     return nn.with_logical_constraint(x, ("batch", "length", "embed")), valid.astype(bool)
 
   def deep_prefixes(self, deterministic: bool = True) -> Optional[Prefixes]:
-    """The deep prompt module's per-layer (key, value) prefixes, or None without one."""
+    """The deep prompt module's per-layer (key, value) prefixes [1, P, K, D], or None without
+    one. A module may give per-layer prompt tokens [layers, P, E] instead (P-tuning v2): layer
+    l's prefixes are then its own frozen norm, key/value projections, key norm and RoPE applied
+    to its tokens at positions 0..P-1, i.e. the tokens placed in front of layer l's input with
+    their outputs discarded."""
     if not is_deep_prompt(self.prompt):
       return None
-    return self.prompt.layer_prompts(self.config, embedding=self.table(),
+    deep = self.prompt.layer_prompts(self.config, embedding=self.table(),
                                      deterministic=deterministic)
+    if isinstance(deep, tuple):
+      return deep
+    tokens = jnp.asarray(deep).astype(self.config.activation_dtype)
+    positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
+    return tuple(self.layers[i](tokens[i][None], positions, None, kv_only=True)
+                 for i in range(self.config.num_layers))
 
   def stack(self, x: Array, *, positions: Array, q_index: Array, k_index: Array,
             k_valid: Array, past: Optional[Prefixes] = None,
