@@ -145,6 +145,37 @@ def score_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: Arr
   return _scores(model, params, table, index, tokens, targets, placement)
 
 
+def _prefill(model: DecoderLM, params: PyTree, table: TableArrays, index: Array, tokens: Array,
+             placement: str, extra: int) -> tuple[Array, tuple, Array, Array, int]:
+  """Runs [BOS, inputs] of each row with its prompt into a key/value cache of P + M + `extra`
+  slots, rows rolled so that their last real position ends the prefill.
+
+  Returns:
+    (the last position's logits [B, 1, V], the cache, key indices [B, P + M + extra], key
+    validity [B, P + M + extra] with the `extra` slots still invalid, P + M: the first of them).
+  """
+  batch = tokens.shape[0]
+  bos = jnp.full((batch, 1), model.config.bos_id, jnp.int32)
+  sequence = jnp.concatenate([bos, tokens.astype(jnp.int32)], axis=1)
+  x, valid = _prompted(model, params, table, index, sequence, sequence > 0, placement)
+  x, valid = _roll_to_end(x, valid)
+  past, visible, num = _prefixes(table, index)
+  big_p, big_m = visible.shape[1], valid.shape[1]
+  count = jnp.sum(valid, axis=1, dtype=jnp.int32)  # n_b
+  size = big_p + big_m + extra
+  slots = jnp.arange(size, dtype=jnp.int32)[None]
+  k_index = jnp.where(slots < big_p, slots - big_p + num[:, None],
+                      slots - big_p - big_m + count[:, None] + num[:, None])
+  k_valid = jnp.concatenate([visible, valid, jnp.zeros((batch, extra), bool)], axis=1)
+  q_index = k_index[:, big_p:big_p + big_m]
+  logits, cache = model.apply({"params": params}, x, positions=q_index, q_index=q_index,
+                              k_index=k_index, k_valid=k_valid,
+                              past=_empty_cache(model, past, batch, size),
+                              write_index=jnp.int32(big_p), last_only=True,
+                              method=DecoderLM.stack)
+  return logits, cache, k_index, k_valid, big_p + big_m
+
+
 @functools.partial(jax.jit, static_argnames=("model", "placement"))
 def classify_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: Array,
                    tokens: Array, labels: Array, *, placement: str) -> Array:
@@ -155,25 +186,11 @@ def classify_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: 
   that cache: C passes of S positions instead of B * C sequences of T + S. The prompts read
   the inputs alone either way (`_scores`' `reads`), so routers, ATTEMPT and DePT score alike."""
   batch, big_s = tokens.shape[0], labels.shape[1]
-  bos = jnp.full((batch, 1), model.config.bos_id, jnp.int32)
-  sequence = jnp.concatenate([bos, tokens.astype(jnp.int32)], axis=1)
-  x, valid = _prompted(model, params, table, index, sequence, sequence > 0, placement)
-  x, valid = _roll_to_end(x, valid)
-  past, visible, num = _prefixes(table, index)
-  big_p, big_m = visible.shape[1], valid.shape[1]
-  count = jnp.sum(valid, axis=1, dtype=jnp.int32)
-  slots = jnp.arange(big_p + big_m + big_s, dtype=jnp.int32)[None]
-  k_index = jnp.where(slots < big_p, slots - big_p + num[:, None],
-                      slots - big_p - big_m + count[:, None] + num[:, None])
+  logits, cache, k_index, k_valid, start = _prefill(model, params, table, index, tokens,
+                                                    placement, big_s)
+  k_valid = k_valid.at[:, start:].set(True)
   stack = functools.partial(model.apply, {"params": params}, method=DecoderLM.stack)
-  q_index = k_index[:, big_p:big_p + big_m]
-  logits, cache = stack(x, positions=q_index, q_index=q_index, k_index=k_index,
-                        k_valid=jnp.concatenate([visible, valid,
-                                                 jnp.zeros((batch, big_s), bool)], axis=1),
-                        past=_empty_cache(model, past, batch, big_p + big_m + big_s),
-                        write_index=jnp.int32(big_p), last_only=True)
-  k_valid = jnp.concatenate([visible, valid, jnp.ones((batch, big_s), bool)], axis=1)
-  at = k_index[:, big_p + big_m:]
+  at = k_index[:, start:]
 
   def one(label: Array) -> Array:
     """[S] -> [B]: the label's log-likelihood after each row's prefix."""
@@ -183,7 +200,7 @@ def classify_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: 
       embedded = model.apply({"params": params}, rows[:, :-1], method=DecoderLM.embed)
       following, _ = stack(embedded, positions=at[:, :-1], q_index=at[:, :-1],
                            k_index=k_index, k_valid=k_valid, past=cache,
-                           write_index=jnp.int32(big_p + big_m))
+                           write_index=jnp.int32(start))
       scored = jnp.concatenate([logits, following], axis=1)
     log_probs = jax.nn.log_softmax(scored.astype(jnp.float32), axis=-1)
     picked = jnp.take_along_axis(log_probs, rows[..., None], axis=-1)[..., 0]
@@ -251,30 +268,17 @@ def generate_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: 
   """
   del alpha, method, num_beams, return_all_beams
   batch, big_n = tokens.shape[0], max_decode_length
-  bos = jnp.full((batch, 1), model.config.bos_id, jnp.int32)
-  sequence = jnp.concatenate([bos, tokens.astype(jnp.int32)], axis=1)
-  x, valid = _prompted(model, params, table, index, sequence, sequence > 0, placement)
-  x, valid = _roll_to_end(x, valid)
-  past, visible, num = _prefixes(table, index)
-  big_p, big_m = visible.shape[1], valid.shape[1]
-  count = jnp.sum(valid, axis=1, dtype=jnp.int32)  # n_b
-  size = big_p + big_m + big_n
-  slots = jnp.arange(size, dtype=jnp.int32)[None]
-  k_index = jnp.where(slots < big_p, slots - big_p + num[:, None],
-                      slots - big_p - big_m + count[:, None] + num[:, None])
-  k_valid = jnp.concatenate([visible, valid, jnp.zeros((batch, big_n), bool)], axis=1)
+  logits, cache, k_index, k_valid, start = _prefill(model, params, table, index, tokens,
+                                                    placement, big_n)
   stack = functools.partial(model.apply, {"params": params}, method=DecoderLM.stack,
                             last_only=True)
-  q_index = k_index[:, big_p:big_p + big_m]
-  logits, cache = stack(x, positions=q_index, q_index=q_index, k_index=k_index, k_valid=k_valid,
-                        past=_empty_cache(model, past, batch, size), write_index=jnp.int32(big_p))
   first, first_lp = _choose(logits[:, -1], rng, 0, temperature, top_k)
   out = jnp.zeros((batch, big_n), jnp.int32).at[:, 0].set(first)
 
   def step(state):
     """Feeds token s - 1 at slot P + M + s - 1 and chooses token s."""
     s, token, cache, k_valid, done, out, scores = state
-    slot = big_p + big_m + s - 1
+    slot = start + s - 1
     k_valid = jax.lax.dynamic_update_slice(k_valid, jnp.ones((batch, 1), bool), (0, slot))
     embedded = model.apply({"params": params}, token[:, None], method=DecoderLM.embed)
     at = jax.lax.dynamic_slice_in_dim(k_index, slot, 1, axis=1)
