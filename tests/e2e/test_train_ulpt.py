@@ -1,14 +1,17 @@
 """ULPT as a user runs it: `python -m spot_jax.train` from gin/prompts/ulpt.gin on a tiny model,
 SIGKILL and restart (the same final prompt and projection as an uninterrupted run), then
-`python -m spot_jax.infer` on the run directory (the unfolded module's predictions), and a SPoT
-transfer from the run (gin/prompts/ulpt_transfer.gin), refused in one line when the target's
-projection differs."""
+`python -m spot_jax.infer` on the run directory (the unfolded module's predictions), the HTTP
+server on it beside a Prompt Tuning prompt (the same answers, in one batch), and a SPoT transfer
+from the run (gin/prompts/ulpt_transfer.gin), refused in one line when the target's projection
+differs."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import pathlib
 import re
 import subprocess
+import urllib.request
 
 import jax.numpy as jnp
 import numpy as np
@@ -21,7 +24,7 @@ from spot_jax import backbone as backbone_lib
 from spot_jax.backbones.t5 import Transformer, config_by_name, generate
 from spot_jax.prompts import ULPT, ulpt
 from spot_jax.run_dir import RunDir
-from tests.helpers import REPO
+from tests.helpers import REPO, serve_http
 from tests.helpers.kill import kill_at_checkpoint  # noqa: E402
 from tests.helpers.train_cli import _cmd, _env, _losses, run_in_one_process
 
@@ -117,6 +120,36 @@ def test_trains_from_gin_resumes_after_sigkill_and_serves(runs):
   predictions = [json.loads(l)["prediction"]
                  for l in (root / "out.jsonl").read_text().splitlines()]
   assert predictions == _reference_predictions(ULPT(LENGTH, rank=RANK), root / "ref", TEXTS)
+
+
+def test_the_http_server_answers_the_run_as_infer_in_a_mixed_batch(runs):
+  """A real server on the ULPT run directory and a Prompt Tuning prompt: concurrent requests
+  for both share a batch, and the ULPT answers are infer's on the run directory."""
+  root, results = runs
+  assert results["infer"].returncode == 0, results["infer"].stderr[-2000:]
+  want = [json.loads(l)["prediction"] for l in (root / "out.jsonl").read_text().splitlines()]
+  other = root / "pt.npy"
+  np.save(other, np.random.RandomState(0).uniform(-0.5, 0.5, (3, CONFIG.emb_dim)))
+  server = serve_http.start({"u": str(root / "ref"), "pt": str(other)},
+                            extra=["--input_length=48", "--target_length=6"],
+                            backbone=["--model=t5_1_1_byte_tiny", "--vocab=byte"])
+  try:
+    batches = server.metric("spot_serve_batch_rows_count", kind="generate")
+
+    def ask(model: str, text: str) -> str:
+      body = json.dumps({"model": model, "prompt": text, "max_tokens": 6}).encode()
+      request = urllib.request.Request(server.url + "/v1/completions", data=body,
+                                       headers={"Content-Type": "application/json"})
+      with urllib.request.urlopen(request, timeout=120) as r:
+        return json.loads(r.read())["choices"][0]["text"]
+
+    calls = [("u", t) for t in TEXTS] + [("pt", t) for t in TEXTS]
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+      answers = list(pool.map(lambda c: ask(*c), calls))
+    assert answers[:len(TEXTS)] == want
+    assert server.metric("spot_serve_batch_rows_count", kind="generate") < batches + len(calls)
+  finally:
+    assert server.stop() == 0
 
 
 def test_a_transfer_starts_from_the_source_and_refuses_another_projection(runs):
