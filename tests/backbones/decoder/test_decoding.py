@@ -111,9 +111,16 @@ def test_cached_greedy_equals_the_uncached_loop(name, kind, side):
                          prefixes=prefixes)
     return jnp.argmax(logits[0, logits.shape[1] - seq.shape[1] + length - 1])
 
+  compared = 0
   for i, row in enumerate(rows):
     want = _uncached(lambda seq, n: int(forward(seq, n)), row)
-    assert got[i].tolist() == want, (i, got[i].tolist(), want)
+    # Id 0 is padding (docs/decoder.md, Limits): a random model may emit it mid-row, and past
+    # it the uncached loop reads it as padding while the cache holds it as a token.
+    upto = want.index(0) + 1 if 0 in want[:-1] and want[want.index(0):] != [0] * (
+        len(want) - want.index(0)) else len(want)
+    assert got[i].tolist()[:upto] == want[:upto], (i, got[i].tolist(), want)
+    compared += upto
+  assert compared >= len(rows) * STEPS * 3 // 4, compared  # most of every row was compared
   assert sum(len(set(r)) > 5 for r in got.tolist()) >= 2  # not one token repeated
 
 
