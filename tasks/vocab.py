@@ -1,4 +1,5 @@
-"""The T5 vocabulary and the output features every spot-jax task uses.
+"""The T5 vocabulary and the output features every spot-jax task uses; `TokenizerVocabulary`
+for tasks in a decoder-only model's own tokenizer.
 
 The vocabulary path is `$SPOT_JAX_VOCAB` when set, else the public T5 path
 `gs://t5-data/vocabs/cc_all.32000/sentencepiece.model`. Registration never reads
@@ -28,6 +29,65 @@ EXTRA_IDS = _serving_vocabulary.T5_EXTRA_IDS
 def vocabulary_path() -> str:
   """Returns the SentencePiece model path: `$SPOT_JAX_VOCAB` or the public T5 one."""
   return _serving_vocabulary.t5_path()
+
+
+class TokenizerVocabulary(seqio.Vocabulary):
+  """A decoder-only model's own tokenizer as a seqio vocabulary, for tasks in its ids: a Hugging
+  Face `tokenizer.json` (Llama 3, Qwen) or a model directory holding one with its special ids,
+  or a SentencePiece `.model` (Gemma's works with `seqio.SentencePieceVocabulary` too).
+
+  EOS is the tokenizer's (its directory's `generation_config.json` first); inside tf.data the
+  tokenizer runs through `tf.py_function`. Id 0 stays padding, as everywhere in the pipeline.
+  """
+
+  def __init__(self, path: str):
+    from spot_jax.backbones.decoder import tokenizer  # pylint: disable=g-import-not-at-top
+    from spot_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+    self.path = path
+    self._tokenizer = tokenizer.load_tokenizer(path)
+    if self._tokenizer.eos_id is None:
+      raise ConfigError(f"the tokenizer {path} names no end-of-sequence id; give a model "
+                        f"directory whose tokenizer_config.json or generation_config.json names "
+                        f"one")
+    super().__init__(extra_ids=0)
+
+  @property
+  def eos_id(self) -> int:
+    return int(self._tokenizer.eos_id)
+
+  @property
+  def unk_id(self):
+    return self._tokenizer.unk_id
+
+  @property
+  def _base_vocab_size(self) -> int:
+    return int(self._tokenizer.vocab_size)
+
+  def _encode(self, s: str) -> list[int]:
+    return list(self._tokenizer.encode(s))
+
+  def _decode(self, ids) -> str:
+    return self._tokenizer.decode([int(i) for i in ids])
+
+  def _encode_tf(self, s):
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    ids = tf.py_function(lambda x: np.asarray(self._encode(x.numpy().decode("utf-8")), np.int32),
+                         [s], tf.int32)
+    ids.set_shape([None])
+    return ids
+
+  def _decode_tf(self, ids):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    text = tf.py_function(lambda x: self._decode(x.numpy().tolist()), [ids], tf.string)
+    text.set_shape([])
+    return text
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, TokenizerVocabulary) and other.path == self.path
+
+  def __hash__(self) -> int:
+    return hash(("TokenizerVocabulary", self.path))
 
 
 def get_vocabulary() -> seqio.SentencePieceVocabulary:

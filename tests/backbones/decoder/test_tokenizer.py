@@ -131,3 +131,42 @@ def test_a_directory_written_by_transformers(tmp_path):
   assert tok.encode(TEXT) == reference.encode(TEXT, add_special_tokens=False)
   ids = tok.encode(TEXT, add_bos=True)
   assert tok.decode(ids + [1, 0]) == reference.decode(ids, skip_special_tokens=True) == TEXT
+
+
+def test_a_task_in_the_models_own_tokenizer(hf_dir):
+  """tasks.vocab.TokenizerVocabulary: a seqio task tokenized by an HF tokenizer.json gives the
+  tokenizer's ids and its EOS, in tf.data as in Python; the decoder-only batches hold them."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from spot_jax import data  # pylint: disable=g-import-not-at-top
+  from tasks.vocab import TokenizerVocabulary  # pylint: disable=g-import-not-at-top
+  vocab = TokenizerVocabulary(str(hf_dir))
+  tok = tokenizer_lib.load_tokenizer(str(hf_dir))
+  assert vocab.vocab_size == 300 and vocab.eos_id == 1
+  assert vocab.encode(TEXT) == tok.encode(TEXT) and vocab.decode(tok.encode(TEXT)) == TEXT
+  assert vocab.encode_tf(tf.constant(TEXT)).numpy().tolist() == tok.encode(TEXT)
+  pairs = [("hello world", "yes"), ("the lazy dog", "no")] * 8
+  name = "test_hf_tokenizer_task"
+  seqio.TaskRegistry.remove(name)
+  features = {k: seqio.Feature(vocab, add_eos=True) for k in ("inputs", "targets")}
+
+  def source(split, shuffle_files, seed=None):
+    del split, shuffle_files, seed
+    return tf.data.Dataset.from_tensor_slices({"inputs": [p[0] for p in pairs],
+                                               "targets": [p[1] for p in pairs]})
+
+  seqio.TaskRegistry.add(
+      name, seqio.FunctionDataSource(source, splits=["train"]),
+      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
+      output_features=features)
+  cfg = data.DatasetConfig(name, {"inputs": 8, "targets": 4}, batch_size=2, shuffle=False,
+                           feature_layout="decoder_only")
+  batch = next(data.train_batches(cfg))
+  row = batch["decoder_target_tokens"][0].tolist()
+  want = tok.encode("hello world") + [1] + tok.encode("yes") + [1]
+  assert row[:len(want)] == want and not any(row[len(want):])
+  weights = np.asarray(batch["decoder_loss_weights"][0])
+  assert weights.tolist()[:len(want)] == [0] * (len(want) - len(tok.encode("yes")) - 1) + [1] * (
+      len(tok.encode("yes")) + 1)
+
