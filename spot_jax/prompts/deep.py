@@ -133,15 +133,12 @@ def fold_tokens(tokens: Any, backbone: Mapping[str, Any], config: T5Config, stac
 
 def _fold_decoder_tokens(tokens: Any, backbone: Mapping[str, Any], config: Any) -> np.ndarray:
   """A decoder-only model's [layers, P, E] tokens -> [layers, 2, P, K, D] prefixes, computed by
-  the network itself (`DecoderLM.deep_prefixes`: norm, projections, key norm, RoPE)."""
+  the network itself (`DecoderLM.token_prefixes`: norm, projections, key norm, RoPE)."""
   # pylint: disable=g-import-not-at-top
   from spot_jax.backbones.decoder.network import DecoderLM
-  from spot_jax.prompts.ptuning_v2 import PTuningV2
   # pylint: enable=g-import-not-at-top
-  tokens = jnp.asarray(tokens, jnp.float32)
-  module = DecoderLM(config, prompt=PTuningV2(int(tokens.shape[1]), stacks=("decoder",)))
-  params = {**{k: v for k, v in backbone.items() if k != "prompt"},
-            "prompt": {"decoder_tokens": tokens}}
-  pairs = module.apply({"params": params}, method=DecoderLM.deep_prefixes)
+  params = {k: v for k, v in backbone.items() if k != "prompt"}
+  pairs = DecoderLM(config).apply({"params": params}, jnp.asarray(tokens, jnp.float32),
+                                  method=DecoderLM.token_prefixes)
   return np.stack([np.stack([np.asarray(k[0], np.float32), np.asarray(v[0], np.float32)])
                    for k, v in pairs])

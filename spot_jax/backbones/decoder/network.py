@@ -204,7 +204,12 @@ class DecoderLM(nn.Module):
                                      deterministic=deterministic)
     if isinstance(deep, tuple):
       return deep
-    tokens = jnp.asarray(deep).astype(self.config.activation_dtype)
+    return self.token_prefixes(deep)
+
+  def token_prefixes(self, tokens: Array) -> Prefixes:
+    """Per-layer prompt tokens [layers, P, E] -> per layer (key, value) [1, P, K, D]: layer l's
+    frozen norm, key/value projections, key norm and RoPE at positions 0..P-1."""
+    tokens = jnp.asarray(tokens).astype(self.config.activation_dtype)
     positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
     return tuple(self.layers[i](tokens[i][None], positions, None, kv_only=True)
                  for i in range(self.config.num_layers))
