@@ -30,9 +30,12 @@ from spot_jax import models
 from spot_jax import partitioning
 from spot_jax import paths
 from spot_jax.backbones import kinds
+from spot_jax.backbones import quantization
 from spot_jax.errors import ConfigError
 
-_IGNORED_FIELDS = ("dropout_rate", "dtype")
+# How the weights are computed with and held, not what they are: a prompt trained on quantized
+# weights belongs to the same model as on float32 ones.
+_IGNORED_FIELDS = ("dropout_rate", "dtype", "quantization", "quantization_tile")
 _CHUNK = 1 << 20
 
 
@@ -218,12 +221,13 @@ def load_backbone(model: Any, dummy: Mapping[str, jax.Array],
   """The frozen backbone on `mesh` (strictly loaded, or random from `seed`) and its shardings.
 
   `model` is an `EncoderDecoderModel` or a `DecoderOnlyModel`; its config's kind picks the
-  checkpoint loader (`backbones.kinds.load_checkpoint`). Call outside `nn.logical_axis_rules`:
+  checkpoint loader (`backbones.kinds.load_checkpoint`); the config's `quantization` is applied
+  once, after loading (`backbones.quantization`). Call outside `nn.logical_axis_rules`:
   shardings are explicit here.
   """
   backbone_rng = seed_keys(seed)[0]
   abstract = jax.eval_shape(model.init_backbone, backbone_rng, dummy)
-  shardings = partitioning.param_shardings(abstract, mesh, rules)
+  shardings = quantization.shardings(abstract, model.config, mesh, rules)
   if initial_checkpoint_path:
     check_initial_checkpoint(initial_checkpoint_path)
     path = resolve_checkpoint_path(initial_checkpoint_path)
@@ -232,5 +236,7 @@ def load_backbone(model: Any, dummy: Mapping[str, jax.Array],
     return params, shardings
   info(f"note: no INITIAL_CHECKPOINT_PATH; the backbone is randomly initialised (seed {seed}); "
        f"fine for smoke tests, meaningless for research")
-  init = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)), out_shardings=shardings)
-  return init(backbone_rng), shardings
+  init = jax.jit(lambda r: models.unbox(model.init_backbone(r, dummy)),
+                 out_shardings=partitioning.param_shardings(abstract, mesh, rules))
+  params = quantization.quantize(init(backbone_rng), abstract, model.config, mesh=mesh, rules=rules)
+  return params, shardings

@@ -7,6 +7,8 @@ importing a kind to test `isinstance` against it:
   kind_of(config)                 "t5" or "decoder"
   named_configs(kind)             the kind's registered configs {name: config}
   load_checkpoint(kind, ...)      the kind's strict loader, returning the parameter tree
+                                  (quantized as the config says, `backbones.quantization`)
+  boxed_params(config)            the boxed abstract tree (logical axes, ShapeDtypeStructs)
 
 Each kind is imported only when asked for, so a job on one kind never loads the other.
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import importlib
 from typing import Any, Mapping, Optional
+
+from spot_jax.backbones import quantization
 
 KINDS = ("t5", "decoder")
 DESCRIPTIONS = {"t5": "encoder-decoder (T5)", "decoder": "decoder-only (Llama, Gemma)"}
@@ -51,7 +55,19 @@ def load_checkpoint(kind: str, path: str, config: Any, *, mesh: Optional[Any] = 
   """
   if kind == "t5":
     from spot_jax.backbones import t5  # pylint: disable=g-import-not-at-top
-    return t5.load_checkpoint(path, config, mesh=mesh, rules=rules)
-  from spot_jax.backbones.decoder import checkpoints  # pylint: disable=g-import-not-at-top
-  _, params = checkpoints.load_checkpoint(path, config, mesh=mesh, rules=rules)
-  return params
+    params = t5.load_checkpoint(path, config, mesh=mesh, rules=rules)
+  else:
+    from spot_jax.backbones.decoder import checkpoints  # pylint: disable=g-import-not-at-top
+    _, params = checkpoints.load_checkpoint(path, config, mesh=mesh, rules=rules)
+  if not quantization.enabled(config):
+    return params
+  return quantization.quantize(params, boxed_params(config), config, mesh=mesh, rules=rules)
+
+
+def boxed_params(config: Any) -> Any:
+  """The boxed parameter tree of a prompt-less backbone of `config` (from `jax.eval_shape`)."""
+  if kind_of(config) == "t5":
+    from spot_jax.backbones.t5.checkpoints import common  # pylint: disable=g-import-not-at-top
+    return common.abstract_params(config)[1]
+  from spot_jax.backbones.decoder import network  # pylint: disable=g-import-not-at-top
+  return network.abstract_params(config)

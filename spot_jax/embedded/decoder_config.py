@@ -25,14 +25,18 @@ DESCRIPTION = ("A Llama-style decoder-only model (width 128, 4 layers, 4 query h
                "key/value heads, SwiGLU MLP 384, RMSNorm, rotary positions, untied output layer)")
 
 
-def toy_config(dtype: str = "float32") -> config_lib.DecoderConfig:
+def toy_config(dtype: str = "float32", quantization: str = "none",
+               quantization_tile=None) -> config_lib.DecoderConfig:
   """`decoder_toy`: width 128, 4 layers, 4 query heads of 32 over 2 key/value heads, SwiGLU 384.
 
   Args:
     dtype: the activation dtype ("float32", "bfloat16"); parameters stay float32.
+    quantization, quantization_tile: the frozen kernels' quantization (gin QUANTIZATION,
+      QUANTIZATION_TILE).
   """
   return config_lib.DecoderConfig(
       vocab_size=VOCAB_SIZE, emb_dim=128, num_heads=4, num_kv_heads=2, num_layers=4, head_dim=32,
       mlp_dim=384, mlp_activation="silu", norm_epsilon=1e-6, rope_theta=10000.0,
       tie_word_embeddings=False, max_position_embeddings=MAX_POSITIONS, bos_id=BOS_ID,
-      eos_id=EOS_ID, pad_id=PAD_ID, dtype=dtype)
+      eos_id=EOS_ID, pad_id=PAD_ID, dtype=dtype,
+      quantization=quantization, quantization_tile=quantization_tile)

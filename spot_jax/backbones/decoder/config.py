@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional, Union
 import jax.numpy as jnp
 
 from spot_jax import validate
+from spot_jax.backbones import quantization
 from spot_jax.errors import ConfigError
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu")
@@ -101,6 +102,9 @@ class DecoderConfig:
     bos_id, eos_id: beginning- and end-of-sequence ids of the model's tokenizer.
     pad_id: the tokenizer's padding id, or None.
     dtype: activation dtype name ("float32" or "bfloat16"); parameters stay float32.
+    quantization: the frozen matmul kernels' weight-only quantization ("none", "int8", "int4",
+      "nf4"; `spot_jax.backbones.quantization`).
+    quantization_tile: None (a scale per output channel) or the sub-channel tile size.
   """
   vocab_size: int
   emb_dim: int
@@ -130,6 +134,8 @@ class DecoderConfig:
   eos_id: int = 2
   pad_id: Optional[int] = None
   dtype: str = "float32"
+  quantization: str = "none"
+  quantization_tile: Optional[int] = None
 
   def __post_init__(self):
     name = "DecoderConfig."
@@ -141,6 +147,7 @@ class DecoderConfig:
                         f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
     validate.one_of(self.mlp_activation, name + "mlp_activation", ACTIVATIONS)
     validate.one_of(self.dtype, name + "dtype", DTYPES)
+    quantization.check(self.quantization, self.quantization_tile, name)
     self._set("norm_epsilon", validate.positive(self.norm_epsilon, name + "norm_epsilon"))
     self._set("norm_offset", validate.non_negative(self.norm_offset, name + "norm_offset"))
     self._set("rope_theta", validate.positive(self.rope_theta, name + "rope_theta"))
@@ -268,12 +275,15 @@ def _build_registry() -> dict[str, DecoderConfig]:
 CONFIGS: dict[str, DecoderConfig] = _build_registry()
 
 
-def config_by_name(name: str, *, dtype: Optional[str] = None) -> DecoderConfig:
+def config_by_name(name: str, *, dtype: Optional[str] = None, quantization: Optional[str] = None,
+                   quantization_tile: Optional[int] = None) -> DecoderConfig:
   """The named configuration, e.g. "gemma_3_1b", "llama_3_2_1b", "decoder_tiny_llama".
 
   Args:
     name: a key of `CONFIGS`.
     dtype: override the activation dtype ("float32", "bfloat16").
+    quantization, quantization_tile: the frozen kernels' quantization (gin QUANTIZATION,
+      QUANTIZATION_TILE; None: "none", per channel).
 
   Raises:
     ConfigError: an unknown name, in one line with close matches and every valid name.
@@ -285,4 +295,6 @@ def config_by_name(name: str, *, dtype: Optional[str] = None) -> DecoderConfig:
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise ConfigError(f"unknown decoder config {name!r}{hint}; valid names: "
                       f"{', '.join(sorted(CONFIGS))}") from None
-  return config.replace(dtype=dtype) if dtype is not None else config
+  changes = {k: v for k, v in (("dtype", dtype), ("quantization", quantization),
+                               ("quantization_tile", quantization_tile)) if v is not None}
+  return config.replace(**changes) if changes else config

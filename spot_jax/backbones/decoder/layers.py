@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax.backbones import quantization
 from spot_jax.backbones.decoder.config import DecoderConfig, RopeScaling
 
 Array = jax.Array
@@ -30,7 +31,10 @@ KV = tuple[Array, Array]  # (key, value), each [B, S, K, D]
 
 def _param(module: nn.Module, name: str, init: Any, shape: Sequence[int],
            axes: tuple[str, ...]) -> Array:
-  """A float32 parameter with logical axis names."""
+  """A float32 parameter with logical axis names (a quantized kernel as stored)."""
+  stored = quantization.param(module, name)
+  if stored is not None:
+    return stored
   return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape), jnp.float32)
 
 
@@ -155,7 +159,7 @@ class HeadsIn(nn.Module):
                                             out_axis=(1, 2))
     kernel = _param(self, "kernel", init, (x.shape[-1], self.heads, self.head_dim),
                     ("embed", self.heads_axis, "kv"))
-    y = jnp.einsum("bte,enh->btnh", x, kernel.astype(self.dtype))
+    y = quantization.einsum("bte,enh->btnh", x, kernel, self.dtype)
     if self.use_bias:
       bias = _param(self, "bias", nn.initializers.zeros, (self.heads, self.head_dim),
                     (self.heads_axis, "kv"))
@@ -181,7 +185,7 @@ class HeadsOut(nn.Module):
                                             out_axis=2)
     kernel = _param(self, "kernel", init, (x.shape[-2], x.shape[-1], self.features),
                     ("heads", "kv", "embed"))
-    return jnp.einsum("btnh,nhe->bte", x, kernel.astype(self.dtype))
+    return quantization.einsum("btnh,nhe->bte", x, kernel, self.dtype)
 
 
 class Dense(nn.Module):
@@ -202,7 +206,7 @@ class Dense(nn.Module):
   def __call__(self, x: Array) -> Array:
     init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
     kernel = _param(self, "kernel", init, (x.shape[-1], self.features), self.axes)
-    return jnp.einsum("...i,io->...o", x, kernel.astype(self.dtype))
+    return quantization.einsum("...i,io->...o", x, kernel, self.dtype)
 
 
 def softcap(x: Array, cap: Optional[float]) -> Array:

@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 import jax.numpy as jnp
 
 from spot_jax import validate
+from spot_jax.backbones import quantization
 from spot_jax.errors import ConfigError
 
 
@@ -31,6 +32,9 @@ class T5Config:
     relative_attention_num_buckets: relative-position buckets per stack.
     relative_attention_max_distance: distance beyond which positions share a bucket.
     layer_norm_epsilon: epsilon of T5's RMS layer norm.
+    quantization: the frozen matmul kernels' weight-only quantization ("none", "int8", "int4",
+      "nf4"; `spot_jax.backbones.quantization`).
+    quantization_tile: None (a scale per output channel) or the sub-channel tile size.
   """
   vocab_size: int = 32128
   dtype: str = "float32"
@@ -47,6 +51,8 @@ class T5Config:
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   layer_norm_epsilon: float = 1e-6
+  quantization: str = "none"
+  quantization_tile: Optional[int] = None
 
   def __post_init__(self):
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
@@ -60,6 +66,7 @@ class T5Config:
       raise ConfigError(f"T5Config.mlp_activations {self.mlp_activations!r} must be a non-empty "
                         f"sequence of {sorted(_ACTIVATION_NAMES)}")
     validate.fraction(self.dropout_rate, "T5Config.dropout_rate", low_closed=True)
+    quantization.check(self.quantization, self.quantization_tile, "T5Config.")
 
   @property
   def activation_dtype(self) -> jnp.dtype:
@@ -144,13 +151,16 @@ CONFIGS: dict[str, T5Config] = _build_registry()
 
 
 def config_by_name(name: str, *, dtype: Optional[str] = None,
-                   dropout_rate: Optional[float] = None) -> T5Config:
+                   dropout_rate: Optional[float] = None, quantization: Optional[str] = None,
+                   quantization_tile: Optional[int] = None) -> T5Config:
   """The named configuration, e.g. "t5_1_1_lm100k_base", "t5_large", "t5_1_1_tiny".
 
   Args:
     name: a key of `CONFIGS`.
     dtype: override the activation dtype ("float32", "bfloat16").
     dropout_rate: override the dropout rate.
+    quantization, quantization_tile: the frozen kernels' quantization (gin QUANTIZATION,
+      QUANTIZATION_TILE; None: "none", per channel).
 
   Raises:
     ValueError: for an unknown name, listing close matches and every valid name.
@@ -162,5 +172,7 @@ def config_by_name(name: str, *, dtype: Optional[str] = None,
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise ConfigError(f"unknown T5 config {name!r}{hint}; valid names: "
                       f"{', '.join(sorted(CONFIGS))}") from None
-  changes = {k: v for k, v in (("dtype", dtype), ("dropout_rate", dropout_rate)) if v is not None}
+  changes = {k: v for k, v in (("dtype", dtype), ("dropout_rate", dropout_rate),
+                               ("quantization", quantization),
+                               ("quantization_tile", quantization_tile)) if v is not None}
   return config.replace(**changes) if changes else config

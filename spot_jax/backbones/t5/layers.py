@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax.backbones import quantization
 from spot_jax.backbones.t5 import prefixes
 
 Array = jax.Array
@@ -26,7 +27,10 @@ FIXED_KV = "fixed_kv"
 
 def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int],
            axes: tuple[Optional[str], ...]) -> Array:
-  """A float32 parameter carrying logical axis names."""
+  """A float32 parameter carrying logical axis names (a quantized kernel as stored)."""
+  stored = quantization.param(module, name)
+  if stored is not None:
+    return stored
   return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape), jnp.float32)
 
 
@@ -108,9 +112,8 @@ class Dense(nn.Module):
     in_shape = x.shape[-self.in_axes:]
     n_in, n_out = int(np.prod(in_shape)), int(np.prod(self.features))
     kernel = _param(self, "kernel", self.kernel_init, (n_in, n_out), self.kernel_axes)
-    kernel = jnp.asarray(kernel, self.dtype)
     x = jnp.asarray(x, self.dtype).reshape(x.shape[:-self.in_axes] + (n_in,))
-    y = jnp.dot(x, kernel)
+    y = quantization.dot(x, kernel, self.dtype)
     return y.reshape(x.shape[:-1] + tuple(self.features))
 
 

@@ -60,7 +60,7 @@ def detect_format(path: str) -> str:
 
 # The activation dtype is the caller's choice, not the checkpoint's (spot_jax.backbone hashes
 # the other fields as the weights' identity).
-_NOT_STORED = ("dtype",)
+_NOT_STORED = ("dtype", "quantization", "quantization_tile")
 
 
 def _config_differences(given: Any, stored: Any) -> list[str]:
