@@ -55,7 +55,11 @@ setuptools.setup(
             "peft==0.21.2",  # PEFT adapter interop tests (tests/serve/test_peft.py)
             "openai>=1.30",  # the HTTP server's OpenAI-client test (tests/serve/test_http.py)
             "httpx>=0.27",
+            "qwix>=0.1.8,<0.2",  # QUANTIZATION tests (tests/backbones/test_quantization.py)
         ],
+        # Weight-only int8/int4/nf4 frozen backbones (QUANTIZATION): qwix does the quantized
+        # matmuls; 0.1.8 is the release tested with this jax/flax.
+        "quant": ["qwix>=0.1.8,<0.2"],
         "hf": ["datasets>=2.18"],
         # T5 parity tests (tests/backbones/t5/test_parity_tasks.py): what t5's preprocessors,
         # postprocessors and metrics import. t5==0.9.4 itself pins tfds-nightly/seqio-nightly,
