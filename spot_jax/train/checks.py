@@ -19,6 +19,7 @@ from spot_jax import data as data_lib
 from spot_jax import models
 from spot_jax import prompts
 from spot_jax import validate
+from spot_jax.backbones import quantization
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import ptuning_v2
 from spot_jax.train import run_spec as runs_lib
@@ -195,6 +196,8 @@ def plan(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
                       "(e.g. gin/prompts/prompt_tuning_sampled_vocab.gin), or use "
                       "gin/runs/model_tune.gin")
   check_backbone_kind(model)
+  if quantization.enabled(model.config):
+    quantization.qwix()  # QUANTIZATION without qwix: the pip command, before anything is read
   train_dataset_cfg = dataclasses.replace(
       train_dataset_cfg, feature_layout=getattr(model, "feature_layout", "encoder_decoder"))
   total_steps = validate.positive_int(total_steps, "TRAIN_STEPS")
