@@ -8,6 +8,7 @@ the mesh's global batches, so several processes give the one-process metrics.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -22,6 +23,7 @@ from spot_jax import fileio
 from spot_jax import models
 from spot_jax import partitioning
 from spot_jax import validate
+from spot_jax.backbones import quantization
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import RunDir
 from spot_jax.train.evaluator import EvalConfig, Evaluator
@@ -75,6 +77,7 @@ def evaluate_run(*, model: models.Model, eval_cfg: EvalConfig,
   if model_dir is not None:
     run_dir = RunDir(validate.existing_dir(model_dir, "MODEL_DIR", "a training run's directory"))
     record = run_dir.read_record()
+    model = _recorded_quantization(model, record)
     if record is not None and not allow_backbone_change:
       current = backbone_lib.fingerprint(model.config, initial_checkpoint_path, seed)
       backbone_lib.check_same(record.fingerprint, current, str(run_dir.path),
@@ -108,3 +111,13 @@ def evaluate_run(*, model: models.Model, eval_cfg: EvalConfig,
     print(f"{task} [{eval_cfg.split}] "
           + ", ".join(f"{k} {v:.4g}" for k, v in sorted(values.items())))
   return metrics
+
+
+def _recorded_quantization(model: Any, record: Any) -> Any:
+  """`model` with the quantization its run recorded, unless QUANTIZATION is set (not "none")."""
+  recorded = ((record.backbone or {}).get("config") or {}) if record else {}
+  if quantization.enabled(model.config) or recorded.get("quantization", "none") == "none":
+    return model
+  config = model.config.replace(quantization=recorded["quantization"],
+                                quantization_tile=recorded.get("quantization_tile"))
+  return dataclasses.replace(model, module=model.module.clone(config=config))
