@@ -32,6 +32,7 @@ tables, seconds); --fresh trains everything again.
   python -m spot_jax.demo --train_examples=all --target_steps=40   # every training example
   python -m spot_jax.demo --methods=pt,residual --learning_rate=1   # another peak rate
   python -m spot_jax.demo --backbone=decoder       # the same claims on the toy decoder
+  python -m spot_jax.demo --methods=pt,pt_int8     # PT on an int8 backbone (qwix) against f32
 
 The successors (prefix tuning, P-tuning v2, DePT, Residual SMoP, ATTEMPT, MPT, ULPT; see
 spot_jax/demo/successor_methods.py) run only when named: each adds one job (MPT two).
@@ -121,10 +122,12 @@ def _parser() -> cli.ArgumentParser:
   flags.add_output_dir(p, "where runs and results go (default ./spot_demo)", default="spot_demo")
   default_methods, recipe = methods_lib.METHODS, methods_lib.Settings()
   p.add_argument("--methods", default=",".join(default_methods),
-                 help=f"comma list of {', '.join(default_methods + methods_lib.SUCCESSORS)}, or "
+                 help=f"comma list of "
+                      f"{', '.join(default_methods + methods_lib.SUCCESSORS)}, pt_int8, or "
                       f"'all' (default {','.join(default_methods)}; pt always runs: the baseline "
                       f"and the target's task embedding; spot_unrelated: SPoT from an unrelated "
-                      f"source, a control; the successors run only when named)")
+                      f"source, a control; the successors and pt_int8, Prompt Tuning on the "
+                      f"int8-quantized backbone, run only when named)")
   p.add_argument("--targets", default=",".join(methods_lib.DEFAULT_TARGETS),
                  help=f"comma list of {', '.join(suite.TARGETS + suite.HARD_TARGETS)} (default "
                       f"{','.join(methods_lib.DEFAULT_TARGETS)}; the last two: skills the toy "
@@ -224,14 +227,14 @@ def _recipe(method: str, settings: methods_lib.Settings, vocab_rows: int, entrie
 def main(argv: Sequence[str]) -> Optional[int]:
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   args = _parser().parse_args(argv)
-  valid = methods_lib.METHODS + methods_lib.SUCCESSORS
-  chosen = list(valid) if args.methods.strip() == "all" else _choices(
+  valid = methods_lib.METHODS + methods_lib.SUCCESSORS + tuple(methods_lib.QUANTIZED)
+  chosen = list(valid[:-len(methods_lib.QUANTIZED)]) if args.methods.strip() == "all" else _choices(
       args.methods, valid + ("all",), "method", "--methods")
   if "all" in chosen:
     raise ConfigError("--methods=all stands alone; give 'all' or a comma list of methods")
   methods = ["pt"] + [m for m in chosen if m != "pt"]
   settings = _settings(args)
-  if settings.backbone != "t5" and set(methods) - set(methods_lib.METHODS):
+  if settings.backbone != "t5" and set(methods) - {*methods_lib.METHODS, *methods_lib.QUANTIZED}:
     raise ConfigError(f"--backbone={settings.backbone} runs the default methods "
                       f"({', '.join(methods_lib.METHODS)}); the successors run on --backbone=t5")
   targets = _choices(args.targets, suite.TARGETS + suite.HARD_TARGETS, "target task", "--targets")

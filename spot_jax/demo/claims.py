@@ -45,6 +45,8 @@ PAIRED_CLAIMS = (
     ("ulpt", "pt", "ULPT at r = 8 (a quarter of Prompt Tuning's parameters; the paper's tenth, "
      "r = 64 of 768, is out of reach at width 128) is non-inferior to {L}-token Prompt Tuning",
      "not worse"),
+    ("pt_int8", "pt", "Prompt Tuning on the int8 backbone is non-inferior to it on float32",
+     "not worse"),
 )
 
 
@@ -56,7 +58,8 @@ MARGIN = 3.0
 # others are superiority claims.
 MARGIN_KINDS = {("smop", "pt"): verdicts_lib.NONINFERIORITY,
                 ("spot_unrelated", "pt"): verdicts_lib.EQUIVALENCE,
-                ("ulpt", "pt"): verdicts_lib.NONINFERIORITY}
+                ("ulpt", "pt"): verdicts_lib.NONINFERIORITY,
+                ("pt_int8", "pt"): verdicts_lib.NONINFERIORITY}
 
 
 def claim_tests(margin: float = MARGIN) -> dict[tuple[str, str], verdicts_lib.Test]:
@@ -71,7 +74,7 @@ CLAIM_TESTS = claim_tests()
 # (`--methods=...,ulpt`); the other rows of PAIRED_CLAIMS are in the claims table only.
 HEADLINE_HEADING = "The papers' headline claims on the targets' mean"
 HEADLINE = (("spot", "pt"), ("spot_unrelated", "pt"), ("residual", "pt"), ("smop", "pt"),
-            ("ulpt", "pt"))
+            ("ulpt", "pt"), ("pt_int8", "pt"))
 
 
 # The pilot: the SD (points) of one seed's paired difference on the targets' mean, per headline

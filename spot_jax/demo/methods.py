@@ -43,11 +43,13 @@ DEFAULT_SEEDS = 20  # what the 5-minute budget allows; `--claims` runs the power
 # for 20 steps above about 24% (a floor that compares nothing, at the most labels to score).
 DEFAULT_TARGETS = ("sentiment_travel", "sentiment_sports", "category")
 SUCCESSORS = ("prefix", "ptuning_v2", "dept", "residual_smop", "attempt", "mpt", "ulpt")
+# Prompt Tuning on the int8-quantized backbone (QUANTIZATION, needs qwix): runs when named.
+QUANTIZED = {"pt_int8": "int8"}
 METHOD_NAMES = {"pt": "Prompt Tuning", "spot": "SPoT", "smop": "SMoP 4x5",
                 "residual": "Residual PT", "spot_unrelated": "SPoT unrelated",
                 "prefix": "Prefix tuning", "ptuning_v2": "P-tuning v2", "dept": "DePT 10+r8",
                 "residual_smop": "Residual SMoP 4x5", "attempt": "ATTEMPT", "mpt": "MPT",
-                "ulpt": "ULPT r8"}
+                "ulpt": "ULPT r8", "pt_int8": "PT, int8 backbone"}
 SOURCE = "source"  # the method name of the source prompts' job (Prompt Tuning on the sources)
 MPT_SOURCE = "mpt_source"  # the method name of MPT's distillation job (one run on the sources)
 # How the progress lines and the job-time table name each job.
@@ -147,7 +149,7 @@ def learning_rate_schedule(settings: Settings, steps: int):
 
 def _prompt_module(method: str, settings: Settings, vocab_rows: int):
   sampled = prompts.sampled_vocab(num_most_frequent=vocab_rows)
-  if method in ("pt", SOURCE, "spot", "spot_unrelated"):  # SPoT: each run's RunSpec.prompt_init
+  if method in ("pt", SOURCE, "spot", "spot_unrelated", *QUANTIZED):  # SPoT: each run's RunSpec.prompt_init
     return prompts.PromptTuning(length=settings.prompt_length, prompt_init=sampled)
   if method == "smop":
     return prompts.SMoP(num_prompts=4, length=5, prompt_init=sampled)
@@ -163,13 +165,15 @@ def _plain_model(module: Any) -> Any:
   return models.EncoderDecoderModel(module=module)
 
 
-def backbone_module(backbone: str, prompt: Any) -> tuple[Any, str]:
-  """(the embedded `backbone`'s network under `prompt`, dropout off; its checkpoint path)."""
+def backbone_module(backbone: str, prompt: Any, quantization: str = "none") -> tuple[Any, str]:
+  """(the embedded `backbone`'s network under `prompt`, dropout off, its kernels quantized as
+  `quantization` says; its checkpoint path)."""
   if backbone == "decoder":
     from spot_jax.backbones.decoder.network import DecoderLM  # pylint: disable=g-import-not-at-top
     from spot_jax.embedded import decoder_config  # pylint: disable=g-import-not-at-top
-    return DecoderLM(decoder_config.toy_config(), prompt=prompt), embedded.DECODER_CHECKPOINT_PATH
-  config = t5.config_by_name(embedded.CONFIG_NAME, dropout_rate=0.0)
+    return (DecoderLM(decoder_config.toy_config(quantization=quantization), prompt=prompt),
+            embedded.DECODER_CHECKPOINT_PATH)
+  config = t5.config_by_name(embedded.CONFIG_NAME, dropout_rate=0.0, quantization=quantization)
   return t5.Transformer(config, prompt=prompt), embedded.CHECKPOINT_PATH
 
 
@@ -199,7 +203,8 @@ def recipe(method: str, settings: Settings, vocab_rows: int, *, prompt: Any = No
   """
   steps = settings.source_steps if source else settings.target_steps
   module, checkpoint = backbone_module(
-      settings.backbone, _prompt_module(method, settings, vocab_rows) if prompt is None else prompt)
+      settings.backbone, _prompt_module(method, settings, vocab_rows) if prompt is None else prompt,
+      QUANTIZED.get(method, "none"))
   inputs = settings.source_input_length if source else settings.input_length
   return Recipe(
       name=method, model=model(module),
