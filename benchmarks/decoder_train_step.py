@@ -21,6 +21,10 @@ temporary directory, then times torch AdamW steps with the same loss. spot-jax t
 the same batch: `first loss` is each side's loss of step 1, which must agree. `--vs=none`:
 spot-jax alone, on its own random weights. Steps: the first (compile, for spot-jax) and
 `--warmup` more untimed, then `--steps` timed one by one; rows give the median and min/max.
+
+`--quantization=none,int8` adds a row per quantized frozen backbone (QUANTIZATION, spot-jax
+alone, its weights quantized from the float row's) and prints each one's step time over the
+float32 row's: the price of dequantizing in the step.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from benchmarks import common
 from benchmarks.peers import peft_decoder_train as peer
 from benchmarks.peers import worker as bench_worker
 from spot_jax import cli, runtime, validate
+from spot_jax.backbones import quantization
 from spot_jax.errors import ConfigError
 
 MODELS = ("llama_3_2_1b", "gemma_3_1b")
@@ -128,6 +133,9 @@ def bench_spot_jax(config, work_dir: Optional[str], args) -> dict:
       z_loss=0.0).for_batches({"inputs": args.input_length, "targets": args.target_length})
   with _mesh():
     frozen, prompt = initial_params(model, config, work_dir, args.seed)
+    if quantization.enabled(config):
+      boxed = jax.eval_shape(model.init_backbone, jax.random.PRNGKey(0), model.dummy_batch(4, 4))
+      frozen = quantization.quantize(frozen, boxed, config)
     tx = optimizers.adamw(learning_rate=args.learning_rate, weight_decay=args.weight_decay)
     state = TrainState.create(jax.device_put(prompt), tx, jax.random.PRNGKey(args.seed))
     frozen = jax.device_put(frozen)
@@ -159,14 +167,20 @@ def bench_spot_jax(config, work_dir: Optional[str], args) -> dict:
           "final_loss": float(metrics["loss"]), "flops_per_step": common.xla_flops(step),
           "trainable_params": int(sum(np.size(x) for x in jax.tree.leaves(prompt))),
           "frozen_params": int(sum(np.size(x) for x in jax.tree.leaves(frozen))),
+          "frozen_bytes": int(sum(x.nbytes for x in jax.tree.leaves(frozen))),
           "peak_host_memory_bytes": bench_worker.peak_host_memory_bytes(),
           "load_average_1min": os.getloadavg()[0], "malloc": runtime.applied(),
           "jax": jax.__version__, "devices": [str(d) for d in jax.devices()]}
 
 
-def bench_model(name: str, args) -> dict:
-  """One model's row: PEFT's (with --vs=peft, first), then spot-jax's on the same parameters."""
+def bench_model(name: str, args, quantized: str = "none") -> dict:
+  """One model's row: PEFT's (with --vs=peft, first), then spot-jax's on the same parameters;
+  a `quantized` backbone's: spot-jax's alone."""
   config = reduced_config(name, args.num_layers)
+  if quantized != "none":
+    config = config.replace(quantization=quantized)
+    return {"model": f"{name} {quantized}", "num_layers": config.num_layers,
+            "quantization": quantized, "spot_jax": bench_spot_jax(config, None, args)}
   row = {"model": name, "num_layers": config.num_layers, "vocab_size": config.vocab_size,
          "emb_dim": config.emb_dim, "batch_size": args.batch_size,
          "input_length": args.input_length, "target_length": args.target_length,
@@ -232,6 +246,9 @@ def _parse(argv: Sequence[str]):
                  help="torch threads of the PEFT process (0: every core, as XLA uses)")
   p.add_argument("--peer_malloc", default="system", choices=runtime.MODES,
                  help="host memory settings of the PEFT process (see benchmarks --peer_malloc)")
+  p.add_argument("--quantization", default="none",
+                 help="comma list of the frozen backbone's QUANTIZATION: none, int8, int4, nf4 "
+                      "(a quantized row: spot-jax alone, against the float32 row)")
   p.add_argument("--json", default=None, help="write the rows to this file")
   p.add_argument("--markdown", default=None, help="write a Markdown table to this file")
   return p.parse_args(argv)
@@ -248,11 +265,23 @@ def main(argv: Sequence[str]) -> int:
   validate.positive_int(args.num_layers, "--num_layers", minimum=0)
   args.num_layers = args.num_layers or None
   outputs = common.output_files(args)
-  rows = []
+  kinds = [validate.one_of(q.strip(), "--quantization", quantization.QUANTIZATIONS)
+           for q in args.quantization.split(",")]
+  rows, ratios = [], []
   for name in names:
-    rows.append(bench_model(name, args))
-    table = markdown_table(rows)
-    print(table if len(rows) == 1 else table.splitlines()[-1] + "\n", end="", flush=True)
+    for quantized in kinds:
+      rows.append(bench_model(name, args, quantized))
+      table = markdown_table(rows)
+      print(table if len(rows) == 1 else table.splitlines()[-1] + "\n", end="", flush=True)
+    base = [r for r in rows[-len(kinds):] if "quantization" not in r]
+    for row in rows[-len(kinds):]:
+      if base and "quantization" in row:
+        ratio = row["spot_jax"]["step_sec_median"] / base[0]["spot_jax"]["step_sec_median"]
+        size = row["spot_jax"]["frozen_bytes"] / base[0]["spot_jax"]["frozen_bytes"]
+        row["step_time_vs_float32"], row["frozen_bytes_vs_float32"] = ratio, size
+        ratios.append(f"{row['model']}: step time {ratio:.2f}x float32's, frozen bytes "
+                      f"{size:.2f}x (host buffers)")
+  print("\n".join(ratios))
   meta = {"argv": list(argv), "cpu_count": os.cpu_count(), "rows": rows}
   common.write_outputs(outputs, meta, f"`python -m benchmarks.decoder_train_step "
                                       f"{' '.join(argv)}`\n\n" + markdown_table(rows))

@@ -228,7 +228,8 @@ def main(argv: Sequence[str]) -> Optional[int]:
   from tasks import embedded as suite  # pylint: disable=g-import-not-at-top
   args = _parser().parse_args(argv)
   valid = methods_lib.METHODS + methods_lib.SUCCESSORS + tuple(methods_lib.QUANTIZED)
-  chosen = list(valid[:-len(methods_lib.QUANTIZED)]) if args.methods.strip() == "all" else _choices(
+  every = methods_lib.METHODS + methods_lib.SUCCESSORS  # "all": pt_int8 only when named
+  chosen = list(every) if args.methods.strip() == "all" else _choices(
       args.methods, valid + ("all",), "method", "--methods")
   if "all" in chosen:
     raise ConfigError("--methods=all stands alone; give 'all' or a comma list of methods")

@@ -149,7 +149,8 @@ def learning_rate_schedule(settings: Settings, steps: int):
 
 def _prompt_module(method: str, settings: Settings, vocab_rows: int):
   sampled = prompts.sampled_vocab(num_most_frequent=vocab_rows)
-  if method in ("pt", SOURCE, "spot", "spot_unrelated", *QUANTIZED):  # SPoT: each run's RunSpec.prompt_init
+  # SPoT: each run's RunSpec.prompt_init
+  if method in ("pt", SOURCE, "spot", "spot_unrelated", *QUANTIZED):
     return prompts.PromptTuning(length=settings.prompt_length, prompt_init=sampled)
   if method == "smop":
     return prompts.SMoP(num_prompts=4, length=5, prompt_init=sampled)

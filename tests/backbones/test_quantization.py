@@ -121,13 +121,14 @@ def test_logit_error_against_float32(kind):
 def test_prompt_gradient_finite_and_close(kind):
   grads = {}
   for q in ("none", "int8"):
-    model, ckpt = _model(kind, q, PromptTuning(length=5))
+    model, _ = _model(kind, q, PromptTuning(length=5))
     backbone, _ = _loaded(kind, q)[1:]
     batch = _batch(model)
     prompt = model.init_prompt(jax.random.PRNGKey(1), backbone, batch)
     prompt = models.unbox(prompt)
     loss = lambda p: model.loss_fn(models.merge_params(backbone, p), batch, None, False)[0]
-    grads[q] = np.concatenate([np.ravel(g) for g in jax.tree.leaves(jax.jit(jax.grad(loss))(prompt))])
+    grad = jax.jit(jax.grad(loss))(prompt)
+    grads[q] = np.concatenate([np.ravel(g) for g in jax.tree.leaves(grad)])
     print(f"{kind} {q}: prompt gradient norm {np.linalg.norm(grads[q]):.4g}")
   assert np.all(np.isfinite(grads["int8"])) and np.abs(grads["int8"]).sum() > 0
   cosine = grads["int8"] @ grads["none"] / np.linalg.norm(grads["int8"]) / np.linalg.norm(
@@ -145,8 +146,8 @@ def test_abstract_tree_is_the_loaded_one_and_smaller(kind):
   assert jax.tree.structure(shardings) == jax.tree.structure(params)
 
   def argument_bytes(tree):
-    return jax.jit(lambda p: jax.tree.leaves(p)[0], keep_unused=True).lower(tree).compile().memory_analysis(
-        ).argument_size_in_bytes
+    compiled = jax.jit(lambda p: jax.tree.leaves(p)[0], keep_unused=True).lower(tree).compile()
+    return compiled.memory_analysis().argument_size_in_bytes
 
   def kernels(tree):
     return {p: v for p, v in traverse_util.flatten_dict(tree).items() if p[-1] == "kernel"}
