@@ -6,6 +6,8 @@
             network (config, Flax network, Hugging Face and Gemma checkpoints, KV-cache decoding,
             tokenizers)
   kinds     which kind a config is (`kind_of`), each kind's named configs and strict loader
+  quantization   weight-only int8/int4/nf4 frozen kernels (qwix): quantize once after loading,
+            the abstract tree and its shardings, the layers' quantized matmuls
 
 Each kind has a frozen config dataclass, a Flax network that takes an optional prompt module
 (the input hook before the first layer, or the deep hook in every attention layer), strict
