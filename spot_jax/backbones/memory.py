@@ -92,6 +92,44 @@ def remat_call(block: nn.Module, policy_name: str, *arrays: Any,
   return run(block, *arrays, **traced)
 
 
+def checkpointed(fn: Callable[..., Any], policy_name: str) -> Callable[..., Any]:
+  """`fn` (a pure function of array pytrees) whose backward pass recomputes what
+  `policy_name` does not save, after the cotangent of its output has arrived.
+
+  `jax.checkpoint` alone leaves the recomputation identical to the forward computation: a
+  backend that drops its optimization barriers before common-subexpression elimination (XLA on
+  CPU) then merges the two and keeps every layer's activations. Here the saved residuals get
+  `+ 0 * (one entry of the cotangent)` first: the recomputation depends on the cotangent, so it
+  is neither merged nor scheduled early; a non-finite cotangent makes the gradient NaN (it is
+  not finite either way). "offload" residuals live in host memory and are left as saved.
+  """
+  saved = jax.checkpoint(fn, policy=policy(policy_name), prevent_cse=False)
+
+  @jax.custom_vjp
+  def run(*args):
+    return fn(*args)
+
+  def forward(*args):
+    return jax.vjp(saved, *args)
+
+  def backward(vjp_fn, cotangent):
+    if policy_name != "offload":
+      vjp_fn = _tied(vjp_fn, cotangent)
+    return vjp_fn(cotangent)
+
+  run.defvjp(forward, backward)
+  return run
+
+
+def _tied(tree: Any, to: Any) -> Any:
+  """`tree` with `0 * (one entry of to's first float leaf)` added to its float leaves: the same
+  values, computed only once `to` is."""
+  leaf = next(x for x in jax.tree.leaves(to) if jnp.issubdtype(x.dtype, jnp.inexact))
+  tie = jnp.ravel(leaf)[0] * 0
+  return jax.tree.map(
+      lambda r: r + tie.astype(r.dtype) if jnp.issubdtype(r.dtype, jnp.inexact) else r, tree)
+
+
 def cast(tree: Any, dtype: Any) -> Any:
   """`tree` with its floating leaves in `dtype` (arrays, numpy arrays or ShapeDtypeStructs,
   inside logical-axis boxes or not); integer leaves are left alone."""

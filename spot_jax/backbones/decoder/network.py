@@ -246,10 +246,16 @@ class DecoderLM(nn.Module):
              for kind in set(cfg.layer_type(i) for i in range(cfg.num_layers))}
     caches = []
     # Decoding (a cache to write) is never differentiated: remat would only cost compile time.
-    remat = cfg.remat_policy if write_index is None else "none"
+    remat = cfg.remat_policy if write_index is None and not self.is_initializing() else "none"
     for i, layer in enumerate(self.layers):
-      x, cache = memory.remat_call(layer, remat, x, positions, masks[cfg.layer_type(i)],
-                                   None if past is None else past[i], write_index)
+      layer_past, mask = None if past is None else past[i], masks[cfg.layer_type(i)]
+      if remat == "none":
+        x, cache = layer(x, positions, mask, layer_past, write_index)
+      else:  # the layer as a pure function of its parameters (it has no rngs, no state)
+        block = DecoderBlock(cfg, cfg.layer_type(i), parent=None)
+        run = lambda p, *a, block=block: block.apply({"params": p}, *a)  # noqa: E731
+        x, cache = memory.checkpointed(run, remat)(layer.variables["params"], x, positions, mask,
+                                                   layer_past)
       caches.append(cache)
     x = x[:, -1:] if last_only else x
     if keep is not None:
