@@ -37,8 +37,9 @@ before = status("VmRSS")
 config, params = checkpoints.load_checkpoint(sys.argv[1])
 jax.block_until_ready(params)
 leaves = jax.tree.leaves(params)
-print(json.dumps({"growth": status("VmHWM") - before, "dtypes": sorted({str(x.dtype) for x in leaves}),
-                  "nbytes": sum(x.nbytes for x in leaves), "param_dtype": config.param_dtype}))
+print(json.dumps({"growth": status("VmHWM") - before, "param_dtype": config.param_dtype,
+                  "dtypes": sorted({str(x.dtype) for x in leaves}),
+                  "nbytes": sum(x.nbytes for x in leaves)}))
 """
 
 
