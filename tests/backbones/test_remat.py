@@ -121,3 +121,30 @@ def test_offload_refused_or_runs():
     return
   with pytest.raises(Exception, match="valid here: none, full, save_dots"):
     memory.policy("offload")
+
+
+def test_k_runs_step_under_remat_equals_none():
+  """The trainer's K-run step (`make_runs_step`, vmapped over 2 runs) updates each run's prompt
+  as without remat."""
+  from spot_jax.train import optimizers, run_spec  # pylint: disable=g-import-not-at-top
+  from spot_jax.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.train.state import TrainState  # pylint: disable=g-import-not-at-top
+  kind = "decoder_tiny_llama"
+  batch = _batch(_model(kind, None))
+  tx = optimizers.adamw(learning_rate=0.1)
+  results = []
+  for remat in ("none", "full"):
+    model = _model(kind, _prompt("prompt_tuning", kind), remat)
+    frozen = models.unbox(model.init_backbone(jax.random.PRNGKey(0), batch))
+    prompts = [models.unbox(model.init_prompt(jax.random.PRNGKey(s), frozen, batch))
+               for s in (1, 2)]
+    states = [TrainState.create(p, tx, jax.random.PRNGKey(s)) for s, p in zip((1, 2), prompts)]
+    state = run_spec.stack(states)
+    batches = jax.tree.map(lambda x: np.stack([x, x[::-1]]), batch)
+    step = jax.jit(step_lib.make_runs_step(model, tx))
+    state, metrics = step(state, frozen, batches)
+    results.append((state.params, metrics["loss"]))
+  (want, want_loss), (got, got_loss) = results
+  np.testing.assert_allclose(got_loss, want_loss, rtol=0, atol=ATOL)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=ATOL)
