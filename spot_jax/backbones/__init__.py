@@ -6,6 +6,8 @@
             network (config, Flax network, Hugging Face and Gemma checkpoints, KV-cache decoding,
             tokenizers)
   kinds     which kind a config is (`kind_of`), each kind's named configs and strict loader
+  memory    what the frozen weights and layers hold: their stored dtype (FROZEN_DTYPE) and the
+            per-layer rematerialisation policies (REMAT)
   quantization   weight-only int8/int4/nf4 frozen kernels (qwix): quantize once after loading,
             the abstract tree and its shardings, the layers' quantized matmuls
 

@@ -9,6 +9,7 @@ importing a kind to test `isinstance` against it:
   load_checkpoint(kind, ...)      the kind's strict loader, returning the parameter tree
                                   (quantized as the config says, `backbones.quantization`)
   boxed_params(config)            the boxed abstract tree (logical axes, ShapeDtypeStructs)
+  stored_dtype(kind, path)        the frozen dtype a checkpoint asks for (FROZEN_DTYPE None)
 
 Each kind is imported only when asked for, so a job on one kind never loads the other.
 """
@@ -71,3 +72,13 @@ def boxed_params(config: Any) -> Any:
     return common.abstract_params(config)[1]
   from spot_jax.backbones.decoder import network  # pylint: disable=g-import-not-at-top
   return network.abstract_params(config)
+
+
+def stored_dtype(kind: str, path: Optional[str]) -> str:
+  """The dtype frozen weights are held in when FROZEN_DTYPE is None: "bfloat16" for a
+  decoder-only Hugging Face checkpoint stored in bfloat16 (config.json's `torch_dtype` or
+  `dtype`), else "float32" (T5, Gemma orbax, remote or no checkpoint: a random backbone)."""
+  if kind != "decoder" or not path or "://" in str(path):
+    return "float32"
+  from spot_jax.backbones.decoder import checkpoints  # pylint: disable=g-import-not-at-top
+  return checkpoints.stored_dtype(path)

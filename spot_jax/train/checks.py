@@ -196,6 +196,10 @@ def plan(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
                       "(e.g. gin/prompts/prompt_tuning_sampled_vocab.gin), or use "
                       "gin/runs/model_tune.gin")
   check_backbone_kind(model)
+  if trainable == TRAINABLE_ALL and model.config.param_dtype not in (None, "float32"):
+    raise ConfigError(f"FROZEN_DTYPE={model.config.param_dtype!r} stores the backbone for "
+                      "prompt training, but TRAINABLE='all' trains it; use FROZEN_DTYPE="
+                      "'float32' (or None) for model tuning")
   if quantization.enabled(model.config):
     quantization.qwix()  # QUANTIZATION without qwix: the pip command, before anything is read
   train_dataset_cfg = dataclasses.replace(

@@ -77,6 +77,7 @@ def evaluate_run(*, model: models.Model, eval_cfg: EvalConfig,
   if model_dir is not None:
     run_dir = RunDir(validate.existing_dir(model_dir, "MODEL_DIR", "a training run's directory"))
     record = run_dir.read_record()
+    model = _recorded_frozen_dtype(model, record)
     model = _recorded_quantization(model, record)
     if record is not None and not allow_backbone_change:
       current = backbone_lib.fingerprint(model.config, initial_checkpoint_path, seed)
@@ -113,11 +114,16 @@ def evaluate_run(*, model: models.Model, eval_cfg: EvalConfig,
   return metrics
 
 
+def _recorded_frozen_dtype(model: Any, record: Any) -> Any:
+  """`model` with the frozen dtype its run recorded, unless FROZEN_DTYPE is set."""
+  recorded = ((record.backbone or {}).get("config") or {}).get("param_dtype") if record else None
+  if model.config.param_dtype is not None or recorded is None:
+    return model
+  return model.with_config(dataclasses.replace(model.config, param_dtype=recorded))
 def _recorded_quantization(model: Any, record: Any) -> Any:
   """`model` with the quantization its run recorded, unless QUANTIZATION is set (not "none")."""
   recorded = ((record.backbone or {}).get("config") or {}) if record else {}
   if quantization.enabled(model.config) or recorded.get("quantization", "none") == "none":
     return model
-  config = model.config.replace(quantization=recorded["quantization"],
-                                quantization_tile=recorded.get("quantization_tile"))
-  return dataclasses.replace(model, module=model.module.clone(config=config))
+  return model.with_config(model.config.replace(
+      quantization=recorded["quantization"], quantization_tile=recorded.get("quantization_tile")))

@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 import jax.numpy as jnp
 
 from spot_jax import validate
+from spot_jax.backbones import memory
 from spot_jax.backbones import quantization
 from spot_jax.errors import ConfigError
 
@@ -17,7 +18,7 @@ class T5Config:
 
   Attributes:
     vocab_size: rows of the (padded) embedding table, 32128 for public T5 checkpoints.
-    dtype: activation dtype name ("float32" or "bfloat16"); parameters stay float32.
+    dtype: activation dtype name ("float32" or "bfloat16"); weights are cast to it at use.
     emb_dim: model width E.
     num_heads: attention heads H.
     num_encoder_layers: encoder blocks.
@@ -32,6 +33,10 @@ class T5Config:
     relative_attention_num_buckets: relative-position buckets per stack.
     relative_attention_max_distance: distance beyond which positions share a bucket.
     layer_norm_epsilon: epsilon of T5's RMS layer norm.
+    param_dtype: the dtype the frozen weights are stored in ("float32" or "bfloat16"; None:
+      float32).
+    remat_policy: what each encoder and decoder layer keeps for the backward pass ("none",
+      "full", "save_dots", "offload"; see `spot_jax.backbones.memory`).
     quantization: the frozen matmul kernels' weight-only quantization ("none", "int8", "int4",
       "nf4"; `spot_jax.backbones.quantization`).
     quantization_tile: None (a scale per output channel) or the sub-channel tile size.
@@ -51,6 +56,8 @@ class T5Config:
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   layer_norm_epsilon: float = 1e-6
+  param_dtype: Optional[str] = None
+  remat_policy: str = "none"
   quantization: str = "none"
   quantization_tile: Optional[int] = None
 
@@ -66,12 +73,19 @@ class T5Config:
       raise ConfigError(f"T5Config.mlp_activations {self.mlp_activations!r} must be a non-empty "
                         f"sequence of {sorted(_ACTIVATION_NAMES)}")
     validate.fraction(self.dropout_rate, "T5Config.dropout_rate", low_closed=True)
+    memory.check_dtype(self.param_dtype, "T5Config.param_dtype")
+    memory.check_remat(self.remat_policy, "T5Config.remat_policy")
     quantization.check(self.quantization, self.quantization_tile, "T5Config.")
 
   @property
   def activation_dtype(self) -> jnp.dtype:
     """The jnp dtype of activations."""
     return jnp.dtype(self.dtype)
+
+  @property
+  def frozen_dtype(self) -> jnp.dtype:
+    """The jnp dtype the frozen weights are stored in (float32 while `param_dtype` is None)."""
+    return memory.frozen_dtype(self.param_dtype)
 
   def replace(self, **changes) -> "T5Config":
     """A copy with `changes` applied."""
@@ -151,7 +165,8 @@ CONFIGS: dict[str, T5Config] = _build_registry()
 
 
 def config_by_name(name: str, *, dtype: Optional[str] = None,
-                   dropout_rate: Optional[float] = None, quantization: Optional[str] = None,
+                   dropout_rate: Optional[float] = None, param_dtype: Optional[str] = None,
+                   remat_policy: Optional[str] = None, quantization: Optional[str] = None,
                    quantization_tile: Optional[int] = None) -> T5Config:
   """The named configuration, e.g. "t5_1_1_lm100k_base", "t5_large", "t5_1_1_tiny".
 
@@ -159,6 +174,8 @@ def config_by_name(name: str, *, dtype: Optional[str] = None,
     name: a key of `CONFIGS`.
     dtype: override the activation dtype ("float32", "bfloat16").
     dropout_rate: override the dropout rate.
+    param_dtype: the frozen weights' dtype (gin FROZEN_DTYPE; None: float32).
+    remat_policy: per-layer rematerialisation (gin REMAT; None: "none").
     quantization, quantization_tile: the frozen kernels' quantization (gin QUANTIZATION,
       QUANTIZATION_TILE; None: "none", per channel).
 
@@ -172,7 +189,11 @@ def config_by_name(name: str, *, dtype: Optional[str] = None,
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise ConfigError(f"unknown T5 config {name!r}{hint}; valid names: "
                       f"{', '.join(sorted(CONFIGS))}") from None
+  memory.check_dtype(param_dtype, "param_dtype")
+  if remat_policy is not None:
+    memory.check_remat(remat_policy, "remat_policy")
   changes = {k: v for k, v in (("dtype", dtype), ("dropout_rate", dropout_rate),
+                               ("param_dtype", param_dtype), ("remat_policy", remat_policy),
                                ("quantization", quantization),
                                ("quantization_tile", quantization_tile)) if v is not None}
   return config.replace(**changes) if changes else config
