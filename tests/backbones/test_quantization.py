@@ -208,3 +208,14 @@ def test_without_qwix_the_line_names_the_pip_command(tmp_path):
   lines = [l for l in proc.stderr.splitlines() if "error" in l]
   assert len(lines) == 1 and "pip install 'spot-jax[quant]'" in lines[0], proc.stderr[-2000:]
   assert not model_dir.exists()
+
+
+def test_step_inputs_hold_the_quantized_frozen_tree():
+  from spot_jax.train import abstract as abstract_lib, optimizers  # pylint: disable=g-import-not-at-top
+  model, ckpt = _model("decoder", "int8", PromptTuning(length=5))
+  inputs = abstract_lib.step_inputs(model, optimizers.adamw(), {"inputs": 8, "targets": 4}, 2,
+                                    mesh=MESH, rules=RULES, initial_checkpoint_path=ckpt)
+  kernels = [v for p, v in traverse_util.flatten_dict(inputs.frozen).items() if p[-1] == "kernel"]
+  assert kernels and all(quantization.is_quantized(k) and k.qvalue.dtype == jnp.int8
+                         for k in kernels)
+  assert all(k.qvalue.sharding is not None for k in kernels)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("qwix")
 
 from spot_jax.run_dir import RunDir  # noqa: E402
-from spot_jax.serve import served_backbone  # noqa: E402
+from spot_jax.serve.catalog import served_backbone  # noqa: E402
 from tests.helpers.train_cli import run_in_one_process  # noqa: E402
 
 MODEL = ["--gin_file=gin/models/decoder_toy.gin"]
