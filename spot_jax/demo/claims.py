@@ -74,7 +74,7 @@ CLAIM_TESTS = claim_tests()
 # (`--methods=...,ulpt`); the other rows of PAIRED_CLAIMS are in the claims table only.
 HEADLINE_HEADING = "The papers' headline claims on the targets' mean"
 HEADLINE = (("spot", "pt"), ("spot_unrelated", "pt"), ("residual", "pt"), ("smop", "pt"),
-            ("ulpt", "pt"), ("pt_int8", "pt"))
+            ("ulpt", "pt"))
 
 
 # The pilot: the SD (points) of one seed's paired difference on the targets' mean, per headline
