@@ -1,0 +1,1 @@
+"""The compiled model step per backbone kind: slot caches, the KV prefix cache, sampling."""

@@ -1,0 +1,1 @@
+"""Who runs when: the dynamic batcher and continuous batching over slots."""
