@@ -71,8 +71,7 @@ class Engine:
     slots: S; length_buckets: padded input lengths (sorted); max_tokens: the largest
       max_tokens (N); max_queue: sequences waiting at most; eos_id: the end of sequence.
     prefixes: the `PrefixCache`.
-    observe: an object with ttft(seconds), itl(seconds), cancelled(lag_steps) (a `Metrics`),
-      or None.
+    observe: a `metrics.Metrics` (its ttft_observed, itl, cancelled, step, prefill), or None.
     steps, prefills: compiled decode steps and prefills run.
     step_seconds: a moving average of a decode step's time.
   """
@@ -238,6 +237,8 @@ class Engine:
         np.asarray([table.index(seq.name)], np.int32), tokens, valid, head, one,
         placement=self.catalog.placement)
     self.prefills += 1
+    if self.observe is not None:
+      self.observe.prefill(int(head.skip[0]) > 0)
     self._active[slot] = seq
     self._deliver(slot, seq, jax.device_get(chosen), 0)
 
@@ -248,6 +249,8 @@ class Engine:
                                                 self._state, sampling)
     chosen = jax.device_get(chosen)
     self.steps += 1
+    if self.observe is not None:
+      self.observe.step()
     self.step_seconds = 0.8 * self.step_seconds + 0.2 * (time.monotonic() - start)
     for slot, seq in enumerate(self._active):
       if seq is not None and not seq.cancelled:
@@ -261,7 +264,7 @@ class Engine:
       if seq.generated:
         self.observe.itl(now - seq.last_at)
       else:
-        self.observe.ttft(now - seq.enqueued)
+        self.observe.ttft_observed(now - seq.enqueued)
     seq.first_at = seq.first_at or now
     seq.last_at = now
     seq.generated.append(token)

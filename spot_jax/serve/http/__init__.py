@@ -1,0 +1,1 @@
+"""The HTTP surface: request checks and the OpenAI-compatible routes."""
