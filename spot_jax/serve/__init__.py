@@ -31,6 +31,9 @@ trains).
   service      `python -m spot_jax.serve` (flags, listening, SIGTERM)
   assemble     its start-up: backbone, prompts, batching loop
   follow       several processes: process 0 serves, the others repeat its calls
+  model/       slot KV caches and one compiled decode step; the KV prefix cache per prompt
+  scheduler/   continuous batching: iteration-level scheduling of sequences over the slots
+  http/        OpenAI completions and chat completions on that engine, streamed as SSE
 
 The command lines are `python -m spot_jax.infer` (files) and `python -m spot_jax.serve` (HTTP);
 see docs/serving.md.

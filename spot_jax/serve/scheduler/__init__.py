@@ -1,1 +1,4 @@
-"""Who runs when: the dynamic batcher and continuous batching over slots."""
+"""Who runs when.
+
+  continuous   iteration-level scheduling over slots: admit, prefill, one step for all, free
+"""
