@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from spot_jax import vocabulary
+from spot_jax import cli, infer, vocabulary
 from tests.helpers import serve_http as util
 from tests.serve.test_decoder_http import TEXTS, _infer
 
@@ -233,3 +233,34 @@ def test_a_bad_request_is_a_400_naming_its_field(served, path, body, field):
   assert r.status_code == 400, r.text
   error = r.json()["error"]
   assert error["param"] == field and "\n" not in error["message"]
+
+
+def _infer_one(root, path, text, capsys):
+  """`infer`'s greedy prediction of `text` with the prompt at `path` alone."""
+  (root / "one.jsonl").write_text(json.dumps({"input": text}) + "\n")
+  argv = [*util.DECODER_BACKBONE, "--input_length=16", "--target_length=8", "--batch_size=1",
+          f"--input={root / 'one.jsonl'}", f"--output={root / 'one_out.jsonl'}",
+          f"--prompt=one={path}"]
+  assert cli.run(infer.main, argv, infer.PROG) == 0, capsys.readouterr().err
+  return json.loads((root / "one_out.jsonl").read_text())["prediction"]
+
+
+def test_a_replaced_prompt_gets_a_new_prefix_and_classify_still_answers(served, capsys):
+  server, _, root = served
+  client = _client(server)
+  rs = np.random.RandomState(11)
+  answers = []
+  for version in ("a", "b"):
+    path = root / f"fresh_{version}.npy"
+    np.save(path, rs.normal(0, 1, (3 + len(answers), 32)).astype(np.float32))
+    added = httpx.post(server.url + "/v1/prompts/fresh", json={"path": str(path)}, timeout=120)
+    assert added.status_code == 200, added.text
+    got = client.completions.create(model="fresh", prompt="the cat sat", max_tokens=8,
+                                    temperature=0).choices[0].text
+    assert got == _infer_one(root, path, "the cat sat", capsys)
+    answers.append(got)
+    assert httpx.delete(server.url + "/v1/prompts/fresh", timeout=60).status_code == 200
+  assert answers[0] != answers[1]
+  scores = httpx.post(server.url + "/v1/classify", json={"model": "pt", "input": "the cat sat",
+                                                         "labels": ["yes", "no"]}, timeout=120)
+  assert scores.status_code == 200 and set(scores.json()["data"][0]["scores"]) == {"yes", "no"}

@@ -53,7 +53,8 @@ class PrefixCache:
       self._heads = {}
 
   def head(self, table: Any, arrays: Any, name: str, count: bool = True) -> slots.Head:
-    """Prompt `name`'s head in `table` (a `PromptTable`) whose placed arrays are `arrays`."""
+    """Prompt `name`'s head in `table` (a `PromptTable`) whose placed arrays are `arrays`; with
+    `count`, a request's: counted as a hit (a cached prefix) or a miss (its prompt prefills)."""
     i = table.index(name)
     entry = table.entries[i]
     key = (name, id(entry))

@@ -92,6 +92,7 @@ class Engine:
     self._shape: Any = None
     self._state: Optional[slots_lib.SlotState] = None
     self._arrays: Any = None
+    self._table: Any = None
     self._sampling = {k: np.zeros(slots, t) for k, t in (
         ("temperature", np.float32), ("top_k", np.int32), ("top_p", np.float32),
         ("seed", np.uint32), ("choice", np.int32), ("count", np.int32))}
@@ -193,7 +194,7 @@ class Engine:
       if seq.cancelled:
         seq.emit("end", "cancelled")
         continue
-      if seq.name not in self.catalog.table.names:
+      if seq.name not in self._table.names:
         seq.emit("error", PromptGone(seq.name))
         continue
       self._admit(seq, free.pop(0))
@@ -203,25 +204,29 @@ class Engine:
   def _refresh(self) -> bool:
     """Follows the catalog's table; False while slots must finish before the state changes."""
     table, server = self.catalog.snapshot(GREEDY)
-    if server is not self._table_key:
+    fresh = server is not self._table_key
+    if fresh:
       self._arrays = jax.device_put(server.table.arrays)
-      self._table_key = server
-      self.prefixes.retain(self.catalog.table.entries)
+      self._table_key, self._table = server, table
+      self.prefixes.retain(table.entries)
     big_p, big_l = slots_lib.sizes(self._arrays)
     shape = (big_p, big_l)
     if shape != self._shape:
       if self.running():
         return False
       self.prefixes.clear()
+      fresh = True
       length = big_p + 2 * (big_l + 1) + max(self.length_buckets) + self.max_tokens
       self._state = slots_lib.empty_state(self.catalog.model, self.slots, length)
       self._shape = shape
-    del table
+    if fresh:  # every prompt's prefix now, not in a request's time to first token
+      for name in table.names:
+        self.prefixes.head(table, self._arrays, name, count=False)
     return True
 
   def _admit(self, seq: Sequence, slot: int) -> None:
     """Prefills `seq` into `slot` and emits its first token."""
-    table = self.catalog.table
+    table = self._table
     width = bucket(self.length_buckets, len(seq.tokens))
     tokens = np.zeros((1, width), np.int32)
     tokens[0, :len(seq.tokens)] = seq.tokens
