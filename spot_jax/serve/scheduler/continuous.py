@@ -63,6 +63,16 @@ class Sequence:
   last_at: float = 0.0
 
 
+def _one_device(params: Any) -> Any:
+  """`params` on one device when they live on one (a mesh of 1): the slots' state then keeps
+  one sharding from call to call, so nothing recompiles after warm-up."""
+  devices = {d for leaf in jax.tree_util.tree_leaves(params) if hasattr(leaf, "devices")
+             for d in leaf.devices()}
+  if len(devices) > 1:
+    return params
+  return jax.device_put(params, next(iter(devices)) if devices else jax.devices()[0])
+
+
 class Engine:
   """The continuous-batching loop (see the module docstring).
 
@@ -81,7 +91,8 @@ class Engine:
     self.catalog, self.slots, self.max_tokens = catalog, slots, max_tokens
     self.length_buckets, self.max_queue, self.eos_id = sorted(length_buckets), max_queue, eos_id
     self.observe = observe
-    self.prefixes = PrefixCache(catalog.model, catalog.params, catalog.placement)
+    self.params = _one_device(catalog.params)
+    self.prefixes = PrefixCache(catalog.model, self.params, catalog.placement)
     self.steps = self.prefills = 0
     self.step_seconds = 0.0
     self._waiting: collections.deque[Sequence] = collections.deque()
@@ -150,7 +161,7 @@ class Engine:
     """Compiles the prefix computation, every prefill bucket and the decode step; the shapes."""
     name = self.catalog.table.names[0]
     done, observe, self.observe = [], self.observe, None
-    for width in self.length_buckets:
+    for width in self.length_buckets * 2:  # twice: outputs' shardings may differ from inputs'
       seq = Sequence(name, np.asarray([self.eos_id] * width, np.int32), 2,
                      lambda *event: done.append(event))
       self._refresh()
@@ -238,19 +249,19 @@ class Engine:
       self._sampling[key][slot] = value
     one = slots_lib.Sampling(**{k: v[slot:slot + 1] for k, v in self._sampling.items()})
     self._state, chosen = slots_lib.prefill(
-        self.catalog.model, self.catalog.params, self._arrays, self._state, np.int32(slot),
+        self.catalog.model, self.params, self._arrays, self._state, np.int32(slot),
         np.asarray([table.index(seq.name)], np.int32), tokens, valid, head, one,
         placement=self.catalog.placement)
     self.prefills += 1
     if self.observe is not None:
-      self.observe.prefill(int(head.skip[0]) > 0)
+      self.observe.prefill(int(np.asarray(head.skip)[0]) > 0)
     self._active[slot] = seq
     self._deliver(slot, seq, jax.device_get(chosen), 0)
 
   def _step(self) -> None:
     start = time.monotonic()
     sampling = slots_lib.Sampling(**self._sampling)
-    self._state, chosen = slots_lib.decode_step(self.catalog.model, self.catalog.params,
+    self._state, chosen = slots_lib.decode_step(self.catalog.model, self.params,
                                                 self._state, sampling)
     chosen = jax.device_get(chosen)
     self.steps += 1
