@@ -81,15 +81,14 @@ class Choice:
                              for _, _, ids, values in entries] if top else None}
 
 
-def _sequences(service: Any, gen: generation.Generation, queue: asyncio.Queue,
-               loop: asyncio.AbstractEventLoop) -> list[Sequence]:
+def _sequences(service: Any, gen: generation.Generation, on_event: Any) -> list[Sequence]:
+  """The request's sequences; `on_event(index, event)` hears each one's events (engine thread)."""
   out = []
   text = lambda ids: inputs.decode(service.vocab, np.asarray(ids, np.int32),  # noqa: E731
                                    service.engine.eos_id)
   for r, row in enumerate(gen.rows):
     for c in range(gen.n):
-      index = r * gen.n + c
-      emit = lambda *event, i=index: loop.call_soon_threadsafe(queue.put_nowait, (i, event))
+      emit = lambda *event, i=r * gen.n + c: on_event(i, event)
       out.append(Sequence(gen.model, row, gen.max_tokens, emit, temperature=gen.temperature,
                           top_k=gen.top_k, top_p=gen.top_p, seed=gen.seed, choice=c,
                           stop=gen.stop, text=text if gen.stop else None))
@@ -175,10 +174,20 @@ async def respond(service: Any, request: Request, gen: generation.Generation) ->
   """Runs `gen` on the engine: a JSON answer, or a stream of server-sent events."""
   loop = asyncio.get_running_loop()
   queue: asyncio.Queue = asyncio.Queue()
-  sequences = _sequences(service, gen, queue, loop)
-  eos = service.engine.eos_id
+  eos, count = service.engine.eos_id, len(gen.rows) * gen.n
   choices = [Choice(i, gen.texts[i // gen.n] if gen.echo else "", service.vocab, gen, eos)
-             for i in range(len(sequences))]
+             for i in range(count)]
+  finished = loop.create_future()
+
+  def record(index: int, event: tuple) -> None:
+    """A whole answer: events recorded in the engine thread; the loop hears only the end."""
+    _record(choices[index], event)
+    if all(c.finish is not None for c in choices):
+      loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(True))
+
+  stream = lambda index, event: loop.call_soon_threadsafe(  # noqa: E731
+      queue.put_nowait, (index, event))
+  sequences = _sequences(service, gen, stream if gen.stream else record)
   try:
     service.engine.submit(sequences)
   except QueueFull as e:
@@ -195,25 +204,19 @@ async def respond(service: Any, request: Request, gen: generation.Generation) ->
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
   gone = asyncio.ensure_future(_disconnect(request))
-  deadline = loop.time() + service.timeout
   try:
-    while any(c.finish is None for c in choices):
-      get = asyncio.ensure_future(queue.get())
-      done, _ = await asyncio.wait({get, gone}, timeout=max(0.0, deadline - loop.time()),
-                                   return_when=asyncio.FIRST_COMPLETED)
-      if get not in done:
-        get.cancel()
-        cancel()
-        if gone in done:
-          service.metrics.dropped.labels("disconnect").inc()
-          raise api.ApiError(499, "the client closed the connection")
-        service.metrics.dropped.labels("timeout").inc()
-        raise api.ApiError(504, f"no answer within the server's {service.timeout:g} s request "
-                                f"timeout; retry with fewer max_tokens")
-      index, event = get.result()
-      _record(choices[index], event)
+    done, _ = await asyncio.wait({finished, gone}, timeout=service.timeout,
+                                 return_when=asyncio.FIRST_COMPLETED)
   finally:
     gone.cancel()
+  if finished not in done:
+    cancel()
+    if gone in done:
+      service.metrics.dropped.labels("disconnect").inc()
+      raise api.ApiError(499, "the client closed the connection")
+    service.metrics.dropped.labels("timeout").inc()
+    raise api.ApiError(504, f"no answer within the server's {service.timeout:g} s request "
+                            f"timeout; retry with fewer max_tokens")
   _raise_error(choices)
   return JSONResponse(_body(gen, choices, ident, created))
 
