@@ -101,7 +101,7 @@ def test_the_cached_prefix_gives_the_logprobs_of_prefilling_the_prompt(setup):  
       assert int(head.skip[0]) == (table.entries[index[0]].length + 1 if cached else 0)
       state = slots.empty_state(model, 2, engine._state.k_index.shape[1])  # pylint: disable=protected-access
       state, first = slots.prefill(model, backbone, arrays, state, np.int32(1), index, tokens,
-                                   valid, head, greedy, placement="prefix")
+                                   valid, head, greedy, placement="prefix", cached=cached)
       sampling = slots.Sampling(*(np.repeat(a, 2) for a in greedy))
       _, second = slots.decode_step(model, backbone, state, sampling)
       results.append((first, second))

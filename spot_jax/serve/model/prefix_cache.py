@@ -52,9 +52,11 @@ class PrefixCache:
     with self._lock:
       self._heads = {}
 
-  def head(self, table: Any, arrays: Any, name: str, count: bool = True) -> slots.Head:
+  def head(self, table: Any, arrays: Any, name: str, count: bool = True
+           ) -> tuple[slots.Head, bool]:
     """Prompt `name`'s head in `table` (a `PromptTable`) whose placed arrays are `arrays`; with
-    `count`, a request's: counted as a hit (a cached prefix) or a miss (its prompt prefills)."""
+    `count`, a request's: counted as a hit (a cached prefix) or a miss (its prompt prefills).
+    Returns (the head, whether it holds the prompt)."""
     i = table.index(name)
     entry = table.entries[i]
     key = (name, id(entry))
@@ -72,4 +74,4 @@ class PrefixCache:
         self.hits += 1
       else:
         self.misses += 1
-    return head
+    return head, cached

@@ -201,15 +201,18 @@ def _choose(logits: Array, sampling: Sampling) -> Chosen:
                 top_ids.astype(jnp.int32), top_logprobs)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "placement"), donate_argnums=(3,))
+@functools.partial(jax.jit, static_argnames=("model", "placement", "cached"),
+                   donate_argnums=(3,))
 def prefill(model: DecoderLM, params: PyTree, table: TableArrays, state: SlotState, slot: Array,
             index: Array, tokens: Array, valid: Array, head: Head, sampling: Sampling, *,
-            placement: str) -> tuple[SlotState, Chosen]:
+            placement: str, cached: bool) -> tuple[SlotState, Chosen]:
   """Runs one request into slot `slot` (a scalar) and chooses its first token.
 
   Args:
     index: [1] the prompt's table row; tokens, valid: [1, T] its input ids (EOS included) and
       their validity (T a length bucket); head: the prompt's `Head`; sampling: [1] settings.
+    cached: the head holds the prompt and BOS: the layers then run on the T input positions
+      only (the prompt's share of the prefill is saved), else on all L + 1 + T.
 
   Returns:
     (the state with the slot's row replaced, the first token's `Chosen` [1]).
@@ -222,6 +225,9 @@ def prefill(model: DecoderLM, params: PyTree, table: TableArrays, state: SlotSta
   count = jnp.sum(xvalid, axis=1, dtype=jnp.int32) - head.skip  # the body's valid positions
   shift = (jnp.arange(width, dtype=jnp.int32)[None] + head.skip[:, None]) % width
   x = jnp.take_along_axis(x, shift[..., None], axis=1)
+  if cached:  # what is left after the prompt and BOS: at most the T inputs
+    width = tokens.shape[1]
+    x = x[:, :width]
   u = jnp.arange(width, dtype=jnp.int32)[None]
   xvalid = u < count[:, None]
   q_index = num[:, None] + head.skip[:, None] + u

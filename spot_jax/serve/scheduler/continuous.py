@@ -26,6 +26,7 @@ import numpy as np
 from spot_jax.serve.batcher import PromptGone, QueueFull, Stopping, bucket
 from spot_jax.serve.catalog import GREEDY
 from spot_jax.serve.model import slots as slots_lib
+from spot_jax.serve.model import prefix_cache
 from spot_jax.serve.model.prefix_cache import PrefixCache
 
 
@@ -158,20 +159,23 @@ class Engine:
       self._thread.join(timeout)
 
   def warm(self) -> int:
-    """Compiles the prefix computation, every prefill bucket and the decode step; the shapes."""
-    name = self.catalog.table.names[0]
+    """Compiles the prefix computation, every prefill bucket (from a cached prefix and not, as
+    the prompts need) and the decode step; the shapes."""
+    table = self.catalog.table
+    kinds = {prefix_cache.cacheable(e): e.name for e in table.entries}  # one prompt of each
     done, observe, self.observe = [], self.observe, None
     for width in self.length_buckets * 2:  # twice: outputs' shardings may differ from inputs'
-      seq = Sequence(name, np.asarray([self.eos_id] * width, np.int32), 2,
-                     lambda *event: done.append(event))
-      self._refresh()
-      self._admit(seq, 0)
-      self._step()
-      self._active[0] = None
+      for name in kinds.values():
+        seq = Sequence(name, np.asarray([self.eos_id] * width, np.int32), 2,
+                       lambda *event: done.append(event))
+        self._refresh()
+        self._admit(seq, 0)
+        self._step()
+        self._active[0] = None
     self.prefixes.hits = self.prefixes.misses = 0
     self.steps = self.prefills = 0
     self.observe = observe
-    return len(self.length_buckets) + 2
+    return len(self.length_buckets) * len(kinds) + 2
 
   # ---------------------------------------------------------------------------- the loop
 
@@ -242,7 +246,7 @@ class Engine:
     tokens = np.zeros((1, width), np.int32)
     tokens[0, :len(seq.tokens)] = seq.tokens
     valid = np.arange(width)[None] < len(seq.tokens)
-    head = self.prefixes.head(table, self._arrays, seq.name)
+    head, cached = self.prefixes.head(table, self._arrays, seq.name)
     for key, value in (("temperature", seq.temperature), ("top_k", seq.top_k),
                        ("top_p", seq.top_p), ("seed", seq.seed % 2**32),
                        ("choice", seq.choice), ("count", 0)):
@@ -251,10 +255,10 @@ class Engine:
     self._state, chosen = slots_lib.prefill(
         self.catalog.model, self.params, self._arrays, self._state, np.int32(slot),
         np.asarray([table.index(seq.name)], np.int32), tokens, valid, head, one,
-        placement=self.catalog.placement)
+        placement=self.catalog.placement, cached=cached)
     self.prefills += 1
     if self.observe is not None:
-      self.observe.prefill(int(np.asarray(head.skip)[0]) > 0)
+      self.observe.prefill(cached)
     self._active[slot] = seq
     self._deliver(slot, seq, jax.device_get(chosen), 0)
 
