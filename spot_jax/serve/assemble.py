@@ -87,6 +87,9 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
       config=flags.model_config(args.model, args.model_binding, dropout_rate=0.0)
       if args.model else None, allow_backbone_change=args.allow_backbone_change)
   config = served.config
+  if args.engine == "continuous" and served.kind != "decoder":  # before any weights load
+    raise ConfigError("--engine=continuous serves decoder-only backbones (Llama, Gemma, Qwen); "
+                      "serve this T5 backbone with --engine=batch")
   loader = Loader(served, args)
   entries = [e for name, path in specs for e in loader(name, path)]
   vocab = served.vocabulary(args.vocab)
@@ -136,9 +139,6 @@ def _engine(args: Any, served: Any, catalog: Any, length_buckets: Sequence[int],
   """The continuous-batching engine of --engine=continuous, or None."""
   if args.engine != "continuous":
     return None
-  if served.kind != "decoder":
-    raise ConfigError("--engine=continuous serves decoder-only backbones (Llama, Gemma, Qwen); "
-                      "serve this T5 backbone with --engine=batch")
   if several:
     raise ConfigError("--engine=continuous runs on one process; serve a pod with --engine=batch")
   from spot_jax.serve.scheduler import continuous  # pylint: disable=g-import-not-at-top
