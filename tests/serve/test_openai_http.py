@@ -264,3 +264,19 @@ def test_a_replaced_prompt_gets_a_new_prefix_and_classify_still_answers(served, 
   scores = httpx.post(server.url + "/v1/classify", json={"model": "pt", "input": "the cat sat",
                                                          "labels": ["yes", "no"]}, timeout=120)
   assert scores.status_code == 200 and set(scores.json()["data"][0]["scores"]) == {"yes", "no"}
+
+
+def test_a_stop_string_cuts_the_text_streamed_or_not(served):
+  server, _, _ = served
+  client = _client(server)
+  for name, text in TEXTS.items():  # a prompt whose greedy text is long enough to cut
+    kwargs = dict(model=name, prompt=text, max_tokens=24, temperature=0)
+    full = client.completions.create(**kwargs).choices[0].text
+    if len(full) >= 4:
+      break
+  assert len(full) >= 4, full
+  stop = full[2:4]
+  cut = client.completions.create(stop=[stop], **kwargs).choices[0]
+  assert cut.text == full[:full.find(stop)] and cut.finish_reason == "stop"
+  streamed, finish = _streamed(client.completions.create(stop=[stop], stream=True, **kwargs))
+  assert (streamed, finish) == (cut.text, "stop")
