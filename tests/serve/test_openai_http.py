@@ -280,3 +280,24 @@ def test_a_stop_string_cuts_the_text_streamed_or_not(served):
   assert cut.text == full[:full.find(stop)] and cut.finish_reason == "stop"
   streamed, finish = _streamed(client.completions.create(stop=[stop], stream=True, **kwargs))
   assert (streamed, finish) == (cut.text, "stop")
+
+
+def test_echo_and_logprobs_of_greedy_choices(served):
+  server, _, _ = served
+  client = _client(server)
+  plain = client.completions.create(model="smop", prompt="abc", max_tokens=6, temperature=0)
+  echoed = client.completions.create(model="smop", prompt="abc", max_tokens=6, temperature=0,
+                                     echo=True, logprobs=3)
+  assert echoed.choices[0].text == "abc" + plain.choices[0].text
+  lps = echoed.choices[0].logprobs
+  assert len(lps.token_logprobs) == echoed.usage.completion_tokens == 6
+  assert all(len(top) <= 3 for top in lps.top_logprobs)  # byte tokens may share a text
+  chat = client.chat.completions.create(model="pt", messages=[{"role": "user", "content": "x"}],
+                                        max_tokens=5, temperature=0, logprobs=True,
+                                        top_logprobs=4, n=2)
+  assert chat.choices[0].message.content == chat.choices[1].message.content  # greedy
+  for entry in chat.choices[0].logprobs.content:
+    assert len(entry.top_logprobs) == 4
+    assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob, abs=1e-6)  # argmax
+    assert entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
+  assert chat.usage.completion_tokens == 2 * len(chat.choices[0].logprobs.content)
