@@ -8,6 +8,7 @@ decode step and each prefill bucket compile once.
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -130,3 +131,33 @@ def test_a_cancelled_sequence_frees_its_slot_before_the_next_step(setup):  # noq
   while engine.running():
     engine._iterate()  # pylint: disable=protected-access
   assert second_events[-1][0] == "end"
+
+
+def _settings(**columns):
+  rows = len(next(iter(columns.values())))
+  base = dict(temperature=np.ones(rows, np.float32), top_k=np.zeros(rows, np.int32),
+              top_p=np.ones(rows, np.float32), seed=np.arange(rows, dtype=np.uint32),
+              choice=np.zeros(rows, np.int32), count=np.zeros(rows, np.int32))
+  base.update({k: np.asarray(v, base[k].dtype) for k, v in columns.items()})
+  return slots.Sampling(**base)
+
+
+def test_per_slot_top_k_top_p_and_a_slot_alone_among_truncating_ones():
+  logits = np.random.RandomState(0).normal(0, 2, (6, 50)).astype(np.float32)
+  choose = jax.jit(slots._choose)  # pylint: disable=protected-access
+  best = logits.argmax(-1)
+  narrow = choose(logits, _settings(top_k=[1, 0, 1, 0, 1, 0], top_p=[1, 1e-6, 1, 1e-6, 1, 1e-6]))
+  np.testing.assert_array_equal(narrow.token, best)
+  greedy = choose(logits, _settings(temperature=np.zeros(6)))
+  np.testing.assert_array_equal(greedy.token, best)
+  np.testing.assert_allclose(greedy.logprob, np.max(greedy.top_logprobs, axis=1), atol=1e-6)
+  top2 = np.argsort(-logits, axis=1)[:, :2]
+  for count in range(20):
+    drawn = choose(logits, _settings(top_k=[2] * 6, count=[count] * 6)).token
+    assert all(drawn[r] in top2[r] for r in range(6))
+  free = [choose(logits, _settings(count=[c] * 6, seed=[7] * 6)).token[0]
+          for c in range(20)]
+  among = [choose(logits, _settings(count=[c] * 6, seed=[7] * 6, top_k=[0, 3, 3, 3, 3, 3],
+                                    top_p=[1, .5, .5, .5, .5, .5])).token[0] for c in range(20)]
+  free, among = [int(t) for t in free], [int(t) for t in among]
+  assert free == among and len(set(free)) > 1  # sampled, and untouched by its neighbours

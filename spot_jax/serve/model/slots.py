@@ -169,33 +169,43 @@ def compute_head(model: DecoderLM, params: PyTree, table: TableArrays, index: Ar
               k_valid, skip.astype(jnp.int32))
 
 
+def _truncate(scaled: Array, sampling: Sampling) -> Array:
+  """[S, V] scaled logits with the tokens outside each slot's top_k and top_p at -inf (a slot
+  with top_k = 0 and top_p = 1 keeps every token, whatever the others ask)."""
+  vocab = scaled.shape[-1]
+  ordered = -jnp.sort(-scaled, axis=-1)  # descending
+  kth = jnp.take_along_axis(ordered, jnp.clip(sampling.top_k - 1, 0, vocab - 1)[:, None], 1)
+  kth = jnp.where(sampling.top_k[:, None] > 0, kth, -jnp.inf)
+  ordered = jnp.where(ordered < kth, -jnp.inf, ordered)
+  probs = jax.nn.softmax(ordered, axis=-1)
+  before = jnp.cumsum(probs, axis=-1) - probs  # the mass above each token
+  kept = jnp.sum(before < sampling.top_p[:, None], axis=-1)  # >= 1
+  floor = jnp.take_along_axis(ordered, jnp.maximum(kept - 1, 0)[:, None], axis=1)
+  floor = jnp.where(sampling.top_p[:, None] < 1, floor, -jnp.inf)
+  return jnp.where(scaled < jnp.maximum(kth, floor), -jnp.inf, scaled)
+
+
 def _choose(logits: Array, sampling: Sampling) -> Chosen:
   """[S, V] logits -> each slot's token under its own settings (see the module docstring)."""
   logits = logits.astype(jnp.float32)
   log_probs = jax.nn.log_softmax(logits, axis=-1)
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  sampled = sampling.temperature > 0
 
   def sample(_):
-    vocab = logits.shape[-1]
     scaled = logits / jnp.maximum(sampling.temperature, 1e-6)[:, None]
-    ordered = -jnp.sort(-scaled, axis=-1)  # descending
-    kth = jnp.take_along_axis(ordered, jnp.clip(sampling.top_k - 1, 0, vocab - 1)[:, None], 1)
-    kth = jnp.where(sampling.top_k[:, None] > 0, kth, -jnp.inf)
-    ordered = jnp.where(ordered < kth, -jnp.inf, ordered)
-    probs = jax.nn.softmax(ordered, axis=-1)
-    before = jnp.cumsum(probs, axis=-1) - probs  # the mass above each token
-    kept = jnp.sum(before < sampling.top_p[:, None], axis=-1)  # >= 1
-    floor = jnp.take_along_axis(ordered, jnp.maximum(kept - 1, 0)[:, None], axis=1)
-    masked = jnp.where(scaled < jnp.maximum(kth, floor), -jnp.inf, scaled)
+    trims = jnp.any(sampled & ((sampling.top_k > 0) | (sampling.top_p < 1)))
+    # Sorting a large vocabulary every step costs; only when some slot truncates.
+    masked = jax.lax.cond(trims, lambda x: _truncate(x, sampling), lambda x: x, scaled)
 
     def one(seed, choice, count, row):
       key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), choice), count)
       return jax.random.categorical(key, row)
 
     drawn = jax.vmap(one)(sampling.seed, sampling.choice, sampling.count, masked)
-    return jnp.where(sampling.temperature > 0, drawn.astype(jnp.int32), greedy)
+    return jnp.where(sampled, drawn.astype(jnp.int32), greedy)
 
-  token = jax.lax.cond(jnp.any(sampling.temperature > 0), sample, lambda _: greedy, None)
+  token = jax.lax.cond(jnp.any(sampled), sample, lambda _: greedy, None)
   top_logprobs, top_ids = jax.lax.top_k(log_probs, min(TOP_LOGPROBS, logits.shape[-1]))
   return Chosen(token, jnp.take_along_axis(log_probs, token[:, None], axis=1)[:, 0],
                 top_ids.astype(jnp.int32), top_logprobs)
