@@ -15,17 +15,18 @@ import pytest
 from spot_jax.backbones.decoder.network import DecoderLM
 from spot_jax.serve import catalog as catalog_lib
 from spot_jax.serve.model import prefix_cache, slots
+from spot_jax.serve.server import DecodeSettings, Server
 from spot_jax.serve.scheduler.continuous import Engine, Sequence
 from tests.serve.test_decoder_serving import CONFIG, DECODE, EOS, LENGTHS, _server, setup  # noqa: F401  pylint: disable=unused-import
 
 
-def _catalog(backbone, table):
+def _catalog(backbone, table, placement="prefix"):
   return catalog_lib.Catalog(DecoderLM(CONFIG), backbone, table.entries, emb_dim=CONFIG.emb_dim,
-                             target_length=DECODE, load=None)
+                             target_length=DECODE, load=None, placement=placement)
 
 
-def _engine(backbone, table, num_slots=3):
-  return Engine(_catalog(backbone, table), slots=num_slots, length_buckets=[4, 10],
+def _engine(backbone, table, num_slots=3, placement="prefix"):
+  return Engine(_catalog(backbone, table, placement), slots=num_slots, length_buckets=[4, 10],
                 max_tokens=DECODE, max_queue=64, eos_id=EOS)
 
 
@@ -65,6 +66,16 @@ def test_slots_decode_every_method_as_the_mixed_batch(setup):  # noqa: F811
   before = (slots.decode_step._cache_size(), slots.prefill._cache_size())  # pylint: disable=protected-access
   _run(engine, [_sequence(n, rows[-1 - r]) for r, n in enumerate(names)])
   assert (slots.decode_step._cache_size(), slots.prefill._cache_size()) == before  # pylint: disable=protected-access
+
+
+def test_after_bos_prompts_decode_as_the_mixed_batch(setup):  # noqa: F811
+  backbone, _, _, table, rows = setup
+  names = ["pt", "smop", "prefix", "dept", "attempt"]
+  want, _ = Server(DecoderLM(CONFIG), backbone, table, placement="after_bos",
+                   settings=DecodeSettings(DECODE, eos_id=EOS)).generate(names, rows[:5])
+  got = _run(_engine(backbone, table, placement="after_bos"),
+             [_sequence(n, rows[r]) for r, n in enumerate(names)])
+  assert got == [_upto_eos(w) for w in want]
 
 
 def test_a_seeded_sample_does_not_depend_on_its_neighbours(setup):  # noqa: F811
