@@ -16,6 +16,7 @@ from spot_jax.backbones.decoder.network import DecoderLM
 from spot_jax.serve import catalog as catalog_lib
 from spot_jax.serve.model import prefix_cache, slots
 from spot_jax.serve.server import DecodeSettings, Server
+from spot_jax.serve.table import PromptTable, ServedPrompt
 from spot_jax.serve.scheduler.continuous import Engine, Sequence
 from tests.serve.test_decoder_serving import CONFIG, DECODE, EOS, LENGTHS, _server, setup  # noqa: F401  pylint: disable=unused-import
 
@@ -172,3 +173,30 @@ def test_per_slot_top_k_top_p_and_a_slot_alone_among_truncating_ones():
                                     top_p=[1, .5, .5, .5, .5, .5])).token[0] for c in range(20)]
   free, among = [int(t) for t in free], [int(t) for t in among]
   assert free == among and len(set(free)) > 1  # sampled, and untouched by its neighbours
+
+
+def test_a_prompt_that_grows_the_table_waits_for_the_running_slots(setup):  # noqa: F811
+  backbone, _, _, table, rows = setup
+  long = ServedPrompt("long", np.random.RandomState(4).normal(
+      0, 1, (20, CONFIG.emb_dim)).astype(np.float32), source="long.npy")
+  catalog = _catalog(backbone, table)
+  catalog.load = lambda name, path: [long]
+  engine = Engine(catalog, slots=2, length_buckets=[10], max_tokens=DECODE, max_queue=8,
+                  eos_id=EOS)
+  first, first_events = _sequence("pt", rows[0])
+  engine.submit([first])
+  engine._iterate()  # pylint: disable=protected-access
+  shape = engine._shape  # pylint: disable=protected-access
+  catalog.add("long", "long.npy")  # L grows past the table's room: a new slot state
+  second, second_events = _sequence("long", rows[1])
+  engine.submit([second])
+  engine._iterate()  # pylint: disable=protected-access
+  assert engine.running() == 1 and engine.waiting() == 1  # "long" waits for "pt" to finish
+  while engine.waiting() or engine.running():
+    engine._iterate()  # pylint: disable=protected-access
+  assert engine._shape != shape  # pylint: disable=protected-access
+  tokens = lambda events: [e[1] for e in events if e[0] == "token"]  # noqa: E731
+  alone = _run(_engine(backbone, table), [_sequence("pt", rows[0])])[0]
+  grown = PromptTable(list(table.entries) + [long], CONFIG.emb_dim)
+  want, _ = _server(backbone, grown).generate(["long"], rows[1:2])
+  assert tokens(first_events) == alone and tokens(second_events) == _upto_eos(want[0])
