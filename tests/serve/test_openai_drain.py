@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import serve_http as util
 
-LONG = 200
+LONG = 1000
 
 
 @pytest.fixture()
