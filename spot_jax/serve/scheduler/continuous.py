@@ -11,6 +11,12 @@ decode step (and one prefix computation), whatever the mix.
 
 `submit` refuses with `QueueFull` once `max_queue` sequences wait, and with `Stopping` after
 `close`; `stop` returns once every accepted sequence has finished.
+
+Driven over HTTP by `python -m spot_jax.serve --engine=continuous --slots=S`; without HTTP (a
+benchmark): `engine = Engine(catalog, slots=S, length_buckets=[...], max_tokens=N,
+max_queue=Q)`, `engine.warm()`, `engine.start()`, then `engine.submit([Sequence(name, ids, n,
+emit)])`, `emit` hearing ("token", id, logprob, top_ids, top_logprobs) per token and ("end",
+reason) last; `engine.stop()`.
 """
 from __future__ import annotations
 
