@@ -122,7 +122,7 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
                              observe=observe, mirror=mirror)
   from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
   described = backbone_lib.describe(loader.fingerprint())
-  engine = _engine(args, served, catalog, length_buckets, metrics, several)
+  engine = _engine(args, catalog, length_buckets, metrics, several, vocab)
   service = Service(catalog, loop, metrics, vocab, limits, described, args.request_timeout,
                     engine=engine, chat_template=_chat_template(args, served),
                     bos_id=getattr(config, "bos_id", 0))
@@ -134,8 +134,8 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
   return service, _warm(service, batch_buckets, length_buckets)
 
 
-def _engine(args: Any, served: Any, catalog: Any, length_buckets: Sequence[int], metrics: Any,
-            several: bool) -> Any:
+def _engine(args: Any, catalog: Any, length_buckets: Sequence[int], metrics: Any,
+            several: bool, vocab: Any) -> Any:
   """The continuous-batching engine of --engine=continuous, or None."""
   if args.engine != "continuous":
     return None
@@ -143,8 +143,11 @@ def _engine(args: Any, served: Any, catalog: Any, length_buckets: Sequence[int],
     raise ConfigError("--engine=continuous runs on one process; serve a pod with --engine=batch")
   from spot_jax.serve.scheduler import continuous  # pylint: disable=g-import-not-at-top
   metrics.slots.set(args.slots)
+  eos_id = getattr(vocab, "eos_id", None)
   return continuous.Engine(catalog, slots=args.slots, length_buckets=length_buckets,
                            max_tokens=args.target_length, max_queue=args.max_queue,
+                           eos_id=eos_id if isinstance(eos_id, int) else 1,
+                           stop_ids=tuple(getattr(vocab, "eos_ids", ()) or ()),
                            observe=metrics)
 
 

@@ -86,7 +86,8 @@ class Engine:
   Attributes:
     catalog: the served prompts (`catalog.Catalog`): the engine reads `snapshot(GREEDY)`.
     slots: S; length_buckets: padded input lengths (sorted); max_tokens: the largest
-      max_tokens (N); max_queue: sequences waiting at most; eos_id: the end of sequence.
+      max_tokens (N); max_queue: sequences waiting at most; eos_id: the end of sequence;
+      stop_ids: it and the vocabulary's other end ids (a chat model's end of turn).
     prefixes: the `PrefixCache`.
     observe: a `metrics.Metrics` (its ttft_observed, itl, cancelled, step, prefill), or None.
     steps, prefills: compiled decode steps and prefills run.
@@ -94,9 +95,10 @@ class Engine:
   """
 
   def __init__(self, catalog: Any, *, slots: int, length_buckets: Seq[int], max_tokens: int,
-               max_queue: int, eos_id: int = 1, observe: Any = None):
+               max_queue: int, eos_id: int = 1, stop_ids: Seq[int] = (), observe: Any = None):
     self.catalog, self.slots, self.max_tokens = catalog, slots, max_tokens
     self.length_buckets, self.max_queue, self.eos_id = sorted(length_buckets), max_queue, eos_id
+    self.stop_ids = frozenset((eos_id, *stop_ids))
     self.observe = observe
     self.params = _one_device(catalog.params)
     self.prefixes = PrefixCache(catalog.model, self.params, catalog.placement)
@@ -298,7 +300,7 @@ class Engine:
     seq.emit("token", token, float(chosen.logprob[row]), chosen.top_ids[row],
              chosen.top_logprobs[row])
     finish = None
-    if token == self.eos_id:
+    if token in self.stop_ids:
       finish = "stop"
     elif seq.stop and seq.text is not None and any(s in seq.text(seq.generated)
                                                    for s in seq.stop):
