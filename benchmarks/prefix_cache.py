@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _setup(args):
   from spot_jax.backbones.decoder.network import DecoderLM  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve.table import PromptTable, ServedPrompt  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.catalog.table import PromptTable, ServedPrompt  # pylint: disable=g-import-not-at-top
   config = decoder_train_step.reduced_config(args.model, args.num_layers)
   model = DecoderLM(config)
   init = jax.jit(lambda: model.init(jax.random.PRNGKey(args.seed), jnp.ones((1, 2), jnp.int32)))

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from spot_jax.backbones.decoder.network import DecoderLM
-from spot_jax.serve import catalog as catalog_lib
+from spot_jax.serve.scheduler import live_catalog as catalog_lib
 from spot_jax.serve.model import prefix_cache, slots
-from spot_jax.serve.server import DecodeSettings, Server
-from spot_jax.serve.table import PromptTable, ServedPrompt
+from spot_jax.serve.model.server import DecodeSettings, Server
+from spot_jax.serve.catalog.table import PromptTable, ServedPrompt
 from spot_jax.serve.scheduler.continuous import Engine, Sequence
 from tests.serve.test_decoder_serving import CONFIG, DECODE, EOS, LENGTHS, _server, setup  # noqa: F401  pylint: disable=unused-import
 

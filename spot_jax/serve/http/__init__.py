@@ -1,5 +1,8 @@
-"""The HTTP surface of the continuous engine.
+"""The HTTP surface of `python -m spot_jax.serve`.
 
-  generation   /v1/completions and /v1/chat/completions requests checked field by field
-  openai       their routes' answers: JSON, or server-sent events ending with [DONE]
+  api          HTTP requests checked field by field, OpenAI-style responses and errors
+  app          the Starlette routes
+  metrics      the Prometheus metrics
+  generation   /v1/completions and /v1/chat/completions requests for the continuous engine
+  openai       their answers: JSON, or server-sent events ending with [DONE]
 """

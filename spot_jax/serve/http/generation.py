@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from spot_jax.errors import ConfigError, one_line
-from spot_jax.serve import api
+from spot_jax.serve.http import api
 from spot_jax.serve.model.slots import TOP_LOGPROBS
 
 SAMPLING_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",

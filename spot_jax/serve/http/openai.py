@@ -19,8 +19,9 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from spot_jax.serve import api, inputs
-from spot_jax.serve.batcher import PromptGone, QueueFull, Stopping
+from spot_jax.serve.http import api
+from spot_jax.serve.model import inputs
+from spot_jax.serve.scheduler.batcher import PromptGone, QueueFull, Stopping
 from spot_jax.serve.http import generation
 from spot_jax.serve.scheduler.continuous import Sequence
 

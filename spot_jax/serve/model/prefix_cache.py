@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from spot_jax.serve.model import slots
-from spot_jax.serve.table import ServedPrompt
+from spot_jax.serve.catalog.table import ServedPrompt
 
 
 def cacheable(entry: ServedPrompt) -> bool:

@@ -34,8 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from spot_jax.backbones.decoder.network import DecoderLM
-from spot_jax.serve.gather import prompted_input, row_kv
-from spot_jax.serve.table import TableArrays
+from spot_jax.serve.model.gather import prompted_input, row_kv
+from spot_jax.serve.catalog.table import TableArrays
 
 Array = jax.Array
 PyTree = Any

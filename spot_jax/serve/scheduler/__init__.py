@@ -1,4 +1,7 @@
 """Who runs when.
 
-  continuous   iteration-level scheduling over slots: admit, prefill, one step for all, free
+  batcher      the batching loop: queued requests of any prompts, one mixed pass per batch
+  continuous   continuous batching: iteration-level scheduling of sequences over slots
+  live_catalog  the prompts a running service holds (added, removed), a server per setting
+  follow       several processes: process 0 serves, the others repeat its calls
 """

@@ -29,8 +29,8 @@ from typing import Any, Callable, Optional, Sequence as Seq
 import jax
 import numpy as np
 
-from spot_jax.serve.batcher import PromptGone, QueueFull, Stopping, bucket
-from spot_jax.serve.catalog import GREEDY
+from spot_jax.serve.scheduler.batcher import PromptGone, QueueFull, Stopping, bucket
+from spot_jax.serve.scheduler.live_catalog import GREEDY
 from spot_jax.serve.model import slots as slots_lib
 from spot_jax.serve.model import prefix_cache
 from spot_jax.serve.model.prefix_cache import PrefixCache
