@@ -174,12 +174,12 @@ def tokenize(rows: List[tuple[int, Dict[str, Any]]], source: str, vocabulary: se
   out = []
   for number, row in rows:
     where = f"{source} line {number}"
-    for inputs, targets in chat_format.examples(row, where, template, no_template):
-      target_ids = [int(i) for i in vocabulary.encode(targets)]
-      if not [i for i in target_ids if i != eos]:
-        raise ConfigError(f"{where}: the completion {targets!r} tokenizes to nothing; give every "
+    for inputs, targets, answer in chat_format.examples(row, where, template, no_template):
+      if not [i for i in vocabulary.encode(answer) if i != eos]:
+        raise ConfigError(f"{where}: the completion {answer!r} tokenizes to nothing; give every "
                           "answer some text")
-      if target_ids[-1] != eos:
+      target_ids = [int(i) for i in vocabulary.encode(targets)]
+      if not target_ids or target_ids[-1] != eos:
         target_ids.append(eos)
       out.append({"inputs": np.asarray(vocabulary.encode(inputs), np.int32),
                   "targets": np.asarray(target_ids, np.int32),

@@ -93,8 +93,10 @@ def _without_bos(text: str, template: ChatTemplate) -> str:
 
 
 def examples(row: Mapping[str, Any], where: str, template: Optional[ChatTemplate],
-             no_template: str = "the tokenizer has no chat template") -> List[tuple[str, str]]:
-  """The (inputs, targets) texts of one row: one pair per trained assistant turn.
+             no_template: str = "the tokenizer has no chat template"
+             ) -> List[tuple[str, str, str]]:
+  """The (inputs, targets, answer) texts of one row, one per trained assistant turn: answer is
+  the turn's content (or the completion), which must not be empty.
 
   Args:
     row: a JSONL object in one of the shapes above.
@@ -111,7 +113,7 @@ def examples(row: Mapping[str, Any], where: str, template: Optional[ChatTemplate
     prompt = _text(row["prompt"], where, "prompt")
     completion = _text(row["completion"], where, "completion")
     if template is None:
-      return [(prompt, completion)]
+      return [(prompt, completion, completion)]
     messages, first = [{"role": "user", "content": prompt},
                        {"role": "assistant", "content": completion}], 1
   if template is None:
@@ -129,5 +131,6 @@ def examples(row: Mapping[str, Any], where: str, template: Optional[ChatTemplate
           f"{where}: the chat template renders the conversation before assistant message {k} "
           f"differently once that message follows, so its tokens cannot be told apart; use a "
           f"template whose generation prompt starts each assistant turn")
-    pairs.append((_without_bos(context, template), whole[len(context):]))
+    pairs.append((_without_bos(context, template), whole[len(context):],
+                  messages[k]["content"]))
   return pairs

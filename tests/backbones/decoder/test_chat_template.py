@@ -41,7 +41,8 @@ LLAMA_3 = """{{- bos_token }}
     {%- if message.role == 'tool' %}
         {{- "<|start_header_id|>ipython<|end_header_id|>\\n\\n" + message.content + "<|eot_id|>" }}
     {%- else %}
-        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}
+        {{- message['content'] | trim + '<|eot_id|>' }}
     {%- endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}
@@ -92,11 +93,13 @@ QWEN_2_5 = """{%- if tools %}
     {%- if messages[0]['role'] == 'system' %}
         {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
     {%- else %}
-        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. ' }}
+        {{- 'You are a helpful assistant.<|im_end|>\\n' }}
     {%- endif %}
 {%- endif %}
 {%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant") %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first)
+          or (message.role == "assistant") %}
         {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
     {%- elif message.role == "tool" %}
         {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
