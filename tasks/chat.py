@@ -261,3 +261,32 @@ def register_chat_task(name: str, train: Optional[PathLike] = None,
                          metric_fns=[metric])
   _REGISTERED[name] = key
   return name
+
+
+def check_lines(path: PathLike, tokenizer: PathLike, template: str = "model",
+                show: int = 2) -> List[str]:
+  """What `python -m tasks chat` prints: the file's examples, their token lengths (the
+  TASK_FEATURE_LENGTHS that hold them) and the first `show` examples as the model reads them.
+
+  Raises:
+    ConfigError: as `register_chat_task`, one line naming the file and line.
+  """
+  path = _check_file("--file", path)
+  vocabulary, model_dir, tokenizer_name = _resolve_tokenizer(tokenizer)
+  chat_template, no_template = _template(template, model_dir, tokenizer_name)
+  rows = _rows(path)
+  examples = tokenize(rows, os.path.basename(path), vocabulary, chat_template, no_template)
+  inputs = [len(e["inputs"]) for e in examples]
+  targets = [len(e["targets"]) for e in examples]
+  kind = ("plain (prompt, then completion)" if chat_template is None
+          else f"chat template of {chat_template.origin}")
+  lines = [f"{path}: {len(rows)} lines -> {len(examples)} examples (one per assistant turn); "
+           f"{kind}",
+           f"tokens: inputs longest {max(inputs)}, mean {np.mean(inputs):.1f}; targets (EOS "
+           f"included) longest {max(targets)}, mean {np.mean(targets):.1f}",
+           f"holds every example: TASK_FEATURE_LENGTHS={{'inputs': {max(inputs)}, "
+           f"'targets': {max(targets)}}}"]
+  for i, example in enumerate(examples[:max(int(show), 0)]):
+    lines += [f"--- example {i + 1}: inputs (no loss)", example["inputs_pretokenized"],
+              "--- targets (the loss; then EOS)", example["targets_pretokenized"]]
+  return lines

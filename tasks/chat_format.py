@@ -118,8 +118,8 @@ def examples(row: Mapping[str, Any], where: str, template: Optional[ChatTemplate
                        {"role": "assistant", "content": completion}], 1
   if template is None:
     raise ConfigError(f"{where}: chat messages need a chat template and {no_template}; give "
-                      "template= a .jinja file, or write {\"prompt\": ..., \"completion\": ...} "
-                      "text")
+                      "a template (template=, --template: a .jinja file), or write {\"prompt\": "
+                      "..., \"completion\": ...} text")
   pairs = []
   for k in range(first, len(messages)):
     if messages[k]["role"] != "assistant":
