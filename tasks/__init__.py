@@ -30,6 +30,7 @@ looked up when a dataset is built. Every name is listed in `tasks.names`;
   chat_format     instruction rows -> (inputs, targets) texts through the chat template
   answers         answers extracted from generated text (GSM8K's built in); exact match
   embedded_chat   the embedded suite's sums as conversations, for the toy decoder
+  metamathqa      PEFT's MetaMathQA -> GSM8K benchmark: its splits prepared, then registered
   prepare         write a TFDS dataset from examples you already have
 """
 # First, so that `python -m tasks` starts without TensorFlow's log lines (spot_jax/quiet_logs.py).
