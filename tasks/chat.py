@@ -9,7 +9,8 @@ Rows and what is trained: `tasks.chat_format`. The examples are tokenized here, 
 without EOS (generation continues them), targets with the tokenizer's EOS appended (unless the
 template already ends the turn with it), so the decoder-only layout trains on the targets'
 tokens only (loss weights 0 on the inputs and padding) and evaluation generates after the
-inputs until EOS.
+inputs until EOS. The texts kept beside the ids are the rendered inputs and the answer itself
+(the assistant's content, or the completion), what evaluation and `infer --task` compare with.
 
 `tokenizer` is the model's: a Hugging Face model directory (tokenizer.json or tokenizer.model,
 its chat template from chat_template.jinja or tokenizer_config.json) or "embedded_decoder" (the
@@ -183,7 +184,7 @@ def tokenize(rows: List[tuple[int, Dict[str, Any]]], source: str, vocabulary: se
         target_ids.append(eos)
       out.append({"inputs": np.asarray(vocabulary.encode(inputs), np.int32),
                   "targets": np.asarray(target_ids, np.int32),
-                  "inputs_pretokenized": inputs, "targets_pretokenized": targets})
+                  "inputs_pretokenized": inputs, "targets_pretokenized": answer})
   return out
 
 

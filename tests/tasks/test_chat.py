@@ -111,7 +111,9 @@ def test_a_jinja_file_replaces_the_model_template(tmp_path):
                                  train=_jsonl(tmp_path / "j.jsonl", [{"messages": CONVERSATION}]))
   examples = list(seqio.get_mixture_or_task(name).source.get_dataset("train", shuffle=False)
                   .as_numpy_iterator())
-  assert [e["targets_pretokenized"].decode() for e in examples] == [" four ", " then five "]
+  assert [e["targets_pretokenized"].decode() for e in examples] == ["four", "then five"]
+  vocab = seqio.get_mixture_or_task(name).output_features["targets"].vocabulary
+  assert [vocab.decode(e["targets"].tolist()) for e in examples] == ["four", "then five"]
   assert examples[0]["inputs_pretokenized"].decode() == (
       "system : be brief user : what is two plus two ? assistant :")
 
