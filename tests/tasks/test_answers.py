@@ -57,3 +57,20 @@ def test_exact_match_over_hand_made_generations():
 def test_bad_extractors_are_one_line(answer, message):
   with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
     answers.compile_pattern(answer)
+
+
+def test_a_file_task_scores_extracted_answers(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tasks  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "train.jsonl"
+  path.write_text(json.dumps({"inputs": "question: 2 plus 2", "targets": "so 4 #### 4"}) + "\n")
+  name = tasks.register_file_task("test_answer_file_v1", train=str(path), vocabulary="embedded",
+                                  answer="gsm8k")
+  task = seqio.get_mixture_or_task(name)
+  assert task.postprocess_fn("so 4 #### 4", is_target=True) == "4"
+  assert task.postprocess_fn(b"The answer is: 4.0") == "4"  # a decoded prediction
+  assert task.metric_fns[0](["4", "5"], ["4", None]) == {"exact_match": 50.0}
+  with pytest.raises(ConfigError, match="give it without labels= and metric="):
+    tasks.register_file_task("test_answer_labels_v1", train=str(path), vocabulary="embedded",
+                             answer="gsm8k", metric="accuracy")
