@@ -176,3 +176,19 @@ def test_registering_again_is_a_no_op_and_another_name_is_refused(tmp_path):
     chat.register_chat_task("no_version", train=path, tokenizer=model_dir)
   with pytest.raises(ConfigError, match="valid: 'model', 'plain' or the path of a .jinja"):
     chat.register_chat_task("test_chat_x_v1", train=path, tokenizer=model_dir, template="llama")
+
+
+def test_infer_reads_a_chat_task_as_training_does(tmp_path):
+  """`infer --task` gives the model the rendered inputs, without the EOS a raw text would get,
+  and the answer as the target it compares with."""
+  from spot_jax.serve import inputs as serve_inputs  # pylint: disable=g-import-not-at-top
+  model_dir, reference = _model_dir(tmp_path / "model")
+  path = _jsonl(tmp_path / "t.jsonl", [{"messages": CONVERSATION[:3]}])
+  name = chat.register_chat_task("test_chat_infer_v1", train=path, validation=path,
+                                 tokenizer=model_dir)
+  (example,), _ = serve_inputs.task_examples(name, "validation", LENGTHS["inputs"])
+  expected = reference.apply_chat_template(CONVERSATION[:2], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False)
+  expected = list(getattr(expected, "input_ids", expected))
+  assert list(example.tokens) == expected[1:]  # no BOS (the model's), no EOS
+  assert example.target == "four"
