@@ -1,10 +1,10 @@
 """What `python -m spot_jax.serve` builds before it listens: backbone, prompts, batching loop.
 
-The backbone and vocabulary are `infer`'s (the --model given, or the one the run directories
-recorded; a run of another backbone is refused), and so are the prompt sources. Prompts added
-while serving go through the same checks. Warm-up compiles the greedy decoder at every padded
-batch size and input length, so the first requests do not wait for a compilation. Under
-several processes every one builds the same service and warms up in step; then process 0
+The backbone and vocabulary are the ones `infer` serves (the --model given, or the one the run
+directories recorded; a run of another backbone is refused), and so are the prompt sources.
+Prompts added while serving go through the same checks. Warm-up compiles the greedy decoder at
+every padded batch size and input length, so the first requests do not wait for a compilation.
+Under several processes every one builds the same service and warms up in step; then process 0
 serves and the others follow it (`follow`).
 """
 from __future__ import annotations
@@ -14,12 +14,15 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from spot_jax import infer
 from spot_jax.cli import flags
-from spot_jax.serve import api, batcher as batcher_lib, capacity as capacity_lib
-from spot_jax.serve import catalog as catalog_lib, follow
-from spot_jax.serve import metrics as metrics_lib, prompt_loaders, served_backbone
-from spot_jax.serve.app import Service
+from spot_jax.serve.http import api
+from spot_jax.serve.scheduler import batcher as batcher_lib
+from spot_jax.serve.catalog import capacity as capacity_lib
+from spot_jax.serve.scheduler import live_catalog as catalog_lib
+from spot_jax.serve.scheduler import follow
+from spot_jax.serve.http import metrics as metrics_lib
+from spot_jax.serve.catalog import prompt_loaders, served_backbone
+from spot_jax.serve.http.app import Service
 
 
 class Loader:
@@ -92,9 +95,9 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
   limits = api.Limits(args.input_length, args.target_length, args.max_batch_size,
                       config.vocab_size, args.truncate, tuple(args.label))
   if args.label:
-    from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
+    from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
     inputs.label_tokens(vocab, args.label, args.target_length)  # checked now, not per request
-  params, mesh = infer._backbone(served)  # pylint: disable=protected-access
+  params, mesh = served_backbone.load_params(served)
   several = jax.process_count() > 1  # the others repeat process 0's calls (`follow`)
   mirror = follow.Mirror(several)
   capacity = capacity_lib.Capacity(capacity_lib.next_power_of_two(args.table_rows), 0, 0, 0, 0)

@@ -27,9 +27,9 @@ from typing import Any, Optional
 
 import jax
 
-from spot_jax.serve.gather import prompted_input, row_kv
-from spot_jax.serve.gather import attempt_weights, route  # noqa: F401  (mixed.route, ...)
-from spot_jax.serve.table import TableArrays
+from spot_jax.serve.model.gather import prompted_input, row_kv
+from spot_jax.serve.model.gather import attempt_weights, route  # noqa: F401  (mixed.route, ...)
+from spot_jax.serve.catalog.table import TableArrays
 from spot_jax.backbones.t5 import generation, prefixes as prefixes_lib, scoring
 from spot_jax.backbones.t5.network import Transformer
 

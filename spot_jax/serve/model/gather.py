@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from spot_jax.prompts import attempt, common, dept, placement as placement_lib
-from spot_jax.serve.table import ROUTING_CODES, DeepArrays, TableArrays
+from spot_jax.serve.catalog.table import ROUTING_CODES, DeepArrays, TableArrays
 
 Array = jax.Array
 

@@ -29,8 +29,8 @@ from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.backbones.decoder.network import DecoderLM
 from spot_jax.models import decoder_only
-from spot_jax.serve.gather import prompted_input, row_kv
-from spot_jax.serve.table import TableArrays
+from spot_jax.serve.model.gather import prompted_input, row_kv
+from spot_jax.serve.catalog.table import TableArrays
 
 Array = jax.Array
 PyTree = Any
