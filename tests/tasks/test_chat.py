@@ -181,7 +181,7 @@ def test_registering_again_is_a_no_op_and_another_name_is_refused(tmp_path):
 def test_infer_reads_a_chat_task_as_training_does(tmp_path):
   """`infer --task` gives the model the rendered inputs, without the EOS a raw text would get,
   and the answer as the target it compares with."""
-  from spot_jax.serve import inputs as serve_inputs  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.model import inputs as serve_inputs  # pylint: disable=g-import-not-at-top
   model_dir, reference = _model_dir(tmp_path / "model")
   path = _jsonl(tmp_path / "t.jsonl", [{"messages": CONVERSATION[:3]}])
   name = chat.register_chat_task("test_chat_infer_v1", train=path, validation=path,
