@@ -8,7 +8,7 @@ batches against one prompt at a time and PyTorch + PEFT, on the same requests.
 size: `--model=llama_3_2_1b` with width 512, 4 layers, 8 query heads of 64 over 2 key/value
 heads, SwiGLU 1536, vocabulary 32000, untied; BOS 2, EOS 1 as the workload's), `--prompt_length`
 Prompt Tuning prompts, served
-  mixed       by spot-jax's `spot_jax.serve.Server` (`serve.mixed_decoder`) in batches of
+  mixed       by spot-jax's `spot_jax.serve.Server` (`serve.model.decoder`) in batches of
               `--batch_size` rows in arrival order, each row with its own prompt, one jitted
               call per batch;
   one-prompt  by spot-jax one prompt at a time (min(--batch_size, N) rows per call);
@@ -54,7 +54,7 @@ def serve_config(args):
 
 def build_table(num_prompts: int, length: int, emb_dim: int, seed: int):
   """`num_prompts` random [L, E] prompts (uniform(-0.5, 0.5)) in a `PromptTable`."""
-  from spot_jax.serve.table import PromptTable, ServedPrompt  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.catalog.table import PromptTable, ServedPrompt  # pylint: disable=g-import-not-at-top
   rs = np.random.RandomState(seed + 1)
   return PromptTable([ServedPrompt(f"p{i}", rs.uniform(-0.5, 0.5, (length, emb_dim)),
                                    source=f"pt{length}") for i in range(num_prompts)], emb_dim)
@@ -64,7 +64,7 @@ def run_peft(config, frozen, table, workloads, tasks: Sequence[str], args) -> li
   """Serves the workloads with PyTorch + PEFT in its own process, on the same weights and
   prompts written to a temporary directory; its rows, outputs included."""
   from spot_jax.backbones.decoder.checkpoints import huggingface  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import peft_causal  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.export import peft_causal  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory(prefix="spot_jax_bench_decoder_serve_") as work:
     hf_dir = huggingface.save_hf_dir(os.path.join(work, "hf"), config,
                                      jax.tree.map(np.asarray, frozen))
@@ -146,7 +146,7 @@ def main(argv: Sequence[str]) -> int:
       backbone_lib.seed_keys(args.seed)[0])["params"]
   table = build_table(max(serve_workload.parse_workload(w)[0] for w in names),
                       args.prompt_length, config.emb_dim, args.seed)
-  from spot_jax.serve import server as server_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.model import server as server_lib  # pylint: disable=g-import-not-at-top
   server = server_lib.Server(DecoderLM(config), frozen, table, settings=server_lib.DecodeSettings(
       args.target_length, "greedy", eos_id=serve_workload.EOS_ID))
   workloads = [serve_workload.make_workload(w, table.names, config.vocab_size, args.input_length,

@@ -56,7 +56,7 @@ SCORE_TOLERANCE = 1e-4
 def build_table(method: str, num_prompts: int, config, seed: int):
   """`num_prompts` random prompts of `method` (PT: [L, E] uniform(-0.5, 0.5); SMoP 4xl with a
   random router, linear routing) stacked in a `PromptTable`."""
-  from spot_jax.serve.table import PromptTable, ServedPrompt  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.catalog.table import PromptTable, ServedPrompt  # pylint: disable=g-import-not-at-top
   kind, length = common.METHODS[method]
   rs = np.random.RandomState(seed + 1)
   emb = config.emb_dim
@@ -177,7 +177,7 @@ def run_peft(params, config, table, workloads: Sequence[Any], tasks: Sequence[st
   """Serves the workloads with PyTorch + PEFT in a separate process on the same weights and
   prompts (written to a temporary work directory); its rows, outputs included."""
   import jax  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.export import peft_io  # pylint: disable=g-import-not-at-top
   from spot_jax.backbones.t5 import hf_export  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory(prefix="spot_jax_bench_serve_") as work:
     hf_export.export_hf(jax.tree_util.tree_map(np.asarray, params), config,
@@ -308,7 +308,7 @@ def main(argv: Sequence[str]) -> int:
   peft_skipped = peft_missing() if args.vs == "peft" else None
   if peft_skipped:
     print(f"--vs=peft: {peft_skipped}", flush=True)
-  from spot_jax.serve import server as server_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.model import server as server_lib  # pylint: disable=g-import-not-at-top
   from spot_jax.backbones.t5 import Transformer  # pylint: disable=g-import-not-at-top
   params = random_backbone(config, args.seed)
   num_prompts = max(serve_workload.parse_workload(w)[0] for w in workload_names)

@@ -45,7 +45,7 @@ PROMPT_LENGTH = 20
 def setup(work: str, num_prompts: int, seed: int) -> None:
   """The toy model as a Hugging Face directory, `num_prompts` prompts (.npy files and PEFT
   adapters: rows of the embedding table, sampled-vocabulary style) and a run directory."""
-  from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.export import peft_io  # pylint: disable=g-import-not-at-top
   from spot_jax.backbones.t5 import checkpoints, config_by_name, hf_export  # pylint: disable=g-import-not-at-top
   config = config_by_name(embedded.CONFIG_NAME)
   params = checkpoints.load_checkpoint(embedded.CHECKPOINT_PATH, config)

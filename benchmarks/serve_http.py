@@ -46,7 +46,7 @@ def setup(work: str, shape: str, num_prompts: int) -> list[str]:
   """The model (a checkpoint for spot-jax, a Hugging Face directory for PEFT) and the prompts
   (.npy files and PEFT adapters) in `work`; the spot-jax server's backbone flags."""
   import jax  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.export import peft_io  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from spot_jax.backbones.t5 import checkpoints, config_by_name, hf_export
   config = config_by_name(SHAPES[shape], dropout_rate=0.0)

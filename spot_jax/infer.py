@@ -22,13 +22,13 @@ multitask-prompt-tuning adapter directory, or a SPoT prompt library entry
 `LIBRARY_DIR#ENTRY_ID` (its best prompt; refused unless it was trained against the served
 backbone). A multi-task run or adapter serves each task as NAME/<k>.
 
-Run directories record their backbone and vocabulary (run.json): without --model, infer serves
-on the recorded config, checkpoint and vocabulary (spot_jax.serve.served_backbone); a --model or
---checkpoint other than the recorded one is refused unless --allow_backbone_change. With
---model and no --checkpoint the backbone is the random one of --seed (what a smoke run trains
-against). A decoder-only run (Llama, Gemma) serves the same way: its inputs become
-[BOS, inputs] as in training, it decodes greedily or samples, and a prompt of the other kind is
-refused in one line. See docs/serving.md.
+Run directories record their backbone and vocabulary (run.json): without --model, infer serves on
+the recorded config, checkpoint and vocabulary (spot_jax.serve.catalog.served_backbone); a --model
+or --checkpoint other than the recorded one is refused unless --allow_backbone_change. With --model
+and no --checkpoint the backbone is the random one of --seed (what a smoke run trains against). A
+decoder-only run (Llama, Gemma) serves the same way: its inputs become [BOS, inputs] as in training,
+it decodes greedily or samples, and a prompt of the other kind is refused in one line. See
+docs/serving.md.
 """
 from __future__ import annotations
 
@@ -44,27 +44,15 @@ from spot_jax import cli, validate
 from spot_jax.cli import distributed
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
+from spot_jax.serve.catalog import served_flags
 
 PROG = "spot_jax.infer"
-
-
-def add_served_flags(p: cli.ArgumentParser) -> None:
-  """The flags `infer` and `serve` share: the backbone, and the prompts served on it."""
-  flags.add_backbone(p, required=False, model_help="the frozen backbone: a config name or a gin "
-                     "model file (default: the one the --prompt run directories recorded)",
-                     checkpoint_help="the frozen backbone's checkpoint (default: the runs' "
-                     "recorded one with no --model, else the random backbone of --seed)",
-                     seed_help="seed of the random backbone (no --checkpoint) and of sampling")
-  p.add_argument("--allow_backbone_change", action="store_true", help="serve run directories "
-                 "on the --model/--checkpoint given, although they recorded another backbone")
-  p.add_argument("--prompt", action="append", default=[], metavar="NAME=PATH",
-                 help="a prompt (repeatable)")
 
 
 def _parser() -> cli.ArgumentParser:
   p = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
   a = p.add_argument
-  add_served_flags(p)
+  served_flags.add_served_flags(p)
   a("--smop_routing", default="linear", help="routing of SMoP runs: linear, top2, gumbel, "
     "stochastic or single")
   a("--attempt_temperature", type=float, default=None, help="softmax temperature of ATTEMPT "
@@ -108,22 +96,6 @@ def _parser() -> cli.ArgumentParser:
   return p
 
 
-def _prompt_specs(values: Sequence[str]) -> list[tuple[str, str]]:
-  specs = []
-  for i, v in enumerate(values):
-    name, sep, path = v.partition("=")
-    if not sep:  # a library entry is named by its id, anything else by its file or folder
-      name, path = (v.rsplit("#", 1)[1] if "#" in v else pathlib.Path(v.rstrip("/")).stem), v
-    if not name or not path:
-      raise ConfigError(f"--prompt entry {i} ({v!r}) is malformed; use --prompt NAME=PATH or "
-                        f"--prompt PATH")
-    if name in (n for n, _ in specs):
-      raise ConfigError(f"--prompt entry {i} ({v!r}) repeats the name {name!r}; give each prompt "
-                        f"its own NAME=PATH")
-    specs.append((name, path))
-  return specs
-
-
 def _check_numbers(args) -> None:
   """Every numeric flag in its range, by name."""
   for flag in ("batch_size", "input_length", "target_length", "num_beams", "top_tokens",
@@ -140,18 +112,18 @@ def main(argv: Sequence[str]) -> int:
   args = _parser().parse_args(argv)
   distributed.setup(args)  # several processes serve one mesh; each writes nothing but process 0
   _check_numbers(args)
-  from spot_jax.serve import predict  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.model import predict  # pylint: disable=g-import-not-at-top
   phases = predict.Phases(PROG, args.timing)
   from spot_jax import runtime  # pylint: disable=g-import-not-at-top
   runtime.enable_serving_cache(args.compilation_cache_dir, PROG)
-  from spot_jax.serve import table as table_lib  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import prompt_loaders, served_backbone  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.catalog import table as table_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.catalog import prompt_loaders, served_backbone  # pylint: disable=g-import-not-at-top
   modes = [m for m in ("interpret", "export_peft", "export_npy", "export_peft_mpt")
            if getattr(args, m)]
   if len(modes) > 1:
     raise ConfigError(f"give one of --interpret, --export_peft, --export_npy, --export_peft_mpt, "
                       f"not {len(modes)}")
-  specs = _prompt_specs(args.prompt)
+  specs = served_flags.prompt_specs(args.prompt)
   served = served_backbone.resolve(  # --model's, or the one the run directories recorded
       [p for _, p in specs], checkpoint=args.checkpoint, seed=args.seed,
       config=flags.model_config(args.model, args.model_binding, dropout_rate=0.0) if args.model
@@ -159,7 +131,7 @@ def main(argv: Sequence[str]) -> int:
       weights_used=not (args.export_peft or args.export_npy or args.export_peft_mpt))
   config = served.config
   if args.export_peft_mpt:
-    from spot_jax.serve import export  # pylint: disable=g-import-not-at-top
+    from spot_jax.serve.export import export  # pylint: disable=g-import-not-at-top
     return export.export_mpt(args, specs, config)
   fingerprint = None  # library entries must match the served model
   if any(prompt_loaders.library_reference(p) for _, p in specs):
@@ -171,34 +143,15 @@ def main(argv: Sequence[str]) -> int:
   table = table_lib.PromptTable(entries, config.emb_dim)
   phases.mark("imports and prompts")
   if args.export_peft or args.export_npy:
-    from spot_jax.serve import export  # pylint: disable=g-import-not-at-top
+    from spot_jax.serve.export import export  # pylint: disable=g-import-not-at-top
     return export.export(args, table, config)
   if args.interpret:
     return _interpret(args, table, served)
   return _predict(args, table, served, phases)
 
 
-def _backbone(served) -> tuple[Any, Any]:
-  """(frozen params, mesh to place the serving arrays on, or None: one process)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
-  if served.checkpoint and jax.process_count() == 1:
-    # Straight onto the device: no mesh, no abstract init of its own.
-    from spot_jax.backbones import kinds  # pylint: disable=g-import-not-at-top
-    backbone_lib.check_initial_checkpoint(served.checkpoint)
-    path = backbone_lib.resolve_checkpoint_path(served.checkpoint)
-    return kinds.load_checkpoint(served.kind, path, served.config), None
-  from spot_jax import partitioning  # pylint: disable=g-import-not-at-top
-  model = served.model()
-  mesh = partitioning.create_mesh(1)
-  note = lambda line: print(line, file=sys.stderr)
-  params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), served.checkpoint,
-                                         served.seed, mesh, partitioning.logical_rules(), info=note)
-  return params, mesh
-
-
 def _interpret(args, table, served) -> int:
-  from spot_jax.serve import interpret  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.catalog import interpret  # pylint: disable=g-import-not-at-top
   deep = [e.name for e in table.entries if e.deep]
   if deep:
     raise ConfigError(f"--interpret reads input prompts; {', '.join(deep)} are deep prompts "
@@ -213,12 +166,12 @@ def _interpret(args, table, served) -> int:
                                            served.config)
   else:
     from spot_jax import partitioning  # pylint: disable=g-import-not-at-top
-    embedding = partitioning.fetch(_backbone(served)[0]["token_embedder"]["embedding"])
+    embedding = partitioning.fetch(served.load()[0]["token_embedder"]["embedding"])
   vocab = _vocab_or_none(served, args.vocab)
   records = [r for e in table.entries
              for r in interpret.interpret(e, embedding, args.top_tokens, vocab)]
   if args.output:
-    from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
+    from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
     with inputs.atomic_jsonl(args.output) as f:
       json.dump(records, f, indent=1)
   print(interpret.format_table(records))
@@ -237,7 +190,7 @@ def _vocab_or_none(served, name: Optional[str]):
 def _predict(args, table, served, phases) -> int:
   import jax  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
-  from spot_jax.serve import inputs, predict, server as server_lib
+  from spot_jax.serve.model import inputs, predict, server as server_lib
   if not args.output:
     raise ConfigError("--output is required: the predictions JSONL to write")
   if (args.input is None) == (args.task is None):
@@ -261,7 +214,7 @@ def _predict(args, table, served, phases) -> int:
   labels = inputs.label_tokens(vocab, args.label, args.target_length) if args.label else None
   settings = server_lib.DecodeSettings(args.target_length, args.method, args.num_beams,
                                        args.alpha, args.temperature, args.top_k, args.seed)
-  params, mesh = _backbone(served)
+  params, mesh = served.load()
   srv = server_lib.Server(served.network(), params, table, placement=args.placement,
                           settings=settings, mesh=mesh if jax.process_count() > 1 else None)
   phases.mark("backbone")
@@ -315,7 +268,7 @@ def _resolve_prompts(args, table, examples) -> list[str]:
 
 
 def _tokens(args, vocab, examples) -> np.ndarray:
-  from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
   if examples[0].tokens is not None:
     out = np.zeros((len(examples), args.input_length), np.int32)
     for i, ex in enumerate(examples):

@@ -17,10 +17,12 @@ from typing import Sequence
 import numpy as np
 
 from spot_jax import cli
-from spot_jax.serve import api, app as app_lib, batcher as batcher_lib
-from spot_jax.serve import metrics as metrics_lib, service as service_lib
-from spot_jax.serve.capacity import SizedTable
-from spot_jax.serve.table import ServedPrompt
+from spot_jax.serve.http import api, app as app_lib
+from spot_jax.serve.scheduler import batcher as batcher_lib
+from spot_jax.serve.http import metrics as metrics_lib
+from spot_jax.serve import service as service_lib
+from spot_jax.serve.catalog.capacity import SizedTable
+from spot_jax.serve.catalog.table import ServedPrompt
 from benchmarks.peers import peft_serve
 
 PROG = "benchmarks.peers.peft_http"

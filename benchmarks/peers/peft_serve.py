@@ -4,7 +4,7 @@ Started by `python -m benchmarks.serve --vs=peft` in its own process (torch and 
 share one) with a work directory the parent wrote:
 
   hf/                   the parent's random T5 as a Hugging Face model (`backbones.t5.hf_export`)
-  adapters/<name>/      one PEFT prompt-tuning adapter per prompt (`spot_jax.serve.peft_io`)
+  adapters/<name>/      one PEFT prompt-tuning adapter per prompt (`spot_jax.serve.export.peft_io`)
   workloads/<PxN>.json  the request queues (`serve_workload.write`)
 
 It loads the model and every adapter once (`PeftModel.from_pretrained`, then `load_adapter`),

@@ -7,7 +7,7 @@ Task k's prompt is the shared prompt P* [L, E] scaled elementwise by a low-rank 
 (r = 1 in the paper: P_k = P* o (u_k v_k^T)). Each example uses its own task's prompt (the
 model's `task_index` feature; rows without it use `default_task`). The same parameterisation
 as PEFT's MULTITASK_PROMPT_TUNING (prompt_embeddings = P*, prefix_task_cols = U,
-prefix_task_rows = V), so adapters convert both ways (`spot_jax.serve.peft_mpt`).
+prefix_task_rows = V), so adapters convert both ways (`spot_jax.serve.export.peft_mpt`).
 
 Source training (K source tasks) distils per-task teacher prompts into P* and the factors
 (`spot_jax.spot.distill`); a target (K = 1) starts from the source's P* (and, like PEFT's
@@ -61,7 +61,7 @@ class MultitaskPrompt(common.TaskIndexed):
     length: L (>= 1).
     num_tasks: K (>= 1): source tasks in distillation, 1 for a target.
     rank: r (1 in the paper and PEFT's default).
-    shared_init: initialiser of P* (e.g. `from_checkpoint` / `spot_jax.serve.peft_mpt`).
+    shared_init: initialiser of P* (e.g. `from_checkpoint` / `spot_jax.serve.export.peft_mpt`).
     cols_init, rows_init: initialisers of U [K, L, r] and V [K, r, E] (default all ones).
     frozen_shared: None (P* trains), or a [L, E] array (or `common.Constant`) used as a
       constant P*: only the factors train.

@@ -14,12 +14,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from spot_jax import infer
 from spot_jax.cli import flags
-from spot_jax.serve import api, batcher as batcher_lib, capacity as capacity_lib
-from spot_jax.serve import catalog as catalog_lib, follow
-from spot_jax.serve import metrics as metrics_lib, prompt_loaders, served_backbone
-from spot_jax.serve.app import Service
+from spot_jax.serve.catalog import capacity as capacity_lib, prompt_loaders, served_backbone
+from spot_jax.serve.http import api, metrics as metrics_lib
+from spot_jax.serve.http.app import Service
+from spot_jax.serve.scheduler import batcher as batcher_lib, catalog as catalog_lib, follow
 
 
 class Loader:
@@ -92,9 +91,9 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
   limits = api.Limits(args.input_length, args.target_length, args.max_batch_size,
                       config.vocab_size, args.truncate, tuple(args.label))
   if args.label:
-    from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
+    from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
     inputs.label_tokens(vocab, args.label, args.target_length)  # checked now, not per request
-  params, mesh = infer._backbone(served)  # pylint: disable=protected-access
+  params, mesh = served.load()
   several = jax.process_count() > 1  # the others repeat process 0's calls (`follow`)
   mirror = follow.Mirror(several)
   capacity = capacity_lib.Capacity(capacity_lib.next_power_of_two(args.table_rows), 0, 0, 0, 0)

@@ -10,7 +10,7 @@
 Prompts use `infer`'s vocabulary (--prompt NAME=PATH: run directories, .npy files, PEFT
 adapters, LIBRARY_DIR#ID), as do --model/--checkpoint (default: the backbone the runs recorded;
 prompts of another backbone are refused) and the lengths. One thread batches every queued
-request (see `spot_jax.serve.batcher`); the API is in `spot_jax.serve.app`. See
+request (see `spot_jax.serve.scheduler.batcher`); the API is in `spot_jax.serve.http.app`. See
 docs/serving.md, "Serving over HTTP".
 """
 from __future__ import annotations
@@ -22,9 +22,10 @@ import sys
 import time
 from typing import Sequence
 
-from spot_jax import cli, infer, validate
+from spot_jax import cli, validate
 from spot_jax.cli import distributed, flags
 from spot_jax.errors import ConfigError
+from spot_jax.serve.catalog import served_flags
 
 PROG = "spot_jax.serve"
 
@@ -32,7 +33,7 @@ PROG = "spot_jax.serve"
 def _parser() -> cli.ArgumentParser:
   p = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
   a = p.add_argument
-  infer.add_served_flags(p)
+  served_flags.add_served_flags(p)
   a("--library", action="append", default=[], metavar="DIR", help="serve every entry of this "
     "SPoT prompt library, by its id (repeatable)")
   a("--smop_routing", default="linear", help="routing of SMoP runs: linear, top2, gumbel, "
@@ -84,7 +85,7 @@ def _buckets(flag: str, value, top: int, first: int, factor: int) -> list[int]:
 
 def _specs(args) -> list[tuple[str, str]]:
   """(name, path) of every --prompt and every --library entry."""
-  specs = infer._prompt_specs(args.prompt)  # pylint: disable=protected-access
+  specs = served_flags.prompt_specs(args.prompt)
   for root in args.library:
     from spot_jax.spot import library as prompt_library  # pylint: disable=g-import-not-at-top
     ids = prompt_library.Library(root).ids()
@@ -132,7 +133,8 @@ def main(argv: Sequence[str]) -> int:
                             min(16, args.input_length), 2)
   import jax  # pylint: disable=g-import-not-at-top
   sock = listen(args.host, args.port) if jax.process_index() == 0 else None
-  from spot_jax.serve import assemble, follow  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve import assemble  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.scheduler import follow  # pylint: disable=g-import-not-at-top
   service, warm = assemble.build(args, PROG, _specs(args), batch_buckets, length_buckets)
   if sock is None:
     return follow.follow(service.catalog)
@@ -149,7 +151,8 @@ def main(argv: Sequence[str]) -> int:
 def serve(service, sock: socket.socket, prog: str = PROG) -> int:
   """Runs uvicorn on `sock` until SIGTERM/SIGINT, then answers every accepted request."""
   import uvicorn  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import app as app_lib, follow  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.http import app as app_lib  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.scheduler import follow  # pylint: disable=g-import-not-at-top
 
   @contextlib.asynccontextmanager
   async def lifespan(unused_app):

@@ -82,7 +82,7 @@ def method_sources(tmp_path_factory) -> dict[str, list[str]]:
   an MPT source adapter (read when the module is built; widths are checked only when it runs)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from spot_jax.backbones import t5  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import peft_mpt  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.export import peft_mpt  # pylint: disable=g-import-not-at-top
   from spot_jax.spot import library as prompt_library  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("sources")
   lib = prompt_library.Library(root / "lib")

@@ -37,7 +37,7 @@ from spot_jax import library as library_cli
 from spot_jax.train import __main__ as train_main
 from spot_jax.prompts import initializers
 from spot_jax.run_dir import RunDir
-from spot_jax.serve import prompt_loaders
+from spot_jax.serve.catalog import prompt_loaders
 from spot_jax import experiment
 from spot_jax.spot import library as prompt_library
 from tests.helpers import REPO

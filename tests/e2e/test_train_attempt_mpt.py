@@ -14,9 +14,10 @@ import pytest
 
 from spot_jax import backbone as backbone_lib
 from spot_jax import prompts
-from spot_jax.serve import peft_mpt, prompt_loaders
+from spot_jax.serve.export import peft_mpt
+from spot_jax.serve.catalog import prompt_loaders
 from spot_jax.run_dir import RunDir
-from spot_jax.serve.table import PromptTable
+from spot_jax.serve.catalog.table import PromptTable
 from spot_jax.spot import library as prompt_library
 from spot_jax.backbones.t5 import config_by_name
 from tests.helpers import REPO  # noqa: E402

@@ -5,8 +5,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from spot_jax.serve import prompt_loaders
-from spot_jax.serve.table import PromptTable
+from spot_jax.serve.catalog import prompt_loaders
+from spot_jax.serve.catalog.table import PromptTable
 from tests.helpers.prompt_train import frozen_backbone
 
 

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from spot_jax import embedded, fileio
-from spot_jax.serve import peft_causal, peft_io
+from spot_jax.serve.export import peft_causal, peft_io
 from spot_jax.backbones.decoder import config as decoder_config
 from spot_jax.backbones.t5 import config_by_name
 from spot_jax.train import checkpointer

@@ -196,7 +196,7 @@ def test_prompt_file_replaces_the_model_files_default_prompt():
 
 def test_attempt_and_mpt_files_load_their_sources(tmp_path):
   """ATTEMPT's sources and MPT's teachers come from a library; an MPT target from a source."""
-  from spot_jax.serve import peft_mpt  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.export import peft_mpt  # pylint: disable=g-import-not-at-top
   from spot_jax.spot import distill, library as prompt_library  # pylint: disable=g-import-not-at-top
   e = util.TEST_CONFIG.emb_dim
   lib = prompt_library.Library(tmp_path / "lib")

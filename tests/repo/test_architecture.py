@@ -31,11 +31,8 @@ LAYERS = [
 ]
 # Modules whose place differs from their package's: the embedded models' pretraining programs
 # and its toy corpus builder use the task suite, above the model files they sit beside.
-# The HTTP serving program shares infer's flags and backbone loading, on infer's layer.
 MODULE_LAYER = {"spot_jax.embedded.pretrain": "tasks", "spot_jax.embedded.toy_data": "tasks",
-                "spot_jax.embedded.pretrain_decoder": "tasks",
-                "spot_jax.serve.service": "infer", "spot_jax.serve.assemble": "infer",
-                "spot_jax.serve.__main__": "infer"}
+                "spot_jax.embedded.pretrain_decoder": "tasks"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 100
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from spot_jax.prompts import DePT, PromptTuning, SMoP, initializers
-from spot_jax.serve import mixed
-from spot_jax.serve.capacity import Capacity, SizedTable, next_power_of_two
-from spot_jax.serve.table import ServedPrompt
+from spot_jax.serve.model import t5 as mixed
+from spot_jax.serve.catalog.capacity import Capacity, SizedTable, next_power_of_two
+from spot_jax.serve.catalog.table import ServedPrompt
 from spot_jax.backbones.t5 import Transformer, config_by_name
 from spot_jax.backbones.t5.generation import search_settings
 from tests.helpers.serve import mixed_setup, trained_looking_params

@@ -18,9 +18,10 @@ from spot_jax.backbones.decoder.config import config_by_name
 from spot_jax.backbones.decoder.network import DecoderLM
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
-from spot_jax.serve import mixed_decoder, prompt_loaders
-from spot_jax.serve.server import DecodeSettings, Server
-from spot_jax.serve.table import PromptTable
+from spot_jax.serve.model import decoder as mixed_decoder
+from spot_jax.serve.catalog import prompt_loaders
+from spot_jax.serve.model.server import DecodeSettings, Server
+from spot_jax.serve.catalog.table import PromptTable
 
 CONFIG = config_by_name("decoder_tiny_gemma3")
 EOS = 1  # the tasks' (seqio's) end of sequence; BOS is the config's (2)

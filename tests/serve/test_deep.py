@@ -14,9 +14,9 @@ import pytest
 from spot_jax import prompts
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import PromptTuning, deep, initializers
-from spot_jax.serve import prompt_loaders
-from spot_jax.serve.server import DecodeSettings, Server
-from spot_jax.serve.table import PromptTable, ServedPrompt
+from spot_jax.serve.catalog import prompt_loaders
+from spot_jax.serve.model.server import DecodeSettings, Server
+from spot_jax.serve.catalog.table import PromptTable, ServedPrompt
 from spot_jax.backbones.t5 import Transformer, config_by_name, generate
 from tests.helpers.prompt_train import create_prompt_params, frozen_backbone
 

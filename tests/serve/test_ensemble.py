@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from spot_jax.errors import ConfigError
-from spot_jax.serve import ensemble, interpret
-from spot_jax.serve.server import DecodeSettings, Server
-from spot_jax.serve.table import PromptTable, ServedPrompt
+from spot_jax.serve.model import ensemble
+from spot_jax.serve.catalog import interpret
+from spot_jax.serve.model.server import DecodeSettings, Server
+from spot_jax.serve.catalog.table import PromptTable, ServedPrompt
 from spot_jax.backbones.t5 import Transformer, config_by_name
 from tests.helpers.prompt_train import frozen_backbone
 
@@ -102,7 +103,7 @@ def test_nearest_tokens_of_vocabulary_rows():
 
 def test_interpret_reads_the_folded_residual_prompt():
   from spot_jax.prompts import ResidualPrompt  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import prompt_loaders  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.catalog import prompt_loaders  # pylint: disable=g-import-not-at-top
   from tests.helpers.prompt_train import create_prompt_params  # pylint: disable=g-import-not-at-top
   module = ResidualPrompt(3, bottleneck=8)
   params = create_prompt_params(Transformer(CONFIG, prompt=module), frozen_backbone(CONFIG, 0))
@@ -117,7 +118,7 @@ def test_interpret_reads_the_folded_residual_prompt():
 
 def test_read_examples_text_jsonl_stdin(tmp_path):
   import io  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve import inputs  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
   (tmp_path / "in.txt").write_text("first input\n\n  second  \n")
   assert [e.input for e in inputs.read_examples(str(tmp_path / "in.txt"))] == ["first input",
                                                                                 "second"]

@@ -20,7 +20,7 @@ from spot_jax import fileio  # noqa: E402
 from spot_jax.run_dir import RunDir  # noqa: E402
 from spot_jax.errors import ConfigError  # noqa: E402
 from spot_jax.prompts import ResidualPrompt, initializers  # noqa: E402
-from spot_jax.serve import peft_io  # noqa: E402
+from spot_jax.serve.export import peft_io  # noqa: E402
 from spot_jax.backbones.t5 import Transformer, checkpoints, config_by_name  # noqa: E402
 from tests.helpers.peft_models import peft_base, padded_batch  # noqa: E402
 from tests.helpers.prompt_train import create_prompt_params, frozen_backbone  # noqa: E402

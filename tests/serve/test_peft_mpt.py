@@ -17,7 +17,8 @@ peft = pytest.importorskip("peft")
 from spot_jax import cli, infer  # noqa: E402
 from spot_jax.errors import ConfigError  # noqa: E402
 from spot_jax.prompts import MultitaskPrompt  # noqa: E402
-from spot_jax.serve import peft_io, peft_mpt, prompt_loaders  # noqa: E402
+from spot_jax.serve.export import peft_io, peft_mpt  # noqa: E402
+from spot_jax.serve.catalog import prompt_loaders  # noqa: E402
 from spot_jax.backbones.t5 import Transformer  # noqa: E402
 from tests.helpers.peft_models import peft_base, padded_batch  # noqa: E402
 from tests.helpers.prompt_train import create_prompt_params, frozen_backbone  # noqa: E402

@@ -18,7 +18,7 @@ peft = pytest.importorskip("peft")
 from spot_jax import prompts  # noqa: E402
 from spot_jax.errors import ConfigError  # noqa: E402
 from spot_jax.prompts import deep  # noqa: E402
-from spot_jax.serve import peft_io  # noqa: E402
+from spot_jax.serve.export import peft_io  # noqa: E402
 from spot_jax.backbones.t5 import Transformer, config_by_name, generate, hf_export  # noqa: E402
 from tests.helpers.peft_models import padded_batch  # noqa: E402
 from tests.helpers.prompt_train import frozen_backbone  # noqa: E402

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import sys
 from typing import Any, Optional, Sequence
 
 from spot_jax import backbone as backbone_lib
@@ -78,6 +79,23 @@ class ServedBackbone:
     if self.kind == "decoder":
       return models.DecoderOnlyModel(self.network())
     return models.EncoderDecoderModel(self.network())
+
+  def load(self) -> tuple[Any, Any]:
+    """(frozen params, mesh to place the serving arrays on, or None: one process)."""
+    import jax  # pylint: disable=g-import-not-at-top
+    if self.checkpoint and jax.process_count() == 1:
+      # Straight onto the device: no mesh, no abstract init of its own.
+      backbone_lib.check_initial_checkpoint(self.checkpoint)
+      path = backbone_lib.resolve_checkpoint_path(self.checkpoint)
+      return kinds.load_checkpoint(self.kind, path, self.config), None
+    from spot_jax import partitioning  # pylint: disable=g-import-not-at-top
+    model = self.model()
+    mesh = partitioning.create_mesh(1)
+    note = lambda line: print(line, file=sys.stderr)
+    params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), self.checkpoint,
+                                           self.seed, mesh, partitioning.logical_rules(),
+                                           info=note)
+    return params, mesh
 
   def check_vocabulary(self, vocab: Any) -> None:
     """Refuses a vocabulary (a tokenizer) with more ids than the model's embedding table."""
@@ -143,7 +161,7 @@ def recorded_vocabulary(vocab: dict, where: str) -> Any:
 
 def recorded_runs(paths: Sequence[str]) -> list[tuple[str, RunRecord]]:
   """(path as given, record) of every --prompt that is a run directory holding run.json."""
-  from spot_jax.serve import prompt_loaders  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.catalog import prompt_loaders  # pylint: disable=g-import-not-at-top
   out = []
   for path in paths:
     p = pathlib.Path(path)

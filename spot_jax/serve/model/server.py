@@ -3,7 +3,7 @@
 Every call runs one jitted function (`generate_mixed`, `score_mixed` or `classify_mixed`) on a
 batch padded to `batch_size` rows, so a job compiles once per function whatever its prompt
 mix; `forward_passes` counts the calls (the ensemble asserts it makes one). The backbone's kind
-picks the functions: `mixed` for a T5 `Transformer`, `mixed_decoder` for a decoder-only
+picks the functions: `t5` for a T5 `Transformer`, `decoder` for a decoder-only
 `DecoderLM` (`spot_jax.backbones.kinds`); everything above the server is the same for both.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 from spot_jax import partitioning
 from spot_jax.backbones import kinds
 from spot_jax.errors import ConfigError
-from spot_jax.serve.table import PromptTable
+from spot_jax.serve.catalog.table import PromptTable
 
 
 @dataclasses.dataclass
@@ -57,12 +57,12 @@ class Server:
     self.kind = kinds.kind_of(model.config)
     # pylint: disable=g-import-not-at-top  (a job on one kind never imports the other)
     if self.kind == "decoder":
-      from spot_jax.serve import mixed_decoder as mixed_lib
+      from spot_jax.serve.model import decoder as mixed_lib
       mixed_lib.check_placement(placement)
       search_settings = mixed_lib.search_settings
       _check_decoder_table(table, model.config)
     else:
-      from spot_jax.serve import mixed as mixed_lib
+      from spot_jax.serve.model import t5 as mixed_lib
       from spot_jax.backbones.t5.generation import search_settings
     # pylint: enable=g-import-not-at-top
     if table.has_tokens:  # P-tuning v2: the backbone's projections give the plain prefixes
@@ -133,7 +133,7 @@ class Server:
 
 def _check_decoder_table(table: PromptTable, config: Any) -> None:
   """Refuses, in one line, entries a decoder-only backbone cannot serve."""
-  from spot_jax.serve import prompt_loaders  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.catalog import prompt_loaders  # pylint: disable=g-import-not-at-top
   for e in table.entries:
     if e.deep:
       prompt_loaders.check_decoder_prefixes(e.deep, config, f"prompt {e.name!r} ({e.source})")

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from spot_jax.errors import ConfigError
-from spot_jax.serve.server import Server
+from spot_jax.serve.model.server import Server
 
 
 def replicate(tokens: np.ndarray, prompt_names: Sequence[str]) -> tuple[list[str], np.ndarray]:

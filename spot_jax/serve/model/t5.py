@@ -14,7 +14,7 @@ are masked out, and every row's valid positions are then moved to the front in o
 row sees exactly the positions (and relative distances) it would see alone with its own prompt:
 a mixed batch decodes like the per-example, per-prompt model. Shapes depend only
 on (B, T, table shape), never on the mix, so one compiled function serves any mix. The
-gathering is `gather`'s, shared with the decoder-only kind (`mixed_decoder`).
+gathering is `gather`'s, shared with the decoder-only kind (`decoder`).
 
 Deep prompts: a row's per-layer prefixes are gathered from the table too (`row_prefixes`), with
 the positions its entry lacks made invisible; rows without prefixes of a type see none, so
@@ -27,9 +27,9 @@ from typing import Any, Optional
 
 import jax
 
-from spot_jax.serve.gather import prompted_input, row_kv
-from spot_jax.serve.gather import attempt_weights, route  # noqa: F401  (mixed.route, ...)
-from spot_jax.serve.table import TableArrays
+from spot_jax.serve.model.gather import prompted_input, row_kv
+from spot_jax.serve.model.gather import attempt_weights, route  # noqa: F401  (mixed.route, ...)
+from spot_jax.serve.catalog.table import TableArrays
 from spot_jax.backbones.t5 import generation, prefixes as prefixes_lib, scoring
 from spot_jax.backbones.t5.network import Transformer
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from spot_jax.serve import follow
+from spot_jax.serve.scheduler import follow
 
 Done = Callable[[Any], None]  # called once with the result, or with an Exception
 

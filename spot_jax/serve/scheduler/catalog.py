@@ -12,10 +12,10 @@ import threading
 from typing import Any, Callable, Optional, Sequence
 
 from spot_jax.errors import ConfigError
-from spot_jax.serve import follow
-from spot_jax.serve.capacity import Capacity, SizedTable
-from spot_jax.serve.server import DecodeSettings, Server
-from spot_jax.serve.table import ServedPrompt
+from spot_jax.serve.scheduler import follow
+from spot_jax.serve.catalog.capacity import Capacity, SizedTable
+from spot_jax.serve.model.server import DecodeSettings, Server
+from spot_jax.serve.catalog.table import ServedPrompt
 
 # (method, temperature, top_k): "greedy" rows share batches; sampled rows share them by setting.
 DecodeKey = tuple[str, float, int]

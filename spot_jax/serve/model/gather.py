@@ -14,7 +14,7 @@ positions and relative distances it would see alone with its own prompt (`prompt
 A row's deep prompt is its entry's prefixes of one attention type, right-aligned, with the
 positions its entry lacks made invisible (`row_kv`).
 
-`mixed` (T5) and `mixed_decoder` (decoder-only) build their batches from these.
+`t5` (T5) and `decoder` (decoder-only) build their batches from these.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from spot_jax.prompts import attempt, common, dept, placement as placement_lib
-from spot_jax.serve.table import ROUTING_CODES, DeepArrays, TableArrays
+from spot_jax.serve.catalog.table import ROUTING_CODES, DeepArrays, TableArrays
 
 Array = jax.Array
 

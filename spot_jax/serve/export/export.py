@@ -37,7 +37,7 @@ def single(table, what: str):
 
 def export_mpt(args, specs, config) -> int:
   """--export_peft_mpt: the one MPT run or adapter of `specs`, unfolded."""
-  from spot_jax.serve import peft_mpt  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.export import peft_mpt  # pylint: disable=g-import-not-at-top
   if len(specs) != 1:
     raise ConfigError(f"--export_peft_mpt exports one MPT prompt; {len(specs)} given")
   fileio.writable_dir(os.path.dirname(os.path.abspath(args.export_peft_mpt)),
@@ -53,7 +53,7 @@ def export_mpt(args, specs, config) -> int:
 
 def export(args, table, config) -> int:
   """--export_peft or --export_npy of the table's one entry."""
-  from spot_jax.serve import peft_io  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.export import peft_io  # pylint: disable=g-import-not-at-top
   if args.export_peft:
     entry = single(table, "--export_peft")
     fileio.writable_dir(os.path.dirname(os.path.abspath(args.export_peft)),
@@ -87,7 +87,7 @@ def export(args, table, config) -> int:
 
 def export_causal(args, entry, config) -> int:
   """--export_peft of a decoder-only prompt: a PEFT CAUSAL_LM adapter (prompt or prefixes)."""
-  from spot_jax.serve import peft_causal  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.export import peft_causal  # pylint: disable=g-import-not-at-top
   fileio.writable_dir(os.path.dirname(os.path.abspath(args.export_peft)), "--export_peft's folder")
   if entry.has_tokens:
     raise ConfigError(f"prompt {entry.name!r} is P-tuning v2 prompt tokens, which become key/value "

@@ -1,4 +1,4 @@
-"""Mixed-prompt batches on a frozen decoder-only backbone (Llama, Gemma): `mixed`'s counterpart.
+"""Mixed-prompt batches on a frozen decoder-only backbone (Llama, Gemma): `t5`'s counterpart.
 
 The frozen model is a prompt-less `DecoderLM`. A row b reads what the trainer's decoder-only
 batches give the model (`spot_jax.models.decoder_only`): [BOS, inputs] to decode after, or
@@ -29,8 +29,8 @@ from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.backbones.decoder.network import DecoderLM
 from spot_jax.models import decoder_only
-from spot_jax.serve.gather import prompted_input, row_kv
-from spot_jax.serve.table import TableArrays
+from spot_jax.serve.model.gather import prompted_input, row_kv
+from spot_jax.serve.catalog.table import TableArrays
 
 Array = jax.Array
 PyTree = Any

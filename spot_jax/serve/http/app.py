@@ -26,9 +26,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from spot_jax.errors import ConfigError, one_line
-from spot_jax.serve import api
-from spot_jax.serve.batcher import Batcher, PromptGone, QueueFull, Stopping, Work
-from spot_jax.serve.metrics import Metrics
+from spot_jax.serve.http import api
+from spot_jax.serve.scheduler.batcher import Batcher, PromptGone, QueueFull, Stopping, Work
+from spot_jax.serve.http.metrics import Metrics
 
 
 @dataclasses.dataclass

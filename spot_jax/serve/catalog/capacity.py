@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from spot_jax.serve.table import DeepArrays, PromptTable, ServedPrompt, TableArrays
+from spot_jax.serve.catalog.table import DeepArrays, PromptTable, ServedPrompt, TableArrays
 
 
 def next_power_of_two(n: int) -> int:

@@ -14,8 +14,8 @@ from typing import IO, Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from spot_jax.serve import ensemble, inputs
-from spot_jax.serve.server import Server
+from spot_jax.serve.model import ensemble, inputs
+from spot_jax.serve.model.server import Server
 
 Progress = Callable[[int, int, float], None]
 

@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from spot_jax.errors import ConfigError
-from spot_jax.serve.table import ServedPrompt
+from spot_jax.serve.catalog.table import ServedPrompt
 
 
 def nearest_tokens(prompt: np.ndarray, embedding: np.ndarray, k: int = 5

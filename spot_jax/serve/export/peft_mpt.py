@@ -29,7 +29,7 @@ import numpy as np
 from spot_jax import validate
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
-from spot_jax.serve import peft_io
+from spot_jax.serve.export import peft_io
 from spot_jax.backbones.t5.config import T5Config
 
 PEFT_TYPE = "MULTITASK_PROMPT_TUNING"

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from spot_jax import validate
-from spot_jax.serve import inputs
+from spot_jax.serve.model import inputs
 
 COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_k", "n", "stop",
                      "stream", "user")

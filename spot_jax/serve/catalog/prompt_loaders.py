@@ -38,7 +38,7 @@ from spot_jax.prompts import (DEEP_PROMPT_METHODS, ULPT, Attempt, DePT, Multitas
 from spot_jax.prompts import attempt as attempt_lib
 from spot_jax.prompts import deep as deep_lib
 from spot_jax.prompts.dept import OFFSET
-from spot_jax.serve.table import SMOP_EVAL_ROUTING, Attention, ServedPrompt
+from spot_jax.serve.catalog.table import SMOP_EVAL_ROUTING, Attention, ServedPrompt
 from spot_jax.backbones.t5.config import T5Config
 
 
@@ -231,7 +231,7 @@ def num_tasks(path: str) -> int:
   if library_reference(path) is not None or not p.is_dir():
     return 1
   if (p / "adapter_config.json").exists():
-    from spot_jax.serve import peft_mpt  # pylint: disable=g-import-not-at-top
+    from spot_jax.serve.export import peft_mpt  # pylint: disable=g-import-not-at-top
     if peft_mpt.adapter_type(str(p)) != peft_mpt.PEFT_TYPE:
       return 1
     return int(peft_mpt.read_adapter(str(p))["task_cols"].shape[0])
@@ -301,7 +301,7 @@ def load(name: str, path: str, smop_routing: str = "linear",
     return from_library(name, *reference, fingerprint=fingerprint)
   p = pathlib.Path(path)
   if p.is_dir() and (p / "adapter_config.json").exists():
-    from spot_jax.serve import peft_io, peft_mpt  # pylint: disable=g-import-not-at-top
+    from spot_jax.serve.export import peft_io, peft_mpt  # pylint: disable=g-import-not-at-top
     if config is not None and kinds.kind_of(config) == "decoder":
       return _causal_adapter(name, str(p), config)
     if peft_mpt.adapter_type(str(p)) == peft_mpt.PEFT_TYPE:
@@ -327,7 +327,7 @@ def load(name: str, path: str, smop_routing: str = "linear",
 
 def _causal_adapter(name: str, path: str, config: Any) -> ServedPrompt:
   """A PEFT CAUSAL_LM prompt- or prefix-tuning adapter on a decoder-only model (`peft_causal`)."""
-  from spot_jax.serve import peft_causal, peft_io  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.export import peft_causal, peft_io  # pylint: disable=g-import-not-at-top
   if peft_io.peft_type(path) == peft_io.PREFIX_TUNING:
     return from_deep(name, {"decoder": peft_causal.read_prefix_adapter(path, config)}, config,
                      path)

@@ -31,7 +31,7 @@ import numpy as np
 from spot_jax.backbones.decoder.config import DecoderConfig
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
-from spot_jax.serve import peft_io
+from spot_jax.serve.export import peft_io
 
 CAUSAL_LM = "CAUSAL_LM"
 PROMPT_TUNING = "PROMPT_TUNING"
