@@ -12,6 +12,7 @@
   # Nearest vocabulary tokens of every prompt token:  --interpret [--top_tokens=5] [--output=x.json]
   # Export one prompt:  --export_peft=DIR [--base_model=NAME_OR_DIR]  |  --export_npy=FILE
   # Export an MPT run unfolded (shared prompt + task factors):  --export_peft_mpt=DIR
+  # Each input as a vLLM request (decoder-only):  --export_vllm=DIR --vllm_model=NAME
 
 Prompts (`--prompt NAME=PATH`, or PATH alone to use its file/directory name) come from a
 spot_jax.train run directory (its exported prompt; Residual and Residual SMoP prompts are folded;
