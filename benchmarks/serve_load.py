@@ -88,10 +88,11 @@ def command(engine: str, work: str, args) -> list[str]:
           *(f"--prompt=p{i}={work}/p{i}" for i in range(args.num_prompts))]
 
 
-def has_continuous() -> bool:
-  """Whether this tree's server has the continuous engine (`--engine`)."""
+def has_continuous(tree: Optional[str]) -> bool:
+  """Whether the server (of `tree`, else this checkout) has the continuous engine."""
+  env = dict(os.environ, **({"PYTHONPATH": os.path.abspath(tree)} if tree else {}))
   out = subprocess.run([sys.executable, "-m", "spot_jax.serve", "--help"], capture_output=True,
-                       text=True, timeout=300, check=False).stdout
+                       text=True, timeout=300, check=False, env=env).stdout
   return "--engine" in out
 
 
@@ -179,9 +180,18 @@ def summarize(results: Sequence[dict], seconds: float) -> dict:
 
 
 def serve(engine: str, work: str, args, log: str):
-  """Starts a server (its log in a file, never a pipe nobody reads); (process, URL)."""
+  """Starts a server (its log in a file, never a pipe nobody reads); (process, URL). The
+  continuous engine runs from --continuous_tree when given (another checkout's spot_jax)."""
   from benchmarks import serve_http  # pylint: disable=g-import-not-at-top
-  return serve_http.start(command(engine, work, args), log)
+  tree = args.continuous_tree if engine == "continuous" else None
+  old = os.environ.get("PYTHONPATH")
+  if tree:
+    os.environ["PYTHONPATH"] = os.path.abspath(tree)
+  try:
+    return serve_http.start(command(engine, work, args), log)
+  finally:
+    if tree:
+      os.environ.pop("PYTHONPATH") if old is None else os.environ.update(PYTHONPATH=old)
 
 
 def alone(url: str, stream: bool, args, rs) -> float:
@@ -254,6 +264,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
   a("--max_wait_ms", type=float, default=10.0)
   a("--slots", type=int, default=8)
   a("--seed", type=int, default=0)
+  a("--continuous_tree", default=None, help="a checkout whose spot_jax.serve has --engine "
+    "(default: this one)")
   a("--out", required=True, help="folder of results.json, serve_load.md, serve_load.png")
   args = p.parse_args(argv)
   args.rates = [float(r) for r in args.rates.split(",")]
@@ -267,7 +279,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str], work: Optional[str] = None) -> int:
   args = parse(argv)
   os.makedirs(args.out, exist_ok=True)
-  engines = [e for e in args.engines if e != "continuous" or has_continuous()]
+  engines = [e for e in args.engines if e != "continuous" or has_continuous(args.continuous_tree)]
   skipped = sorted(set(args.engines) - set(engines))
   if skipped:
     print(f"skipped (not in this tree): {', '.join(skipped)}", flush=True)
