@@ -25,6 +25,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -92,7 +93,8 @@ def has_continuous(tree: Optional[str]) -> bool:
   """Whether the server (of `tree`, else this checkout) has the continuous engine."""
   env = dict(os.environ, **({"PYTHONPATH": os.path.abspath(tree)} if tree else {}))
   out = subprocess.run([sys.executable, "-m", "spot_jax.serve", "--help"], capture_output=True,
-                       text=True, timeout=300, check=False, env=env).stdout
+                       text=True, timeout=300, check=False, env=env,
+                       cwd=tree and os.path.abspath(tree)).stdout
   return "--engine" in out
 
 
@@ -181,17 +183,21 @@ def summarize(results: Sequence[dict], seconds: float) -> dict:
 
 def serve(engine: str, work: str, args, log: str):
   """Starts a server (its log in a file, never a pipe nobody reads); (process, URL). The
-  continuous engine runs from --continuous_tree when given (another checkout's spot_jax)."""
-  from benchmarks import serve_http  # pylint: disable=g-import-not-at-top
+  continuous engine runs from --continuous_tree when given (another checkout's spot_jax: run
+  there, since `python -m` puts the working directory first on the path)."""
   tree = args.continuous_tree if engine == "continuous" else None
-  old = os.environ.get("PYTHONPATH")
-  if tree:
-    os.environ["PYTHONPATH"] = os.path.abspath(tree)
-  try:
-    return serve_http.start(command(engine, work, args), log)
-  finally:
-    if tree:
-      os.environ.pop("PYTHONPATH") if old is None else os.environ.update(PYTHONPATH=old)
+  env = dict(os.environ, **({"PYTHONPATH": os.path.abspath(tree)} if tree else {}))
+  with open(log, "w", encoding="utf-8") as f:
+    proc = subprocess.Popen(command(engine, work, args), stdout=f, stderr=subprocess.STDOUT,
+                            text=True, env=env, cwd=tree and os.path.abspath(tree))
+  while proc.poll() is None:
+    with open(log, encoding="utf-8") as f:
+      found = re.search(r"listening on (http://\S+)", f.read())
+    if found:
+      return proc, found.group(1)
+    time.sleep(0.2)
+  with open(log, encoding="utf-8") as f:
+    raise RuntimeError("the server did not start:\n" + f.read()[-3000:])
 
 
 def alone(url: str, stream: bool, args, rs) -> float:
