@@ -4,11 +4,11 @@ serving, as an LLM server is measured: tokens/s, time to first token, inter-toke
   python -m benchmarks.serve_load --rates=0.5,1,2,4 --out=/tmp/serve_load
   python -m benchmarks.serve_load --engines=batch,peft --requests=16 --rates=1 --out=/tmp/sl
 
-The embedded toy decoder (`decoder_toy`, a Llama-style model of width 128) serves --num_prompts
-Prompt Tuning prompts (rows of its embedding table, --prompt_length tokens each). Per arrival
-rate, --requests requests arrive as a Poisson process (open loop: a request is sent at its
-arrival time whatever the server's backlog), each naming a prompt drawn uniformly, a short
-input, and max_tokens drawn uniformly from --min_tokens..--max_tokens. Engines, each its own
+The toy decoder's shape (`decoder_toy`, Llama-style, width 128; random weights by default) serves
+--num_prompts Prompt Tuning prompts (rows of its embedding table, --prompt_length tokens each). Per
+arrival rate, --requests requests arrive as a Poisson process (open loop: a request is sent at its
+arrival time whatever the server's backlog), each naming a prompt drawn uniformly, a short input,
+and max_tokens drawn uniformly from --min_tokens..--max_tokens. Engines, each its own
 server process on loopback:
   continuous  `--engine=continuous` (iteration-level scheduling over --slots, streamed: time to
               first token and inter-token gaps are the stream's); run when the server has it
@@ -34,6 +34,7 @@ import time
 import urllib.parse
 from typing import Optional, Sequence
 
+import jax
 import numpy as np
 
 from spot_jax import embedded
@@ -44,23 +45,30 @@ WORDS = ("the film was good bad long short plot actor scene story music great du
 INPUT = 32
 
 
-def setup(work: str, num_prompts: int, prompt_length: int) -> None:
-  """work/p<i>/: a run directory per prompt (run.json names the toy decoder, its checkpoint and
-  vocabulary, so the server needs no --model) and work/adapters/p<i>/: the same prompt as a
-  PEFT CAUSAL_LM adapter on work/hf (the same weights)."""
+def setup(work: str, num_prompts: int, prompt_length: int, weights: str) -> None:
+  """work/p<i>/: a run directory per prompt (run.json names the toy decoder's config, its
+  weights and vocabulary, so the server needs no --model) and work/adapters/p<i>/: the same
+  prompt as a PEFT CAUSAL_LM adapter on work/hf (the same weights). `weights`: "random" (seed
+  0: a random model seldom ends early, so answers run to max_tokens) or "trained" (the shipped
+  checkpoint, whose answers end at EOS after about ten tokens)."""
   # pylint: disable=g-import-not-at-top
   from spot_jax import backbone as backbone_lib, vocabulary
   from spot_jax.backbones import kinds
   from spot_jax.embedded import decoder_config
+  from spot_jax.backbones.decoder.checkpoints import huggingface
   from spot_jax.run_dir import RunDir, RunRecord
+  from spot_jax.serve.catalog.served_backbone import ServedBackbone
   from spot_jax.serve.export import peft_causal
   config = decoder_config.toy_config()
-  params = kinds.load_checkpoint("decoder", embedded.DECODER_CHECKPOINT_PATH, config)
+  checkpoint = embedded.DECODER_CHECKPOINT_PATH if weights == "trained" else None
+  if checkpoint:
+    params = kinds.load_checkpoint("decoder", checkpoint, config)
+    os.symlink(checkpoint, os.path.join(work, "hf"))
+  else:  # the server's own random backbone of seed 0, written for PyTorch
+    params = jax.tree.map(np.asarray, ServedBackbone(config, None, 0, "serve_load").load()[0])
+    huggingface.save_hf_dir(os.path.join(work, "hf"), config, params)
   table = np.asarray(params["token_embedder"]["embedding"], np.float32)
-  backbone = backbone_lib.record(config, embedded.DECODER_CHECKPOINT_PATH, 0,
-                                 vocabulary.get(embedded.DECODER_VOCAB_PATH))
-  if not os.path.exists(os.path.join(work, "hf")):
-    os.symlink(embedded.DECODER_CHECKPOINT_PATH, os.path.join(work, "hf"))
+  backbone = backbone_lib.record(config, checkpoint, 0, vocabulary.get(embedded.DECODER_VOCAB_PATH))
   rs = np.random.RandomState(0)
   for i in range(num_prompts):
     prompt = table[rs.randint(3, 170, prompt_length)]
@@ -70,7 +78,7 @@ def setup(work: str, num_prompts: int, prompt_length: int) -> None:
     run.write_record(RunRecord(task="serve_load", seed=0, method={"class": "PromptTuning"},
                                backbone=backbone, train_steps=1, finished=True))
     peft_causal.export_prompt_adapter(prompt, config, os.path.join(work, "adapters", f"p{i}"),
-                                      base_model_name_or_path=embedded.DECODER_CHECKPOINT_PATH)
+                                      base_model_name_or_path=os.path.join(work, "hf"))
     np.save(os.path.join(work, f"p{i}.npy"), prompt)  # the PEFT peer's listing
 
 
@@ -270,6 +278,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
   a("--max_wait_ms", type=float, default=10.0)
   a("--slots", type=int, default=8)
   a("--seed", type=int, default=0)
+  a("--weights", default="random", choices=("random", "trained"), help="the toy decoder's "
+    "random weights (answers run to max_tokens) or its shipped checkpoint (they end at EOS)")
   a("--continuous_tree", default=None, help="a checkout whose spot_jax.serve has --engine "
     "(default: this one)")
   a("--out", required=True, help="folder of results.json, serve_load.md, serve_load.png")
@@ -291,7 +301,7 @@ def main(argv: Sequence[str], work: Optional[str] = None) -> int:
     print(f"skipped (not in this tree): {', '.join(skipped)}", flush=True)
   with tempfile.TemporaryDirectory() as tmp:
     work = work or tmp
-    setup(work, args.num_prompts, args.prompt_length)
+    setup(work, args.num_prompts, args.prompt_length, args.weights)
     rows = [row for engine in engines for row in run_engine(engine, work, args)]
   with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
     json.dump({"argv": list(argv), "skipped": skipped, "rows": rows}, f, indent=1)
