@@ -40,6 +40,8 @@ setuptools.setup(
         "scikit-learn>=1.3",
         "tensorboard>=2.15",
         "matplotlib>=3.7",
+        # chat templates (tokenizer_config.json), rendered as transformers renders them
+        "jinja2>=3.1.6",
         # python -m spot_jax.serve: the HTTP front and its metrics
         "starlette>=0.37",
         "uvicorn>=0.29",

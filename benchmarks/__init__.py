@@ -19,5 +19,7 @@ Run from a checkout (`python -m benchmarks.<name>`; not installed with the packa
                   Gemma 3 shape against PyTorch + PEFT prompt tuning, same weights and tokens
   decoder_serve   `python -m benchmarks.decoder_serve`: many prompts on a decoder-only model,
                   mixed vs one prompt vs PEFT
+  prefix_cache    `python -m benchmarks.prefix_cache`: a prefill from a prompt's cached KV prefix
+                  against prefilling the prompt too
   peers/          the peer programs (PyTorch + PEFT, t5x + prompt-tuning), each in its own process
 """

@@ -8,7 +8,7 @@ batches against one prompt at a time and PyTorch + PEFT, on the same requests.
 size: `--model=llama_3_2_1b` with width 512, 4 layers, 8 query heads of 64 over 2 key/value
 heads, SwiGLU 1536, vocabulary 32000, untied; BOS 2, EOS 1 as the workload's), `--prompt_length`
 Prompt Tuning prompts, served
-  mixed       by `spot_jax.serve.model.server.Server` (`serve.model.decoder`) in batches of
+  mixed       by spot-jax's `spot_jax.serve.Server` (`serve.mixed_decoder`) in batches of
               `--batch_size` rows in arrival order, each row with its own prompt, one jitted
               call per batch;
   one-prompt  by spot-jax one prompt at a time (min(--batch_size, N) rows per call);

@@ -10,7 +10,7 @@ A workload PxN is a queue of P * N requests (P prompts, N requests each, shuffle
 T5's tied output layer echoes the decoder's start token, so every greedy answer would be padding
 and the prediction checks would compare nothing), served
   mixed       by spot-jax in batches of `--batch_size` rows in arrival order, each row with its
-              own prompt (one compiled function for any mix: `spot_jax.serve.model.server.Server`);
+              own prompt (one compiled function for any mix: `spot_jax.serve.Server`);
   one-prompt  by spot-jax one prompt at a time: each prompt's requests in batches of
               min(--batch_size, N) (what a server with one prompt per call does);
   peft        by PyTorch + PEFT in its own process (`benchmarks.peers.peft_serve`, --vs=peft): the

@@ -57,6 +57,7 @@ def setup(work: str, num_prompts: int, prompt_length: int, weights: str) -> None
   from spot_jax.embedded import decoder_config
   from spot_jax.backbones.decoder.checkpoints import huggingface
   from spot_jax.run_dir import RunDir, RunRecord
+  from spot_jax.serve.catalog import served_backbone
   from spot_jax.serve.catalog.served_backbone import ServedBackbone
   from spot_jax.serve.export import peft_causal
   config = decoder_config.toy_config()
@@ -65,7 +66,8 @@ def setup(work: str, num_prompts: int, prompt_length: int, weights: str) -> None
     params = kinds.load_checkpoint("decoder", checkpoint, config)
     os.symlink(checkpoint, os.path.join(work, "hf"))
   else:  # the server's own random backbone of seed 0, written for PyTorch
-    params = jax.tree.map(np.asarray, ServedBackbone(config, None, 0, "serve_load").load()[0])
+    served = ServedBackbone(config, None, 0, "serve_load")
+    params = jax.tree.map(np.asarray, served_backbone.load_params(served)[0])
     huggingface.save_hf_dir(os.path.join(work, "hf"), config, params)
   table = np.asarray(params["token_embedder"]["embedding"], np.float32)
   backbone = backbone_lib.record(config, checkpoint, 0, vocabulary.get(embedded.DECODER_VOCAB_PATH))

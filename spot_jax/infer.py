@@ -23,13 +23,13 @@ multitask-prompt-tuning adapter directory, or a SPoT prompt library entry
 `LIBRARY_DIR#ENTRY_ID` (its best prompt; refused unless it was trained against the served
 backbone). A multi-task run or adapter serves each task as NAME/<k>.
 
-Run directories record their backbone and vocabulary (run.json): without --model, infer serves on
-the recorded config, checkpoint and vocabulary (spot_jax.serve.catalog.served_backbone); a --model
-or --checkpoint other than the recorded one is refused unless --allow_backbone_change. With --model
-and no --checkpoint the backbone is the random one of --seed (what a smoke run trains against). A
-decoder-only run (Llama, Gemma) serves the same way: its inputs become [BOS, inputs] as in training,
-it decodes greedily or samples, and a prompt of the other kind is refused in one line. See
-docs/serving.md.
+Run directories record their backbone and vocabulary (run.json): without --model, infer serves
+on the recorded config, checkpoint and vocabulary (spot_jax.serve.catalog.served_backbone); a
+--model or --checkpoint other than the recorded one is refused unless --allow_backbone_change. With
+--model and no --checkpoint the backbone is the random one of --seed (what a smoke run trains
+against). A decoder-only run (Llama, Gemma) serves the same way: its inputs become
+[BOS, inputs] as in training, it decodes greedily or samples, and a prompt of the other kind is
+refused in one line. See docs/serving.md.
 """
 from __future__ import annotations
 
@@ -45,15 +45,17 @@ from spot_jax import cli, validate
 from spot_jax.cli import distributed
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
-from spot_jax.serve.catalog import served_flags
 
 PROG = "spot_jax.infer"
+
+
 
 
 def _parser() -> cli.ArgumentParser:
   p = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
   a = p.add_argument
-  served_flags.add_served_flags(p)
+  from spot_jax.serve.catalog import served_backbone  # pylint: disable=g-import-not-at-top
+  served_backbone.add_served_flags(p)
   a("--smop_routing", default="linear", help="routing of SMoP runs: linear, top2, gumbel, "
     "stochastic or single")
   a("--attempt_temperature", type=float, default=None, help="softmax temperature of ATTEMPT "
@@ -102,6 +104,8 @@ def _parser() -> cli.ArgumentParser:
   return p
 
 
+
+
 def _check_numbers(args) -> None:
   """Every numeric flag in its range, by name."""
   for flag in ("batch_size", "input_length", "target_length", "num_beams", "top_tokens",
@@ -123,13 +127,14 @@ def main(argv: Sequence[str]) -> int:
   from spot_jax import runtime  # pylint: disable=g-import-not-at-top
   runtime.enable_serving_cache(args.compilation_cache_dir, PROG)
   from spot_jax.serve.catalog import table as table_lib  # pylint: disable=g-import-not-at-top
-  from spot_jax.serve.catalog import prompt_loaders, served_backbone  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from spot_jax.serve.catalog import prompt_loaders, served_backbone
   modes = [m for m in ("interpret", "export_peft", "export_npy", "export_peft_mpt",
                        "export_vllm") if getattr(args, m)]
   if len(modes) > 1:
     raise ConfigError(f"give one of --interpret, --export_peft, --export_npy, --export_peft_mpt, "
                       f"--export_vllm, not {len(modes)}")
-  specs = served_flags.prompt_specs(args.prompt)
+  specs = served_backbone.prompt_specs(args.prompt)
   served = served_backbone.resolve(  # --model's, or the one the run directories recorded
       [p for _, p in specs], checkpoint=args.checkpoint, seed=args.seed,
       config=flags.model_config(args.model, args.model_binding, dropout_rate=0.0) if args.model
@@ -158,6 +163,8 @@ def main(argv: Sequence[str]) -> int:
   return _predict(args, table, served, phases)
 
 
+
+
 def _interpret(args, table, served) -> int:
   from spot_jax.serve.catalog import interpret  # pylint: disable=g-import-not-at-top
   deep = [e.name for e in table.entries if e.deep]
@@ -174,7 +181,9 @@ def _interpret(args, table, served) -> int:
                                            served.config)
   else:
     from spot_jax import partitioning  # pylint: disable=g-import-not-at-top
-    embedding = partitioning.fetch(served.load()[0]["token_embedder"]["embedding"])
+    from spot_jax.serve.catalog import served_backbone  # pylint: disable=g-import-not-at-top
+    params = served_backbone.load_params(served)[0]
+    embedding = partitioning.fetch(params["token_embedder"]["embedding"])
   vocab = _vocab_or_none(served, args.vocab)
   records = [r for e in table.entries
              for r in interpret.interpret(e, embedding, args.top_tokens, vocab)]
@@ -187,6 +196,7 @@ def _interpret(args, table, served) -> int:
 
 
 def _export_vllm(args, table, served) -> int:
+  from spot_jax.serve.catalog import served_backbone  # pylint: disable=g-import-not-at-top
   from spot_jax.serve.export import export, vllm  # pylint: disable=g-import-not-at-top
   from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
   if served.kind != "decoder":
@@ -201,7 +211,7 @@ def _export_vllm(args, table, served) -> int:
   examples = inputs.read_examples(args.input)
   vocab = served.vocabulary(args.vocab)
   served.check_vocabulary(vocab)
-  params, _ = served.load()
+  params, _ = served_backbone.load_params(served)
   network = served.network()
   temperature = 0.0 if args.method == "greedy" else args.temperature
   bodies = [vllm.completion_body(model, vllm.encode(vllm.request_rows(network, params, prompt, row),
@@ -229,6 +239,7 @@ def _predict(args, table, served, phases) -> int:
   import jax  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from spot_jax.serve.model import inputs, predict, server as server_lib
+  from spot_jax.serve.catalog import served_backbone  # pylint: disable=g-import-not-at-top
   if not args.output:
     raise ConfigError("--output is required: the predictions JSONL to write")
   if (args.input is None) == (args.task is None):
@@ -252,7 +263,7 @@ def _predict(args, table, served, phases) -> int:
   labels = inputs.label_tokens(vocab, args.label, args.target_length) if args.label else None
   settings = server_lib.DecodeSettings(args.target_length, args.method, args.num_beams,
                                        args.alpha, args.temperature, args.top_k, args.seed)
-  params, mesh = served.load()
+  params, mesh = served_backbone.load_params(served)
   srv = server_lib.Server(served.network(), params, table, placement=args.placement,
                           settings=settings, mesh=mesh if jax.process_count() > 1 else None)
   phases.mark("backbone")

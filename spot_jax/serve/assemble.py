@@ -1,24 +1,30 @@
 """What `python -m spot_jax.serve` builds before it listens: backbone, prompts, batching loop.
 
-The backbone and vocabulary are `infer`'s (the --model given, or the one the run directories
-recorded; a run of another backbone is refused), and so are the prompt sources. Prompts added
-while serving go through the same checks. Warm-up compiles the greedy decoder at every padded
-batch size and input length, so the first requests do not wait for a compilation. Under
-several processes every one builds the same service and warms up in step; then process 0
+The backbone and vocabulary are the ones `infer` serves (the --model given, or the one the run
+directories recorded; a run of another backbone is refused), and so are the prompt sources.
+Prompts added while serving go through the same checks. Warm-up compiles the greedy decoder at
+every padded batch size and input length, so the first requests do not wait for a compilation.
+Under several processes every one builds the same service and warms up in step; then process 0
 serves and the others follow it (`follow`).
 """
 from __future__ import annotations
 
+import pathlib
 import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from spot_jax.cli import flags
-from spot_jax.serve.catalog import capacity as capacity_lib, prompt_loaders, served_backbone
-from spot_jax.serve.http import api, metrics as metrics_lib
+from spot_jax.errors import ConfigError
+from spot_jax.serve.http import api
+from spot_jax.serve.scheduler import batcher as batcher_lib
+from spot_jax.serve.catalog import capacity as capacity_lib
+from spot_jax.serve.scheduler import live_catalog as catalog_lib
+from spot_jax.serve.scheduler import follow
+from spot_jax.serve.http import metrics as metrics_lib
+from spot_jax.serve.catalog import prompt_loaders, served_backbone
 from spot_jax.serve.http.app import Service
-from spot_jax.serve.scheduler import batcher as batcher_lib, catalog as catalog_lib, follow
 
 
 class Loader:
@@ -84,6 +90,9 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
       config=flags.model_config(args.model, args.model_binding, dropout_rate=0.0)
       if args.model else None, allow_backbone_change=args.allow_backbone_change)
   config = served.config
+  if args.engine == "continuous" and served.kind != "decoder":  # before any weights load
+    raise ConfigError("--engine=continuous serves decoder-only backbones (Llama, Gemma, Qwen); "
+                      "serve this T5 backbone with --engine=batch")
   loader = Loader(served, args)
   entries = [e for name, path in specs for e in loader(name, path)]
   vocab = served.vocabulary(args.vocab)
@@ -93,7 +102,7 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
   if args.label:
     from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
     inputs.label_tokens(vocab, args.label, args.target_length)  # checked now, not per request
-  params, mesh = served.load()
+  params, mesh = served_backbone.load_params(served)
   several = jax.process_count() > 1  # the others repeat process 0's calls (`follow`)
   mirror = follow.Mirror(several)
   capacity = capacity_lib.Capacity(capacity_lib.next_power_of_two(args.table_rows), 0, 0, 0, 0)
@@ -116,6 +125,52 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
                              observe=observe, mirror=mirror)
   from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
   described = backbone_lib.describe(loader.fingerprint())
-  service = Service(catalog, loop, metrics, vocab, limits, described, args.request_timeout)
-  warm = (0, 0.0) if args.no_warmup else _warm(service, batch_buckets, length_buckets)
-  return service, warm
+  engine = _engine(args, catalog, length_buckets, metrics, several, vocab)
+  service = Service(catalog, loop, metrics, vocab, limits, described, args.request_timeout,
+                    engine=engine, chat_template=_chat_template(args, served),
+                    bos_id=getattr(config, "bos_id", 0))
+  if args.no_warmup:
+    return service, (0, 0.0)
+  if engine is not None:
+    start = time.perf_counter()
+    return service, (engine.warm(), time.perf_counter() - start)
+  return service, _warm(service, batch_buckets, length_buckets)
+
+
+def _engine(args: Any, catalog: Any, length_buckets: Sequence[int], metrics: Any,
+            several: bool, vocab: Any) -> Any:
+  """The continuous-batching engine of --engine=continuous, or None."""
+  if args.engine != "continuous":
+    return None
+  if several:
+    raise ConfigError("--engine=continuous runs on one process; serve a pod with --engine=batch")
+  from spot_jax.serve.scheduler import continuous  # pylint: disable=g-import-not-at-top
+  metrics.slots.set(args.slots)
+  eos_id = getattr(vocab, "eos_id", None)
+  return continuous.Engine(catalog, slots=args.slots, length_buckets=length_buckets,
+                           max_tokens=args.target_length, max_queue=args.max_queue,
+                           eos_id=eos_id if isinstance(eos_id, int) else 1,
+                           stop_ids=tuple(getattr(vocab, "eos_ids", ()) or ()),
+                           observe=metrics)
+
+
+def _chat_template(args: Any, served: Any) -> Any:
+  """--chat_template's (a model directory or a .jinja file), else the checkpoint directory's."""
+  from spot_jax.backbones.decoder import chat_template  # pylint: disable=g-import-not-at-top
+  path = args.chat_template
+  if path is None:
+    checkpoint = getattr(served, "checkpoint", None)
+    if served.kind != "decoder" or not checkpoint or "://" in checkpoint:
+      return None
+    root = pathlib.Path(checkpoint)
+    return chat_template.load_chat_template(root) if root.is_dir() else None
+  root = pathlib.Path(path)
+  if root.is_file() and root.suffix == ".jinja":
+    return chat_template.ChatTemplate(root.read_text(encoding="utf-8"), origin=str(root))
+  if root.is_file():
+    root = root.parent
+  found = chat_template.load_chat_template(root) if root.is_dir() else None
+  if found is None:
+    raise ConfigError(f"--chat_template={path} holds no chat template; give a model directory "
+                      f"whose tokenizer_config.json has one, or a .jinja file")
+  return found

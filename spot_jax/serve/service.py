@@ -25,7 +25,6 @@ from typing import Sequence
 from spot_jax import cli, validate
 from spot_jax.cli import distributed, flags
 from spot_jax.errors import ConfigError
-from spot_jax.serve.catalog import served_flags
 
 PROG = "spot_jax.serve"
 
@@ -33,7 +32,8 @@ PROG = "spot_jax.serve"
 def _parser() -> cli.ArgumentParser:
   p = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
   a = p.add_argument
-  served_flags.add_served_flags(p)
+  from spot_jax.serve.catalog import served_backbone  # pylint: disable=g-import-not-at-top
+  served_backbone.add_served_flags(p)
   a("--library", action="append", default=[], metavar="DIR", help="serve every entry of this "
     "SPoT prompt library, by its id (repeatable)")
   a("--smop_routing", default="linear", help="routing of SMoP runs: linear, top2, gumbel, "
@@ -63,6 +63,13 @@ def _parser() -> cli.ArgumentParser:
     "powers of 2 from 16 below --input_length, and it)")
   a("--table_rows", type=int, default=8, help="prompts the table has room for at start "
     "(it grows in powers of two)")
+  a("--engine", default="batch", choices=("batch", "continuous"), help="how completions run: "
+    "'batch' (requests batched, each generation one compiled call) or 'continuous' (decoder-only "
+    "backbones: iteration-level scheduling over --slots, streaming, chat, a KV prefix cache)")
+  a("--slots", type=int, default=8, help="sequences decoding at once (--engine=continuous)")
+  a("--chat_template", default=None, help="a model directory (tokenizer_config.json or "
+    "chat_template.jinja) or a .jinja file for /v1/chat/completions (default: the checkpoint "
+    "directory's)")
   a("--no_warmup", action="store_true", help="compile on first use instead of at start-up")
   distributed.add_arguments(p)
   a("--compilation_cache_dir", default=None, help="JAX's persistent compilation cache (default: "
@@ -85,7 +92,8 @@ def _buckets(flag: str, value, top: int, first: int, factor: int) -> list[int]:
 
 def _specs(args) -> list[tuple[str, str]]:
   """(name, path) of every --prompt and every --library entry."""
-  specs = served_flags.prompt_specs(args.prompt)
+  from spot_jax.serve.catalog import served_backbone  # pylint: disable=g-import-not-at-top
+  specs = served_backbone.prompt_specs(args.prompt)
   for root in args.library:
     from spot_jax.spot import library as prompt_library  # pylint: disable=g-import-not-at-top
     ids = prompt_library.Library(root).ids()
@@ -102,7 +110,8 @@ def _specs(args) -> list[tuple[str, str]]:
 
 
 def _check(args) -> None:
-  for flag in ("input_length", "target_length", "max_batch_size", "max_queue", "table_rows"):
+  for flag in ("input_length", "target_length", "max_batch_size", "max_queue", "table_rows",
+               "slots"):
     validate.positive_int(getattr(args, flag), f"--{flag}", optional=True)
   validate.positive_int(args.port, "--port", minimum=0, optional=True)
   for flag in ("max_wait_ms", "request_timeout"):
@@ -141,8 +150,9 @@ def main(argv: Sequence[str]) -> int:
   host, port = sock.getsockname()[:2]
   print(f"{PROG}: {len(service.catalog.table)} prompts on {service.backbone}: "
         f"{', '.join(service.catalog.table.names)}", flush=True)
-  print(f"{PROG}: compiled {warm[0]} shapes in {warm[1]:.1f} s (batch sizes "
-        f"{','.join(map(str, batch_buckets))}; input lengths "
+  sizes = (f"{args.slots} slots" if service.engine is not None
+           else f"batch sizes {','.join(map(str, batch_buckets))}")
+  print(f"{PROG}: compiled {warm[0]} shapes in {warm[1]:.1f} s ({sizes}; input lengths "
         f"{','.join(map(str, length_buckets))})", flush=True)
   print(f"{PROG}: listening on http://{host}:{port}", flush=True)
   return serve(service, sock)
@@ -157,8 +167,12 @@ def serve(service, sock: socket.socket, prog: str = PROG) -> int:
   @contextlib.asynccontextmanager
   async def lifespan(unused_app):
     service.batcher.start()
+    if service.engine is not None:
+      service.engine.start()
     yield
     service.batcher.stop()  # every request still queued runs before the process ends
+    if service.engine is not None:
+      service.engine.stop()
     with service.batcher.mirror.turn():
       service.batcher.mirror.send(follow.STOP, {})  # the other processes end too
 
@@ -179,6 +193,8 @@ def serve(service, sock: socket.socket, prog: str = PROG) -> int:
 
     def _stop(self, sig, unused_frame) -> None:
       service.batcher.flush()  # no more waiting for company: run what is queued
+      if service.engine is not None:
+        service.engine.close()  # accepted sequences (streams included) finish; no new ones
       if self.should_exit and sig == signal.SIGINT:
         self.force_exit = True
       self.should_exit = True

@@ -33,6 +33,9 @@ LAYERS = [
 # and its toy corpus builder use the task suite, above the model files they sit beside.
 MODULE_LAYER = {"spot_jax.embedded.pretrain": "tasks", "spot_jax.embedded.toy_data": "tasks",
                 "spot_jax.embedded.pretrain_decoder": "tasks"}
+# Inside serve/, bottom to top (spot_jax/serve/__init__.py and docs/architecture.md say what
+# each holds); the program (service, assemble, __main__) sits above them all.
+SERVE_LAYERS = ["export", "catalog", "model", "scheduler", "http"]
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 100
 
 
@@ -99,6 +102,19 @@ def test_no_import_goes_up_a_layer(graph):
   upward = sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets
                   if _layer_of(b) > _layer_of(a))
   assert not upward, "imports from a lower layer up to a higher one:\n" + "\n".join(upward)
+
+
+def _serve_layer(module: str) -> int:
+  part = module.split(".")[2] if module.count(".") >= 2 else ""
+  return SERVE_LAYERS.index(part) if part in SERVE_LAYERS else len(SERVE_LAYERS)
+
+
+def test_serve_layers_import_down_only(graph):
+  _, edges = graph
+  serve = lambda m: m.startswith("spot_jax.serve.")
+  upward = sorted(f"{a} -> {b}" for a, targets in edges.items() if serve(a) for b in targets
+                  if serve(b) and _serve_layer(b) > _serve_layer(a))
+  assert not upward, "serve/ imports up its layers:\n" + "\n".join(upward)
 
 
 def test_no_import_cycles(graph):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from spot_jax.prompts import DePT, PromptTuning, SMoP, initializers
-from spot_jax.serve.model import t5 as mixed
+from spot_jax.serve.model import mixed
 from spot_jax.serve.catalog.capacity import Capacity, SizedTable, next_power_of_two
 from spot_jax.serve.catalog.table import ServedPrompt
 from spot_jax.backbones.t5 import Transformer, config_by_name

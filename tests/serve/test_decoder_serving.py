@@ -18,7 +18,7 @@ from spot_jax.backbones.decoder.config import config_by_name
 from spot_jax.backbones.decoder.network import DecoderLM
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
-from spot_jax.serve.model import decoder as mixed_decoder
+from spot_jax.serve.model import mixed_decoder
 from spot_jax.serve.catalog import prompt_loaders
 from spot_jax.serve.model.server import DecodeSettings, Server
 from spot_jax.serve.catalog.table import PromptTable

@@ -10,7 +10,7 @@ import pytest
 
 from spot_jax import cli, infer
 from spot_jax.prompts import DePT, PromptTuning, ResidualSMoP, SMoP, initializers
-from spot_jax.serve.model import t5 as mixed
+from spot_jax.serve.model import mixed
 from spot_jax.serve.catalog import prompt_loaders
 from spot_jax.serve.catalog.table import PromptTable, ServedPrompt
 from spot_jax.backbones.t5 import Transformer, config_by_name, generate

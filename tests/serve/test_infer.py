@@ -17,7 +17,7 @@ import seqio
 from spot_jax import cli, fileio, infer
 from spot_jax.train import checkpointer
 from spot_jax.prompts import PromptTuning
-from spot_jax.serve.model import t5 as mixed
+from spot_jax.serve.model import mixed
 from spot_jax.serve.export import peft_io
 from spot_jax.backbones.t5 import Transformer, checkpoints, config_by_name, generate
 from tests.helpers import REPO

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spot_jax.prompts import PromptTuning, ResidualPrompt, SMoP, initializers
-from spot_jax.serve.model import t5 as mixed
+from spot_jax.serve.model import mixed
 from spot_jax.serve.catalog.table import PromptTable, ServedPrompt
 from spot_jax.backbones.t5 import Transformer, config_by_name, generate
 from spot_jax.backbones.t5.generation import search_settings

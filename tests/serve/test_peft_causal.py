@@ -1,6 +1,7 @@
 """PEFT interop for decoder-only models (task_type CAUSAL_LM): a spot-jax soft prompt exported by
-`spot_jax.serve.export.peft_causal` loads with `PeftModel.from_pretrained` on a tiny random Llama
-and Gemma 3, and peft's forward log-likelihoods of the target tokens (right-padded batch, labels)
+`spot_jax.serve.export.peft_causal` loads with `PeftModel.from_pretrained` on a tiny random
+Llama and Gemma 3, and peft's forward log-likelihoods of the target tokens (right-padded batch,
+labels)
 equal spot-jax's `DecoderLM` with the same weights (float32, 1e-4): Prompt Tuning, the folded
 Residual prompt, and prefix tuning (peft's [P, n*2*K*D] layout, K key/value heads). Adapters
 round-trip to identical arrays; bad ones are refused in one line."""

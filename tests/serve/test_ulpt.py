@@ -13,7 +13,7 @@ from spot_jax.backbones.t5 import Transformer, config_by_name, generate
 from spot_jax.backbones.t5.generation import search_settings
 from spot_jax.prompts import PromptTuning, ULPT, initializers
 from spot_jax.run_dir import RunDir, companion_file
-from spot_jax.serve.model import t5 as mixed
+from spot_jax.serve.model import mixed
 from spot_jax.serve.catalog import prompt_loaders
 from tests.helpers.serve import mixed_setup, trained_looking_params
 

@@ -29,6 +29,7 @@ from spot_jax.backbones.decoder.network import DecoderLM  # noqa: E402
 from spot_jax.errors import ConfigError  # noqa: E402
 from spot_jax.prompts import initializers  # noqa: E402
 from spot_jax.serve.catalog import prompt_loaders  # noqa: E402
+from spot_jax.serve.catalog import served_backbone  # noqa: E402
 from spot_jax.serve.catalog.served_backbone import ServedBackbone  # noqa: E402
 from spot_jax.serve.catalog.table import ServedPrompt  # noqa: E402
 from spot_jax.serve.export import vllm  # noqa: E402
@@ -117,7 +118,7 @@ def test_infer_export_vllm_writes_valid_completion_requests(tmp_path):
   assert run.returncode == 0, run.stderr
   lines = (out / "requests.jsonl").read_text().splitlines()
   assert len(lines) == len(texts)
-  params, _ = ServedBackbone(config, None, 0, "--model").load()
+  params, _ = served_backbone.load_params(ServedBackbone(config, None, 0, "--model"))
   tokens, _ = inputs.tokenize(vocabulary.get("byte"), texts, 128)
   for line, row in zip(lines, tokens):
     body = CompletionRequest.model_validate(json.loads(line))

@@ -9,6 +9,7 @@
   hf           Hugging Face config.json and state dict <-> DecoderConfig and our tree, strictly
   checkpoints/ strict loading and saving: Hugging Face directories, Gemma orbax checkpoints
   tokenizer    SentencePiece and Hugging Face tokenizer.json vocabularies
+  chat_template  a model's chat template, rendered as transformers' apply_chat_template
   convert      `python -m spot_jax.convert` for decoders: Hugging Face <-> Gemma orbax
 """
 from spot_jax.backbones.decoder.config import CONFIGS, DecoderConfig, config_by_name

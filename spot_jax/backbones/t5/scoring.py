@@ -3,7 +3,7 @@
 `label_log_likelihoods` scores C label rows for each of B inputs from one encoder output per
 input: B encoder rows and B decoder rows of C label segments (never B * C encoder rows), the
 encoder output's cross-attention keys and values projected once per input. Serving
-(`spot_jax.serve.model.t5`) and the prompted model (`spot_jax.models.EncoderDecoderModel.
+(`spot_jax.serve.model.mixed`) and the prompted model (`spot_jax.models.EncoderDecoderModel.
 classify_batch`) both score labels here.
 """
 from __future__ import annotations

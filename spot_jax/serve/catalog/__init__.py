@@ -1,5 +1,4 @@
-"""The prompts served: where they come from, how they are stacked, the backbone they run on
-(the running service's catalog of them is `spot_jax.serve.scheduler.catalog`).
+"""The prompts served, and the backbone they are served on.
 
   table        PromptTable: named prompts (Prompt Tuning, folded Residual and MPT, SMoP, folded
                Residual SMoP, ATTEMPT with its attention network, DePT with its input offset,
@@ -8,7 +7,7 @@
                without recompiling
   prompt_loaders  prompts from modules, .npy files, run directories, PEFT adapters, libraries
   served_backbone  the served backbone and vocabulary: --model's, or the one the run
-               directories recorded (run.json), refusing another backbone than recorded; loaded
-  served_flags the flags `infer` and `serve` share; --prompt entries as (name, path)
+               directories recorded (run.json), refusing another backbone than recorded; the
+               flags `infer` and `serve` share
   interpret    nearest vocabulary tokens of every prompt token (cosine similarity)
 """

@@ -30,8 +30,10 @@ import sys
 from typing import Any, Optional, Sequence
 
 from spot_jax import backbone as backbone_lib
+from spot_jax import cli
 from spot_jax import embedded
 from spot_jax.backbones import kinds
+from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
 from spot_jax.run_dir import RunDir, RunRecord
 
@@ -79,23 +81,6 @@ class ServedBackbone:
     if self.kind == "decoder":
       return models.DecoderOnlyModel(self.network())
     return models.EncoderDecoderModel(self.network())
-
-  def load(self) -> tuple[Any, Any]:
-    """(frozen params, mesh to place the serving arrays on, or None: one process)."""
-    import jax  # pylint: disable=g-import-not-at-top
-    if self.checkpoint and jax.process_count() == 1:
-      # Straight onto the device: no mesh, no abstract init of its own.
-      backbone_lib.check_initial_checkpoint(self.checkpoint)
-      path = backbone_lib.resolve_checkpoint_path(self.checkpoint)
-      return kinds.load_checkpoint(self.kind, path, self.config), None
-    from spot_jax import partitioning  # pylint: disable=g-import-not-at-top
-    model = self.model()
-    mesh = partitioning.create_mesh(1)
-    note = lambda line: print(line, file=sys.stderr)
-    params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), self.checkpoint,
-                                           self.seed, mesh, partitioning.logical_rules(),
-                                           info=note)
-    return params, mesh
 
   def check_vocabulary(self, vocab: Any) -> None:
     """Refuses a vocabulary (a tokenizer) with more ids than the model's embedding table."""
@@ -286,3 +271,51 @@ def _check_configs(runs: Sequence[tuple[str, RunRecord]], config: Any) -> None:
       raise ConfigError(f"--prompt {where} was trained against frozen model "
                         f"{backbone_lib.describe(record.fingerprint)}, whose config differs from "
                         f"--model's; give the --model it was trained with, or {OVERRIDE_FLAG}")
+
+def add_served_flags(p: cli.ArgumentParser) -> None:
+  """The flags `infer` and `serve` share: the backbone, and the prompts served on it."""
+  flags.add_backbone(p, required=False, model_help="the frozen backbone: a config name or a gin "
+                     "model file (default: the one the --prompt run directories recorded)",
+                     checkpoint_help="the frozen backbone's checkpoint (default: the runs' "
+                     "recorded one with no --model, else the random backbone of --seed)",
+                     seed_help="seed of the random backbone (no --checkpoint) and of sampling")
+  p.add_argument("--allow_backbone_change", action="store_true", help="serve run directories "
+                 "on the --model/--checkpoint given, although they recorded another backbone")
+  p.add_argument("--prompt", action="append", default=[], metavar="NAME=PATH",
+                 help="a prompt (repeatable)")
+
+
+def prompt_specs(values: Sequence[str]) -> list[tuple[str, str]]:
+  """(name, path) of each --prompt NAME=PATH (or PATH, named by its file or library id)."""
+  specs = []
+  for i, v in enumerate(values):
+    name, sep, path = v.partition("=")
+    if not sep:  # a library entry is named by its id, anything else by its file or folder
+      name, path = (v.rsplit("#", 1)[1] if "#" in v else pathlib.Path(v.rstrip("/")).stem), v
+    if not name or not path:
+      raise ConfigError(f"--prompt entry {i} ({v!r}) is malformed; use --prompt NAME=PATH or "
+                        f"--prompt PATH")
+    if name in (n for n, _ in specs):
+      raise ConfigError(f"--prompt entry {i} ({v!r}) repeats the name {name!r}; give each prompt "
+                        f"its own NAME=PATH")
+    specs.append((name, path))
+  return specs
+
+
+def load_params(served: ServedBackbone) -> tuple[Any, Any]:
+  """(frozen params, mesh to place the serving arrays on, or None: one process)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from spot_jax import backbone as backbone_lib  # pylint: disable=g-import-not-at-top
+  if served.checkpoint and jax.process_count() == 1:
+    # Straight onto the device: no mesh, no abstract init of its own.
+    from spot_jax.backbones import kinds  # pylint: disable=g-import-not-at-top
+    backbone_lib.check_initial_checkpoint(served.checkpoint)
+    path = backbone_lib.resolve_checkpoint_path(served.checkpoint)
+    return kinds.load_checkpoint(served.kind, path, served.config), None
+  from spot_jax import partitioning  # pylint: disable=g-import-not-at-top
+  model = served.model()
+  mesh = partitioning.create_mesh(1)
+  note = lambda line: print(line, file=sys.stderr)
+  params, _ = backbone_lib.load_backbone(model, model.dummy_batch(4, 4), served.checkpoint,
+                                         served.seed, mesh, partitioning.logical_rules(), info=note)
+  return params, mesh

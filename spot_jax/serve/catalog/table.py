@@ -22,7 +22,7 @@ zero padding leaves every other entry's arrays unused and ATTEMPT's outputs exac
   target [N] int32               which of the entry's prompts is the target (-1: none)
 
 A plain prompt is the mixture k = 1 combined with weight 1, so one jitted function serves any
-mix of entries: the row's entry index selects its arrays by a gather (see `model.t5`).
+mix of entries: the row's entry index selects its arrays by a gather (see `mixed`).
 
 Deep prompts (prefix tuning, P-tuning v2) add per-layer prefixes: `deep` maps each attention
 type some entry prefixes ("encoder", "decoder", "cross") to

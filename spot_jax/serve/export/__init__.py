@@ -1,4 +1,4 @@
-"""Writing served prompts out, and reading the adapters other toolkits write.
+"""Writing served prompts out for other programs.
 
   export       infer's exports: a bare .npy, PEFT adapters of either kind, an unfolded MPT
   peft_io      Hugging Face PEFT prompt-tuning adapters and google-research/prompt-tuning .npy

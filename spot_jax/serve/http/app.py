@@ -1,6 +1,7 @@
 """The HTTP front (Starlette): routes, waiting for a request's batch, errors as JSON.
 
   POST   /v1/completions      OpenAI-compatible completions; `model` names the prompt
+  POST   /v1/chat/completions  chat, with the model's chat template (`--engine=continuous`)
   POST   /v1/classify         label log-likelihoods (one encoder pass per input)
   GET    /v1/models           the served prompts: method, length, backbone
   POST   /v1/prompts/{name}   {"path": ...}: serve another prompt, no restart
@@ -9,7 +10,9 @@
 
 Each request is checked (`api`), queued (`batcher`), and awaited here; a client that goes away
 while its request waits has it dropped, and a request not answered within `timeout` seconds
-gets 504 (and is dropped if still waiting).
+gets 504 (and is dropped if still waiting). With `--engine=continuous` (decoder-only backbones)
+completions and chat run on the continuous-batching engine (`http.openai`): streamed with
+`stream: true`, sampled per request (top_p, seed), with log-probabilities.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from spot_jax.errors import ConfigError, one_line
 from spot_jax.serve.http import api
 from spot_jax.serve.scheduler.batcher import Batcher, PromptGone, QueueFull, Stopping, Work
 from spot_jax.serve.http.metrics import Metrics
+from spot_jax.serve.http import generation, openai
+from spot_jax.serve.model import prefix_cache
 
 
 @dataclasses.dataclass
@@ -42,6 +47,9 @@ class Service:
     backbone: the backbone's description, for /v1/models.
     timeout: seconds a request may wait for its answer.
     started: time.time() at start-up.
+    engine: the continuous-batching `scheduler.continuous.Engine`, or None (the batcher
+      decodes).
+    chat_template: the model's `ChatTemplate`, or None; bos_id: the model's BOS.
   """
   catalog: Any
   batcher: Batcher
@@ -51,6 +59,9 @@ class Service:
   backbone: str
   timeout: float
   started: float = dataclasses.field(default_factory=time.time)
+  engine: Any = None
+  chat_template: Any = None
+  bos_id: int = 2
 
 
 async def _disconnect(request: Request) -> None:
@@ -105,7 +116,8 @@ def _route(service: Service, endpoint: str, handler: Callable) -> Callable:
   async def endpoint_fn(request: Request) -> Response:
     start = time.monotonic()
     try:
-      response = JSONResponse(await handler(service, request))
+      result = await handler(service, request)
+      response = result if isinstance(result, Response) else JSONResponse(result)
     except api.ApiError as e:
       response = JSONResponse(e.body(), status_code=e.status, headers=e.headers)
     service.metrics.requests.labels(endpoint, str(response.status_code)).inc()
@@ -118,15 +130,30 @@ def _offset(service: Service, name: str) -> int:
   return service.catalog.table.offset_lengths().get(name, 0)
 
 
-async def completions(service: Service, request: Request) -> dict:
+async def completions(service: Service, request: Request) -> Any:
   body = api.parse_json(await request.body())
   names = service.catalog.table.names
+  if service.engine is not None:
+    gen = generation.completion(body, names, service.vocab, service.limits,
+                                service.engine.slots, _offset(service, body.get("model"))
+                                if body.get("model") in names else 0)
+    return await openai.respond(service, request, gen)
   req = api.completion(body, names, service.vocab, service.limits,
                        _offset(service, body.get("model")) if body.get("model") in names else 0)
   rows = [t for t in req.tokens for _ in range(req.n)]
   result = await _answer(service, request, dict(kind="generate", key=req.key,
                                                 names=[req.model] * len(rows), tokens=rows))
   return api.completion_body(req, result, service.vocab)
+
+
+async def chat(service: Service, request: Request) -> Any:
+  body = api.parse_json(await request.body())
+  if service.engine is None:
+    raise api.ApiError(404, "chat completions need the continuous-batching engine of a "
+                            "decoder-only backbone; start the server with --engine=continuous")
+  gen = generation.chat(body, service.catalog.table.names, service.vocab, service.limits,
+                        service.engine.slots, service.chat_template, service.bos_id)
+  return await openai.respond(service, request, gen)
 
 
 async def classify(service: Service, request: Request) -> dict:
@@ -144,7 +171,12 @@ async def models(service: Service, unused_request: Request) -> dict:
   return {"object": "list", "data": [
       {"id": e.name, "object": "model", "created": int(service.started), "owned_by": "spot-jax",
        "method": api.method_name(e), "length": e.length, "num_prompts": e.num_prompts,
-       "source": e.source, "backbone": service.backbone}
+       "source": e.source, "backbone": service.backbone,
+       **({"kv_prefix_cache": prefix_cache.cacheable(e),
+           "prefill": "the prompt's keys and values are cached; each request prefills its "
+                      "input only" if prefix_cache.cacheable(e) else "the prompt reads its "
+                      "input, so each request prefills the prompt too"}
+          if service.engine is not None else {})}
       for e in service.catalog.table.entries]}
 
 
@@ -178,13 +210,23 @@ async def remove_prompt(service: Service, request: Request) -> dict:
 
 
 async def health(service: Service, unused_request: Request) -> dict:
-  return {"status": "ok", "prompts": len(service.catalog.table),
+  engine = service.engine
+  extra = {} if engine is None else {"running": engine.running(), "waiting": engine.waiting(),
+                                     "slots": engine.slots, "decode_steps": engine.steps,
+                                     "prefix_cache_hits": engine.prefixes.hits}
+  return {"status": "ok", "prompts": len(service.catalog.table), **extra,
           "queue_depth": service.batcher.depth(), "batches": service.batcher.batches,
           "compiles": service.metrics.compiles,
           "table_rows": service.catalog.capacity.rows}
 
 
 def _refresh(service: Service) -> None:
+  if service.engine is not None:
+    running, slots = service.engine.running(), service.engine.slots
+    service.metrics.running.set(running)
+    service.metrics.waiting.set(service.engine.waiting())
+    service.metrics.slots.set(slots)
+    service.metrics.slot_use.set(running / slots)
   service.metrics.queue_depth.set(service.batcher.depth())
   service.metrics.prompts.set(len(service.catalog.table))
   service.metrics.table_rows.set(service.catalog.capacity.rows)
@@ -205,6 +247,7 @@ def create(service: Service) -> Starlette:
   r = lambda path, handler, methods, name: Route(path, _route(service, name, handler),
                                                  methods=methods)
   routes = [r("/v1/completions", completions, ["POST"], "completions"),
+            r("/v1/chat/completions", chat, ["POST"], "chat"),
             r("/v1/classify", classify, ["POST"], "classify"),
             r("/v1/models", models, ["GET"], "models"),
             r("/v1/prompts/{name:path}", add_prompt, ["POST"], "add_prompt"),

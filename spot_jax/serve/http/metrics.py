@@ -10,6 +10,18 @@
   spot_serve_dropped_total{reason}               requests dropped before their batch ran
   spot_serve_compiles_total                      XLA compilations (or cache loads) so far
   spot_serve_prompts, spot_serve_table_rows      prompts served, rows the table has room for
+
+With continuous batching (`--engine=continuous`):
+  spot_serve_time_to_first_token_seconds         arrival to first token, per sequence
+  spot_serve_inter_token_latency_seconds         between a sequence's tokens
+  spot_serve_running_requests                    sequences holding a slot
+  spot_serve_waiting_requests                    sequences waiting for one
+  spot_serve_slots, spot_serve_slot_use          slots, and the share of them in use
+  spot_serve_decode_steps_total                  compiled decode steps run
+  spot_serve_prefills_total{prefix}              prefills, "cached" (from the prompt's KV
+                                                 prefix: a prefix-cache hit) or "prompt"
+  spot_serve_cancel_lag_steps                    decode steps a cancelled sequence still held
+                                                 its slot (0 or 1: freed before the next step)
 """
 from __future__ import annotations
 
@@ -20,6 +32,7 @@ import prometheus_client as prom
 
 prom.disable_created_metrics()  # no *_created series beside every counter and histogram
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
@@ -52,6 +65,23 @@ class Metrics:
     self.prompts = prom.Gauge("spot_serve_prompts", "Prompts served", registry=r)
     self.table_rows = prom.Gauge("spot_serve_table_rows", "Rows the prompt table has room for",
                                  registry=r)
+    self.ttft = prom.Histogram("spot_serve_time_to_first_token_seconds", "Arrival to first token",
+                               buckets=LATENCY_BUCKETS, registry=r)
+    self.inter_token = prom.Histogram("spot_serve_inter_token_latency_seconds",
+                                      "Time between a sequence's tokens", buckets=ITL_BUCKETS,
+                                      registry=r)
+    self.running = prom.Gauge("spot_serve_running_requests", "Sequences holding a slot",
+                              registry=r)
+    self.waiting = prom.Gauge("spot_serve_waiting_requests", "Sequences waiting for a slot",
+                              registry=r)
+    self.slots = prom.Gauge("spot_serve_slots", "Slots", registry=r)
+    self.slot_use = prom.Gauge("spot_serve_slot_use", "Share of the slots in use", registry=r)
+    self.steps = prom.Counter("spot_serve_decode_steps", "Compiled decode steps", registry=r)
+    self.prefills = prom.Counter("spot_serve_prefills", "Prefills by prefix", ["prefix"],
+                                 registry=r)
+    self.cancel_lag = prom.Histogram("spot_serve_cancel_lag_steps", "Decode steps a cancelled "
+                                     "sequence still held its slot", buckets=(0, 1, 2, 4, 8),
+                                     registry=r)
     self.compiles = 0
     self._lock = threading.Lock()
 
@@ -73,6 +103,21 @@ class Metrics:
     if tokens:
       self.tokens.inc(tokens)
       self.tokens_per_second.set(tokens / max(seconds, 1e-9))
+
+  def ttft_observed(self, seconds: float) -> None:
+    self.ttft.observe(seconds)
+
+  def itl(self, seconds: float) -> None:
+    self.inter_token.observe(seconds)
+
+  def cancelled(self, lag_steps: int) -> None:
+    self.cancel_lag.observe(lag_steps)
+
+  def step(self) -> None:
+    self.steps.inc()
+
+  def prefill(self, cached: bool) -> None:
+    self.prefills.labels("cached" if cached else "prompt").inc()
 
   def exposition(self, refresh: Callable[[], None]) -> tuple[bytes, str]:
     """(the text format, its content type), after `refresh` sets the gauges."""

@@ -14,7 +14,7 @@ positions and relative distances it would see alone with its own prompt (`prompt
 A row's deep prompt is its entry's prefixes of one attention type, right-aligned, with the
 positions its entry lacks made invisible (`row_kv`).
 
-`t5` (T5) and `decoder` (decoder-only) build their batches from these.
+`mixed` (T5) and `mixed_decoder` (decoder-only) build their batches from these.
 """
 from __future__ import annotations
 

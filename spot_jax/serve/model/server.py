@@ -3,7 +3,7 @@
 Every call runs one jitted function (`generate_mixed`, `score_mixed` or `classify_mixed`) on a
 batch padded to `batch_size` rows, so a job compiles once per function whatever its prompt
 mix; `forward_passes` counts the calls (the ensemble asserts it makes one). The backbone's kind
-picks the functions: `t5` for a T5 `Transformer`, `decoder` for a decoder-only
+picks the functions: `mixed` for a T5 `Transformer`, `mixed_decoder` for a decoder-only
 `DecoderLM` (`spot_jax.backbones.kinds`); everything above the server is the same for both.
 """
 from __future__ import annotations
@@ -57,12 +57,12 @@ class Server:
     self.kind = kinds.kind_of(model.config)
     # pylint: disable=g-import-not-at-top  (a job on one kind never imports the other)
     if self.kind == "decoder":
-      from spot_jax.serve.model import decoder as mixed_lib
+      from spot_jax.serve.model import mixed_decoder as mixed_lib
       mixed_lib.check_placement(placement)
       search_settings = mixed_lib.search_settings
       _check_decoder_table(table, model.config)
     else:
-      from spot_jax.serve.model import t5 as mixed_lib
+      from spot_jax.serve.model import mixed as mixed_lib
       from spot_jax.backbones.t5.generation import search_settings
     # pylint: enable=g-import-not-at-top
     if table.has_tokens:  # P-tuning v2: the backbone's projections give the plain prefixes

@@ -14,7 +14,7 @@ are masked out, and every row's valid positions are then moved to the front in o
 row sees exactly the positions (and relative distances) it would see alone with its own prompt:
 a mixed batch decodes like the per-example, per-prompt model. Shapes depend only
 on (B, T, table shape), never on the mix, so one compiled function serves any mix. The
-gathering is `gather`'s, shared with the decoder-only kind (`decoder`).
+gathering is `gather`'s, shared with the decoder-only kind (`mixed_decoder`).
 
 Deep prompts: a row's per-layer prefixes are gathered from the table too (`row_prefixes`), with
 the positions its entry lacks made invisible; rows without prefixes of a type see none, so

@@ -1,4 +1,4 @@
-"""Mixed-prompt batches on a frozen decoder-only backbone (Llama, Gemma): `t5`'s counterpart.
+"""Mixed-prompt batches on a frozen decoder-only backbone (Llama, Gemma): `mixed`'s counterpart.
 
 The frozen model is a prompt-less `DecoderLM`. A row b reads what the trainer's decoder-only
 batches give the model (`spot_jax.models.decoder_only`): [BOS, inputs] to decode after, or

@@ -1,0 +1,252 @@
+"""/v1/completions and /v1/chat/completions on the continuous-batching engine, streamed or not.
+
+A checked request (`generation`) becomes rows x n engine `Sequence`s, submitted together (429
+with Retry-After when too many wait, 503 once the server is stopping). Tokens come back one by
+one from the engine thread; with `stream: true` each is sent at once as a server-sent event
+(`data: {...}`; the stream ends with `data: [DONE]`), otherwise the answer is sent when every
+sequence has ended. A client that goes away has its sequences cancelled: each frees its slot
+before the engine's next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator, Optional
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from spot_jax.serve.http import api
+from spot_jax.serve.model import inputs
+from spot_jax.serve.scheduler.batcher import PromptGone, QueueFull, Stopping
+from spot_jax.serve.http import generation
+from spot_jax.serve.scheduler.continuous import Sequence
+
+
+class Choice:
+  """One sequence's text and log-probabilities as they come.
+
+  Attributes:
+    index: the choice's index; prefix: echoed prompt text.
+    ids: generated ids; entries: per token (id, logprob, top ids, top logprobs).
+    sent: text already streamed; finish: "stop", "length", or None.
+  """
+
+  def __init__(self, index: int, prefix: str, vocab: Any, gen: generation.Generation,
+               eos_id: int):
+    self.index, self.prefix, self.vocab, self.gen, self.eos_id = index, prefix, vocab, gen, eos_id
+    self.ids: list[int] = []
+    self.entries: list[tuple] = []
+    self.sent = ""
+    self.finish: Optional[str] = None
+    self.error: Optional[Exception] = None
+
+  def text(self) -> str:
+    """The text so far, cut at the first stop string (then finished as "stop")."""
+    text = inputs.decode(self.vocab, np.asarray(self.ids, np.int32), self.eos_id)
+    cuts = [text.find(s) for s in self.gen.stop if s in text]
+    return text[:min(cuts)] if cuts else text
+
+  def delta(self) -> str:
+    """New text to stream: all of it once finished, else held back while a stop string may be
+    starting."""
+    text = self.text()
+    if self.finish is None and self.gen.stop:
+      text = text[:max(len(self.sent), len(text) - max(len(s) for s in self.gen.stop) + 1)]
+    new = text[len(self.sent):] if text.startswith(self.sent) else ""
+    self.sent += new
+    return new
+
+  def token_text(self, token: int) -> str:
+    return self.vocab.decode([int(token)]) if token != self.eos_id else ""
+
+  def logprobs(self, entries: list[tuple]) -> Optional[dict]:
+    """The entries' log-probabilities in the request kind's format, or None."""
+    top = self.gen.logprobs
+    if top is None:
+      return None
+    if self.gen.chat:
+      return {"content": [{
+          "token": self.token_text(t), "logprob": lp,
+          "bytes": list(self.token_text(t).encode()),
+          "top_logprobs": [{"token": self.token_text(i), "logprob": float(v),
+                            "bytes": list(self.token_text(i).encode())}
+                           for i, v in zip(ids[:top], values[:top])]}
+          for t, lp, ids, values in entries]}
+    return {"tokens": [self.token_text(t) for t, *_ in entries],
+            "token_logprobs": [lp for _, lp, *_ in entries],
+            "top_logprobs": [{self.token_text(i): float(v) for i, v in zip(ids[:top], values[:top])}
+                             for _, _, ids, values in entries] if top else None}
+
+
+def _sequences(service: Any, gen: generation.Generation, on_event: Any) -> list[Sequence]:
+  """The request's sequences; `on_event(index, event)` hears each one's events (engine thread)."""
+  out = []
+  text = lambda ids: inputs.decode(service.vocab, np.asarray(ids, np.int32),  # noqa: E731
+                                   service.engine.eos_id)
+  for r, row in enumerate(gen.rows):
+    for c in range(gen.n):
+      emit = lambda *event, i=r * gen.n + c: on_event(i, event)
+      out.append(Sequence(gen.model, row, gen.max_tokens, emit, temperature=gen.temperature,
+                          top_k=gen.top_k, top_p=gen.top_p, seed=gen.seed, choice=c,
+                          stop=gen.stop, text=text if gen.stop else None))
+  return out
+
+
+def _record(choice: Choice, event: tuple) -> list[tuple]:
+  """Applies an engine event to `choice`; the new (token, logprob, top ids, top lps) entries."""
+  kind = event[0]
+  if kind == "token":
+    _, token, logprob, top_ids, top_lps = event
+    choice.ids.append(token)
+    entry = (token, logprob, top_ids, top_lps)
+    choice.entries.append(entry)
+    return [entry]
+  if kind == "end":
+    reason = event[1]
+    choice.finish = "length" if reason == "length" else "stop"
+    if reason == "cancelled":
+      choice.finish = "cancelled"
+  else:
+    choice.error = event[1]
+    choice.finish = "error"
+  return []
+
+
+def _raise_error(choices: list[Choice]) -> None:
+  for c in choices:
+    if isinstance(c.error, PromptGone):
+      raise api.ApiError(404, f"model {c.error.args[0]!r} was removed before the request ran; "
+                              f"GET /v1/models lists the served prompts", "model")
+    if c.error is not None:
+      raise api.ApiError(500, f"the model failed: {type(c.error).__name__}: {c.error}")
+
+
+def _usage(gen: generation.Generation, choices: list[Choice]) -> dict:
+  prompt = sum(len(r) for r in gen.rows) * gen.n
+  completion = sum(len(c.ids) for c in choices)
+  return {"prompt_tokens": prompt, "completion_tokens": completion,
+          "total_tokens": prompt + completion}
+
+
+def _body(gen: generation.Generation, choices: list[Choice], ident: str, created: int) -> dict:
+  out = []
+  for c in choices:
+    text = c.prefix + c.text()
+    if gen.chat:
+      out.append({"index": c.index, "message": {"role": "assistant", "content": text},
+                  "logprobs": c.logprobs(c.entries), "finish_reason": c.finish})
+    else:
+      out.append({"index": c.index, "text": text, "logprobs": c.logprobs(c.entries),
+                  "finish_reason": c.finish})
+  kind = "chat.completion" if gen.chat else "text_completion"
+  return {"id": ident, "object": kind, "created": created, "model": gen.model, "choices": out,
+          "usage": _usage(gen, choices)}
+
+
+def _chunk(gen: generation.Generation, ident: str, created: int, choice: Choice, text: str,
+           entries: list[tuple], finish: Optional[str], first: bool) -> str:
+  if gen.chat:
+    delta = {"role": "assistant", "content": text} if first else {"content": text}
+    body = {"index": choice.index, "delta": delta if text or first else {},
+            "logprobs": choice.logprobs(entries) if entries else None, "finish_reason": finish}
+    kind = "chat.completion.chunk"
+  else:
+    body = {"index": choice.index, "text": text,
+            "logprobs": choice.logprobs(entries) if entries else None, "finish_reason": finish}
+    kind = "text_completion"
+  return _event({"id": ident, "object": kind, "created": created, "model": gen.model,
+                 "choices": [body]})
+
+
+def _event(data: dict) -> str:
+  return f"data: {json.dumps(data)}\n\n"
+
+
+async def _disconnect(request: Request) -> None:
+  while (await request.receive())["type"] != "http.disconnect":
+    pass
+
+
+async def respond(service: Any, request: Request, gen: generation.Generation) -> Response:
+  """Runs `gen` on the engine: a JSON answer, or a stream of server-sent events."""
+  loop = asyncio.get_running_loop()
+  queue: asyncio.Queue = asyncio.Queue()
+  eos, count = service.engine.eos_id, len(gen.rows) * gen.n
+  choices = [Choice(i, gen.texts[i // gen.n] if gen.echo else "", service.vocab, gen, eos)
+             for i in range(count)]
+  finished = loop.create_future()
+
+  def record(index: int, event: tuple) -> None:
+    """A whole answer: events recorded in the engine thread; the loop hears only the end."""
+    _record(choices[index], event)
+    if all(c.finish is not None for c in choices):
+      loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(True))
+
+  stream = lambda index, event: loop.call_soon_threadsafe(  # noqa: E731
+      queue.put_nowait, (index, event))
+  sequences = _sequences(service, gen, stream if gen.stream else record)
+  try:
+    service.engine.submit(sequences)
+  except QueueFull as e:
+    raise api.ApiError(429, f"{e}: {service.engine.waiting()} sequences wait for a slot "
+                            f"already", headers={"Retry-After": str(e.retry_after)}) from None
+  except Stopping:
+    raise api.ApiError(503, "the server is shutting down; send the request to another one") \
+        from None
+  ident = f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
+  created = int(time.time())
+  cancel = lambda: [service.engine.cancel(s) for s in sequences]  # noqa: E731
+  if gen.stream:
+    return StreamingResponse(_stream(gen, choices, queue, cancel, ident, created),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+  gone = asyncio.ensure_future(_disconnect(request))
+  try:
+    done, _ = await asyncio.wait({finished, gone}, timeout=service.timeout,
+                                 return_when=asyncio.FIRST_COMPLETED)
+  finally:
+    gone.cancel()
+  if finished not in done:
+    cancel()
+    if gone in done:
+      service.metrics.dropped.labels("disconnect").inc()
+      raise api.ApiError(499, "the client closed the connection")
+    service.metrics.dropped.labels("timeout").inc()
+    raise api.ApiError(504, f"no answer within the server's {service.timeout:g} s request "
+                            f"timeout; retry with fewer max_tokens")
+  _raise_error(choices)
+  return JSONResponse(_body(gen, choices, ident, created))
+
+
+async def _stream(gen: generation.Generation, choices: list[Choice], queue: asyncio.Queue,
+                  cancel: Any, ident: str, created: int) -> AsyncIterator[str]:
+  """The server-sent events of `choices`; the sequences are cancelled if the client leaves."""
+  started = [False] * len(choices)
+  try:
+    for c in choices:
+      if c.prefix:
+        started[c.index] = True
+        yield _chunk(gen, ident, created, c, c.prefix, [], None, True)
+    while any(c.finish is None for c in choices):
+      index, event = await queue.get()
+      c = choices[index]
+      entries = _record(c, event)
+      if c.error is not None:
+        yield _event({"error": api.ApiError(500, f"the model failed: {c.error}").body()["error"]})
+        continue
+      text = c.delta()
+      finish = c.finish if c.finish != "cancelled" else None
+      if text or entries or finish:
+        yield _chunk(gen, ident, created, c, text, entries, finish, not started[index])
+        started[index] = True
+    if gen.include_usage:
+      yield _event({"id": ident, "object": "chat.completion.chunk" if gen.chat else
+                    "text_completion", "created": created, "model": gen.model, "choices": [],
+                    "usage": _usage(gen, choices)})
+    yield "data: [DONE]\n\n"
+  finally:
+    cancel()  # a no-op for finished sequences

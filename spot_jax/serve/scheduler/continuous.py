@@ -1,0 +1,328 @@
+"""Continuous batching: iteration-level scheduling of decoder-only generation over fixed slots.
+
+One thread owns the slots (`model.slots`). Each iteration it (1) frees the slots of finished or
+cancelled sequences, (2) prefills waiting sequences into free slots, oldest first (one compiled
+prefill per input-length bucket, from the prompt's cached prefix when it has one), and (3) runs
+ONE compiled decode step over all S slots, whatever their prompts and sampling settings. A
+sequence's tokens are handed to its `emit` callback as they come, so a finished sequence frees
+its slot at once and a waiting one starts at the next iteration; a cancelled one (its client
+went away) is freed before the next step. Compiled shapes: one prefill per length bucket, one
+decode step (and one prefix computation), whatever the mix.
+
+`submit` refuses with `QueueFull` once `max_queue` sequences wait, and with `Stopping` after
+`close`; `stop` returns once every accepted sequence has finished.
+
+Driven over HTTP by `python -m spot_jax.serve --engine=continuous --slots=S`; without HTTP (a
+benchmark): `engine = Engine(catalog, slots=S, length_buckets=[...], max_tokens=N,
+max_queue=Q)`, `engine.warm()`, `engine.start()`, then `engine.submit([Sequence(name, ids, n,
+emit)])`, `emit` hearing ("token", id, logprob, top_ids, top_logprobs) per token and ("end",
+reason) last; `engine.stop()`.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Optional, Sequence as Seq
+
+import jax
+import numpy as np
+
+from spot_jax.serve.scheduler.batcher import PromptGone, QueueFull, Stopping, bucket
+from spot_jax.serve.scheduler.live_catalog import GREEDY
+from spot_jax.serve.model import slots as slots_lib
+from spot_jax.serve.model import prefix_cache
+from spot_jax.serve.model.prefix_cache import PrefixCache
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+  """One generated sequence (a request's choice).
+
+  Attributes:
+    name: the prompt; tokens: its input ids (EOS included, no padding).
+    max_tokens: tokens to generate at most (EOS included).
+    temperature, top_k, top_p, seed, choice: its sampling settings (see `slots.Sampling`).
+    emit: called from the engine thread with ("token", id, logprob, top_ids, top_logprobs),
+      then once with ("end", finish_reason) or ("error", exception).
+    stop: strings that end it; text: ids -> text (needed with `stop`).
+    generated: ids so far; cancelled: set by `cancel`; finish: "stop", "length" or None.
+    enqueued, first_at, last_at: time.monotonic() of submission, first and last token.
+  """
+  name: str
+  tokens: np.ndarray
+  max_tokens: int
+  emit: Callable[..., None]
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  choice: int = 0
+  stop: tuple[str, ...] = ()
+  text: Optional[Callable[[list[int]], str]] = None
+  generated: list = dataclasses.field(default_factory=list)
+  cancelled: bool = False
+  cancelled_at_step: int = -1
+  finish: Optional[str] = None
+  enqueued: float = dataclasses.field(default_factory=time.monotonic)
+  first_at: float = 0.0
+  last_at: float = 0.0
+
+
+def _one_device(params: Any) -> Any:
+  """`params` on one device when they live on one (a mesh of 1): the slots' state then keeps
+  one sharding from call to call, so nothing recompiles after warm-up."""
+  devices = {d for leaf in jax.tree_util.tree_leaves(params) if hasattr(leaf, "devices")
+             for d in leaf.devices()}
+  if len(devices) > 1:
+    return params
+  return jax.device_put(params, next(iter(devices)) if devices else jax.devices()[0])
+
+
+class Engine:
+  """The continuous-batching loop (see the module docstring).
+
+  Attributes:
+    catalog: the served prompts (`catalog.Catalog`): the engine reads `snapshot(GREEDY)`.
+    slots: S; length_buckets: padded input lengths (sorted); max_tokens: the largest
+      max_tokens (N); max_queue: sequences waiting at most; eos_id: the end of sequence;
+      stop_ids: it and the vocabulary's other end ids (a chat model's end of turn).
+    prefixes: the `PrefixCache`.
+    observe: a `metrics.Metrics` (its ttft_observed, itl, cancelled, step, prefill), or None.
+    steps, prefills: compiled decode steps and prefills run.
+    step_seconds: a moving average of a decode step's time.
+  """
+
+  def __init__(self, catalog: Any, *, slots: int, length_buckets: Seq[int], max_tokens: int,
+               max_queue: int, eos_id: int = 1, stop_ids: Seq[int] = (), observe: Any = None):
+    self.catalog, self.slots, self.max_tokens = catalog, slots, max_tokens
+    self.length_buckets, self.max_queue, self.eos_id = sorted(length_buckets), max_queue, eos_id
+    self.stop_ids = frozenset((eos_id, *stop_ids))
+    self.observe = observe
+    self.params = _one_device(catalog.params)
+    self.prefixes = PrefixCache(catalog.model, self.params, catalog.placement)
+    self.steps = self.prefills = 0
+    self.step_seconds = 0.0
+    self._waiting: collections.deque[Sequence] = collections.deque()
+    self._active: list[Optional[Sequence]] = [None] * slots
+    self._cond = threading.Condition()
+    self._closing = self._stopping = False
+    self._table_key: Any = None
+    self._shape: Any = None
+    self._state: Optional[slots_lib.SlotState] = None
+    self._arrays: Any = None
+    self._table: Any = None
+    self._sampling = {k: np.zeros(slots, t) for k, t in (
+        ("temperature", np.float32), ("top_k", np.int32), ("top_p", np.float32),
+        ("seed", np.uint32), ("choice", np.int32), ("count", np.int32))}
+    self._thread = threading.Thread(target=self._loop, name="spot_jax.serve engine", daemon=True)
+
+  # ---------------------------------------------------------------------------- the surface
+
+  def start(self) -> None:
+    self._thread.start()
+
+  def running(self) -> int:
+    """Sequences holding a slot."""
+    return sum(s is not None for s in self._active)
+
+  def waiting(self) -> int:
+    return len(self._waiting)
+
+  def submit(self, sequences: Seq[Sequence]) -> None:
+    """Queues a request's sequences together.
+
+    Raises:
+      QueueFull: `max_queue` sequences wait already; Stopping: after `close`.
+    """
+    with self._cond:
+      if self._closing:
+        raise Stopping()
+      if self._waiting and len(self._waiting) + len(sequences) > self.max_queue:
+        per = max(self.step_seconds, 0.01) * self.max_tokens / self.slots
+        raise QueueFull(max(1, int(np.ceil(per * (len(self._waiting) + 1)))))
+      self._waiting.extend(sequences)
+      self._cond.notify_all()
+
+  def cancel(self, sequence: Sequence) -> None:
+    """Ends `sequence` early: dropped if it waits, its slot freed before the next step."""
+    with self._cond:
+      if sequence.finish is None and not sequence.cancelled:
+        sequence.cancelled, sequence.cancelled_at_step = True, self.steps
+        self._cond.notify_all()
+
+  def close(self) -> None:
+    """Takes no new sequences; the accepted ones go on."""
+    with self._cond:
+      self._closing = True
+      self._cond.notify_all()
+
+  def stop(self, timeout: Optional[float] = None) -> None:
+    """Takes no new sequences; returns when every accepted one has finished."""
+    with self._cond:
+      self._closing = self._stopping = True
+      self._cond.notify_all()
+    if self._thread.is_alive():
+      self._thread.join(timeout)
+
+  def warm(self) -> int:
+    """Compiles the prefix computation, every prefill bucket (from a cached prefix and not, as
+    the prompts need) and the decode step; the shapes."""
+    table = self.catalog.table
+    kinds = {prefix_cache.cacheable(e): e.name for e in table.entries}  # one prompt of each
+    done, observe, self.observe = [], self.observe, None
+    for width in self.length_buckets * 2:  # twice: outputs' shardings may differ from inputs'
+      for name in kinds.values():
+        seq = Sequence(name, np.asarray([self.eos_id] * width, np.int32), 2,
+                       lambda *event: done.append(event))
+        self._refresh()
+        self._admit(seq, 0)
+        self._step()
+        self._active[0] = None
+    self.prefixes.hits = self.prefixes.misses = 0
+    self.steps = self.prefills = 0
+    self.observe = observe
+    return len(self.length_buckets) * len(kinds) + 2
+
+  # ---------------------------------------------------------------------------- the loop
+
+  def _loop(self) -> None:
+    while True:
+      with self._cond:
+        while not self._work():
+          if self._stopping and not self._waiting:
+            return
+          self._cond.wait(0.5)
+      try:
+        self._iterate()
+      except Exception as e:  # pylint: disable=broad-except  (every sequence hears of it)
+        self._fail(e)
+
+  def _work(self) -> bool:
+    return bool(self._waiting) or self.running() > 0
+
+  def _iterate(self) -> None:
+    self._free_cancelled()
+    ready = self._refresh()
+    with self._cond:
+      while self._waiting and self._waiting[0].cancelled:
+        self._waiting.popleft().emit("end", "cancelled")
+    free = [i for i, s in enumerate(self._active) if s is None]
+    while ready and free:
+      with self._cond:
+        if not self._waiting:
+          break
+        seq = self._waiting.popleft()
+      if seq.cancelled:
+        seq.emit("end", "cancelled")
+        continue
+      if seq.name not in self._table.names:
+        seq.emit("error", PromptGone(seq.name))
+        continue
+      self._admit(seq, free.pop(0))
+    if self.running():
+      self._step()
+
+  def _refresh(self) -> bool:
+    """Follows the catalog's table; False while slots must finish before the state changes."""
+    table, server = self.catalog.snapshot(GREEDY)
+    fresh = server is not self._table_key
+    if fresh:
+      self._arrays = jax.device_put(server.table.arrays)
+      self._table_key, self._table = server, table
+      self.prefixes.retain(table.entries)
+    big_p, big_l = slots_lib.sizes(self._arrays)
+    shape = (big_p, big_l)
+    if shape != self._shape:
+      if self.running():
+        return False
+      self.prefixes.clear()
+      fresh = True
+      length = big_p + 2 * (big_l + 1) + max(self.length_buckets) + self.max_tokens
+      self._state = slots_lib.empty_state(self.catalog.model, self.slots, length)
+      self._shape = shape
+    if fresh:  # every prompt's prefix now, not in a request's time to first token
+      for name in table.names:
+        self.prefixes.head(table, self._arrays, name, count=False)
+    return True
+
+  def _admit(self, seq: Sequence, slot: int) -> None:
+    """Prefills `seq` into `slot` and emits its first token."""
+    table = self._table
+    width = bucket(self.length_buckets, len(seq.tokens))
+    tokens = np.zeros((1, width), np.int32)
+    tokens[0, :len(seq.tokens)] = seq.tokens
+    valid = np.arange(width)[None] < len(seq.tokens)
+    head, cached = self.prefixes.head(table, self._arrays, seq.name)
+    for key, value in (("temperature", seq.temperature), ("top_k", seq.top_k),
+                       ("top_p", seq.top_p), ("seed", seq.seed % 2**32),
+                       ("choice", seq.choice), ("count", 0)):
+      self._sampling[key][slot] = value
+    one = slots_lib.Sampling(**{k: v[slot:slot + 1] for k, v in self._sampling.items()})
+    self._state, chosen = slots_lib.prefill(
+        self.catalog.model, self.params, self._arrays, self._state, np.int32(slot),
+        np.asarray([table.index(seq.name)], np.int32), tokens, valid, head, one,
+        placement=self.catalog.placement, cached=cached)
+    self.prefills += 1
+    if self.observe is not None:
+      self.observe.prefill(cached)
+    self._active[slot] = seq
+    self._deliver(slot, seq, jax.device_get(chosen), 0)
+
+  def _step(self) -> None:
+    start = time.monotonic()
+    sampling = slots_lib.Sampling(**self._sampling)
+    self._state, chosen = slots_lib.decode_step(self.catalog.model, self.params,
+                                                self._state, sampling)
+    chosen = jax.device_get(chosen)
+    self.steps += 1
+    if self.observe is not None:
+      self.observe.step()
+    self.step_seconds = 0.8 * self.step_seconds + 0.2 * (time.monotonic() - start)
+    for slot, seq in enumerate(self._active):
+      if seq is not None and not seq.cancelled:
+        self._deliver(slot, seq, chosen, slot)
+
+  def _deliver(self, slot: int, seq: Sequence, chosen: slots_lib.Chosen, row: int) -> None:
+    """Hands `seq` its next token (row `row` of `chosen`); frees the slot when it ends."""
+    token = int(chosen.token[row])
+    now = time.monotonic()
+    if self.observe is not None:
+      if seq.generated:
+        self.observe.itl(now - seq.last_at)
+      else:
+        self.observe.ttft_observed(now - seq.enqueued)
+    seq.first_at = seq.first_at or now
+    seq.last_at = now
+    seq.generated.append(token)
+    self._sampling["count"][slot] = len(seq.generated)
+    seq.emit("token", token, float(chosen.logprob[row]), chosen.top_ids[row],
+             chosen.top_logprobs[row])
+    finish = None
+    if token in self.stop_ids:
+      finish = "stop"
+    elif seq.stop and seq.text is not None and any(s in seq.text(seq.generated)
+                                                   for s in seq.stop):
+      finish = "stop"
+    elif len(seq.generated) >= seq.max_tokens:
+      finish = "length"
+    if finish:
+      seq.finish = finish
+      self._active[slot] = None
+      seq.emit("end", finish)
+
+  def _free_cancelled(self) -> None:
+    for slot, seq in enumerate(self._active):
+      if seq is not None and seq.cancelled:
+        self._active[slot] = None
+        if self.observe is not None:
+          self.observe.cancelled(self.steps - seq.cancelled_at_step)
+        seq.emit("end", "cancelled")
+
+  def _fail(self, error: Exception) -> None:
+    for slot, seq in enumerate(self._active):
+      if seq is not None:
+        self._active[slot] = None
+        seq.emit("error", error)
+    self._shape = None  # the state may be gone (donated): rebuild it

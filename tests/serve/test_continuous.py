@@ -1,0 +1,202 @@
+"""Continuous batching over slots on a tiny random Gemma 3 (sliding and full layers).
+
+Invariants: every sequence, admitted into a slot while others decode, of any of eight prompt
+methods, decodes greedily token for token as `mixed_decoder` decodes its row (the path `infer`
+and the batcher take); a seeded sampled sequence gives the same tokens alone and among others;
+a prompt's cached KV prefix gives the log-probabilities of prefilling its prompt (1e-5); the
+decode step and each prefill bucket compile once.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from spot_jax.backbones.decoder.network import DecoderLM
+from spot_jax.serve.scheduler import live_catalog as catalog_lib
+from spot_jax.serve.model import prefix_cache, slots
+from spot_jax.serve.model.server import DecodeSettings, Server
+from spot_jax.serve.catalog.table import PromptTable, ServedPrompt
+from spot_jax.serve.scheduler.continuous import Engine, Sequence
+from tests.serve.test_decoder_serving import CONFIG, DECODE, EOS, LENGTHS, _server, setup  # noqa: F401  pylint: disable=unused-import
+
+
+def _catalog(backbone, table, placement="prefix"):
+  return catalog_lib.Catalog(DecoderLM(CONFIG), backbone, table.entries, emb_dim=CONFIG.emb_dim,
+                             target_length=DECODE, load=None, placement=placement)
+
+
+def _engine(backbone, table, num_slots=3, placement="prefix"):
+  return Engine(_catalog(backbone, table, placement), slots=num_slots, length_buckets=[4, 10],
+                max_tokens=DECODE, max_queue=64, eos_id=EOS)
+
+
+def _sequence(name, row, **settings):
+  events = []
+  ids = np.asarray([t for t in row if t > 0], np.int32)
+  seq = Sequence(name, ids, DECODE, lambda *e: events.append(e), **settings)
+  return seq, events
+
+
+def _run(engine, sequences):
+  """Drives the engine in this thread until every sequence has ended."""
+  engine.submit([s for s, _ in sequences])
+  while engine.waiting() or engine.running():
+    engine._iterate()  # pylint: disable=protected-access
+  assert all(events[-1][0] == "end" for _, events in sequences)
+  return [[e[1] for e in events if e[0] == "token"] for _, events in sequences]
+
+
+def _upto_eos(row):
+  row = [int(t) for t in row]
+  return row[:row.index(EOS) + 1] if EOS in row else row
+
+
+def test_slots_decode_every_method_as_the_mixed_batch(setup):  # noqa: F811
+  backbone, _, _, table, rows = setup
+  names = table.names + table.names[:1]
+  want, _ = _server(backbone, table).generate(names, rows)
+  engine = _engine(backbone, table)
+  got = _run(engine, [_sequence(n, rows[r]) for r, n in enumerate(names)])
+  for r, name in enumerate(names):
+    assert got[r] == _upto_eos(want[r]), name
+  assert engine.prefills == len(names) and engine.steps < len(names) * DECODE
+  cacheable = sum(prefix_cache.cacheable(table.entries[table.index(n)]) for n in names)
+  assert engine.prefixes.hits == cacheable and engine.prefixes.misses == len(names) - cacheable
+  assert 0 < engine.prefixes.misses < len(names)  # SMoP and ATTEMPT prefill their prompt
+  before = (slots.decode_step._cache_size(), slots.prefill._cache_size())  # pylint: disable=protected-access
+  _run(engine, [_sequence(n, rows[-1 - r]) for r, n in enumerate(names)])
+  assert (slots.decode_step._cache_size(), slots.prefill._cache_size()) == before  # pylint: disable=protected-access
+
+
+def test_after_bos_prompts_decode_as_the_mixed_batch(setup):  # noqa: F811
+  backbone, _, _, table, rows = setup
+  names = ["pt", "smop", "prefix", "dept", "attempt"]
+  want, _ = Server(DecoderLM(CONFIG), backbone, table, placement="after_bos",
+                   settings=DecodeSettings(DECODE, eos_id=EOS)).generate(names, rows[:5])
+  got = _run(_engine(backbone, table, placement="after_bos"),
+             [_sequence(n, rows[r]) for r, n in enumerate(names)])
+  assert got == [_upto_eos(w) for w in want]
+
+
+def test_a_seeded_sample_does_not_depend_on_its_neighbours(setup):  # noqa: F811
+  backbone, _, _, table, rows = setup
+  settings = dict(temperature=0.9, top_k=50, top_p=0.95, seed=1234)
+  alone = _run(_engine(backbone, table), [_sequence("pt", rows[0], **settings)])[0]
+  crowd = [_sequence(n, rows[r + 1], temperature=1.3, seed=r) for r, n in
+           enumerate(table.names[:4])]
+  mixed = _run(_engine(backbone, table), [crowd[0], _sequence("pt", rows[0], **settings),
+                                          *crowd[1:]])
+  assert mixed[1] == alone
+  other = _run(_engine(backbone, table), [_sequence("pt", rows[0], **{**settings, "seed": 9})])
+  greedy = _run(_engine(backbone, table), [_sequence("pt", rows[0])])[0]
+  assert other[0] != alone or greedy != alone  # the seed (or sampling at all) matters
+
+
+def test_the_cached_prefix_gives_the_logprobs_of_prefilling_the_prompt(setup):  # noqa: F811
+  backbone, _, _, table, rows = setup
+  engine = _engine(backbone, table, num_slots=2)
+  engine._refresh()  # pylint: disable=protected-access
+  arrays, model = engine._arrays, DecoderLM(CONFIG)  # pylint: disable=protected-access
+  names = [n for n in table.names if prefix_cache.cacheable(table.entries[table.index(n)])]
+  assert {"pt", "residual", "ulpt", "prefix", "ptuning_v2", "dept"} <= set(names)
+  tokens = np.zeros((1, 10), np.int32)
+  tokens[0, :LENGTHS[0]] = rows[0, :LENGTHS[0]]
+  valid = tokens > 0
+  greedy = slots.Sampling(*(np.zeros(1, t) for t in (np.float32, np.int32)), np.ones(1, np.float32),
+                          *(np.zeros(1, t) for t in (np.uint32, np.int32, np.int32)))
+  for name in names:
+    index = np.asarray([table.index(name)], np.int32)
+    results = []
+    for cached in (True, False):
+      head = slots.compute_head(model, backbone, arrays, index, placement="prefix",
+                                cached=cached)
+      assert int(head.skip[0]) == (table.entries[index[0]].length + 1 if cached else 0)
+      state = slots.empty_state(model, 2, engine._state.k_index.shape[1])  # pylint: disable=protected-access
+      state, first = slots.prefill(model, backbone, arrays, state, np.int32(1), index, tokens,
+                                   valid, head, greedy, placement="prefix", cached=cached)
+      sampling = slots.Sampling(*(np.repeat(a, 2) for a in greedy))
+      _, second = slots.decode_step(model, backbone, state, sampling)
+      results.append((first, second))
+    (c1, c2), (p1, p2) = results
+    np.testing.assert_allclose(c1.top_logprobs, p1.top_logprobs, atol=1e-5, err_msg=name)
+    np.testing.assert_array_equal(c1.top_ids, p1.top_ids, err_msg=name)
+    np.testing.assert_allclose(c2.top_logprobs[1], p2.top_logprobs[1], atol=1e-5, err_msg=name)
+
+
+def test_a_cancelled_sequence_frees_its_slot_before_the_next_step(setup):  # noqa: F811
+  backbone, _, _, table, rows = setup
+  engine = _engine(backbone, table, num_slots=1)
+  first, first_events = _sequence("pt", rows[0])
+  second, second_events = _sequence("smop", rows[1])
+  engine.submit([first, second])
+  engine._iterate()  # pylint: disable=protected-access
+  assert engine.running() == 1 and engine.waiting() == 1
+  engine.cancel(first)
+  steps = engine.steps
+  engine._iterate()  # pylint: disable=protected-access
+  assert first_events[-1] == ("end", "cancelled")
+  assert engine._active[0] is second and engine.steps == steps + 1  # pylint: disable=protected-access
+  with pytest.raises(Exception):
+    engine.close()
+    engine.submit([_sequence("pt", rows[0])[0]])
+  while engine.running():
+    engine._iterate()  # pylint: disable=protected-access
+  assert second_events[-1][0] == "end"
+
+
+def _settings(**columns):
+  rows = len(next(iter(columns.values())))
+  base = dict(temperature=np.ones(rows, np.float32), top_k=np.zeros(rows, np.int32),
+              top_p=np.ones(rows, np.float32), seed=np.arange(rows, dtype=np.uint32),
+              choice=np.zeros(rows, np.int32), count=np.zeros(rows, np.int32))
+  base.update({k: np.asarray(v, base[k].dtype) for k, v in columns.items()})
+  return slots.Sampling(**base)
+
+
+def test_per_slot_top_k_top_p_and_a_slot_alone_among_truncating_ones():
+  logits = np.random.RandomState(0).normal(0, 2, (6, 50)).astype(np.float32)
+  choose = jax.jit(slots._choose)  # pylint: disable=protected-access
+  best = logits.argmax(-1)
+  narrow = choose(logits, _settings(top_k=[1, 0, 1, 0, 1, 0], top_p=[1, 1e-6, 1, 1e-6, 1, 1e-6]))
+  np.testing.assert_array_equal(narrow.token, best)
+  greedy = choose(logits, _settings(temperature=np.zeros(6)))
+  np.testing.assert_array_equal(greedy.token, best)
+  np.testing.assert_allclose(greedy.logprob, np.max(greedy.top_logprobs, axis=1), atol=1e-6)
+  top2 = np.argsort(-logits, axis=1)[:, :2]
+  for count in range(20):
+    drawn = choose(logits, _settings(top_k=[2] * 6, count=[count] * 6)).token
+    assert all(drawn[r] in top2[r] for r in range(6))
+  free = [choose(logits, _settings(count=[c] * 6, seed=[7] * 6)).token[0]
+          for c in range(20)]
+  among = [choose(logits, _settings(count=[c] * 6, seed=[7] * 6, top_k=[0, 3, 3, 3, 3, 3],
+                                    top_p=[1, .5, .5, .5, .5, .5])).token[0] for c in range(20)]
+  free, among = [int(t) for t in free], [int(t) for t in among]
+  assert free == among and len(set(free)) > 1  # sampled, and untouched by its neighbours
+
+
+def test_a_prompt_that_grows_the_table_waits_for_the_running_slots(setup):  # noqa: F811
+  backbone, _, _, table, rows = setup
+  long = ServedPrompt("long", np.random.RandomState(4).normal(
+      0, 1, (20, CONFIG.emb_dim)).astype(np.float32), source="long.npy")
+  catalog = _catalog(backbone, table)
+  catalog.load = lambda name, path: [long]
+  engine = Engine(catalog, slots=2, length_buckets=[10], max_tokens=DECODE, max_queue=8,
+                  eos_id=EOS)
+  first, first_events = _sequence("pt", rows[0])
+  engine.submit([first])
+  engine._iterate()  # pylint: disable=protected-access
+  shape = engine._shape  # pylint: disable=protected-access
+  catalog.add("long", "long.npy")  # L grows past the table's room: a new slot state
+  second, second_events = _sequence("long", rows[1])
+  engine.submit([second])
+  engine._iterate()  # pylint: disable=protected-access
+  assert engine.running() == 1 and engine.waiting() == 1  # "long" waits for "pt" to finish
+  while engine.waiting() or engine.running():
+    engine._iterate()  # pylint: disable=protected-access
+  assert engine._shape != shape  # pylint: disable=protected-access
+  tokens = lambda events: [e[1] for e in events if e[0] == "token"]  # noqa: E731
+  alone = _run(_engine(backbone, table), [_sequence("pt", rows[0])])[0]
+  grown = PromptTable(list(table.entries) + [long], CONFIG.emb_dim)
+  want, _ = _server(backbone, grown).generate(["long"], rows[1:2])
+  assert tokens(first_events) == alone and tokens(second_events) == _upto_eos(want[0])
