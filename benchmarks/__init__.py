@@ -14,6 +14,7 @@ Run from a checkout (`python -m benchmarks.<name>`; not installed with the packa
   serve_workload  its request queues and pass statistics (numpy only, shared with the peer)
   serve_e2e       `python -m benchmarks.serve_e2e`: whole processes on the toy T5, cold start
   serve_http      `python -m benchmarks.serve_http`: load test of `python -m spot_jax.serve`
+  serve_load      `python -m benchmarks.serve_load`: open-loop decoder load: tokens/s, TTFT, ITL
   decoder_train_step  `python -m benchmarks.decoder_train_step`: the train step on a Llama /
                   Gemma 3 shape against PyTorch + PEFT prompt tuning, same weights and tokens
   decoder_serve   `python -m benchmarks.decoder_serve`: many prompts on a decoder-only model,

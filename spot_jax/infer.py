@@ -12,6 +12,7 @@
   # Nearest vocabulary tokens of every prompt token:  --interpret [--top_tokens=5] [--output=x.json]
   # Export one prompt:  --export_peft=DIR [--base_model=NAME_OR_DIR]  |  --export_npy=FILE
   # Export an MPT run unfolded (shared prompt + task factors):  --export_peft_mpt=DIR
+  # Each input as a vLLM request (decoder-only):  --export_vllm=DIR --vllm_model=NAME
 
 Prompts (`--prompt NAME=PATH`, or PATH alone to use its file/directory name) come from a
 spot_jax.train run directory (its exported prompt; Residual and Residual SMoP prompts are folded;
@@ -87,6 +88,11 @@ def _parser() -> cli.ArgumentParser:
   a("--export_npy", default=None, help="write the (single) prompt as a bare [L, E] .npy")
   a("--export_peft_mpt", default=None, help="write the (single) MPT run or adapter, unfolded, as "
     "a PEFT MULTITASK_PROMPT_TUNING adapter directory")
+  a("--export_vllm", default=None, help="write each --input as a vLLM Completions request whose "
+    "prompt_embeds are the (single) prompt and the input's embedded tokens, to DIR/requests.jsonl")
+  a("--vllm_model", default=None, help="the model name vLLM serves (default: --base_model)")
+  a("--vllm_dtype", default="float32", choices=("float32", "bfloat16"),
+    help="the prompt_embeds tensor's dtype (bfloat16 halves the request size)")
   a("--base_model", default=None, help="base_model_name_or_path recorded in the PEFT adapter")
   a("--overwrite", action="store_true", help="replace existing export outputs")
   distributed.add_arguments(p)
@@ -123,11 +129,11 @@ def main(argv: Sequence[str]) -> int:
   from spot_jax.serve.catalog import table as table_lib  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from spot_jax.serve.catalog import prompt_loaders, served_backbone
-  modes = [m for m in ("interpret", "export_peft", "export_npy", "export_peft_mpt")
-           if getattr(args, m)]
+  modes = [m for m in ("interpret", "export_peft", "export_npy", "export_peft_mpt",
+                       "export_vllm") if getattr(args, m)]
   if len(modes) > 1:
     raise ConfigError(f"give one of --interpret, --export_peft, --export_npy, --export_peft_mpt, "
-                      f"not {len(modes)}")
+                      f"--export_vllm, not {len(modes)}")
   specs = served_backbone.prompt_specs(args.prompt)
   served = served_backbone.resolve(  # --model's, or the one the run directories recorded
       [p for _, p in specs], checkpoint=args.checkpoint, seed=args.seed,
@@ -152,6 +158,8 @@ def main(argv: Sequence[str]) -> int:
     return export.export(args, table, config)
   if args.interpret:
     return _interpret(args, table, served)
+  if args.export_vllm:
+    return _export_vllm(args, table, served)
   return _predict(args, table, served, phases)
 
 
@@ -184,6 +192,37 @@ def _interpret(args, table, served) -> int:
     with inputs.atomic_jsonl(args.output) as f:
       json.dump(records, f, indent=1)
   print(interpret.format_table(records))
+  return 0
+
+
+def _export_vllm(args, table, served) -> int:
+  from spot_jax.serve.catalog import served_backbone  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.export import export, vllm  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
+  if served.kind != "decoder":
+    raise ConfigError("--export_vllm writes decoder-only prompts (Llama, Gemma, Qwen); the served "
+                      "backbone is an encoder-decoder (T5)")
+  prompt = vllm.check_entry(export.single(table, "--export_vllm"))
+  model = args.vllm_model or args.base_model
+  if not model or args.input is None:
+    raise ConfigError("--export_vllm needs --input (the requests' texts) and --vllm_model (the "
+                      "name vLLM serves, e.g. meta-llama/Llama-3.2-1B)")
+  path = vllm.requests_path(args.export_vllm, args.overwrite)
+  examples = inputs.read_examples(args.input)
+  vocab = served.vocabulary(args.vocab)
+  served.check_vocabulary(vocab)
+  params, _ = served_backbone.load_params(served)
+  network = served.network()
+  temperature = 0.0 if args.method == "greedy" else args.temperature
+  bodies = [vllm.completion_body(model, vllm.encode(vllm.request_rows(network, params, prompt, row),
+                                                    args.vllm_dtype),
+                                 max_tokens=args.target_length, temperature=temperature,
+                                 top_k=args.top_k or None)
+            for row in _tokens(args, vocab, examples)]
+  vllm.write_requests(path, bodies)
+  print(f"wrote {len(bodies)} vLLM Completions requests ({len(prompt)}-token prompt "
+        f"{table.names[0]!r}, {args.vllm_dtype}) to {path}; serve with `vllm serve {model} "
+        f"--enable-prompt-embeds`")
   return 0
 
 

@@ -51,6 +51,31 @@ class PeftServer:
     return out, np.zeros(len(names), np.float32)
 
 
+class PeftDecoderServer:
+  """Decodes each row alone with PEFT on a decoder-only model: [BOS, input] ->
+  `generate(use_cache=False)` (peft 0.21.2's cached generate prepends the prompt again at every
+  step, and a padded batch changes a row's positions: see `peft_decoder_serve`)."""
+
+  def __init__(self, model, target_length: int, bos_id: int, eos_id: int):
+    self.model, self.target_length = model, target_length
+    self.bos_id, self.eos_id = bos_id, eos_id
+
+  def generate(self, names: Sequence[str], rows: np.ndarray, unused_batch_index: int = 0
+               ) -> tuple[np.ndarray, np.ndarray]:
+    import torch  # pylint: disable=import-outside-toplevel
+    out = np.zeros((len(names), self.target_length), np.int32)
+    with torch.inference_mode():
+      for i, name in enumerate(names):
+        ids = torch.tensor([[self.bos_id] + [int(t) for t in rows[i] if t > 0]])
+        self.model.set_adapter(name)
+        got = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                  max_new_tokens=self.target_length, do_sample=False,
+                                  use_cache=False, eos_token_id=self.eos_id, pad_token_id=0)
+        new = got[0, ids.shape[1]:].numpy()
+        out[i, :len(new)] = new
+    return out, np.zeros(len(names), np.float32)
+
+
 class PeftCatalog:
   """The prompts' listing (a `SizedTable` of the same prompts) and the PEFT server."""
 
@@ -69,6 +94,8 @@ def main(argv: Sequence[str]) -> int:
   p = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
   a = p.add_argument
   a("--work_dir", required=True)
+  a("--kind", default="t5", choices=("t5", "decoder"), help="decoder: CAUSAL_LM adapters on a "
+    "decoder-only model (work_dir/hf), each request alone")
   a("--vocab", required=True)
   a("--port", type=int, default=0)
   a("--max_batch_size", type=int, default=32)
@@ -81,11 +108,18 @@ def main(argv: Sequence[str]) -> int:
   from spot_jax import vocabulary  # pylint: disable=import-outside-toplevel
   names = sorted((n for n in os.listdir(os.path.join(args.work_dir, "adapters"))),
                  key=lambda n: int(n[1:]))
-  model, _ = peft_serve.load(args.work_dir, names)
+  if args.kind == "decoder":
+    from benchmarks.peers import peft_decoder_serve  # pylint: disable=import-outside-toplevel
+    model, _ = peft_decoder_serve.load(args.work_dir, names)
+    server = PeftDecoderServer(model, args.target_length, model.config.bos_token_id,
+                               model.config.eos_token_id)
+  else:
+    model, _ = peft_serve.load(args.work_dir, names)
+    server = PeftServer(model, args.target_length)
   entries = [ServedPrompt(n, np.load(os.path.join(args.work_dir, f"{n}.npy")), source="peft")
              for n in names]
   table = SizedTable(entries)
-  catalog = PeftCatalog(table, PeftServer(model, args.target_length))
+  catalog = PeftCatalog(table, server)
   metrics = metrics_lib.Metrics(args.max_batch_size)
 
   def observe(kind: str, rows: int, unused_padded: int, seconds: float, results) -> None:

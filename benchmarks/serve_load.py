@@ -1,0 +1,318 @@
+"""`python -m benchmarks.serve_load`: open-loop load on `python -m spot_jax.serve`'s decoder
+serving, as an LLM server is measured: tokens/s, time to first token, inter-token latency.
+
+  python -m benchmarks.serve_load --rates=0.5,1,2,4 --out=/tmp/serve_load
+  python -m benchmarks.serve_load --engines=batch,peft --requests=16 --rates=1 --out=/tmp/sl
+
+The toy decoder's shape (`decoder_toy`, Llama-style, width 128; random weights by default) serves
+--num_prompts Prompt Tuning prompts (rows of its embedding table, --prompt_length tokens each). Per
+arrival rate, --requests requests arrive as a Poisson process (open loop: a request is sent at its
+arrival time whatever the server's backlog), each naming a prompt drawn uniformly, a short input,
+and max_tokens drawn uniformly from --min_tokens..--max_tokens. Engines, each its own
+server process on loopback:
+  continuous  `--engine=continuous` (iteration-level scheduling over --slots, streamed: time to
+              first token and inter-token gaps are the stream's); run when the server has it
+  batch       the dynamic batcher (one compiled decoding call per batch, --target_length steps;
+              the answer comes whole, so time to first token is the request's latency)
+  peft        PyTorch + PEFT behind the same HTTP front, one request at a time,
+              `generate(use_cache=False)` (its correct path, `benchmarks.peers.peft_http`)
+Writes OUT/results.json, OUT/serve_load.md (the table) and OUT/serve_load.png (p99 time to
+first token against tokens/s). The load generator shares the CPU with the server.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from typing import Optional, Sequence
+
+import jax
+import numpy as np
+
+from spot_jax import embedded
+
+ENGINES = ("continuous", "batch", "peft")
+WORDS = ("the film was good bad long short plot actor scene story music great dull never again "
+         "fine acting funny sad slow fast ending we liked it not at all a very").split()
+INPUT = 32
+
+
+def setup(work: str, num_prompts: int, prompt_length: int, weights: str) -> None:
+  """work/p<i>/: a run directory per prompt (run.json names the toy decoder's config, its
+  weights and vocabulary, so the server needs no --model) and work/adapters/p<i>/: the same
+  prompt as a PEFT CAUSAL_LM adapter on work/hf (the same weights). `weights`: "random" (seed
+  0: a random model seldom ends early, so answers run to max_tokens) or "trained" (the shipped
+  checkpoint, whose answers end at EOS after about ten tokens)."""
+  # pylint: disable=g-import-not-at-top
+  from spot_jax import backbone as backbone_lib, vocabulary
+  from spot_jax.backbones import kinds
+  from spot_jax.embedded import decoder_config
+  from spot_jax.backbones.decoder.checkpoints import huggingface
+  from spot_jax.run_dir import RunDir, RunRecord
+  from spot_jax.serve.catalog import served_backbone
+  from spot_jax.serve.catalog.served_backbone import ServedBackbone
+  from spot_jax.serve.export import peft_causal
+  config = decoder_config.toy_config()
+  checkpoint = embedded.DECODER_CHECKPOINT_PATH if weights == "trained" else None
+  if checkpoint:
+    params = kinds.load_checkpoint("decoder", checkpoint, config)
+    os.symlink(checkpoint, os.path.join(work, "hf"))
+  else:  # the server's own random backbone of seed 0, written for PyTorch
+    served = ServedBackbone(config, None, 0, "serve_load")
+    params = jax.tree.map(np.asarray, served_backbone.load_params(served)[0])
+    huggingface.save_hf_dir(os.path.join(work, "hf"), config, params)
+  table = np.asarray(params["token_embedder"]["embedding"], np.float32)
+  backbone = backbone_lib.record(config, checkpoint, 0, vocabulary.get(embedded.DECODER_VOCAB_PATH))
+  rs = np.random.RandomState(0)
+  for i in range(num_prompts):
+    prompt = table[rs.randint(3, 170, prompt_length)]
+    run = RunDir(os.path.join(work, f"p{i}"))
+    os.makedirs(os.path.join(run.path, "prompts"), exist_ok=True)
+    np.save(os.path.join(run.path, "prompts", "prompt_best.npy"), prompt)
+    run.write_record(RunRecord(task="serve_load", seed=0, method={"class": "PromptTuning"},
+                               backbone=backbone, train_steps=1, finished=True))
+    peft_causal.export_prompt_adapter(prompt, config, os.path.join(work, "adapters", f"p{i}"),
+                                      base_model_name_or_path=os.path.join(work, "hf"))
+    np.save(os.path.join(work, f"p{i}.npy"), prompt)  # the PEFT peer's listing
+
+
+def command(engine: str, work: str, args) -> list[str]:
+  common = [f"--input_length={INPUT}", f"--target_length={args.max_tokens}", "--port=0",
+            f"--max_queue={4 * args.requests}"]
+  if engine == "peft":
+    return [sys.executable, "-m", "benchmarks.peers.peft_http", "--kind=decoder",
+            f"--work_dir={work}", f"--vocab={embedded.DECODER_VOCAB_PATH}",
+            "--max_batch_size=1", "--max_wait_ms=0", *common]
+  extra = (["--engine=continuous", f"--slots={args.slots}"] if engine == "continuous" else
+           [f"--max_batch_size={args.max_batch_size}", f"--max_wait_ms={args.max_wait_ms}"])
+  return [sys.executable, "-m", "spot_jax.serve", f"--vocab={embedded.DECODER_VOCAB_PATH}",
+          *extra, *common, f"--length_buckets={INPUT}",
+          f"--table_rows={args.num_prompts}", "--compilation_cache_dir=none",
+          *(f"--prompt=p{i}={work}/p{i}" for i in range(args.num_prompts))]
+
+
+def has_continuous(tree: Optional[str]) -> bool:
+  """Whether the server (of `tree`, else this checkout) has the continuous engine."""
+  env = dict(os.environ, **({"PYTHONPATH": os.path.abspath(tree)} if tree else {}))
+  out = subprocess.run([sys.executable, "-m", "spot_jax.serve", "--help"], capture_output=True,
+                       text=True, timeout=300, check=False, env=env,
+                       cwd=tree and os.path.abspath(tree)).stdout
+  return "--engine" in out
+
+
+def requests(rs, count: int, rate: float, num_prompts: int, low: int, high: int) -> list[dict]:
+  """`count` requests: Poisson arrival times at `rate`/s (exponential gaps, the first at its
+  gap), a prompt drawn uniformly, an input of 3 to 8 words, max_tokens uniform in [low, high]."""
+  gaps = rs.exponential(1.0 / rate, count)
+  return [{"at": float(t), "model": f"p{rs.randint(num_prompts)}",
+           "prompt": " ".join(rs.choice(WORDS, rs.randint(3, 9))),
+           "max_tokens": int(rs.randint(low, high + 1))} for t in np.cumsum(gaps)]
+
+
+def send(url: str, req: dict, stream: bool, start: float) -> dict:
+  """One request at its arrival time; (ttft, token gaps, tokens, latency, error) seconds."""
+  delay = start + req["at"] - time.perf_counter()
+  if delay > 0:
+    time.sleep(delay)
+  part = urllib.parse.urlsplit(url)
+  body = {k: req[k] for k in ("model", "prompt", "max_tokens")} | {"temperature": 0.0}
+  if stream:
+    body["stream"] = True
+  t0 = time.perf_counter()
+  out = {"ttft": None, "gaps": [], "tokens": 0, "latency": None, "error": ""}
+  try:
+    conn = http.client.HTTPConnection(part.hostname, part.port, timeout=900)
+    conn.request("POST", "/v1/completions", json.dumps(body),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+      out["error"] = f"HTTP {resp.status}: {resp.read()[:120]!r}"
+      return out
+    if not stream:
+      answer = json.loads(resp.read())
+      out["ttft"] = out["latency"] = time.perf_counter() - t0
+      out["tokens"] = int(answer["usage"]["completion_tokens"])
+      return out
+    last = None
+    for line in resp:
+      line = line.strip()
+      if not line.startswith(b"data:") or line == b"data: [DONE]":
+        continue
+      chunk, now = json.loads(line[5:]), time.perf_counter()
+      if chunk.get("usage"):
+        out["tokens"] = int(chunk["usage"]["completion_tokens"])
+      if not chunk.get("choices"):
+        continue
+      if last is None:
+        out["ttft"] = now - t0
+      else:
+        out["gaps"].append(now - last)
+      last = now
+    out["latency"] = time.perf_counter() - t0
+    out["tokens"] = out["tokens"] or len(out["gaps"]) + (last is not None)
+  except Exception as e:  # pylint: disable=broad-except  (counted as a failure, by kind)
+    out["error"] = type(e).__name__
+  return out
+
+
+def drive(url: str, reqs: Sequence[dict], stream: bool) -> dict:
+  """Every request on its own thread at its arrival time; the run's figures."""
+  results: list = [None] * len(reqs)
+  start = time.perf_counter() + 0.2
+  def run(i):
+    results[i] = send(url, reqs[i], stream, start)
+  threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  return summarize(results, time.perf_counter() - start)
+
+
+def summarize(results: Sequence[dict], seconds: float) -> dict:
+  """tokens/s over the run, p50/p99 time to first token and inter-token gap (ms), failures."""
+  good = [r for r in results if not r["error"]]
+  pct = lambda xs, q: round(1000 * float(np.percentile(xs, q)), 1) if len(xs) else None
+  ttft = [r["ttft"] for r in good]
+  gaps = [g for r in good for g in r["gaps"]]
+  return {"requests": len(results), "failures": len(results) - len(good),
+          "errors": sorted({r["error"] for r in results if r["error"]})[:3],
+          "seconds": round(seconds, 2),
+          "tokens_per_s": round(sum(r["tokens"] for r in good) / seconds, 1),
+          "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
+          "itl_p50_ms": pct(gaps, 50), "itl_p99_ms": pct(gaps, 99)}
+
+
+def serve(engine: str, work: str, args, log: str):
+  """Starts a server (its log in a file, never a pipe nobody reads); (process, URL). The
+  continuous engine runs from --continuous_tree when given (another checkout's spot_jax: run
+  there, since `python -m` puts the working directory first on the path)."""
+  tree = args.continuous_tree if engine == "continuous" else None
+  env = dict(os.environ, **({"PYTHONPATH": os.path.abspath(tree)} if tree else {}))
+  with open(log, "w", encoding="utf-8") as f:
+    proc = subprocess.Popen(command(engine, work, args), stdout=f, stderr=subprocess.STDOUT,
+                            text=True, env=env, cwd=tree and os.path.abspath(tree))
+  while proc.poll() is None:
+    with open(log, encoding="utf-8") as f:
+      found = re.search(r"listening on (http://\S+)", f.read())
+    if found:
+      return proc, found.group(1)
+    time.sleep(0.2)
+  with open(log, encoding="utf-8") as f:
+    raise RuntimeError("the server did not start:\n" + f.read()[-3000:])
+
+
+def alone(url: str, stream: bool, args, rs) -> float:
+  """TTFT (ms) of one request alone (median of 3, after a warm-up), at --max_tokens/2."""
+  reqs = requests(rs, 4, 1000.0, args.num_prompts, args.max_tokens // 2, args.max_tokens // 2)
+  got = [send(url, dict(r, at=0.0), stream, time.perf_counter()) for r in reqs]
+  return round(1000 * float(np.median([g["ttft"] for g in got[1:] if g["ttft"]] or [np.nan])), 1)
+
+
+def run_engine(engine: str, work: str, args) -> list[dict]:
+  proc, url = serve(engine, work, args, os.path.join(args.out, f"{engine}.log"))
+  rows = []
+  try:
+    stream = engine == "continuous"
+    rs = np.random.RandomState(args.seed)
+    single = alone(url, stream, args, rs)
+    for rate in args.rates:
+      reqs = requests(np.random.RandomState(args.seed + 1), args.requests, rate,
+                      args.num_prompts, args.min_tokens, args.max_tokens)
+      row = {"engine": engine, "rate": rate, "ttft_alone_ms": single,
+             **drive(url, reqs, stream)}
+      print(json.dumps(row), flush=True)
+      rows.append(row)
+  finally:
+    proc.terminate()
+    proc.wait(timeout=60)
+  return rows
+
+
+def markdown(rows: Sequence[dict]) -> str:
+  cols = ("engine", "rate", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
+          "itl_p99_ms", "ttft_alone_ms", "failures")
+  head = ("| engine | arrivals/s | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
+          "| TTFT alone ms | failures |")
+  lines = [head, "|" + " --- |" * len(cols)]
+  for r in rows:
+    lines.append("| " + " | ".join("—" if r[c] is None else str(r[c]) for c in cols) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[dict], path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
+  for engine in dict.fromkeys(r["engine"] for r in rows):
+    got = [r for r in rows if r["engine"] == engine and r["ttft_p99_ms"] is not None]
+    ax.plot([r["tokens_per_s"] for r in got], [r["ttft_p99_ms"] for r in got], "o-",
+            label=engine)
+  ax.set_xlabel("tokens/s")
+  ax.set_ylabel("p99 time to first token (ms)")
+  ax.set_yscale("log")
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+  p = argparse.ArgumentParser(prog="benchmarks.serve_load", description=__doc__.splitlines()[0])
+  a = p.add_argument
+  a("--engines", default=",".join(ENGINES), help="of " + ", ".join(ENGINES))
+  a("--rates", default="0.5,1,2,4", help="arrivals per second, one run each")
+  a("--requests", type=int, default=64)
+  a("--num_prompts", type=int, default=64)
+  a("--prompt_length", type=int, default=20)
+  a("--min_tokens", type=int, default=8)
+  a("--max_tokens", type=int, default=128)
+  a("--max_batch_size", type=int, default=8)
+  a("--max_wait_ms", type=float, default=10.0)
+  a("--slots", type=int, default=8)
+  a("--seed", type=int, default=0)
+  a("--weights", default="random", choices=("random", "trained"), help="the toy decoder's "
+    "random weights (answers run to max_tokens) or its shipped checkpoint (they end at EOS)")
+  a("--continuous_tree", default=None, help="a checkout whose spot_jax.serve has --engine "
+    "(default: this one)")
+  a("--out", required=True, help="folder of results.json, serve_load.md, serve_load.png")
+  args = p.parse_args(argv)
+  args.rates = [float(r) for r in args.rates.split(",")]
+  args.engines = [e for e in args.engines.split(",") if e]
+  unknown = [e for e in args.engines if e not in ENGINES]
+  if unknown or not 1 <= args.min_tokens <= args.max_tokens or min(args.rates) <= 0:
+    p.error(f"--engines of {', '.join(ENGINES)}; 1 <= --min_tokens <= --max_tokens; rates > 0")
+  return args
+
+
+def main(argv: Sequence[str], work: Optional[str] = None) -> int:
+  args = parse(argv)
+  os.makedirs(args.out, exist_ok=True)
+  engines = [e for e in args.engines if e != "continuous" or has_continuous(args.continuous_tree)]
+  skipped = sorted(set(args.engines) - set(engines))
+  if skipped:
+    print(f"skipped (not in this tree): {', '.join(skipped)}", flush=True)
+  with tempfile.TemporaryDirectory() as tmp:
+    work = work or tmp
+    setup(work, args.num_prompts, args.prompt_length, args.weights)
+    rows = [row for engine in engines for row in run_engine(engine, work, args)]
+  with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
+    json.dump({"argv": list(argv), "skipped": skipped, "rows": rows}, f, indent=1)
+  with open(os.path.join(args.out, "serve_load.md"), "w", encoding="utf-8") as f:
+    f.write(markdown(rows))
+  plot(rows, os.path.join(args.out, "serve_load.png"))
+  print(markdown(rows))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

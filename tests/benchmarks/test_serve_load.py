@@ -1,0 +1,42 @@
+"""`benchmarks.serve_load` at a tiny size: the arrivals it draws, the figures it reports, and
+one real run of the batching server (two prompts, three requests) writing table and plot."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from benchmarks import serve_load
+
+
+def test_arrivals_are_poisson_at_the_rate_and_lengths_cover_the_range():
+  reqs = serve_load.requests(np.random.RandomState(0), 4000, 2.5, 64, 8, 128)
+  at = np.array([r["at"] for r in reqs])
+  assert np.all(np.diff(at) > 0) and at[0] > 0
+  gaps = np.diff(np.concatenate([[0.0], at]))
+  assert abs(gaps.mean() - 1 / 2.5) < 0.02 and abs(gaps.std() - 1 / 2.5) < 0.03  # exponential
+  lengths = [r["max_tokens"] for r in reqs]
+  assert min(lengths) == 8 and max(lengths) == 128
+  assert len({r["model"] for r in reqs}) == 64
+
+
+def test_summary_percentiles_and_failures():
+  ok = lambda ttft, gaps, n: {"ttft": ttft, "gaps": gaps, "tokens": n, "latency": 1.0,
+                              "error": ""}
+  rows = [ok(0.1, [0.01, 0.03], 3), ok(0.3, [0.02], 2),
+          {"ttft": None, "gaps": [], "tokens": 0, "latency": None, "error": "HTTP 503"}]
+  got = serve_load.summarize(rows, 2.0)
+  assert got["failures"] == 1 and got["errors"] == ["HTTP 503"] and got["tokens_per_s"] == 2.5
+  assert got["ttft_p50_ms"] == 200.0 and got["itl_p50_ms"] == 20.0
+  assert got["ttft_p99_ms"] == round(1000 * float(np.percentile([0.1, 0.3], 99)), 1)
+
+
+def test_a_tiny_run_of_the_batching_server(tmp_path):
+  out = tmp_path / "out"
+  assert serve_load.main(["--engines=batch", "--requests=3", "--rates=4", "--num_prompts=2",
+                          "--min_tokens=2", "--max_tokens=4", f"--out={out}"]) == 0
+  rows = json.loads((out / "results.json").read_text())["rows"]
+  assert len(rows) == 1 and rows[0]["failures"] == 0 and rows[0]["tokens_per_s"] > 0
+  assert rows[0]["ttft_p99_ms"] >= rows[0]["ttft_p50_ms"] > 0
+  assert "| batch | 4.0 |" in (out / "serve_load.md").read_text()
+  assert (out / "serve_load.png").read_bytes()[:4] == b"\x89PNG"
