@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from spot_jax.serve import served_backbone
+from spot_jax.serve.catalog import served_backbone
 from tests.helpers.train_cli import _losses, run_in_one_process
 
 STEPS = 30
