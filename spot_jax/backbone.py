@@ -212,6 +212,13 @@ def seed_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   return backbone_rng, prompt_rng, state_rng
 
 
+def divisible_hint(rules) -> str:
+  """What a user can change when the frozen weights do not divide over the mesh."""
+  fsdp = dict(rules).get("embed") == partitioning.DATA
+  return ("give a device count and NUM_PARTITIONS whose mesh axes divide it"
+          + (", or FSDP=False" if fsdp else ""))
+
+
 def load_backbone(model: Any, dummy: Mapping[str, jax.Array],
                   initial_checkpoint_path: Optional[str], seed: int, mesh, rules,
                   info: Callable[[str], None] = print) -> tuple[Any, Any]:
@@ -219,11 +226,13 @@ def load_backbone(model: Any, dummy: Mapping[str, jax.Array],
 
   `model` is an `EncoderDecoderModel` or a `DecoderOnlyModel`; its config's kind picks the
   checkpoint loader (`backbones.kinds.load_checkpoint`). Call outside `nn.logical_axis_rules`:
-  shardings are explicit here.
+  shardings are explicit here. `rules` are the frozen parameters' rules
+  (`partitioning.frozen_rules`); a mesh that does not divide a weight is refused in one line.
   """
   backbone_rng = seed_keys(seed)[0]
   abstract = jax.eval_shape(model.init_backbone, backbone_rng, dummy)
   shardings = partitioning.param_shardings(abstract, mesh, rules)
+  partitioning.check_divisible(abstract, shardings, mesh, hint=divisible_hint(rules))
   if initial_checkpoint_path:
     check_initial_checkpoint(initial_checkpoint_path)
     path = resolve_checkpoint_path(initial_checkpoint_path)
