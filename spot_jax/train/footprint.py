@@ -116,10 +116,11 @@ def abstract_state(model: models.Model, tx: optax.GradientTransformation, frozen
                       shapes, compiled.output_shardings)
 
 
-def measure(model: models.Model, tx: optax.GradientTransformation, lengths: Mapping[str, int],
-            batch_size: int, mesh: jax.sharding.Mesh, *, fsdp: bool = False,
-            shard_prompt_embed: bool = False, dropout_rng: str = "threefry") -> Footprint:
-  """Compiles the trainer's step for `model` on abstract arrays; its footprint per device.
+def build(model: models.Model, tx: optax.GradientTransformation, lengths: Mapping[str, int],
+          batch_size: int, mesh: jax.sharding.Mesh, *, fsdp: bool = False,
+          shard_prompt_embed: bool = False, dropout_rng: str = "threefry"
+          ) -> tuple[Any, Any, Any, Any]:
+  """(the trainer's jitted step, abstract state, abstract frozen weights, abstract batch).
 
   Args:
     model: the prompted model (its config carries the frozen dtype and remat policy).
@@ -136,12 +137,33 @@ def measure(model: models.Model, tx: optax.GradientTransformation, lengths: Mapp
   frozen = abstract_frozen(model, dummy, mesh, partitioning.frozen_rules(rules, fsdp))
   with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
     state = abstract_state(model, tx, frozen, dummy, mesh, rules)
-    batch = train_batch(model, lengths, batch_size, partitioning.batch_sharding(mesh))
-    step = step_lib.jit_step(
-        model, tx, mesh, state_shardings=jax.tree.map(lambda x: x.sharding, state),
-        frozen_shardings=jax.tree.map(lambda x: x.sharding, frozen),
-        batch_sharding=partitioning.batch_sharding(mesh), dropout_rng=dropout_rng)
-    compiled = step.lower(state, frozen, batch).compile()
+  batch = train_batch(model, lengths, batch_size, partitioning.batch_sharding(mesh))
+  step = step_lib.jit_step(
+      model, tx, mesh, state_shardings=jax.tree.map(lambda x: x.sharding, state),
+      frozen_shardings=jax.tree.map(lambda x: x.sharding, frozen),
+      batch_sharding=partitioning.batch_sharding(mesh), dropout_rng=dropout_rng)
+  return step, state, frozen, batch
+
+
+def compile_step(step: Any, state: Any, frozen: Any, batch: Any, mesh: jax.sharding.Mesh,
+                 shard_prompt_embed: bool = False) -> Any:
+  """The step compiled ahead of time for these abstract arguments, under the trainer's rules."""
+  rules = partitioning.logical_rules(shard_prompt_embed)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
+    return step.lower(state, frozen, batch).compile()
+
+
+def measure(model: models.Model, tx: optax.GradientTransformation, lengths: Mapping[str, int],
+            batch_size: int, mesh: jax.sharding.Mesh, *, fsdp: bool = False,
+            shard_prompt_embed: bool = False, dropout_rng: str = "threefry") -> Footprint:
+  """Compiles the trainer's step for `model` on abstract arrays; its footprint per device.
+
+  The arguments are `build`'s.
+  """
+  step, state, frozen, batch = build(model, tx, lengths, batch_size, mesh, fsdp=fsdp,
+                                     shard_prompt_embed=shard_prompt_embed,
+                                     dropout_rng=dropout_rng)
+  compiled = compile_step(step, state, frozen, batch, mesh, shard_prompt_embed)
   stats = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost

@@ -32,69 +32,81 @@ ROWS = (("frozen weights", "frozen"), ("prompt + optimizer state", "trainable"),
         ("batch", "batch"), ("activations and temporaries", "temporaries"), ("total", "total"))
 
 
+WEIGHT_FORMATS = ("float32", "bfloat16")  # the frozen weights' formats the planner tries
+_NEAR = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3, "nf4": 3}  # cost from float32
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
   """What the planner varies, as the gin settings that name it.
 
   Attributes:
-    frozen_dtype: FROZEN_DTYPE, the frozen weights' dtype ("float32", "bfloat16").
+    weights: the frozen weights' format: "float32" or "bfloat16" (FROZEN_DTYPE).
     remat: REMAT, per-layer rematerialisation ("none", "full", ...).
     fsdp: FSDP, the frozen weights sharded over the data axis too.
     batch_size: BATCH_SIZE, the global batch.
   """
-  frozen_dtype: str
+  weights: str
   remat: str
   fsdp: bool
   batch_size: int
 
+  def gin(self) -> dict[str, Any]:
+    """{macro: value} of the gin settings this setting stands for."""
+    return {"FROZEN_DTYPE": self.weights, "REMAT": self.remat, "FSDP": self.fsdp,
+            "BATCH_SIZE": self.batch_size}
+
   def overrides(self, base: Optional["Setting"] = None) -> str:
     """The --gin overrides of this setting (those that differ from `base`, when given)."""
-    names = {"frozen_dtype": "FROZEN_DTYPE", "remat": "REMAT", "fsdp": "FSDP",
-             "batch_size": "BATCH_SIZE"}
-    out = []
-    for field, macro in names.items():
-      value = getattr(self, field)
-      if base is None or value != getattr(base, field):
-        out.append(f"--gin.{macro}=" + (f"\"'{value}'\"" if isinstance(value, str)
-                                         else str(value)))
-    return " ".join(out)
+    old = base.gin() if base is not None else {}
+    return " ".join(f"--gin.{macro}=" + (f"\"'{value}'\"" if isinstance(value, str)
+                                          else str(value))
+                    for macro, value in self.gin().items()
+                    if macro not in old or old[macro] != value)
+
+  def cost(self, base: "Setting") -> int:
+    """How much this setting changes `base`: 1 per step of weight precision (bfloat16 1, int8
+    2, int4 3 from float32), 1 for remat, 1 for FSDP, 3 per halving of the batch."""
+    return (abs(_NEAR.get(self.weights, 3) - _NEAR.get(base.weights, 3))
+            + (self.remat != base.remat) + (self.fsdp != base.fsdp)
+            + 3 * ((base.batch_size // self.batch_size).bit_length() - 1))
 
 
 def setting_of(model: models.Model, fsdp: bool, batch_size: int) -> Setting:
   """The setting a model and the trainer's FSDP and BATCH_SIZE stand for."""
   config = model.config
-  return Setting(frozen_dtype=str(getattr(config, "param_dtype", None) or "float32"),
+  return Setting(weights=str(getattr(config, "param_dtype", None) or "float32"),
                  remat=str(getattr(config, "remat_policy", "none")), fsdp=bool(fsdp),
                  batch_size=int(batch_size))
 
 
 def apply(model: models.Model, setting: Setting) -> models.Model:
-  """`model` with the setting's frozen dtype and remat policy in its config."""
+  """`model` with the setting's frozen weight format and remat policy in its config."""
   config = model.config
-  changes = {k: v for k, v in (("param_dtype", setting.frozen_dtype),
-                               ("remat_policy", setting.remat)) if hasattr(config, k)}
-  if not changes:
-    return model
+  changes = {}
+  for field, value, plain in (("param_dtype", setting.weights, "float32"),
+                              ("remat_policy", setting.remat, "none")):
+    if hasattr(config, field):
+      changes[field] = value
+    elif value != plain:
+      raise ConfigError(f"{setting.overrides()}: this model's config has no {field}")
   return dataclasses.replace(model, module=model.module.clone(config=config.replace(**changes)))
 
 
 def alternatives(base: Setting, data_size: int, config: Any) -> list[tuple[int, Setting]]:
   """Every other setting with its cost (how much it changes), nearest first."""
-  dtypes = ["float32", "bfloat16"] if hasattr(config, "param_dtype") else [base.frozen_dtype]
-  remats = ["none", "full"] if hasattr(config, "remat_policy") else [base.remat]
-  fsdps = [False, True] if data_size > 1 else [base.fsdp]
+  formats = WEIGHT_FORMATS if hasattr(config, "param_dtype") else (base.weights,)
+  remats = ("none", "full") if hasattr(config, "remat_policy") else (base.remat,)
+  fsdps = (False, True) if data_size > 1 else (base.fsdp,)
   batches = [b for b in (base.batch_size, base.batch_size // 2, base.batch_size // 4)
              if b >= data_size and b % data_size == 0]
   out = []
-  for dtype, remat, fsdp, batch in itertools.product(
-      sorted(set(dtypes + [base.frozen_dtype])), sorted(set(remats + [base.remat])),
-      sorted(set(fsdps + [base.fsdp])), sorted(set(batches), reverse=True)):
-    setting = Setting(dtype, remat, fsdp, batch)
-    if setting == base:
-      continue
-    cost = ((dtype != base.frozen_dtype) + (remat != base.remat) + (fsdp != base.fsdp)
-            + 3 * (base.batch_size // batch).bit_length() - 3)
-    out.append((cost, setting))
+  for weights, remat, fsdp, batch in itertools.product(
+      dict.fromkeys((base.weights,) + tuple(formats)), dict.fromkeys((base.remat,) + remats),
+      dict.fromkeys((base.fsdp,) + fsdps), batches):
+    setting = Setting(weights, remat, fsdp, batch)
+    if setting != base:
+      out.append((setting.cost(base), setting))
   return sorted(out, key=lambda item: item[0])
 
 
