@@ -39,11 +39,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--slots", type=int, default=8, help="--for=serve: sequences served at once")
   parser.add_argument("--max_length", type=int, default=2048,
                       help="--for=serve: positions per sequence (prompt and generated tokens)")
+  parser.add_argument("--json", default=None,
+                      help="also write the figures (bytes per device) to this JSON file")
 
 
 def before_jax(args: argparse.Namespace) -> None:
   """The planner compiles on CPU, split into --devices devices, before JAX starts."""
   args.cpu_devices = validate.positive_int(args.devices, "--devices")
+  if args.device_memory is not None:
+    validate.byte_size(args.device_memory, "--device_memory")
+  if args.json:
+    validate.output_file(args.json, "--json")
   import jax  # pylint: disable=g-import-not-at-top
   try:
     jax.config.update("jax_platforms", "cpu")
@@ -63,14 +69,15 @@ def main(args: argparse.Namespace) -> int:
             "device_memory": args.device_memory}
   if args.purpose == "serve":
     plan.plan_serving(slots=validate.positive_int(args.slots, "--slots"),
-                      max_length=validate.positive_int(args.max_length, "--max_length"), **common)
+                               max_length=validate.positive_int(args.max_length, "--max_length"),
+                               json_path=args.json, **common)
     return 0
   plan.plan_training(train_dataset_cfg=bound["train_dataset_cfg"],
                      optimizer=bound.get("optimizer"),
                      shard_prompt_embed=bound.get("shard_prompt_embed", False),
                      dropout_rng=bound.get("dropout_rng", "threefry"),
                      trainable=bound.get("trainable", "prompt"), seeds=bound.get("seeds"),
-                     tasks=bound.get("tasks"), **common)
+                     tasks=bound.get("tasks"), json_path=args.json, **common)
   return 0
 
 

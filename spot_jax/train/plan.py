@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from typing import Any, Callable, Optional, Sequence
 
 import jax
 
+from spot_jax import fileio
 from spot_jax import models
 from spot_jax import partitioning
 from spot_jax import validate
@@ -170,6 +172,11 @@ def _print(line: str) -> None:
   print(line, flush=True)
 
 
+def _write(path: Optional[str], result: dict[str, Any]) -> None:
+  if path:
+    fileio.atomic_write_bytes(path, json.dumps(result, indent=2).encode())
+
+
 def size(nbytes: float) -> str:
   """Bytes as GiB (MiB below 0.1 GiB), e.g. "13.42 GiB", "27.0 MiB"."""
   if nbytes >= GIB / 10:
@@ -201,7 +208,7 @@ def plan_training(*, model: models.Model, train_dataset_cfg: Any, devices: int,
                   num_partitions: int = 1, fsdp: bool = False,
                   shard_prompt_embed: bool = False, dropout_rng: str = "threefry",
                   trainable: str = "prompt", seeds: Optional[Sequence[int]] = None,
-                  tasks: Optional[Sequence[str]] = None,
+                  tasks: Optional[Sequence[str]] = None, json_path: Optional[str] = None,
                   out: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
   """Plans the trainer's step per device; refuses a setting that does not fit `device_memory`.
 
@@ -210,6 +217,7 @@ def plan_training(*, model: models.Model, train_dataset_cfg: Any, devices: int,
       dropout_rng, trainable, seeds, tasks: the trainer's arguments of those names.
     devices: devices of the mesh (JAX's devices: the CPU's, split before JAX started).
     device_memory: the memory of one device, e.g. "24GiB" (None: no fit check).
+    json_path: also write the result there (before a refusal is raised).
     out: where the report's lines go.
 
   Returns:
@@ -242,25 +250,26 @@ def plan_training(*, model: models.Model, train_dataset_cfg: Any, devices: int,
     out(line)
   result = {"setting": dataclasses.asdict(base), "footprint": found.as_dict(), "fits": None,
             "nearest": None}
-  if budget is None:
-    return result
-  result["fits"] = found.total <= budget
-  out(f"fits {device_memory} per device: {'yes' if result['fits'] else 'no'}")
-  if result["fits"]:
+  if budget is not None:
+    result["fits"] = found.total <= budget
+    out(f"fits {device_memory} per device: {'yes' if result['fits'] else 'no'}")
+  if budget is None or result["fits"]:
+    _write(json_path, result)
     return result
   setting, near = planner.nearest_fit(base, budget, found.trainable, out)
+  result["nearest"] = None if setting is None else dataclasses.asdict(setting)
+  _write(json_path, result)
   need = f"{size(found.total)} per device, more than --device_memory={device_memory}"
   if setting is None:
     raise ConfigError(f"the planned setting needs {need}, and none of the nearest settings "
                       f"fits; use more devices with --gin.FSDP=True, or a smaller BATCH_SIZE")
-  result["nearest"] = dataclasses.asdict(setting)
   raise ConfigError(f"the planned setting needs {need}; the nearest setting that fits: "
                     f"{setting.overrides(base)} ({size(near.total)} per device)")
 
 
 def plan_serving(*, model: models.Model, devices: int, slots: int, max_length: int,
                  num_partitions: int = 1, fsdp: bool = False,
-                 device_memory: Optional[str] = None,
+                 device_memory: Optional[str] = None, json_path: Optional[str] = None,
                  out: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
   """Serving memory per device: frozen weights + the key/value cache of `slots` x `max_length`
   (arithmetic from shapes, `footprint.serve_memory`)."""
@@ -269,6 +278,7 @@ def plan_serving(*, model: models.Model, devices: int, slots: int, max_length: i
                                                                  "--device_memory")
   mesh = partitioning.create_mesh(num_partitions, jax.devices()[:devices])
   sizes = footprint_lib.serve_memory(model, mesh, slots, max_length, fsdp=fsdp)
+  _write(json_path, sizes)
   out(f"serving per device, {slots} slots x {max_length} positions, {devices} device(s) "
       f"(arithmetic from shapes):")
   for label, key in (("frozen weights", "frozen"), ("key/value cache", "cache"),
