@@ -88,8 +88,8 @@ def rows_of(name: str, args, log) -> list[dict[str, Any]]:
       found = planner.measure(setting)
       seconds = time.perf_counter() - t0
       goal = GOALS.get((name, weights, remat))
-      row = dict(model=name, devices=devices, **dataclasses.asdict(setting),
-                 **found.as_dict(), compile_s=round(seconds, 1), goal_gib=goal)
+      row = dict(model=name, **dataclasses.asdict(setting), **found.as_dict(),
+                 compile_s=round(seconds, 1), goal_gib=goal)
       rows.append(row)
       log(f"{name} {weights} remat={remat} devices={devices}: "
           f"{found.total / (1 << 30):.2f} GiB ({seconds:.0f} s)")

@@ -8,12 +8,12 @@ The identity of a frozen backbone: its configuration plus its checkpoint's files
 
 Two prompts can only be compared or transferred when they were trained against the same frozen
 model. A fingerprint is a dict {"id", "config", "checkpoint", "model", "kind"}: `config` hashes
-the config fields that define the weights' meaning (dropout and activation dtype excluded; a
-decoder-only config's hash also covers its kind, so no config of one kind shares a hash with
-one of the other), `kind` is the backbone kind ("t5" or "decoder", `backbones.kinds`), `checkpoint`
-is "random:<seed>" for a randomly initialised backbone, or a hash of every file of the
-checkpoint directory (relative path, size, first and last MiB), which is cheap for multi-GB
-checkpoints and changes whenever a file does.
+the config fields that define the weights' meaning (dropout, activation and stored dtypes and
+remat excluded; a decoder-only config's hash also covers its kind, so no config of one kind
+shares a hash with one of the other), `kind` is the backbone kind ("t5" or "decoder",
+`backbones.kinds`), `checkpoint` is "random:<seed>" for a randomly initialised backbone, or a
+hash of every file of the checkpoint directory (relative path, size, first and last MiB), which
+is cheap for multi-GB checkpoints and changes whenever a file does.
 """
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ from spot_jax import paths
 from spot_jax.backbones import kinds
 from spot_jax.errors import ConfigError
 
-_IGNORED_FIELDS = ("dropout_rate", "dtype")
+# How the weights are computed with and held (activation dtype, stored dtype, remat), not what
+# they are: a prompt trained on bfloat16 weights belongs to the same model as on float32 ones.
+_IGNORED_FIELDS = ("dropout_rate", "dtype", "param_dtype", "remat_policy")
 _CHUNK = 1 << 20
 
 
@@ -219,22 +221,40 @@ def divisible_hint(rules) -> str:
           + (", or FSDP=False" if fsdp else ""))
 
 
+def resolve_frozen_dtype(model: Any, checkpoint_path: Optional[str],
+                         trainable: str = "prompt") -> Any:
+  """`model` with its config's `param_dtype` decided: FROZEN_DTYPE as given, else (None) the
+  checkpoint's (`backbones.kinds.stored_dtype`); float32 when the backbone trains
+  (trainable="all": its optimizer updates need float32 weights)."""
+  config = model.config
+  if config.param_dtype is not None:
+    return model
+  if trainable != "prompt" or not checkpoint_path:
+    dtype = "float32"
+  else:
+    dtype = kinds.stored_dtype(kinds.kind_of(config), resolve_checkpoint_path(checkpoint_path))
+  return model.with_config(dataclasses.replace(config, param_dtype=dtype))
+
+
 def load_backbone(model: Any, dummy: Mapping[str, jax.Array],
                   initial_checkpoint_path: Optional[str], seed: int, mesh, rules,
                   info: Callable[[str], None] = print) -> tuple[Any, Any]:
   """The frozen backbone on `mesh` (strictly loaded, or random from `seed`) and its shardings.
 
   `model` is an `EncoderDecoderModel` or a `DecoderOnlyModel`; its config's kind picks the
-  checkpoint loader (`backbones.kinds.load_checkpoint`). Call outside `nn.logical_axis_rules`:
-  shardings are explicit here. `rules` are the frozen parameters' rules
+  checkpoint loader (`backbones.kinds.load_checkpoint`). The weights are read array by array in
+  the config's `param_dtype` (None: the checkpoint's, `resolve_frozen_dtype`). Call outside
+  `nn.logical_axis_rules`: shardings are explicit here. `rules` are the frozen parameters' rules
   (`partitioning.frozen_rules`); a mesh that does not divide a weight is refused in one line.
   """
+  if initial_checkpoint_path:
+    check_initial_checkpoint(initial_checkpoint_path)
+  model = resolve_frozen_dtype(model, initial_checkpoint_path)
   backbone_rng = seed_keys(seed)[0]
   abstract = jax.eval_shape(model.init_backbone, backbone_rng, dummy)
   shardings = partitioning.param_shardings(abstract, mesh, rules)
   partitioning.check_divisible(abstract, shardings, mesh, hint=divisible_hint(rules))
   if initial_checkpoint_path:
-    check_initial_checkpoint(initial_checkpoint_path)
     path = resolve_checkpoint_path(initial_checkpoint_path)
     params = kinds.load_checkpoint(kinds.kind_of(model.config), path, model.config, mesh=mesh,
                                    rules=rules)

@@ -6,6 +6,8 @@
             network (config, Flax network, Hugging Face and Gemma checkpoints, KV-cache decoding,
             tokenizers)
   kinds     which kind a config is (`kind_of`), each kind's named configs and strict loader
+  memory    what the frozen weights and layers hold: their stored dtype (FROZEN_DTYPE) and the
+            per-layer rematerialisation policies (REMAT)
 
 Each kind has a frozen config dataclass, a Flax network that takes an optional prompt module
 (the input hook before the first layer, or the deep hook in every attention layer), strict

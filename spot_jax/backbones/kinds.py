@@ -7,6 +7,7 @@ importing a kind to test `isinstance` against it:
   kind_of(config)                 "t5" or "decoder"
   named_configs(kind)             the kind's registered configs {name: config}
   load_checkpoint(kind, ...)      the kind's strict loader, returning the parameter tree
+  stored_dtype(kind, path)        the frozen dtype a checkpoint asks for (FROZEN_DTYPE None)
 
 Each kind is imported only when asked for, so a job on one kind never loads the other.
 """
@@ -55,3 +56,13 @@ def load_checkpoint(kind: str, path: str, config: Any, *, mesh: Optional[Any] = 
   from spot_jax.backbones.decoder import checkpoints  # pylint: disable=g-import-not-at-top
   _, params = checkpoints.load_checkpoint(path, config, mesh=mesh, rules=rules)
   return params
+
+
+def stored_dtype(kind: str, path: Optional[str]) -> str:
+  """The dtype frozen weights are held in when FROZEN_DTYPE is None: "bfloat16" for a
+  decoder-only Hugging Face checkpoint stored in bfloat16 (config.json's `torch_dtype` or
+  `dtype`), else "float32" (T5, Gemma orbax, remote or no checkpoint: a random backbone)."""
+  if kind != "decoder" or not path or "://" in str(path):
+    return "float32"
+  from spot_jax.backbones.decoder import checkpoints  # pylint: disable=g-import-not-at-top
+  return checkpoints.stored_dtype(path)

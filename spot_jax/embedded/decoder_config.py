@@ -14,6 +14,8 @@ EOS would make "start" and "answer now" one signal.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from spot_jax.backbones.decoder import config as config_lib
 
 NAME = "decoder_toy"
@@ -25,14 +27,18 @@ DESCRIPTION = ("A Llama-style decoder-only model (width 128, 4 layers, 4 query h
                "key/value heads, SwiGLU MLP 384, RMSNorm, rotary positions, untied output layer)")
 
 
-def toy_config(dtype: str = "float32") -> config_lib.DecoderConfig:
+def toy_config(dtype: str = "float32", param_dtype: Optional[str] = None,
+               remat_policy: str = "none") -> config_lib.DecoderConfig:
   """`decoder_toy`: width 128, 4 layers, 4 query heads of 32 over 2 key/value heads, SwiGLU 384.
 
   Args:
-    dtype: the activation dtype ("float32", "bfloat16"); parameters stay float32.
+    dtype: the activation dtype ("float32", "bfloat16").
+    param_dtype: the frozen weights' dtype (None: the checkpoint's).
+    remat_policy: per-layer rematerialisation ("none", "full", "save_dots", "offload").
   """
   return config_lib.DecoderConfig(
       vocab_size=VOCAB_SIZE, emb_dim=128, num_heads=4, num_kv_heads=2, num_layers=4, head_dim=32,
       mlp_dim=384, mlp_activation="silu", norm_epsilon=1e-6, rope_theta=10000.0,
       tie_word_embeddings=False, max_position_embeddings=MAX_POSITIONS, bos_id=BOS_ID,
-      eos_id=EOS_ID, pad_id=PAD_ID, dtype=dtype)
+      eos_id=EOS_ID, pad_id=PAD_ID, dtype=dtype, param_dtype=param_dtype,
+      remat_policy=remat_policy)

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from spot_jax import losses
+from spot_jax.backbones import memory
 from spot_jax.backbones.decoder.network import DecoderLM, is_deep_prompt
 from spot_jax.models.common import PROMPT_KEY, Params, loss_and_metrics
 
@@ -109,6 +110,11 @@ class DecoderOnlyModel:
   def config(self):
     return self.module.config
 
+  def with_config(self, config: Any) -> "DecoderOnlyModel":
+    """This model around the same network of another `DecoderConfig` (e.g. its frozen dtype
+    or remat policy resolved)."""
+    return dataclasses.replace(self, module=self.module.clone(config=config))
+
   def for_batches(self, task_feature_lengths: Mapping[str, int]) -> "DecoderOnlyModel":
     """This model for training batches of these feature lengths: the loss reads at most the
     targets' length of positions per row (`loss_positions`)."""
@@ -147,8 +153,10 @@ class DecoderOnlyModel:
     return self.module.clone(prompt=None)
 
   def init_backbone(self, rng: Array, batch: Mapping[str, Array]) -> Params:
-    """Randomly initialised backbone parameters (boxed with logical axes)."""
-    return self.backbone_module().init({"params": rng}, batch["decoder_input_tokens"])["params"]
+    """Randomly initialised backbone parameters (boxed with logical axes), in the config's
+    `frozen_dtype`."""
+    params = self.backbone_module().init({"params": rng}, batch["decoder_input_tokens"])["params"]
+    return memory.cast(params, self.config.frozen_dtype)
 
   def init_prompt(self, rng: Array, frozen_params: Params, batch: Mapping[str, Array]) -> Params:
     """Prompt-side parameters `{"prompt": ...}` (boxed), initialised against the frozen weights

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from spot_jax import losses
+from spot_jax.backbones import memory
 from spot_jax.backbones.t5 import network, scoring
 from spot_jax.models.common import PROMPT_KEY, Params, loss_and_metrics
 
@@ -52,6 +53,11 @@ class EncoderDecoderModel:
   def config(self):
     return self.module.config
 
+  def with_config(self, config: Any) -> "EncoderDecoderModel":
+    """This model around the same network of another `T5Config` (e.g. its frozen dtype or
+    remat policy resolved)."""
+    return dataclasses.replace(self, module=self.module.clone(config=config))
+
   @property
   def has_prompt(self) -> bool:
     return self.module.prompt is not None
@@ -77,11 +83,12 @@ class EncoderDecoderModel:
     return self.module.clone(prompt=None)
 
   def init_backbone(self, rng: Array, batch: Mapping[str, Array]) -> Params:
-    """Randomly initialised backbone parameters (boxed with logical axes)."""
+    """Randomly initialised backbone parameters (boxed with logical axes), in the config's
+    `frozen_dtype`."""
     variables = self.backbone_module().init(
         {"params": rng}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
         batch["decoder_target_tokens"], enable_dropout=False)
-    return variables["params"]
+    return memory.cast(variables["params"], self.config.frozen_dtype)
 
   def init_prompt(self, rng: Array, frozen_params: Params, batch: Mapping[str, Array]) -> Params:
     """Prompt-side parameters `{"prompt": ...}` (boxed), initialised against the frozen weights.

@@ -195,6 +195,10 @@ def plan(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
                       "(e.g. gin/prompts/prompt_tuning_sampled_vocab.gin), or use "
                       "gin/runs/model_tune.gin")
   check_backbone_kind(model)
+  if trainable == TRAINABLE_ALL and model.config.param_dtype not in (None, "float32"):
+    raise ConfigError(f"FROZEN_DTYPE={model.config.param_dtype!r} stores the backbone for "
+                      "prompt training, but TRAINABLE='all' trains it; use FROZEN_DTYPE="
+                      "'float32' (or None) for model tuning")
   train_dataset_cfg = dataclasses.replace(
       train_dataset_cfg, feature_layout=getattr(model, "feature_layout", "encoder_decoder"))
   total_steps = validate.positive_int(total_steps, "TRAIN_STEPS")

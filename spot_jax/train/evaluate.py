@@ -8,6 +8,7 @@ the mesh's global batches, so several processes give the one-process metrics.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -75,6 +76,7 @@ def evaluate_run(*, model: models.Model, eval_cfg: EvalConfig,
   if model_dir is not None:
     run_dir = RunDir(validate.existing_dir(model_dir, "MODEL_DIR", "a training run's directory"))
     record = run_dir.read_record()
+    model = _recorded_frozen_dtype(model, record)
     if record is not None and not allow_backbone_change:
       current = backbone_lib.fingerprint(model.config, initial_checkpoint_path, seed)
       backbone_lib.check_same(record.fingerprint, current, str(run_dir.path),
@@ -108,3 +110,11 @@ def evaluate_run(*, model: models.Model, eval_cfg: EvalConfig,
     print(f"{task} [{eval_cfg.split}] "
           + ", ".join(f"{k} {v:.4g}" for k, v in sorted(values.items())))
   return metrics
+
+
+def _recorded_frozen_dtype(model: Any, record: Any) -> Any:
+  """`model` with the frozen dtype its run recorded, unless FROZEN_DTYPE is set."""
+  recorded = ((record.backbone or {}).get("config") or {}).get("param_dtype") if record else None
+  if model.config.param_dtype is not None or recorded is None:
+    return model
+  return model.with_config(dataclasses.replace(model.config, param_dtype=recorded))

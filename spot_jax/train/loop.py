@@ -89,6 +89,8 @@ def train(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
                      checkpoint_cfg=checkpoint_cfg, initial_checkpoint_path=initial_checkpoint_path,
                      trainable=trainable, seed=seed, log_period=log_period, dropout_rng=dropout_rng,
                      seeds=seeds, tasks=tasks, runs=runs, init_note=init_note)
+  # FROZEN_DTYPE None: the checkpoint's dtype, decided once, before the runs record it
+  model = backbone_lib.resolve_frozen_dtype(model, initial_checkpoint_path, trainable)
   runtime.enable_compilation_cache(compilation_cache_dir)
   tx = optimizer if optimizer is not None else optimizers.adafactor()
 

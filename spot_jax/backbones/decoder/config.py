@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional, Union
 import jax.numpy as jnp
 
 from spot_jax import validate
+from spot_jax.backbones import memory
 from spot_jax.errors import ConfigError
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu")
@@ -100,7 +101,11 @@ class DecoderConfig:
     max_position_embeddings: the context length the model was trained for (informative; HF).
     bos_id, eos_id: beginning- and end-of-sequence ids of the model's tokenizer.
     pad_id: the tokenizer's padding id, or None.
-    dtype: activation dtype name ("float32" or "bfloat16"); parameters stay float32.
+    dtype: activation dtype name ("float32" or "bfloat16"); weights are cast to it at use.
+    param_dtype: the dtype the frozen weights are stored in ("float32" or "bfloat16"; None:
+      the checkpoint's, bfloat16 for a Hugging Face checkpoint stored so, else float32).
+    remat_policy: what each layer keeps for the backward pass ("none", "full", "save_dots",
+      "offload"; see `spot_jax.backbones.memory`).
   """
   vocab_size: int
   emb_dim: int
@@ -130,6 +135,8 @@ class DecoderConfig:
   eos_id: int = 2
   pad_id: Optional[int] = None
   dtype: str = "float32"
+  param_dtype: Optional[str] = None
+  remat_policy: str = "none"
 
   def __post_init__(self):
     name = "DecoderConfig."
@@ -141,6 +148,8 @@ class DecoderConfig:
                         f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
     validate.one_of(self.mlp_activation, name + "mlp_activation", ACTIVATIONS)
     validate.one_of(self.dtype, name + "dtype", DTYPES)
+    memory.check_dtype(self.param_dtype, name + "param_dtype")
+    memory.check_remat(self.remat_policy, name + "remat_policy")
     self._set("norm_epsilon", validate.positive(self.norm_epsilon, name + "norm_epsilon"))
     self._set("norm_offset", validate.non_negative(self.norm_offset, name + "norm_offset"))
     self._set("rope_theta", validate.positive(self.rope_theta, name + "rope_theta"))
@@ -189,6 +198,11 @@ class DecoderConfig:
   def activation_dtype(self) -> jnp.dtype:
     """The jnp dtype of activations."""
     return jnp.dtype(self.dtype)
+
+  @property
+  def frozen_dtype(self) -> jnp.dtype:
+    """The jnp dtype the frozen weights are stored in (float32 while `param_dtype` is None)."""
+    return memory.frozen_dtype(self.param_dtype)
 
   @property
   def attention_scale(self) -> float:
@@ -296,12 +310,15 @@ def _build_registry() -> dict[str, DecoderConfig]:
 CONFIGS: dict[str, DecoderConfig] = _build_registry()
 
 
-def config_by_name(name: str, *, dtype: Optional[str] = None) -> DecoderConfig:
+def config_by_name(name: str, *, dtype: Optional[str] = None, param_dtype: Optional[str] = None,
+                   remat_policy: Optional[str] = None) -> DecoderConfig:
   """The named configuration, e.g. "gemma_3_1b", "llama_3_2_1b", "decoder_tiny_llama".
 
   Args:
     name: a key of `CONFIGS`.
     dtype: override the activation dtype ("float32", "bfloat16").
+    param_dtype: the frozen weights' dtype (gin FROZEN_DTYPE; None: the checkpoint's).
+    remat_policy: per-layer rematerialisation (gin REMAT; None: "none").
 
   Raises:
     ConfigError: an unknown name, in one line with close matches and every valid name.
@@ -313,4 +330,9 @@ def config_by_name(name: str, *, dtype: Optional[str] = None) -> DecoderConfig:
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise ConfigError(f"unknown decoder config {name!r}{hint}; valid names: "
                       f"{', '.join(sorted(CONFIGS))}") from None
-  return config.replace(dtype=dtype) if dtype is not None else config
+  memory.check_dtype(param_dtype, "param_dtype")
+  if remat_policy is not None:
+    memory.check_remat(remat_policy, "remat_policy")
+  changes = {k: v for k, v in (("dtype", dtype), ("param_dtype", param_dtype),
+                               ("remat_policy", remat_policy)) if v is not None}
+  return config.replace(**changes) if changes else config

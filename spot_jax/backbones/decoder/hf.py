@@ -349,27 +349,35 @@ def _text_names(names: list[str]) -> dict[str, str]:
   return out
 
 
-def params_from_hf(state: Mapping[str, Any], config: DecoderConfig) -> dict[str, Any]:
-  """Our parameter tree (nested dict of float32 numpy arrays) from an HF state dict.
+def params_from_hf(state: Mapping[str, Any], config: DecoderConfig,
+                   place: Optional[Callable[[str, np.ndarray], Any]] = None) -> dict[str, Any]:
+  """Our parameter tree from an HF state dict, checked from shapes first, read tensor by tensor.
 
   Args:
-    state: {tensor name: array} (numpy, or anything np.asarray reads; read once each).
+    state: {tensor name: array} (numpy, or anything np.asarray reads; read once each), or a
+      lazy state with `shape(name)` (`huggingface.SafetensorsState`).
     config: the DecoderConfig the tensors must fit.
+    place: (our "/"-joined path, array as stored, in our layout) -> the leaf kept (a cast and a
+      device placement), called before the next tensor is read. None: float32 numpy arrays.
 
   Raises:
     ConfigError: a missing, extra or mis-shaped tensor, named in one line.
   """
+  place = place or (lambda path, x: np.asarray(x, np.float32))
   names = _text_names(list(state))
-  arrays = {n: np.asarray(state[stored], np.float32) for n, stored in names.items()}
+  lazy = callable(getattr(state, "shape", None))
+  shapes = {n: tuple(state.shape(s) if lazy else np.shape(state[s])) for n, s in names.items()}
   specs = _tensors(config)
-  if config.tie_word_embeddings and "lm_head.weight" in arrays:
-    head, table = arrays.pop("lm_head.weight"), arrays.get("model.embed_tokens.weight")
-    if table is None or head.shape != table.shape or not np.array_equal(head, table):
+  if config.tie_word_embeddings and "lm_head.weight" in shapes:
+    head, table = shapes.pop("lm_head.weight"), "model.embed_tokens.weight"
+    if head != shapes.get(table) or not np.array_equal(
+        np.asarray(state[names["lm_head.weight"]]), np.asarray(state[names[table]])):
       raise ConfigError("lm_head.weight differs from model.embed_tokens.weight, but the config "
                         "ties them (tie_word_embeddings); give the config of this checkpoint")
-  _check({n: a.shape for n, a in arrays.items()}, {s.name: s.shape for s in specs},
-         "the Hugging Face state")
-  flat = {s.path: np.ascontiguousarray(s.to_ours(arrays[s.name])) for s in specs}
+  _check(shapes, {s.name: s.shape for s in specs}, "the Hugging Face state")
+  flat = {s.path: place("/".join(s.path),
+                        np.ascontiguousarray(s.to_ours(np.asarray(state[names[s.name]]))))
+          for s in specs}
   return traverse_util.unflatten_dict(flat)
 
 

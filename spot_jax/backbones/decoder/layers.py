@@ -30,7 +30,8 @@ KV = tuple[Array, Array]  # (key, value), each [B, S, K, D]
 
 def _param(module: nn.Module, name: str, init: Any, shape: Sequence[int],
            axes: tuple[str, ...]) -> Array:
-  """A float32 parameter with logical axis names."""
+  """A parameter with logical axis names, created float32 (a frozen tree may hold it in
+  bfloat16: every use casts it)."""
   return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape), jnp.float32)
 
 
@@ -57,7 +58,7 @@ class RMSNorm(nn.Module):
     normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
     if self.offset:
       # Gemma: (x_hat * (1 + w)) in float32, then cast (transformers PR 29402).
-      return (normed * (self.offset + scale)).astype(x.dtype)
+      return (normed * (self.offset + scale.astype(jnp.float32))).astype(x.dtype)
     # Llama, Qwen: x_hat cast to the activation dtype first, then scaled there.
     return scale.astype(x.dtype) * normed.astype(x.dtype)
 

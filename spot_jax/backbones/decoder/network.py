@@ -1,6 +1,7 @@
 """The decoder-only network `DecoderLM` (Llama, Gemma 2/3, Qwen 2/3) under an optional prompt.
 
-Parameter tree (float32, logical axes in parentheses; N heads, K key/value heads, D head size):
+Parameter tree (created float32, stored in `config.param_dtype` by the models' `init_backbone`
+and the loaders; logical axes in parentheses; N heads, K key/value heads, D head size):
 
   token_embedder/embedding                      [V, E]     (vocab, embed)
   layers_{i}/pre_attention_norm/scale           [E]        (embed)
@@ -47,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spot_jax.errors import ConfigError
+from spot_jax.backbones import memory
 from spot_jax.backbones.decoder import layers
 from spot_jax.backbones.decoder.config import DecoderConfig
 
@@ -77,11 +79,11 @@ class Embed(nn.Module):
                                    (self.num_embeddings, self.features), ("vocab", "embed"))
 
   def __call__(self, tokens: Array) -> Array:
-    """tokens [B, T] int -> [B, T, E] float32 rows of the table."""
+    """tokens [B, T] int -> [B, T, E] rows of the table (in its stored dtype)."""
     return jnp.take(self.embedding, tokens, axis=0)
 
   def table(self) -> Array:
-    """The table [V, E] float32 (for prompt initialisers)."""
+    """The table [V, E] in its stored dtype (prompt initialisers read it as float32)."""
     return self.embedding
 
 
@@ -148,7 +150,7 @@ class DecoderLM(nn.Module):
     return x
 
   def table(self) -> Array:
-    """The embedding table [V, E] float32."""
+    """The embedding table [V, E] (in the frozen weights' dtype)."""
     return self.token_embedder.table()
 
   def inputs(self, tokens: Optional[Array], *, valid: Optional[Array] = None,
@@ -243,9 +245,17 @@ class DecoderLM(nn.Module):
                                          cfg.sliding_window if kind == "sliding" else None)
              for kind in set(cfg.layer_type(i) for i in range(cfg.num_layers))}
     caches = []
+    # Decoding (a cache to write) is never differentiated: remat would only cost compile time.
+    remat = cfg.remat_policy if write_index is None and not self.is_initializing() else "none"
     for i, layer in enumerate(self.layers):
-      x, cache = layer(x, positions, masks[cfg.layer_type(i)],
-                       None if past is None else past[i], write_index)
+      layer_past, mask = None if past is None else past[i], masks[cfg.layer_type(i)]
+      if remat == "none":
+        x, cache = layer(x, positions, mask, layer_past, write_index)
+      else:  # the layer as a pure function of its parameters (it has no rngs, no state)
+        block = DecoderBlock(cfg, cfg.layer_type(i), parent=None)
+        run = lambda p, *a, block=block: block.apply({"params": p}, *a)  # noqa: E731
+        x, cache = memory.checkpointed(run, remat)(layer.variables["params"], x, positions, mask,
+                                                   layer_past)
       caches.append(cache)
     x = x[:, -1:] if last_only else x
     if keep is not None:

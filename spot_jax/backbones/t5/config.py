@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 import jax.numpy as jnp
 
 from spot_jax import validate
+from spot_jax.backbones import memory
 from spot_jax.errors import ConfigError
 
 
@@ -16,7 +17,7 @@ class T5Config:
 
   Attributes:
     vocab_size: rows of the (padded) embedding table, 32128 for public T5 checkpoints.
-    dtype: activation dtype name ("float32" or "bfloat16"); parameters stay float32.
+    dtype: activation dtype name ("float32" or "bfloat16"); weights are cast to it at use.
     emb_dim: model width E.
     num_heads: attention heads H.
     num_encoder_layers: encoder blocks.
@@ -31,6 +32,10 @@ class T5Config:
     relative_attention_num_buckets: relative-position buckets per stack.
     relative_attention_max_distance: distance beyond which positions share a bucket.
     layer_norm_epsilon: epsilon of T5's RMS layer norm.
+    param_dtype: the dtype the frozen weights are stored in ("float32" or "bfloat16"; None:
+      float32).
+    remat_policy: what each encoder and decoder layer keeps for the backward pass ("none",
+      "full", "save_dots", "offload"; see `spot_jax.backbones.memory`).
   """
   vocab_size: int = 32128
   dtype: str = "float32"
@@ -47,6 +52,8 @@ class T5Config:
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   layer_norm_epsilon: float = 1e-6
+  param_dtype: Optional[str] = None
+  remat_policy: str = "none"
 
   def __post_init__(self):
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
@@ -60,11 +67,18 @@ class T5Config:
       raise ConfigError(f"T5Config.mlp_activations {self.mlp_activations!r} must be a non-empty "
                         f"sequence of {sorted(_ACTIVATION_NAMES)}")
     validate.fraction(self.dropout_rate, "T5Config.dropout_rate", low_closed=True)
+    memory.check_dtype(self.param_dtype, "T5Config.param_dtype")
+    memory.check_remat(self.remat_policy, "T5Config.remat_policy")
 
   @property
   def activation_dtype(self) -> jnp.dtype:
     """The jnp dtype of activations."""
     return jnp.dtype(self.dtype)
+
+  @property
+  def frozen_dtype(self) -> jnp.dtype:
+    """The jnp dtype the frozen weights are stored in (float32 while `param_dtype` is None)."""
+    return memory.frozen_dtype(self.param_dtype)
 
   def replace(self, **changes) -> "T5Config":
     """A copy with `changes` applied."""
@@ -144,13 +158,16 @@ CONFIGS: dict[str, T5Config] = _build_registry()
 
 
 def config_by_name(name: str, *, dtype: Optional[str] = None,
-                   dropout_rate: Optional[float] = None) -> T5Config:
+                   dropout_rate: Optional[float] = None, param_dtype: Optional[str] = None,
+                   remat_policy: Optional[str] = None) -> T5Config:
   """The named configuration, e.g. "t5_1_1_lm100k_base", "t5_large", "t5_1_1_tiny".
 
   Args:
     name: a key of `CONFIGS`.
     dtype: override the activation dtype ("float32", "bfloat16").
     dropout_rate: override the dropout rate.
+    param_dtype: the frozen weights' dtype (gin FROZEN_DTYPE; None: float32).
+    remat_policy: per-layer rematerialisation (gin REMAT; None: "none").
 
   Raises:
     ValueError: for an unknown name, listing close matches and every valid name.
@@ -162,5 +179,10 @@ def config_by_name(name: str, *, dtype: Optional[str] = None,
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise ConfigError(f"unknown T5 config {name!r}{hint}; valid names: "
                       f"{', '.join(sorted(CONFIGS))}") from None
-  changes = {k: v for k, v in (("dtype", dtype), ("dropout_rate", dropout_rate)) if v is not None}
+  memory.check_dtype(param_dtype, "param_dtype")
+  if remat_policy is not None:
+    memory.check_remat(remat_policy, "remat_policy")
+  changes = {k: v for k, v in (("dtype", dtype), ("dropout_rate", dropout_rate),
+                               ("param_dtype", param_dtype), ("remat_policy", remat_policy))
+             if v is not None}
   return config.replace(**changes) if changes else config

@@ -1,6 +1,7 @@
 """T5 building blocks in Flax linen, with t5x's parameter names and logical axes.
 
 Every parameter is created float32 with logical axis names (`nn.with_logical_partitioning`);
+a frozen tree may hold it in bfloat16 (`T5Config.param_dtype`), so every use casts it;
 activations are cast to `dtype`. Parameter shapes match t5x checkpoints exactly: attention
 kernels are stored 2-D ([embed, joined_kv] and [joined_kv, embed]) and reshaped at use.
 """
@@ -52,7 +53,7 @@ class RMSNorm(nn.Module):
     scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",))
     var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
     y = x * jax.lax.rsqrt(var + self.epsilon)
-    return (y * scale).astype(self.dtype)
+    return (y * scale.astype(jnp.float32)).astype(self.dtype)
 
 
 class Embed(nn.Module):

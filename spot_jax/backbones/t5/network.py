@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax.backbones import memory
 from spot_jax.backbones.t5 import layers, prefixes as prefixes_lib
 from spot_jax.backbones.t5.config import T5Config
 
@@ -149,7 +150,8 @@ class Encoder(nn.Module):
     x = _dropout(cfg)(x.astype(dtype), deterministic=deterministic)
     for i in range(cfg.num_encoder_layers):
       layer_prefix = None if prefix is None else prefix.layer(i, prefix_bias)
-      x = EncoderLayer(cfg, name=f"layers_{i}")(x, mask, bias, deterministic, layer_prefix)
+      x = memory.remat_call(EncoderLayer(cfg, name=f"layers_{i}"), cfg.remat_policy, x, mask,
+                            bias, prefix=layer_prefix, static={"deterministic": deterministic})
     x = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="encoder_norm")(x)
     return _dropout(cfg)(x, deterministic=deterministic)
 
@@ -207,11 +209,14 @@ class Decoder(nn.Module):
       prefix_bias = tile(relpos(bias_len, prefix.length, False, query_offset=prefix.length), 1)
     y = self.shared_embedding(decoder_input_tokens)
     y = _dropout(cfg)(y.astype(dtype), deterministic=deterministic)
+    # Decoding writes a cache and is never differentiated: no remat there.
+    remat = "none" if decode else cfg.remat_policy
     for i in range(cfg.num_decoder_layers):
-      y = DecoderLayer(cfg, name=f"layers_{i}")(
-          y, encoded, self_mask, cross_mask, bias, deterministic=deterministic, decode=decode,
+      y = memory.remat_call(
+          DecoderLayer(cfg, name=f"layers_{i}"), remat, y, encoded, self_mask, cross_mask, bias,
           prefix=None if prefix is None else prefix.layer(i, prefix_bias),
-          cross_prefix=None if cross_prefix is None else cross_prefix.layer(i))
+          cross_prefix=None if cross_prefix is None else cross_prefix.layer(i),
+          static={"deterministic": deterministic, "decode": decode})
     y = layers.RMSNorm(cfg.layer_norm_epsilon, dtype, name="decoder_norm")(y)
     y = _dropout(cfg)(y, deterministic=deterministic)
     if cfg.logits_via_embedding:

@@ -2,7 +2,7 @@
 model's dimensions read from its config, and placing a tree on devices."""
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
@@ -89,27 +89,28 @@ def check_params(params: Params, config: Any, source: str = "the parameter tree"
   return flat
 
 
-def place(params: Params, config: Any, mesh: Optional[Mesh] = None,
-          rules: Optional[partitioning.LogicalRules] = None) -> Params:
-  """`params` (numpy) as jax Arrays: on the default device, or on `mesh` with the rule table's
-  shardings of the network's logical axes.
+def placer(config: Any, mesh: Optional[Mesh] = None,
+           rules: Optional[partitioning.LogicalRules] = None, dtype: Any = None
+           ) -> Callable[[str, np.ndarray], jax.Array]:
+  """A function (our "/"-joined path, numpy array) -> jax Array, cast to `dtype` (None: as
+  given) and placed on the default device, or on `mesh` with the rule table's sharding of that
+  parameter. Loaders call it as each array is read, so the host never holds the whole model.
 
-  Raises:
+  Raises (when called):
     CheckpointError: an axis that the mesh cannot split evenly, named.
   """
+  dtype = None if dtype is None else np.dtype(dtype)
+  cast = lambda x: np.asarray(x) if dtype is None else np.asarray(x).astype(dtype, copy=False)  # noqa: E731
   if mesh is None:
     device = jax.local_devices()[0]
-    return jax.tree.map(lambda x: jax.device_put(np.asarray(x), device), params)
+    return lambda path, value: jax.device_put(cast(value), device)
   from spot_jax.backbones.decoder import network  # pylint: disable=g-import-not-at-top
   rules = partitioning.DEFAULT_RULES if rules is None else rules
-  boxed = network.abstract_params(config)
-  shardings = traverse_util.flatten_dict(partitioning.param_shardings(boxed, mesh, rules),
-                                         sep="/")
-  flat = traverse_util.flatten_dict(params, sep="/")
-  placed = {}
-  for path, value in flat.items():
-    sharding = shardings[path]
-    value = np.asarray(value)
+  shardings = traverse_util.flatten_dict(
+      partitioning.param_shardings(network.abstract_params(config), mesh, rules), sep="/")
+
+  def put(path: str, value: np.ndarray) -> jax.Array:
+    sharding, value = shardings[path], cast(value)
     for dim, (size, axes) in enumerate(zip(value.shape, sharding.spec)):
       axes = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
       parts = int(np.prod([mesh.shape[a] for a in axes]))
@@ -117,6 +118,15 @@ def place(params: Params, config: Any, mesh: Optional[Mesh] = None,
         raise CheckpointError(f"{path} {list(value.shape)}: axis {dim} of size {size} cannot be "
                               f"split over mesh axes {axes} ({parts} devices); use a mesh whose "
                               "axis sizes divide it or override its logical axis rule")
-    placed[path] = jax.make_array_from_callback(value.shape, sharding,
-                                                lambda index, v=value: v[index])
-  return traverse_util.unflatten_dict(placed, sep="/")
+    return jax.make_array_from_callback(value.shape, sharding, lambda index, v=value: v[index])
+
+  return put
+
+
+def place(params: Params, config: Any, mesh: Optional[Mesh] = None,
+          rules: Optional[partitioning.LogicalRules] = None, dtype: Any = None) -> Params:
+  """`params` (numpy) as jax Arrays in `dtype` (None: as given): on the default device, or on
+  `mesh` with the rule table's shardings of the network's logical axes (see `placer`)."""
+  put = placer(config, mesh, rules, dtype)
+  flat = traverse_util.flatten_dict(params, sep="/")
+  return traverse_util.unflatten_dict({p: put(p, v) for p, v in flat.items()}, sep="/")

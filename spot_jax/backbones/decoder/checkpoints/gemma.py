@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 from flax import traverse_util
@@ -136,9 +136,43 @@ def params_to_gemma(params: Params, config: Any, *, transpose_gating: bool = Tru
   return out
 
 
+def _ours(name: str, w: np.ndarray, transpose_gating: bool) -> dict[str, np.ndarray]:
+  """{our "/"-joined path: array} made of the stored array `name` (a gemma name)."""
+  if name == f"{ROOT}/embedder/input_embedding":
+    return {"token_embedder/embedding": w}
+  if name == f"{ROOT}/final_norm/scale":
+    return {"final_norm/scale": w}
+  layer, rest = name[len(ROOT) + 1:].split("/", 1)
+  mine = "layers_" + layer[len("layer_"):]
+  heads = lambda ws, ours: {f"{mine}/attention/{o}/kernel": np.ascontiguousarray(  # noqa: E731
+      x.transpose(1, 0, 2)) for o, x in zip(ours, ws)}
+  if rest == "attn/qkv_einsum/w":
+    return heads(w, ("query", "key", "value"))
+  if rest == "attn/q_einsum/w":
+    return heads([w], ("query",))
+  if rest == "attn/kv_einsum/w":
+    return heads(w, ("key", "value"))
+  if rest == "attn/attn_vec_einsum/w":
+    return {f"{mine}/attention/out/kernel": w}
+  if rest == "mlp/gating_einsum/w":
+    gate, up = (w[0].T, w[1].T) if transpose_gating else (w[0], w[1])
+    return {f"{mine}/mlp/wi_0/kernel": np.ascontiguousarray(gate),
+            f"{mine}/mlp/wi_1/kernel": np.ascontiguousarray(up)}
+  if rest == "mlp/linear/w":
+    return {f"{mine}/mlp/wo/kernel": w}
+  ours = {f"{theirs}/scale": o for o, theirs in _NORMS.items()}
+  return {f"{mine}/{ours[rest]}/scale": w}
+
+
+def _float32(path: str, array: np.ndarray) -> np.ndarray:
+  del path
+  return np.asarray(array, np.float32)
+
+
 def params_from_gemma(tree: Mapping[str, Any], config: Any, *,
-                      transpose_gating: Optional[bool] = None) -> Params:
-  """Our parameter tree (float32 numpy) from a Gemma tree, strictly checked against `config`.
+                      transpose_gating: Optional[bool] = None,
+                      place: Optional[Callable[[str, np.ndarray], Any]] = None) -> Params:
+  """Our parameter tree from a Gemma tree, strictly checked against `config`.
 
   Args:
     tree: {gemma name: array} as `params_to_gemma` gives, or the library's flat, nested or
@@ -146,37 +180,20 @@ def params_from_gemma(tree: Mapping[str, Any], config: Any, *,
     config: the DecoderConfig the weights must fit.
     transpose_gating: the layout of `mlp/gating_einsum/w`; None reads it from the stored shape
       ([2, F, E] when E == F: the layout of every release but Gemma 2 2B).
+    place: (our "/"-joined path, array in its stored dtype) -> the leaf to keep (a cast and a
+      device placement), called as each array is converted; None: float32 numpy arrays.
 
   Raises:
     CheckpointError: one line naming each missing, unexpected or mis-shaped array.
   """
-  named = {name: np.asarray(tree_get(tree, path), np.float32)
-           for name, path in gemma_names(tree).items()}
+  names = gemma_names(tree)
+  shapes = {n: tuple(np.shape(tree_get(tree, p))) for n, p in names.items()}
   if transpose_gating is None:
-    transpose_gating = gating_transposed({n: a.shape for n, a in named.items()}, config)
-  check_fit({n: a.shape for n, a in named.items()},
-            gemma_shapes(config, transpose_gating=transpose_gating), "the Gemma tree")
-  d = gemma_dims(config)
-  out = {"token_embedder/embedding": named[f"{ROOT}/embedder/input_embedding"],
-         "final_norm/scale": named[f"{ROOT}/final_norm/scale"]}
-  for i in range(d.layers):
-    at, mine = f"{ROOT}/layer_{i}", f"layers_{i}"
-    if d.kv_heads == d.heads:
-      q, k, v = named[f"{at}/attn/qkv_einsum/w"]
-    else:
-      q, (k, v) = named[f"{at}/attn/q_einsum/w"], named[f"{at}/attn/kv_einsum/w"]
-    for ours, w in (("query", q), ("key", k), ("value", v)):
-      out[f"{mine}/attention/{ours}/kernel"] = np.ascontiguousarray(w.transpose(1, 0, 2))
-    out[f"{mine}/attention/out/kernel"] = named[f"{at}/attn/attn_vec_einsum/w"]
-    gate, up = named[f"{at}/mlp/gating_einsum/w"]
-    if transpose_gating:
-      gate, up = gate.T, up.T
-    out[f"{mine}/mlp/wi_0/kernel"] = np.ascontiguousarray(gate)
-    out[f"{mine}/mlp/wi_1/kernel"] = np.ascontiguousarray(up)
-    out[f"{mine}/mlp/wo/kernel"] = named[f"{at}/mlp/linear/w"]
-    for ours, theirs in _NORMS.items():
-      if f"{at}/{theirs}/scale" in named:
-        out[f"{mine}/{ours}/scale"] = named[f"{at}/{theirs}/scale"]
+    transpose_gating = gating_transposed(shapes, config)
+  check_fit(shapes, gemma_shapes(config, transpose_gating=transpose_gating), "the Gemma tree")
+  place = place or _float32
+  out = {ours: place(ours, w) for n, p in names.items()
+         for ours, w in _ours(n, np.asarray(tree_get(tree, p)), transpose_gating).items()}
   return traverse_util.unflatten_dict(out, sep="/")
 
 
@@ -294,21 +311,22 @@ def _check_vocab(shapes: Mapping[str, tuple[int, ...]], config: Any, source: str
                           f"vocab_size={stored[0]} (config.replace(vocab_size={stored[0]}))")
 
 
-def load_gemma_orbax(path: str, config: Any, *,
-                     transpose_gating: Optional[bool] = None) -> Params:
-  """Our parameter tree (float32 numpy) from a Gemma orbax checkpoint, strictly checked.
+def load_gemma_orbax(path: str, config: Any, *, transpose_gating: Optional[bool] = None,
+                     place: Optional[Callable[[str, np.ndarray], Any]] = None) -> Params:
+  """Our parameter tree from a Gemma orbax checkpoint, strictly checked, read layer by layer
+  (each layer's arrays converted and placed before the next layer is read).
 
   Args:
     path: the checkpoint directory (a released Gemma checkpoint, `gm.ckpts.save_params`'
       output, a kauldron step, or `save_gemma_orbax`'s).
     config: the DecoderConfig it must fit (the checkpoint carries none).
     transpose_gating: as `params_from_gemma`.
+    place: as `params_from_gemma` (None: float32 numpy arrays).
 
   Raises:
     CheckpointError: one line naming a missing, unexpected or mis-shaped array in the gemma
       name, or an array that cannot be read.
   """
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   directory = os.path.abspath(os.fspath(path))
   if not os.path.isdir(directory):
     raise CheckpointError(f"the Gemma checkpoint {directory} does not exist; give an orbax "
@@ -321,9 +339,25 @@ def load_gemma_orbax(path: str, config: Any, *,
     transpose_gating = gating_transposed(shapes, config)
   _check_vocab(shapes, config, directory)
   check_fit(shapes, gemma_shapes(config, transpose_gating=transpose_gating), directory)
+  place = place or _float32
+  groups: dict[str, list[str]] = {}  # one read per layer (and one for the rest)
+  for name in names:
+    groups.setdefault(name.split("/")[1] if name.count("/") > 2 else "", []).append(name)
+  out = {}
+  for group in groups.values():
+    restored = _restore(directory, {n: names[n] for n in group})
+    for name in group:
+      for ours, w in _ours(name, restored.pop(name), transpose_gating).items():
+        out[ours] = place(ours, w)
+  return traverse_util.unflatten_dict(out, sep="/")
+
+
+def _restore(directory: str, names: Mapping[str, tuple[str, ...]]) -> dict[str, np.ndarray]:
+  """{gemma name: numpy array in its stored dtype} of the named arrays only."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   item = traverse_util.unflatten_dict({p: 0 for p in names.values()})
   args = traverse_util.unflatten_dict(
-      {p: ocp.RestoreArgs(restore_type=np.ndarray, dtype=np.float32) for p in names.values()})
+      {p: ocp.RestoreArgs(restore_type=np.ndarray) for p in names.values()})
   with orbax_io.quiet_abandoned_reads():
     try:
       restored = ocp.PyTreeCheckpointer().restore(directory, args=ocp.args.PyTreeRestore(
@@ -331,8 +365,7 @@ def load_gemma_orbax(path: str, config: Any, *,
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointError(f"cannot read the Gemma checkpoint {directory}: "
                             f"{orbax_io.root_cause(e)}") from None
-  named = {n: tree_get(restored, p) for n, p in names.items()}
-  return params_from_gemma(named, config, transpose_gating=transpose_gating)
+  return {n: np.asarray(tree_get(restored, p)) for n, p in names.items()}
 
 
 def save_gemma_orbax(path: str, config: Any, params: Params, *, transpose_gating: bool = True,

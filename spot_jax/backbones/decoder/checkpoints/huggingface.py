@@ -3,14 +3,15 @@
 A directory holds `model.safetensors`, or `model.safetensors.index.json` whose `weight_map`
 names each tensor's shard (what `save_pretrained` writes, and what
 `AutoModelForCausalLM.from_pretrained` reads). Tensors are read one at a time, through
-safetensors' numpy path (bfloat16 through ml_dtypes), as float32; the names and orientation
+safetensors' numpy path (bfloat16 through ml_dtypes), each converted and placed before the
+next is read; the names and orientation
 are `spot_jax.backbones.decoder.hf`'s, which checks them strictly.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import numpy as np
 
@@ -27,7 +28,8 @@ _VALID = (f"a Hugging Face model directory ({CONFIG} with {SINGLE}, or {CONFIG} 
 
 
 class SafetensorsState(Mapping[str, np.ndarray]):
-  """{tensor name: float32 array} over safetensors files, each tensor read when asked for.
+  """{tensor name: array in its stored dtype} over safetensors files, each tensor read when
+  asked for (bfloat16 as ml_dtypes' numpy bfloat16); `shape(name)` reads only the header.
 
   Attributes:
     files: {tensor name: the file holding it}.
@@ -36,16 +38,23 @@ class SafetensorsState(Mapping[str, np.ndarray]):
   def __init__(self, files: Mapping[str, str]):
     self.files = dict(files)
 
-  def __getitem__(self, name: str) -> np.ndarray:
+  def _read(self, name: str, what: Callable[[Any], Any]) -> Any:
     import ml_dtypes  # pylint: disable=g-import-not-at-top,unused-import  (numpy's bfloat16)
     from safetensors import safe_open  # pylint: disable=g-import-not-at-top
     path = self.files[name]
     try:
       with safe_open(path, framework="numpy") as f:
-        return np.asarray(f.get_tensor(name), np.float32)
+        return what(f)
     except Exception as e:  # pylint: disable=broad-except  (safetensors raises assorted types)
       raise CheckpointError(f"cannot read {name} from {path} ({str(e).splitlines()[0]}); the "
                             "file is damaged: download or copy it again") from None
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    return self._read(name, lambda f: np.asarray(f.get_tensor(name)))
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    """The tensor's shape, from the file's header."""
+    return tuple(self._read(name, lambda f: f.get_slice(name).get_shape()))
 
   def __iter__(self) -> Iterator[str]:
     return iter(self.files)
@@ -121,12 +130,30 @@ def read_hf_config(directory: str) -> dict[str, Any]:
   return data
 
 
-def load_hf_dir(path: str) -> tuple[Any, Params]:
-  """The config and parameters (float32 numpy) of a Hugging Face model directory.
+def load_hf_config(directory: str) -> Any:
+  """The DecoderConfig of an HF directory's config.json (nothing else is read).
+
+  Raises:
+    CheckpointError: no config.json, or one this backbone cannot run; one line.
+  """
+  from spot_jax.backbones.decoder import hf  # pylint: disable=g-import-not-at-top
+  directory = os.fspath(directory)
+  try:
+    return hf.config_from_hf(read_hf_config(directory))
+  except CheckpointError:
+    raise
+  except ConfigError as e:
+    raise CheckpointError(f"{os.path.join(directory, CONFIG)}: {e}") from None
+
+
+def load_hf_dir(path: str, place: Optional[Callable[[str, np.ndarray], Any]] = None
+                ) -> tuple[Any, Params]:
+  """The config and parameters of a Hugging Face model directory, read tensor by tensor.
 
   Args:
     path: a directory with config.json and model.safetensors, or model.safetensors.index.json
       and its shards (Llama, Gemma 2, Gemma 3 text models).
+    place: called on each tensor as it is read (see `hf.params_from_hf`); None: float32 numpy.
 
   Returns:
     (DecoderConfig, our parameter tree).
@@ -137,14 +164,10 @@ def load_hf_dir(path: str) -> tuple[Any, Params]:
   """
   from spot_jax.backbones.decoder import hf  # pylint: disable=g-import-not-at-top
   directory = os.fspath(path)
-  hf_config = read_hf_config(directory)
-  try:
-    config = hf.config_from_hf(hf_config)
-  except ConfigError as e:
-    raise CheckpointError(f"{os.path.join(directory, CONFIG)}: {e}") from None
+  config = load_hf_config(directory)
   state = open_state(directory)
   try:
-    params = hf.params_from_hf(state, config)
+    params = hf.params_from_hf(state, config, place)
   except CheckpointError:
     raise
   except ConfigError as e:  # the weights do not fit their own config.json
@@ -168,8 +191,9 @@ def _shards(arrays: Mapping[str, np.ndarray], shard_size: int) -> list[dict[str,
 
 
 def save_hf_dir(path: str, config: Any, params: Params, *,
-                shard_size: int = DEFAULT_SHARD_SIZE, overwrite: bool = False) -> str:
-  """Writes a directory `AutoModelForCausalLM.from_pretrained(path)` loads (float32).
+                shard_size: int = DEFAULT_SHARD_SIZE, overwrite: bool = False,
+                dtype: str = "float32") -> str:
+  """Writes a directory `AutoModelForCausalLM.from_pretrained(path)` loads.
 
   Args:
     path: the directory to create; written beside it and renamed into place.
@@ -178,6 +202,7 @@ def save_hf_dir(path: str, config: Any, params: Params, *,
     shard_size: the most bytes in one safetensors file; above that the tensors are sharded
       with a model.safetensors.index.json.
     overwrite: replace an existing `path`.
+    dtype: the stored dtype, "float32" or "bfloat16" (recorded as config.json's `dtype`).
 
   Returns:
     `path`.
@@ -191,13 +216,16 @@ def save_hf_dir(path: str, config: Any, params: Params, *,
   path = os.path.abspath(os.fspath(path))
   if os.path.exists(path) and not overwrite:
     raise CheckpointError(f"{path} exists; pass overwrite=True to replace it, or another path")
-  arrays = {n: np.ascontiguousarray(a, np.float32) for n, a in
+  import ml_dtypes  # pylint: disable=g-import-not-at-top  (numpy's bfloat16)
+  stored = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[
+      validate.one_of(dtype, "dtype", ("float32", "bfloat16"))]
+  arrays = {n: np.ascontiguousarray(a.astype(stored)) for n, a in
             hf.params_to_hf(params, config).items()}
   shards = _shards(arrays, shard_size)
   with fileio.staged_directory(path) as fresh:
     os.makedirs(fresh)
     with open(os.path.join(fresh, CONFIG), "w", encoding="utf-8") as f:
-      json.dump(hf.config_to_hf(config), f, indent=2, sort_keys=True)
+      json.dump(dict(hf.config_to_hf(config), dtype=dtype), f, indent=2, sort_keys=True)
     names = ([SINGLE] if len(shards) == 1 else
              [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)])
     for name, shard in zip(names, shards):

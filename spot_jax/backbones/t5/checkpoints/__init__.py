@@ -12,7 +12,8 @@
     `spot_jax.backbones.t5.hf`).
 Optimizer state is never read. Loading is strict: every parameter of `Transformer(config)` must
 be stored with its exact shape and every stored parameter must be used, otherwise a
-`CheckpointError` names each offending parameter path. Arrays come back as float32 (or `dtype`).
+`CheckpointError` names each offending parameter path. Arrays come back in the config's
+`param_dtype` (float32 when None, or `dtype`), each cast and placed as it is read.
 
 `save_checkpoint(params, path)` writes the T5X legacy format (version 3, gzip zarr arrays under
 `optimizer/target`, which t5x reads) or orbax, into a temporary directory renamed into place.
@@ -62,7 +63,8 @@ def load_checkpoint(path: str, config: T5Config, *, mesh: Optional[Mesh] = None,
     rules: logical axis rules (default `spot_jax.partitioning.DEFAULT_RULES`).
     allow_missing: path prefixes (e.g. "prompt", "router") whose parameters may be absent;
       stored parameters under them are not loaded either. Absent ones are not in the result.
-    dtype: dtype of the returned arrays (default float32).
+    dtype: dtype of the returned arrays (default: the config's `frozen_dtype`); each array is
+      cast as it is read, shard by shard.
 
   Returns:
     The parameter tree (plain nested dicts of jax Arrays), without any `prompt` subtree.
@@ -71,7 +73,7 @@ def load_checkpoint(path: str, config: T5Config, *, mesh: Optional[Mesh] = None,
     CheckpointError: a missing, unexpected or mis-shaped parameter, a mismatched HF
       config.json, or an unreadable array file; the message names the parameter.
   """
-  dtype = np.dtype(jnp.float32 if dtype is None else dtype)
+  dtype = np.dtype(config.frozen_dtype if dtype is None else dtype)
   expected, boxed = abstract_params(config)
   shardings = common.target_shardings(boxed, mesh, rules)
   fmt, where = detect_format(path)

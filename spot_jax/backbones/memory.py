@@ -1,0 +1,147 @@
+"""How a frozen backbone spends memory: the dtype of its weights and the remat of its layers.
+
+  FROZEN_DTYPES   "float32" | "bfloat16": the dtype the frozen parameters are stored in
+                  (`param_dtype` of T5Config and DecoderConfig; None there: the checkpoint's,
+                  see `spot_jax.backbones.kinds.stored_dtype`). Every use casts a weight to
+                  the activation dtype, as transformers does for a bfloat16 model; the prompt,
+                  its optimizer state and the loss stay float32.
+  REMAT_POLICIES  what each layer keeps for the backward pass (`remat_policy`):
+                    none       everything (fastest, most memory)
+                    full       only the layer's inputs; the layer runs again in the backward pass
+                    save_dots  the outputs of matmuls against weights
+                                (`jax.checkpoint_policies.dots_with_no_batch_dims_saveable`)
+                    offload    those outputs moved to host memory
+                                (`offload_dot_with_no_batch_dims`); on a backend without a host
+                                memory space it is refused in one line
+
+`remat_call(block, policy, *arrays, static=..., **traced)` runs one layer under its policy;
+`cast(tree, dtype)` casts the floating leaves of a parameter tree (arrays or ShapeDtypeStructs,
+boxed or not).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spot_jax import validate
+from spot_jax.errors import ConfigError
+
+FROZEN_DTYPES = ("float32", "bfloat16")
+REMAT_POLICIES = ("none", "full", "save_dots", "offload")
+
+
+def check_dtype(value: Optional[str], setting: str) -> Optional[str]:
+  """`value` if it is None (the checkpoint's) or one of `FROZEN_DTYPES`, else a one-line error."""
+  return None if value is None else validate.one_of(value, setting, FROZEN_DTYPES)
+
+
+def check_remat(value: str, setting: str) -> str:
+  """`value` if it is one of `REMAT_POLICIES`, else a one-line error."""
+  return validate.one_of(value, setting, REMAT_POLICIES)
+
+
+def frozen_dtype(param_dtype: Optional[str]) -> jnp.dtype:
+  """The jnp dtype of frozen parameters stored as `param_dtype` (None: float32)."""
+  return jnp.dtype(param_dtype or "float32")
+
+
+def host_offload_supported() -> bool:
+  """Whether the default backend has a pinned host memory space to offload activations to."""
+  try:
+    kinds = {m.kind for m in jax.local_devices()[0].addressable_memories()}
+  except Exception:  # pylint: disable=broad-except  (a backend without memory spaces)
+    return False
+  return "pinned_host" in kinds
+
+
+def policy(name: str) -> Optional[Callable[..., Any]]:
+  """The `jax.checkpoint` policy of a REMAT setting (None for "full": save nothing).
+
+  Raises:
+    ConfigError: an unknown name, or "offload" on a backend without host memory.
+  """
+  check_remat(name, "REMAT")
+  if name == "save_dots":
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  if name == "offload":
+    if not host_offload_supported():
+      valid = ", ".join(p for p in REMAT_POLICIES if p != "offload")
+      raise ConfigError(f"REMAT='offload' needs a pinned host memory space, which the "
+                        f"{jax.default_backend()} backend lacks; valid here: {valid}")
+    return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+  return None
+
+
+def remat_call(block: nn.Module, policy_name: str, *arrays: Any,
+               static: Optional[Mapping[str, Any]] = None, **traced: Any) -> Any:
+  """`block(*arrays, **traced, **static)`, rematerialised under `policy_name` unless "none".
+
+  `arrays` and `traced` are pytrees of arrays (or None), traced; `static` holds the Python
+  values the block branches on (flags), closed over. Parameters and rngs keep their names:
+  only what the backward pass keeps changes.
+  """
+  static = dict(static or {})
+  if policy_name == "none":
+    return block(*arrays, **traced, **static)
+  run = nn.remat(lambda module, *args, **kwargs: module(*args, **kwargs, **static),
+                 policy=policy(policy_name))
+  return run(block, *arrays, **traced)
+
+
+def checkpointed(fn: Callable[..., Any], policy_name: str) -> Callable[..., Any]:
+  """`fn` (a pure function of array pytrees) whose backward pass recomputes what
+  `policy_name` does not save, after the cotangent of its output has arrived.
+
+  `jax.checkpoint` alone leaves the recomputation identical to the forward computation: a
+  backend that drops its optimization barriers before common-subexpression elimination (XLA on
+  CPU) then merges the two and keeps every layer's activations. Here the saved residuals get
+  `+ 0 * (one entry of the cotangent)` first: the recomputation depends on the cotangent, so it
+  is neither merged nor scheduled early; a non-finite cotangent makes the gradient NaN (it is
+  not finite either way). "offload" residuals live in host memory and are left as saved.
+  """
+  saved = jax.checkpoint(fn, policy=policy(policy_name), prevent_cse=False)
+
+  @jax.custom_vjp
+  def run(*args):
+    return fn(*args)
+
+  def forward(*args):
+    return jax.vjp(saved, *args)
+
+  def backward(vjp_fn, cotangent):
+    if policy_name != "offload":
+      vjp_fn = _tied(vjp_fn, cotangent)
+    return vjp_fn(cotangent)
+
+  run.defvjp(forward, backward)
+  return run
+
+
+def _tied(tree: Any, to: Any) -> Any:
+  """`tree` with `0 * (one entry of to's first float leaf)` added to its float leaves: the same
+  values, computed only once `to` is."""
+  leaf = next(x for x in jax.tree.leaves(to) if jnp.issubdtype(x.dtype, jnp.inexact))
+  tie = jnp.ravel(leaf)[0] * 0
+  return jax.tree.map(
+      lambda r: r + tie.astype(r.dtype) if jnp.issubdtype(r.dtype, jnp.inexact) else r, tree)
+
+
+def cast(tree: Any, dtype: Any) -> Any:
+  """`tree` with its floating leaves in `dtype` (arrays, numpy arrays or ShapeDtypeStructs,
+  inside logical-axis boxes or not); integer leaves are left alone."""
+  dtype = jnp.dtype(dtype)
+
+  def one(x):
+    if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == dtype:
+      return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
+    if isinstance(x, np.ndarray):
+      return x.astype(dtype)
+    return jnp.asarray(x, dtype)
+
+  return jax.tree.map(one, tree)
