@@ -102,8 +102,8 @@ def markdown(rows: Sequence[dict], args) -> str:
   lines = [f"Per device; Prompt Tuning ({args.prompt_length} tokens), AdamW, batch "
            f"{args.batch_size} x ({args.input_length} + {args.target_length}) tokens, float32 "
            f"activations; GiB from XLA's memory analysis of the compiled train step.", "",
-           "| model | devices | frozen weights | weights | remat none: temporaries | total "
-           "| remat full: temporaries | total | goal |",
+           "| model | devices | frozen weights | weights (GiB) | remat none: temporaries | total "
+           "| remat full: temporaries | total | goal (remat full) |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   cells = {(r["model"], r["weights"], r["remat"]): r for r in rows}
   for name in dict.fromkeys(r["model"] for r in rows):

@@ -30,6 +30,8 @@ import numpy as np
 from spot_jax import validate
 from spot_jax.errors import ConfigError
 
+Array = jax.Array
+
 FROZEN_DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "save_dots", "offload")
 
@@ -119,6 +121,20 @@ def checkpointed(fn: Callable[..., Any], policy_name: str) -> Callable[..., Any]
 
   run.defvjp(forward, backward)
   return run
+
+
+def weight_as(weight: Array, dtype: Any, after: Array) -> Array:
+  """A frozen weight in the activation `dtype`, for one use that follows `after`.
+
+  A float32 weight used by float32 activations is returned as is. Otherwise the conversion
+  (ours, or the one a backend inserts for a bfloat16 matmul: XLA on CPU computes them in
+  float32) is tied to `after`, the activation the weight multiplies: schedulers otherwise run
+  every layer's conversion at the start and keep all of them alive, a float32 copy of the whole
+  model. Tied, each copy lives for its one matmul.
+  """
+  if weight.dtype == jnp.float32 and jnp.dtype(dtype) == jnp.float32:
+    return weight
+  return _tied(weight, after).astype(dtype)
 
 
 def _tied(tree: Any, to: Any) -> Any:

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax.backbones import memory
 from spot_jax.backbones.decoder.config import DecoderConfig, RopeScaling
 
 Array = jax.Array
@@ -156,7 +157,7 @@ class HeadsIn(nn.Module):
                                             out_axis=(1, 2))
     kernel = _param(self, "kernel", init, (x.shape[-1], self.heads, self.head_dim),
                     ("embed", self.heads_axis, "kv"))
-    y = jnp.einsum("bte,enh->btnh", x, kernel.astype(self.dtype))
+    y = jnp.einsum("bte,enh->btnh", x, memory.weight_as(kernel, self.dtype, x))
     if self.use_bias:
       bias = _param(self, "bias", nn.initializers.zeros, (self.heads, self.head_dim),
                     (self.heads_axis, "kv"))
@@ -182,7 +183,7 @@ class HeadsOut(nn.Module):
                                             out_axis=2)
     kernel = _param(self, "kernel", init, (x.shape[-2], x.shape[-1], self.features),
                     ("heads", "kv", "embed"))
-    return jnp.einsum("btnh,nhe->bte", x, kernel.astype(self.dtype))
+    return jnp.einsum("btnh,nhe->bte", x, memory.weight_as(kernel, self.dtype, x))
 
 
 class Dense(nn.Module):
@@ -203,7 +204,7 @@ class Dense(nn.Module):
   def __call__(self, x: Array) -> Array:
     init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
     kernel = _param(self, "kernel", init, (x.shape[-1], self.features), self.axes)
-    return jnp.einsum("...i,io->...o", x, kernel.astype(self.dtype))
+    return jnp.einsum("...i,io->...o", x, memory.weight_as(kernel, self.dtype, x))
 
 
 def softcap(x: Array, cap: Optional[float]) -> Array:
