@@ -62,23 +62,44 @@ def weight_formats() -> tuple[str, ...]:
   return plan.WEIGHT_FORMATS
 
 
-def planner_for(name: str, devices: int, args):
-  """The planner of one model at the table's batch on `devices` devices."""
+def planner_for(name: str, devices: int, args, num_layers: Optional[int] = None):
+  """The planner of one model at the table's batch on `devices` devices (at `num_layers`
+  layers, else `--num_layers`)."""
   import jax  # pylint: disable=g-import-not-at-top
   from spot_jax import partitioning  # pylint: disable=g-import-not-at-top
   from spot_jax.train import optimizers, plan  # pylint: disable=g-import-not-at-top
-  model = build_model(name, args.prompt_length, args.num_layers)
+  model = build_model(name, args.prompt_length, num_layers or args.num_layers)
   mesh = partitioning.create_mesh(1, jax.devices()[:devices])
   return plan.Planner(model, optimizers.adamw(learning_rate=1e-3),
                       {"inputs": args.input_length, "targets": args.target_length}, mesh)
 
 
+def depth_of(name: str) -> int:
+  """Layers of a registered config (a T5's encoder layers)."""
+  from spot_jax.backbones import kinds  # pylint: disable=g-import-not-at-top
+  config = kinds.named_configs("decoder").get(name)
+  return config.num_layers if config is not None else kinds.named_configs("t5")[
+      name].num_encoder_layers
+
+
+def extrapolated(found: Any, deeper: Any, depth: int, at: int) -> dict[str, Any]:
+  """Bytes at `depth` layers from measurements at `at` and 2 * `at` layers (linear per layer)."""
+  out = {}
+  for key, value in found.as_dict().items():
+    step = (deeper.as_dict()[key] - value) / at
+    out[key] = value if key == "devices" else value + step * (depth - at)
+  return out
+
+
 def rows_of(name: str, args, log) -> list[dict[str, Any]]:
-  """One model's cells: every weight format x remat policy."""
+  """One model's cells: every weight format x remat policy (FSDP models extrapolated from
+  `--extrapolate_from` and twice as many layers when given)."""
   from spot_jax.train import plan  # pylint: disable=g-import-not-at-top
   fsdp = name in FSDP_MODELS
   devices = args.fsdp_devices if fsdp else 1
-  planner = planner_for(name, devices, args)
+  at = args.extrapolate_from if fsdp and args.extrapolate_from else None
+  planner = planner_for(name, devices, args, at)
+  deeper = planner_for(name, devices, args, 2 * at) if at else None
   rows = []
   for weights in weight_formats():
     for remat in REMATS:
@@ -86,13 +107,17 @@ def rows_of(name: str, args, log) -> list[dict[str, Any]]:
                              batch_size=args.batch_size)
       t0 = time.perf_counter()
       found = planner.measure(setting)
+      figures = found.as_dict()
+      if deeper is not None:
+        figures = extrapolated(found, deeper.measure(setting), depth_of(name), at)
       seconds = time.perf_counter() - t0
       goal = GOALS.get((name, weights, remat))
-      row = dict(model=name, **dataclasses.asdict(setting), **found.as_dict(),
-                 compile_s=round(seconds, 1), goal_gib=goal)
+      row = dict(model=name, **dataclasses.asdict(setting), **figures,
+                 compile_s=round(seconds, 1), goal_gib=goal,
+                 extrapolated_from=None if at is None else [at, 2 * at])
       rows.append(row)
       log(f"{name} {weights} remat={remat} devices={devices}: "
-          f"{found.total / (1 << 30):.2f} GiB ({seconds:.0f} s)")
+          f"{figures['total'] / (1 << 30):.2f} GiB ({seconds:.0f} s)")
   return rows
 
 
@@ -112,7 +137,8 @@ def markdown(rows: Sequence[dict], args) -> str:
       goal = next((r["goal_gib"] for r in (none, full) if r["goal_gib"]), None)
       met = "" if goal is None else (f"<= {goal:g}: " + ("met" if full["total"] / gib <= goal
                                                            else "missed"))
-      devices = f"{none['devices']}" + (" (FSDP)" if none["fsdp"] else "")
+      devices = f"{none['devices']}" + (" (FSDP)" if none["fsdp"] else "") + (
+          " *" if none.get("extrapolated_from") else "")
       lines.append(f"| {name} | {devices} | {weights} | {none['frozen'] / gib:.2f} "
                    f"| {none['temporaries'] / gib:.2f} | {none['total'] / gib:.2f} "
                    f"| {full['temporaries'] / gib:.2f} | {full['total'] / gib:.2f} | {met} |")
@@ -129,12 +155,16 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument("--target_length", type=int, default=128)
   parser.add_argument("--prompt_length", type=int, default=100)
   parser.add_argument("--fsdp_devices", type=int, default=8)
+  parser.add_argument("--extrapolate_from", type=int, default=None,
+                      help="FSDP models: measure at N and 2N layers and extrapolate linearly to "
+                           "full depth (rows marked *); default: compile at full depth")
   parser.add_argument("--json", default=None)
   parser.add_argument("--markdown", default=None)
   args = parser.parse_args(argv)
   for flag in ("batch_size", "input_length", "target_length", "prompt_length", "fsdp_devices"):
     validate.positive_int(getattr(args, flag), f"--{flag}")
   validate.positive_int(args.num_layers, "--num_layers", optional=True)
+  validate.positive_int(args.extrapolate_from, "--extrapolate_from", optional=True)
   from spot_jax.backbones import kinds  # pylint: disable=g-import-not-at-top
   known = [n for kind in kinds.KINDS for n in kinds.named_configs(kind)]
   args.models = [validate.one_of(m.strip(), "--models", known)
@@ -151,6 +181,7 @@ def main(argv: Sequence[str]) -> int:
   rows = []
   for name in args.models:
     rows.extend(rows_of(name, args, lambda line: print(line, file=sys.stderr, flush=True)))
+    common.write_outputs(files, {"rows": rows}, markdown(rows, args))  # so far, kept if stopped
   table = markdown(rows, args)
   print(table)
   common.write_outputs(files, {"rows": rows, "args": {k: v for k, v in vars(args).items()

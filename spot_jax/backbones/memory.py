@@ -126,14 +126,12 @@ def checkpointed(fn: Callable[..., Any], policy_name: str) -> Callable[..., Any]
 def weight_as(weight: Array, dtype: Any, after: Array) -> Array:
   """A frozen weight in the activation `dtype`, for one use that follows `after`.
 
-  A float32 weight used by float32 activations is returned as is. Otherwise the conversion
-  (ours, or the one a backend inserts for a bfloat16 matmul: XLA on CPU computes them in
-  float32) is tied to `after`, the activation the weight multiplies: schedulers otherwise run
-  every layer's conversion at the start and keep all of them alive, a float32 copy of the whole
-  model. Tied, each copy lives for its one matmul.
+  What a use makes of a weight (its conversion: ours, or the one XLA on CPU inserts to compute
+  a bfloat16 matmul in float32; under FSDP, its all-gather) is tied to `after`, the activation
+  it multiplies: schedulers otherwise run every layer's conversion or gather at the start of
+  the step and keep them all alive, a float32 or gathered copy of the whole model. Tied, each
+  lives for its one matmul. The values are the weight's (`+ 0 * one entry of after`).
   """
-  if weight.dtype == jnp.float32 and jnp.dtype(dtype) == jnp.float32:
-    return weight
   return _tied(weight, after).astype(dtype)
 
 
