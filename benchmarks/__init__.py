@@ -18,5 +18,9 @@ Run from a checkout (`python -m benchmarks.<name>`; not installed with the packa
                   Gemma 3 shape against PyTorch + PEFT prompt tuning, same weights and tokens
   decoder_serve   `python -m benchmarks.decoder_serve`: many prompts on a decoder-only model,
                   mixed vs one prompt vs PEFT
+  plan_table      `python -m benchmarks.plan_table`: the planner's memory per device at real
+                  sizes, every frozen weight format x remat (FSDP over 8 for 27B and 70B)
+  plan_check      `python -m benchmarks.plan_check`: the planner's total against a real step's
+                  peak resident memory
   peers/          the peer programs (PyTorch + PEFT, t5x + prompt-tuning), each in its own process
 """
