@@ -101,8 +101,8 @@ def rows_of(name: str, args, log) -> list[dict[str, Any]]:
   planner = planner_for(name, devices, args, at)
   deeper = planner_for(name, devices, args, 2 * at) if at else None
   rows = []
-  for weights in weight_formats():
-    for remat in REMATS:
+  for weights in args.weights or weight_formats():
+    for remat in args.remats:
       setting = plan.Setting(weights=weights, remat=remat, fsdp=fsdp,
                              batch_size=args.batch_size)
       t0 = time.perf_counter()
@@ -133,15 +133,17 @@ def markdown(rows: Sequence[dict], args) -> str:
   cells = {(r["model"], r["weights"], r["remat"]): r for r in rows}
   for name in dict.fromkeys(r["model"] for r in rows):
     for weights in dict.fromkeys(r["weights"] for r in rows if r["model"] == name):
-      none, full = cells[(name, weights, "none")], cells[(name, weights, "full")]
-      goal = next((r["goal_gib"] for r in (none, full) if r["goal_gib"]), None)
-      met = "" if goal is None else (f"<= {goal:g}: " + ("met" if full["total"] / gib <= goal
-                                                           else "missed"))
-      devices = f"{none['devices']}" + (" (FSDP)" if none["fsdp"] else "") + (
-          " *" if none.get("extrapolated_from") else "")
-      lines.append(f"| {name} | {devices} | {weights} | {none['frozen'] / gib:.2f} "
-                   f"| {none['temporaries'] / gib:.2f} | {none['total'] / gib:.2f} "
-                   f"| {full['temporaries'] / gib:.2f} | {full['total'] / gib:.2f} | {met} |")
+      none, full = cells.get((name, weights, "none")), cells.get((name, weights, "full"))
+      any_row = none or full
+      goal = any_row["goal_gib"]
+      met = "" if goal is None or full is None else (
+          f"<= {goal:g}: " + ("met" if full["total"] / gib <= goal else "missed"))
+      devices = f"{any_row['devices']}" + (" (FSDP)" if any_row["fsdp"] else "") + (
+          " *" if any_row.get("extrapolated_from") else "")
+      cell = lambda r, k: "-" if r is None else f"{r[k] / gib:.2f}"  # noqa: E731
+      lines.append(f"| {name} | {devices} | {weights} | {any_row['frozen'] / gib:.2f} "
+                   f"| {cell(none, 'temporaries')} | {cell(none, 'total')} "
+                   f"| {cell(full, 'temporaries')} | {cell(full, 'total')} | {met} |")
   return "\n".join(lines) + "\n"
 
 
@@ -155,6 +157,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument("--target_length", type=int, default=128)
   parser.add_argument("--prompt_length", type=int, default=100)
   parser.add_argument("--fsdp_devices", type=int, default=8)
+  parser.add_argument("--weights", default=None,
+                      help="frozen weight formats (default: every one available)")
+  parser.add_argument("--remats", default=",".join(REMATS), help="remat policies")
   parser.add_argument("--extrapolate_from", type=int, default=None,
                       help="FSDP models: measure at N and 2N layers and extrapolate linearly to "
                            "full depth (rows marked *); default: compile at full depth")
@@ -165,6 +170,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     validate.positive_int(getattr(args, flag), f"--{flag}")
   validate.positive_int(args.num_layers, "--num_layers", optional=True)
   validate.positive_int(args.extrapolate_from, "--extrapolate_from", optional=True)
+  args.weights = [validate.one_of(w, "--weights", weight_formats())
+                  for w in (args.weights or "").split(",") if w]
+  args.remats = [validate.one_of(r, "--remats", ("none", "full", "save_dots"))
+                 for r in args.remats.split(",") if r]
   from spot_jax.backbones import kinds  # pylint: disable=g-import-not-at-top
   known = [n for kind in kinds.KINDS for n in kinds.named_configs(kind)]
   args.models = [validate.one_of(m.strip(), "--models", known)

@@ -130,8 +130,12 @@ def weight_as(weight: Array, dtype: Any, after: Array) -> Array:
   a bfloat16 matmul in float32; under FSDP, its all-gather) is tied to `after`, the activation
   it multiplies: schedulers otherwise run every layer's conversion or gather at the start of
   the step and keep them all alive, a float32 or gathered copy of the whole model. Tied, each
-  lives for its one matmul. The values are the weight's (`+ 0 * one entry of after`).
+  lives for its one matmul. The values are the weight's (`+ 0 * one entry of after`). A
+  float32 weight used in float32 is left as is: without remat its tied copy would be kept for
+  the backward pass, where the weight itself serves.
   """
+  if weight.dtype == jnp.float32 and jnp.dtype(dtype) == jnp.float32:
+    return weight
   return _tied(weight, after).astype(dtype)
 
 

@@ -284,7 +284,7 @@ class DecoderLM(nn.Module):
       return jnp.einsum(spec, x, memory.weight_as(weight, x.dtype, x),
                         preferred_element_type=jnp.float32)
 
-    if remat == "none":
+    if remat == "none" or weight.dtype == x.dtype == jnp.float32:
       return product(x, weight)
     return memory.checkpointed(product, "full")(x, weight)
 
