@@ -21,5 +21,9 @@ Run from a checkout (`python -m benchmarks.<name>`; not installed with the packa
                   mixed vs one prompt vs PEFT
   prefix_cache    `python -m benchmarks.prefix_cache`: a prefill from a prompt's cached KV prefix
                   against prefilling the prompt too
+  plan_table      `python -m benchmarks.plan_table`: the planner's memory per device at real
+                  sizes, every frozen weight format x remat (FSDP over 8 for 27B and 70B)
+  plan_check      `python -m benchmarks.plan_check`: the planner's total against a real step's
+                  peak resident memory
   peers/          the peer programs (PyTorch + PEFT, t5x + prompt-tuning), each in its own process
 """

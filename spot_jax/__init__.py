@@ -33,6 +33,7 @@ Modules:
   backbone     the frozen backbone's identity (fingerprint) and loading
   convert      `python -m spot_jax.convert`: Hugging Face <-> T5X / orbax checkpoints
   eval         `python -m spot_jax.eval`: evaluate a finished run
+  plan         `python -m spot_jax.plan`: the memory a run needs per device, and what would fit
   infer        `python -m spot_jax.infer`: serve soft prompts from the command line
   library      `python -m spot_jax.library`: the SPoT prompt library
   retrieve     `python -m spot_jax.retrieve`: pick source prompts for a target and train it

@@ -217,6 +217,13 @@ def seed_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   return backbone_rng, prompt_rng, state_rng
 
 
+def divisible_hint(rules) -> str:
+  """What a user can change when the frozen weights do not divide over the mesh."""
+  fsdp = dict(rules).get("embed") == partitioning.DATA
+  return ("give a device count and NUM_PARTITIONS whose mesh axes divide it"
+          + (", or FSDP=False" if fsdp else ""))
+
+
 def resolve_frozen_dtype(model: Any, checkpoint_path: Optional[str],
                          trainable: str = "prompt") -> Any:
   """`model` with its config's `param_dtype` decided: FROZEN_DTYPE as given, else (None) the
@@ -241,13 +248,17 @@ def load_backbone(model: Any, dummy: Mapping[str, jax.Array],
   checkpoint loader (`backbones.kinds.load_checkpoint`). The weights are read array by array in
   the config's `param_dtype` (None: the checkpoint's, `resolve_frozen_dtype`), then quantized
   once as its `quantization` says (`backbones.quantization`). Call outside
-  `nn.logical_axis_rules`: shardings are explicit here.
+  `nn.logical_axis_rules`: shardings are explicit here. `rules` are the frozen parameters'
+  rules (`partitioning.frozen_rules`); a mesh that does not divide a weight is refused in one
+  line.
   """
   if initial_checkpoint_path:
     check_initial_checkpoint(initial_checkpoint_path)
   model = resolve_frozen_dtype(model, initial_checkpoint_path)
   backbone_rng = seed_keys(seed)[0]
   abstract = jax.eval_shape(model.init_backbone, backbone_rng, dummy)
+  partitioning.check_divisible(abstract, partitioning.param_shardings(abstract, mesh, rules),
+                              mesh, hint=divisible_hint(rules))
   shardings = quantization.shardings(abstract, model.config, mesh, rules)
   if initial_checkpoint_path:
     path = resolve_checkpoint_path(initial_checkpoint_path)

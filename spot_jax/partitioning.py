@@ -5,6 +5,13 @@ Parameters carry logical names (`embed`, `mlp`, `heads`, `kv`, `joined_kv`, `voc
 `DEFAULT_RULES` maps them onto a 2-D mesh with axes ("data", "model"), as t5x's standard rules
 do. Prompt axes are replicated by default; `shard_prompt_embed=True` shards the prompt's
 embedding axis over "model", which helps only for the very largest models.
+
+FSDP for the frozen weights (`frozen_rules(rules, fsdp=True)`): the frozen parameters' "embed"
+axis is sharded over "data" as well, so each device holds 1/(data x model) of a weight, and
+XLA's SPMD partitioner all-gathers each weight where a layer uses it. This is a rule set of the
+frozen parameters only: activations keep the table's rules ("batch" on "data", "embed"
+replicated), so no activation names "data" twice, as MaxText keeps its weight and activation
+rules apart.
 """
 from __future__ import annotations
 
@@ -57,6 +64,48 @@ def logical_rules(
                         "'data', 'model'")
     table[name] = axis
   return tuple(table.items())
+
+
+def frozen_rules(rules: LogicalRules, fsdp: bool = False) -> tuple[tuple[str, Optional[str]], ...]:
+  """The rules of the frozen parameters: `rules`, with "embed" also on "data" under FSDP.
+
+  Args:
+    rules: the rule table of the activations and the trainable parameters.
+    fsdp: shard the frozen weights' "embed" axis over "data" (all-gathered per use).
+  """
+  table = dict(rules)
+  if fsdp:
+    if table.get("embed") not in (None, DATA):
+      raise ConfigError(f"FSDP=True shards 'embed' over 'data', but the rules map it to "
+                        f"{table['embed']!r}; give FSDP=False or leave 'embed' unmapped")
+    table["embed"] = DATA
+  return tuple(table.items())
+
+
+def check_divisible(abstract: Any, shardings: Any, mesh: Mesh, what: str = "frozen parameter",
+                    hint: str = "") -> None:
+  """Refuses, in one line, a sharding whose mesh axes do not divide the array it shards.
+
+  Args:
+    abstract: a tree of arrays or ShapeDtypeStructs (`nn.Partitioned` boxes are unboxed).
+    shardings: the matching tree of NamedShardings.
+    mesh: the mesh (named in the message).
+    what: what the arrays are, for the message.
+    hint: what would be valid, appended to the message.
+  """
+  values = jax.tree_util.tree_flatten_with_path(
+      nn.unbox(abstract), is_leaf=lambda x: isinstance(x, nn.Partitioned))[0]
+  specs = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+  for (path, x), sharding in zip(values, specs):
+    for axis, (size, names) in enumerate(zip(x.shape, sharding.spec)):
+      names = (names,) if isinstance(names, str) else tuple(names or ())
+      ways = int(np.prod([mesh.shape[n] for n in names])) if names else 1
+      if size % ways:
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        grid = " x ".join(f"{k}={v}" for k, v in mesh.shape.items())
+        raise ConfigError(f"{what} {name} of shape {list(x.shape)} does not divide over the "
+                          f"mesh ({grid}): axis {axis} ({size}) over {'+'.join(names)} "
+                          f"({ways}){'; ' + hint if hint else ''}")
 
 
 def create_mesh(num_partitions: int = 1, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:

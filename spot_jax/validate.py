@@ -95,6 +95,25 @@ def fraction(value: Any, setting: str, *, low_closed: bool = False, high_closed:
   return float(value)
 
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def byte_size(value: Any, setting: str) -> int:
+  """A memory size such as "24GiB", "80GB", "16384MiB" or a number of bytes, in bytes (> 0)."""
+  text = str(value).strip().replace(" ", "").lower()
+  number = text.rstrip("kmgtib")
+  unit = text[len(number):]
+  try:
+    size = float(number) * _UNITS[unit]
+  except (KeyError, ValueError):
+    size = float("nan")
+  if not math.isfinite(size) or size < 1:
+    raise ConfigError(f"{setting}={value!r} must be a memory size such as 24GiB, 80GB or "
+                      f"16384MiB")
+  return int(size)
+
+
 def close_names(name: str, candidates: Sequence[str], n: int = 3, cutoff: float = 0.6
                 ) -> list[str]:
   """The candidates closest to `name` (difflib), best first, compared case-insensitively."""

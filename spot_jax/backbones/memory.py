@@ -30,6 +30,8 @@ import numpy as np
 from spot_jax import validate
 from spot_jax.errors import ConfigError
 
+Array = jax.Array
+
 FROZEN_DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "save_dots", "offload")
 
@@ -119,6 +121,22 @@ def checkpointed(fn: Callable[..., Any], policy_name: str) -> Callable[..., Any]
 
   run.defvjp(forward, backward)
   return run
+
+
+def weight_as(weight: Array, dtype: Any, after: Array) -> Array:
+  """A frozen weight in the activation `dtype`, for one use that follows `after`.
+
+  What a use makes of a weight (its conversion: ours, or the one XLA on CPU inserts to compute
+  a bfloat16 matmul in float32; under FSDP, its all-gather) is tied to `after`, the activation
+  it multiplies: schedulers otherwise run every layer's conversion or gather at the start of
+  the step and keep them all alive, a float32 or gathered copy of the whole model. Tied, each
+  lives for its one matmul. The values are the weight's (`+ 0 * one entry of after`). A
+  float32 weight used in float32 is left as is: without remat its tied copy would be kept for
+  the backward pass, where the weight itself serves.
+  """
+  if weight.dtype == jnp.float32 and jnp.dtype(dtype) == jnp.float32:
+    return weight
+  return _tied(weight, after).astype(dtype)
 
 
 def _tied(tree: Any, to: Any) -> Any:

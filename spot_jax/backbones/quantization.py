@@ -33,6 +33,7 @@ from flax import traverse_util
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spot_jax import partitioning
+from spot_jax.backbones import memory
 from spot_jax import validate
 from spot_jax.errors import ConfigError
 
@@ -70,14 +71,14 @@ def einsum(spec: str, x: jax.Array, kernel: Any, dtype: Any) -> jax.Array:
   """jnp.einsum(spec, x, kernel) in `dtype`; a quantized kernel goes through qwix's einsum."""
   if is_quantized(kernel):
     return qwix().einsum(spec, x.astype(dtype), kernel.astype(dtype))
-  return jnp.einsum(spec, x, kernel.astype(dtype))
+  return jnp.einsum(spec, x, memory.weight_as(kernel, dtype, x))
 
 
 def dot(x: jax.Array, kernel: Any, dtype: Any) -> jax.Array:
   """x [..., in] @ kernel [in, out] in `dtype`; a quantized kernel goes through qwix's dot."""
   if is_quantized(kernel):
     return qwix().dot(x.astype(dtype), kernel.astype(dtype))
-  return jnp.dot(x, jnp.asarray(kernel, dtype))
+  return jnp.dot(x, memory.weight_as(jnp.asarray(kernel), dtype, x))
 
 
 def param(module: nn.Module, name: str) -> Optional[Any]:

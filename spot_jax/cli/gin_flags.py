@@ -31,9 +31,16 @@ from spot_jax.cli import gin_settings
 from spot_jax.errors import ConfigError
 
 
-def parse_args(argv: Sequence[str], prog: str, description: str) -> argparse.Namespace:
-  """Parses gin flags; `--gin.X=V` becomes the binding "X=V" (t5x's convention)."""
+def parse_args(argv: Sequence[str], prog: str, description: str,
+               add_arguments: Optional[Callable[[argparse.ArgumentParser], None]] = None
+               ) -> argparse.Namespace:
+  """Parses gin flags; `--gin.X=V` becomes the binding "X=V" (t5x's convention).
+
+  `add_arguments` adds a program's own flags (`spot_jax.plan`'s --devices, ...).
+  """
   parser = cli.ArgumentParser(prog=prog, description=description)
+  if add_arguments is not None:
+    add_arguments(parser)
   parser.add_argument("--gin_file", action="append", default=[],
                       help="gin file to parse (repeatable; later files override earlier ones)")
   parser.add_argument("--gin_search_paths", action="append", default=[],
@@ -96,6 +103,8 @@ def parse_gin(args: argparse.Namespace, roots: Optional[Sequence[str]] = None,
   from_files = gin_overrides.config_keys()
   if roots is not None:
     gin_files.check(roots, run_example)
+  for binding in getattr(args, "gin_defaults", ()):  # a program's own defaults, never "unused"
+    gin_overrides.parse_override(binding)
   keys = []
   for binding in args.gin_bindings:
     old = binding.partition("=")[0].strip()
@@ -143,15 +152,20 @@ def operative_config() -> Optional[str]:
 
 def run(main: Callable[[argparse.Namespace], Optional[int]], argv: Sequence[str], prog: str,
         description: str, roots: Optional[Sequence[str]] = None,
-        run_example: str = "gin/runs/prompt_tune.gin") -> int:
+        run_example: str = "gin/runs/prompt_tune.gin",
+        add_arguments: Optional[Callable[[argparse.ArgumentParser], None]] = None,
+        before_jax: Optional[Callable[[argparse.Namespace], None]] = None) -> int:
   """Parses flags and gin, runs `main`; user errors become one line + exit 2 (`spot_jax.cli`).
 
   `roots` names the configurables `main` calls (e.g. ("spot_jax.train.train",)), which decide
-  whether an override is used (see `parse_gin`).
+  whether an override is used (see `parse_gin`). `add_arguments` adds the program's own flags;
+  `before_jax(args)` runs before JAX starts its backends (e.g. to set the CPU device count).
   """
 
   def program(argv: Sequence[str]) -> Optional[int]:
-    args = parse_args(argv, prog, description)
+    args = parse_args(argv, prog, description, add_arguments)
+    if before_jax is not None:
+      before_jax(args)
     distributed.set_cpu_devices(args.cpu_devices)
     distributed.setup(args)
     parse_gin(args, roots, run_example)

@@ -35,7 +35,7 @@ from spot_jax.train.checks import TRAINABLE_ALL, TRAINABLE_PROMPT, CheckpointCon
 from spot_jax.train.evaluator import EvalConfig
 from spot_jax.train.train_result import RunResult, TrainResult
 from spot_jax.train.state import TrainState
-from spot_jax.train.step import make_runs_step, make_train_step
+from spot_jax.train.step import jit_step
 
 __all__ = ["TRAINABLE_ALL", "TRAINABLE_PROMPT", "CheckpointConfig", "RunResult",
            "TrainResult", "train"]
@@ -47,7 +47,8 @@ def train(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
           eval_cfg: Optional[EvalConfig] = None, eval_period: int = 500,
           checkpoint_cfg: CheckpointConfig = CheckpointConfig(),
           initial_checkpoint_path: Optional[str] = None, trainable: str = TRAINABLE_PROMPT,
-          num_partitions: int = 1, shard_prompt_embed: bool = False, seed: int = 0,
+          num_partitions: int = 1, shard_prompt_embed: bool = False, fsdp: bool = False,
+          seed: int = 0,
           log_period: int = 10, verbose: bool = True,
           compilation_cache_dir: Optional[str] = None, dropout_rng: str = "threefry",
           seeds: Optional[Sequence[int]] = None, tasks: Optional[Sequence[str]] = None,
@@ -70,6 +71,7 @@ def train(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
     trainable: "prompt" (frozen backbone) or "all" (model tuning baselines).
     num_partitions: size of the "model" mesh axis.
     shard_prompt_embed: shard the prompt's embedding axis over "model".
+    fsdp: shard the frozen weights over "data" as well (`partitioning.frozen_rules`).
     seed: the run's seed (K runs: the random backbone's seed and the default run seed).
     log_period: steps between progress lines.
     verbose: print progress lines.
@@ -114,8 +116,9 @@ def train(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
                   if stacked else ""))
 
   # --- 2. frozen backbone (placed by explicit shardings, before the rules context) ------------
-  backbone, backbone_shardings = backbone_lib.load_backbone(model, dummy, initial_checkpoint_path,
-                                                            seed, mesh, rules, job.log.info)
+  backbone, backbone_shardings = backbone_lib.load_backbone(
+      model, dummy, initial_checkpoint_path, seed, mesh, partitioning.frozen_rules(rules, fsdp),
+      job.log.info)
   try:
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
       # --- 3. trainable / frozen split (by structure: top-level keys) --------------------------
@@ -127,12 +130,10 @@ def train(*, model: models.Model, train_dataset_cfg: data_lib.DatasetConfig,
       state = job.restore_or_init(params, tx)
       job.write_records()
       # --- 6. one jitted train step (one compile per input length with length buckets) ---------
-      step = (make_runs_step(model, tx, dropout_rng, partitioning.DATA if runs_sharded else None)
-              if stacked else make_train_step(model, tx, dropout_rng))
-      step_fn = jax.jit(step,
-                        in_shardings=(job.state_shardings, frozen_shardings, job.batch_sharding),
-                        out_shardings=(job.state_shardings, partitioning.replicated(mesh)),
-                        donate_argnums=(0,))
+      step_fn = jit_step(model, tx, mesh, state_shardings=job.state_shardings,
+                         frozen_shardings=frozen_shardings, batch_sharding=job.batch_sharding,
+                         dropout_rng=dropout_rng, stacked=stacked,
+                         runs_axis=partitioning.DATA if runs_sharded else None)
       # --- 7. loop ------------------------------------------------------------------------------
       state = _loop(job, model, state, frozen, step_fn, eval_cfg, eval_period, total_steps)
       job.finish(state)

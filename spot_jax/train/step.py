@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from spot_jax import models
+from spot_jax import partitioning
 from spot_jax import validate
 from spot_jax.train import optimizers
 from spot_jax.train.state import TrainState
@@ -83,3 +84,19 @@ def make_runs_step(model: models.Model, tx: optax.GradientTransformation,
   """
   return jax.vmap(make_train_step(model, tx, dropout_rng), in_axes=(0, None, 0),
                   spmd_axis_name=spmd_axis_name)
+
+
+def jit_step(model: models.Model, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, *,
+             state_shardings: Any, frozen_shardings: Any, batch_sharding: Any,
+             dropout_rng: str = "threefry", stacked: bool = False,
+             runs_axis: Optional[str] = None) -> Any:
+  """The trainer's jitted step (the one `python -m spot_jax.plan` compiles ahead of time).
+
+  Explicit shardings in and out; the state is donated, the frozen parameters never are.
+  `stacked`: the K-run step (`make_runs_step`), its runs axis sharded over `runs_axis`.
+  """
+  step = (make_runs_step(model, tx, dropout_rng, runs_axis) if stacked
+          else make_train_step(model, tx, dropout_rng))
+  return jax.jit(step, in_shardings=(state_shardings, frozen_shardings, batch_sharding),
+                 out_shardings=(state_shardings, partitioning.replicated(mesh)),
+                 donate_argnums=(0,))

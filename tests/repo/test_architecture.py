@@ -24,7 +24,7 @@ LAYERS = [
     ["backbone"],
     ["train"],
     ["experiment"],  # the one runner of batches of prompt runs (demo, study, retrieval)
-    ["eval", "spot", "demo"],
+    ["eval", "plan", "spot", "demo"],
     ["serve", "library", "retrieve", "study", "report"],
     ["infer"],
     ["contrib"],

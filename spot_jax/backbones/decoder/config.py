@@ -234,6 +234,10 @@ _LLAMA3_SCALING = RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
 _LLAMA = dict(mlp_activation="silu", norm_epsilon=1e-5, rope_theta=500000.0,
               rope_scaling=_LLAMA3_SCALING, tie_word_embeddings=True,
               max_position_embeddings=131072, bos_id=128000, eos_id=128001)
+_LLAMA31 = dict(_LLAMA, rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192),
+                tie_word_embeddings=False)
+_QWEN3 = dict(mlp_activation="silu", norm_epsilon=1e-6, qk_norm=True, rope_theta=1_000_000.0,
+              max_position_embeddings=40960, bos_id=151643, eos_id=151645)
 _GEMMA = dict(mlp_activation="gelu_tanh", norm_epsilon=1e-6, norm_offset=1.0, post_norms=True,
               scale_embeddings=True, tie_word_embeddings=True, query_pre_attn_scalar=256,
               bos_id=2, eos_id=1, pad_id=0)
@@ -269,6 +273,30 @@ def _build_registry() -> dict[str, DecoderConfig]:
                                   layer_types=_every(6, 34), sliding_window=1024,
                                   rope_scaling=RopeScaling("linear", 8.0),
                                   max_position_embeddings=131072, **_GEMMA3),
+      # meta-llama/Llama-3.1-8B and -70B: untied, the same llama3 rope scaling (factor 8).
+      "llama_3_1_8b": DecoderConfig(vocab_size=128256, emb_dim=4096, num_heads=32,
+                                    num_kv_heads=8, num_layers=32, head_dim=128, mlp_dim=14336,
+                                    **_LLAMA31),
+      "llama_3_1_70b": DecoderConfig(vocab_size=128256, emb_dim=8192, num_heads=64,
+                                     num_kv_heads=8, num_layers=80, head_dim=128,
+                                     mlp_dim=28672, **_LLAMA31),
+      # google/gemma-3-12b-pt and -27b-pt's text_config (27B: head_dim 128, scalar 5376 / 32).
+      "gemma_3_12b": DecoderConfig(vocab_size=262208, emb_dim=3840, num_heads=16,
+                                   num_kv_heads=8, num_layers=48, head_dim=256, mlp_dim=15360,
+                                   layer_types=_every(6, 48), sliding_window=1024,
+                                   rope_scaling=RopeScaling("linear", 8.0),
+                                   max_position_embeddings=131072, **_GEMMA3),
+      "gemma_3_27b": DecoderConfig(vocab_size=262208, emb_dim=5376, num_heads=32,
+                                   num_kv_heads=16, num_layers=62, head_dim=128, mlp_dim=21504,
+                                   layer_types=_every(6, 62), sliding_window=1024,
+                                   rope_scaling=RopeScaling("linear", 8.0),
+                                   max_position_embeddings=131072,
+                                   **dict(_GEMMA3, query_pre_attn_scalar=168)),
+      # Qwen/Qwen3-8B and -32B: qk_norm, untied, no sliding layers.
+      "qwen_3_8b": DecoderConfig(vocab_size=151936, emb_dim=4096, num_heads=32, num_kv_heads=8,
+                                 num_layers=36, head_dim=128, mlp_dim=12288, **_QWEN3),
+      "qwen_3_32b": DecoderConfig(vocab_size=151936, emb_dim=5120, num_heads=64, num_kv_heads=8,
+                                  num_layers=64, head_dim=128, mlp_dim=25600, **_QWEN3),
   }
   # Tiny random models for tests and CPU smoke runs: each family's every switch, small sizes;
   # 384 rows hold the byte vocabulary's 259 ids (as t5_1_1_byte_tiny's table).
