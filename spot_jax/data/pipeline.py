@@ -154,7 +154,7 @@ def get_mixture_or_task(name: str, split: Optional[str] = None, setting: str = "
     found = seqio.get_mixture_or_task(name)
   except ValueError:
     names = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
-    close = validate_lib.close_names(name, names, cutoff=0.5)
+    close = validate_lib.close_names(name, names)
     if close:
       raise ConfigError(f"unknown seqio task or mixture {name!r}; did you mean "
                         f"{', '.join(repr(c) for c in close)}?") from None
