@@ -85,10 +85,11 @@ def command(system: str, work: str, backbone: Sequence[str], num_prompts: int, a
           *(f"--prompt=p{i}={work}/p{i}.npy" for i in range(num_prompts))]
 
 
-def start(cmd: Sequence[str], log: str) -> tuple[subprocess.Popen, str]:
-  """Starts a server writing to the file `log` (never a pipe nobody reads); its URL."""
+def start(cmd: Sequence[str], log: str, **popen) -> tuple[subprocess.Popen, str]:
+  """Starts a server writing to the file `log` (never a pipe nobody reads); its URL. `popen`:
+  further `subprocess.Popen` arguments (env, cwd)."""
   with open(log, "w", encoding="utf-8") as f:
-    proc = subprocess.Popen(list(cmd), stdout=f, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(list(cmd), stdout=f, stderr=subprocess.STDOUT, text=True, **popen)
   while proc.poll() is None:
     with open(log, encoding="utf-8") as f:
       found = re.search(r"listening on (http://\S+)", f.read())

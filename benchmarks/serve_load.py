@@ -37,6 +37,7 @@ from typing import Optional, Sequence
 import jax
 import numpy as np
 
+from benchmarks import serve_http
 from spot_jax import embedded
 
 ENGINES = ("continuous", "batch", "peft")
@@ -197,17 +198,8 @@ def serve(engine: str, work: str, args, log: str):
   there, since `python -m` puts the working directory first on the path)."""
   tree = args.continuous_tree if engine == "continuous" else None
   env = dict(os.environ, **({"PYTHONPATH": os.path.abspath(tree)} if tree else {}))
-  with open(log, "w", encoding="utf-8") as f:
-    proc = subprocess.Popen(command(engine, work, args), stdout=f, stderr=subprocess.STDOUT,
-                            text=True, env=env, cwd=tree and os.path.abspath(tree))
-  while proc.poll() is None:
-    with open(log, encoding="utf-8") as f:
-      found = re.search(r"listening on (http://\S+)", f.read())
-    if found:
-      return proc, found.group(1)
-    time.sleep(0.2)
-  with open(log, encoding="utf-8") as f:
-    raise RuntimeError("the server did not start:\n" + f.read()[-3000:])
+  return serve_http.start(command(engine, work, args), log, env=env,
+                          cwd=tree and os.path.abspath(tree))
 
 
 def alone(url: str, stream: bool, args, rs) -> float:
