@@ -299,7 +299,7 @@ def test_demo_command_line_error_from_a_fresh_process(tmp_path):
   assert proc.returncode == 2 and lines == [
       "spot_jax.demo: error: unknown method 'lora' in --methods (entry 0); valid: pt, spot, smop, "
       "residual, spot_unrelated, prefix, ptuning_v2, dept, residual_smop, "
-      "attempt, mpt, ulpt, all"], proc.stderr
+      "attempt, mpt, ulpt, pt_int8, all"], proc.stderr
   assert "Traceback" not in proc.stderr
 
 
