@@ -40,6 +40,7 @@ from spot_jax.backbones.decoder import chat_template as chat_lib
 from spot_jax.errors import ConfigError
 from tasks import answers as answers_lib
 from tasks import chat_format, postprocessors
+from tasks import user
 from tasks import vocab as vocab_lib
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -135,21 +136,8 @@ def _template(template: str, model_dir: Optional[str],
 
 
 def _rows(path: str) -> List[tuple[int, Dict[str, Any]]]:
-  name = os.path.basename(path)
-  rows = []
   with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ConfigError(f"{name} line {number} is not JSON ({e.msg}); write one JSON object "
-                          "per line") from None
-      if not isinstance(row, dict):
-        raise ConfigError(f"{name} line {number} is a JSON {type(row).__name__}, not an object; "
-                          f"write {chat_format.SHAPES}")
-      rows.append((number, row))
+    rows = user.jsonl_rows(f, os.path.basename(path), f"write {chat_format.SHAPES}")
   if not rows:
     raise ConfigError(f"{path} has no examples; write one JSON object per line, "
                       f"{chat_format.SHAPES}")

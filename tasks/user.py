@@ -81,26 +81,33 @@ def _cell(value: Any, where: str, column: str) -> str:
   return value if isinstance(value, str) else json.dumps(value)
 
 
+def jsonl_rows(lines: Any, name: str, shapes: str) -> List[tuple[int, Mapping[str, Any]]]:
+  """(line number, object) of each non-empty line of a JSONL file; a line that is not a JSON
+  object is refused in one line naming `name`, the line and `shapes` (what to write)."""
+  rows = []
+  for number, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ConfigError(f"{name} line {number} is not JSON ({e.msg}); write one JSON object "
+                        f"per line") from None
+    if not isinstance(row, dict):
+      raise ConfigError(f"{name} line {number} is a JSON {type(row).__name__}, not an object; "
+                        f"{shapes}")
+    rows.append((number, row))
+  return rows
+
+
 def _rows(path: str) -> List[tuple[int, Mapping[str, Any]]]:
   """(line number, row) of a TSV/CSV (header row first) or JSONL file."""
   name = os.path.basename(path)
   rows = []
   with open(path, encoding="utf-8", newline="") as f:
     if path.endswith(".jsonl"):
-      for number, line in enumerate(f, start=1):
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise ConfigError(f"{name} line {number} is not JSON ({e.msg}); write one JSON object "
-                            f"per line") from None
-        if not isinstance(row, dict):
-          raise ConfigError(f"{name} line {number} is a JSON {type(row).__name__}, not an object; "
-                            f"write one object per line, e.g. {{\"inputs\": \"...\", "
-                            f"\"targets\": \"...\"}}")
-        rows.append((number, row))
-      return rows
+      return jsonl_rows(f, name, "write one object per line, e.g. "
+                        "{\"inputs\": \"...\", \"targets\": \"...\"}")
     tsv = path.endswith(".tsv")
     reader = csv.DictReader(f, delimiter="\t" if tsv else ",",
                             quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
