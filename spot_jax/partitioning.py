@@ -93,8 +93,11 @@ def check_divisible(abstract: Any, shardings: Any, mesh: Mesh, what: str = "froz
     what: what the arrays are, for the message.
     hint: what would be valid, appended to the message.
   """
+  # The boxes' values, read directly: `nn.unbox` applies a sharding constraint, which an
+  # abstract array refuses under a mesh context.
   values = jax.tree_util.tree_flatten_with_path(
-      nn.unbox(abstract), is_leaf=lambda x: isinstance(x, nn.Partitioned))[0]
+      jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) else x, abstract,
+                   is_leaf=lambda x: isinstance(x, nn.Partitioned)))[0]
   specs = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
   for (path, x), sharding in zip(values, specs):
     for axis, (size, names) in enumerate(zip(x.shape, sharding.spec)):
