@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax.backbones.decoder import decoding
 from spot_jax.backbones.decoder.network import DecoderLM
 from spot_jax.serve.model.gather import prompted_input, row_kv
 from spot_jax.serve.catalog.table import TableArrays
@@ -131,17 +132,6 @@ def _prompted(model: DecoderLM, params: PyTree, table: TableArrays, index: Array
   return prompted_input(table, index, embedded, jnp.where(real, sequence, 0), placement)
 
 
-def _start(model: DecoderLM, length: int, front: Optional[tuple], batch: int = 1) -> tuple:
-  """Per layer (key, value) [B, length, K, D]: `front`'s (or nothing) first, zeros after it."""
-  cfg = model.config
-  dtype = cfg.activation_dtype
-  zeros = jnp.zeros((batch, length, cfg.num_kv_heads, cfg.head_dim), dtype)
-  if front is None:
-    return tuple((zeros, zeros) for _ in range(cfg.num_layers))
-  put = lambda part: jax.lax.dynamic_update_slice_in_dim(zeros, part.astype(dtype), 0, axis=1)
-  return tuple((put(k), put(v)) for k, v in front)
-
-
 def _stack_heads(heads: tuple) -> Head:
   """B heads [1, ...] -> one head [B, ...]."""
   if len(heads) == 1:
@@ -165,7 +155,7 @@ def compute_head(model: DecoderLM, params: PyTree, table: TableArrays, index: Ar
   body_index = num[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
   k_index = jnp.concatenate([deep_index, body_index], axis=1)
   k_valid = jnp.concatenate([visible, xvalid], axis=1)
-  cache = _start(model, big_p + width, past)
+  cache = decoding.empty_cache(model.config, past, 1, big_p + width)
   _, cache = model.apply({"params": params}, x, positions=body_index, q_index=body_index,
                          k_index=k_index, k_valid=k_valid, past=cache,
                          write_index=jnp.int32(big_p), last_only=True, method=DecoderLM.stack)
@@ -257,7 +247,7 @@ def prefill(model: DecoderLM, params: PyTree, table: TableArrays, state: SlotSta
   gen_index = (num + head.skip + count)[:, None] + jnp.arange(rest, dtype=jnp.int32)[None]
   k_index = jnp.concatenate([head.k_index, q_index, gen_index], axis=1)
   k_valid = jnp.concatenate([head.k_valid, xvalid, jnp.zeros((batch, rest), bool)], axis=1)
-  past = _start(model, length, head.cache, batch)
+  past = decoding.empty_cache(model.config, head.cache, batch, length)
   logits, cache = model.apply({"params": params}, x, positions=q_index, q_index=q_index,
                               k_index=k_index, k_valid=k_valid, past=past,
                               write_index=jnp.int32(big_h), keep=(count - 1)[:, None],
