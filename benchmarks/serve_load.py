@@ -96,8 +96,9 @@ def setup(work: str, num_prompts: int, prompt_length: int, weights: str, config:
 
 
 def command(engine: str, work: str, args) -> list[str]:
+  most = max([n for v in args.requests.values() for n in v] + [args.peft_requests])
   common = [f"--input_length={INPUT}", f"--target_length={args.max_tokens}", "--port=0",
-            f"--max_queue={4 * max(max(args.requests.values()), args.peft_requests)}"]
+            f"--max_queue={4 * most}"]
   if engine == "peft":
     return [sys.executable, "-m", "benchmarks.peers.peft_http", "--kind=decoder",
             f"--work_dir={work}", f"--vocab={embedded.DECODER_VOCAB_PATH}",
