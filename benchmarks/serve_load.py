@@ -213,9 +213,10 @@ def serve(engine: str, work: str, args, log: str):
                           cwd=tree and os.path.abspath(tree))
 
 
-def alone(url: str, stream: bool, args, rs) -> float:
-  """TTFT (ms) of one request alone (median of 3, after a warm-up), at --max_tokens/2."""
-  reqs = requests(rs, 4, 1000.0, args.num_prompts, args.max_tokens // 2, args.max_tokens // 2)
+def alone(url: str, stream: bool, args, rs, count: int = 3) -> float:
+  """TTFT (ms) of one request alone (median of `count`, after a warm-up), at --max_tokens/2."""
+  reqs = requests(rs, count + 1, 1000.0, args.num_prompts, args.max_tokens // 2,
+                  args.max_tokens // 2)
   got = [send(url, dict(r, at=0.0), stream, time.perf_counter()) for r in reqs]
   return round(1000 * float(np.median([g["ttft"] for g in got[1:] if g["ttft"]] or [np.nan])), 1)
 
@@ -227,7 +228,7 @@ def run_engine(engine: str, work: str, model: str, args) -> list[dict]:
   try:
     stream = engine == "continuous"
     rs = np.random.RandomState(args.seed)
-    single = alone(url, stream, args, rs)
+    single = alone(url, stream, args, rs, 1 if peft else 3)  # peft: seconds per request
     rates = for_model(args.rates, model)
     for rate in (args.peft_rates or [min(rates)]) if peft else rates:
       reqs = requests(np.random.RandomState(args.seed + 1),
