@@ -2,8 +2,9 @@
 serving, as an LLM server is measured: tokens/s, time to first token, inter-token latency.
 
   python -m benchmarks.serve_load --rates=0.5,1,2,4 --out=/tmp/serve_load
-  python -m benchmarks.serve_load --models=toy,llama_3_2_1b --engines=continuous,batch,peft \
-      --rates='toy=4,16;llama_3_2_1b=1' --requests='toy=64;llama_3_2_1b=16' --out=/tmp/sl
+  python -m benchmarks.serve_load --models=toy,llama_3_2_1b --rates='toy=4,16;llama_3_2_1b=1' \
+      --engines='toy=continuous,batch,peft;llama_3_2_1b=continuous,batch' \
+      --requests='toy=64;llama_3_2_1b=16' --out=/tmp/sl
 
 Each of --models (`toy`: `decoder_toy`, Llama-style, width 128; or a decoder config name such
 as llama_3_2_1b at --num_layers layers, its full width and vocabulary; random weights unless
@@ -19,6 +20,8 @@ naming a prompt drawn uniformly, a short input, and max_tokens drawn uniformly f
   peft        PyTorch + PEFT behind the same HTTP front, one request at a time,
               `generate(use_cache=False)` (its correct path, `benchmarks.peers.peft_http`);
               as it serves one request at a time, at --peft_rates with --peft_requests
+--engines, --rates, --requests and --peft_requests take one list for every model, or MODEL=list
+groups joined by ';'.
 Writes OUT/results.json, OUT/serve_load.md (the table) and OUT/serve_load.png (p99 time to
 first token against tokens/s). The load generator shares the CPU with the server.
 """
@@ -96,7 +99,8 @@ def setup(work: str, num_prompts: int, prompt_length: int, weights: str, config:
 
 
 def command(engine: str, work: str, args) -> list[str]:
-  most = max([n for v in args.requests.values() for n in v] + [args.peft_requests])
+  most = max(n for counts in (args.requests, args.peft_requests) for v in counts.values()
+             for n in v)
   common = [f"--input_length={INPUT}", f"--target_length={args.max_tokens}", "--port=0",
             f"--max_queue={4 * most}"]
   if engine == "peft":
@@ -232,7 +236,7 @@ def run_engine(engine: str, work: str, model: str, args) -> list[dict]:
     rates = for_model(args.rates, model)
     for rate in (args.peft_rates or [min(rates)]) if peft else rates:
       reqs = requests(np.random.RandomState(args.seed + 1),
-                      args.peft_requests if peft else for_model(args.requests, model)[0], rate,
+                      for_model(args.peft_requests if peft else args.requests, model)[0], rate,
                       args.num_prompts, args.min_tokens, args.max_tokens)
       row = {"engine": engine, "rate": rate, "model": model, "ttft_alone_ms": single,
              **drive(url, reqs, stream)}
@@ -290,7 +294,8 @@ def for_model(values: dict, model: str) -> list:
 def parse(argv: Sequence[str]) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="benchmarks.serve_load", description=__doc__.splitlines()[0])
   a = p.add_argument
-  a("--engines", default=",".join(ENGINES), help="of " + ", ".join(ENGINES))
+  a("--engines", default=",".join(ENGINES), help="of " + ", ".join(ENGINES) + "; per model as "
+    "--rates")
   a("--models", default="toy", help="toy, or decoder config names (e.g. llama_3_2_1b) run at "
     "--num_layers layers")
   a("--num_layers", type=int, default=2, help="the depth of the named (non-toy) models")
@@ -298,7 +303,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     "'toy=4,16;llama_3_2_1b=1,2'")
   a("--requests", default="64", help="requests per run; per model as --rates")
   a("--peft_rates", default=None, help="the peft engine's rates (default: the lowest of --rates)")
-  a("--peft_requests", type=int, default=16, help="requests per peft run (one at a time)")
+  a("--peft_requests", default="16", help="requests per peft run (one at a time); per model "
+    "as --rates")
   a("--num_prompts", type=int, default=64)
   a("--prompt_length", type=int, default=20)
   a("--min_tokens", type=int, default=8)
@@ -316,16 +322,19 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
   try:
     args.rates = per_model(args.rates, float)
     args.requests = per_model(args.requests, int)
+    args.peft_requests = per_model(args.peft_requests, int)
   except ValueError:
-    p.error("--rates and --requests: numbers, or MODEL=numbers groups joined by ';'")
+    p.error("--rates and --*requests: numbers, or MODEL=numbers groups joined by ';'")
   args.peft_rates = [float(r) for r in args.peft_rates.split(",")] if args.peft_rates else None
   args.models = [m for m in args.models.split(",") if m]
-  args.engines = [e for e in args.engines.split(",") if e]
-  unknown = [e for e in args.engines if e not in ENGINES]
-  missing = [m for m in args.models for v in (args.rates, args.requests)
+  args.engines = per_model(args.engines, str)
+  unknown = [e for v in args.engines.values() for e in v if e not in ENGINES]
+  missing = [m for m in args.models
+             for v in (args.rates, args.requests, args.peft_requests, args.engines)
              if m not in v and None not in v]
   if missing:
-    p.error(f"--rates and --requests need values for {', '.join(sorted(set(missing)))}")
+    p.error(f"--engines, --rates and --*requests need values for "
+            f"{', '.join(sorted(set(missing)))}")
   lowest = min(min(r) for r in args.rates.values())
   if unknown or not 1 <= args.min_tokens <= args.max_tokens or lowest <= 0:
     p.error(f"--engines of {', '.join(ENGINES)}; 1 <= --min_tokens <= --max_tokens; rates > 0")
@@ -337,8 +346,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str], work: Optional[str] = None) -> int:
   args = parse(argv)
   os.makedirs(args.out, exist_ok=True)
-  engines = [e for e in args.engines if e != "continuous" or has_continuous(args.continuous_tree)]
-  skipped = sorted(set(args.engines) - set(engines))
+  wanted = {e for v in args.engines.values() for e in v}
+  skipped = (["continuous"] if "continuous" in wanted and not has_continuous(args.continuous_tree)
+             else [])
   if skipped:
     print(f"skipped (not in this tree): {', '.join(skipped)}", flush=True)
   rows = []
@@ -348,6 +358,7 @@ def main(argv: Sequence[str], work: Optional[str] = None) -> int:
       where = os.path.join(work, model) if work else tmp
       os.makedirs(where, exist_ok=True)
       setup(where, args.num_prompts, args.prompt_length, args.weights, config)
+      engines = [e for e in for_model(args.engines, model) if e not in skipped]
       rows += [row for engine in engines for row in run_engine(engine, where, model, args)]
   with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
     json.dump({"argv": list(argv), "skipped": skipped, "rows": rows}, f, indent=1)

@@ -45,10 +45,13 @@ def test_a_tiny_run_of_the_batching_server(tmp_path):
 
 def test_rates_and_requests_per_model():
   args = serve_load.parse(["--models=toy,llama_3_2_1b", "--rates=toy=4,16;llama_3_2_1b=0.5",
-                           "--requests=32", "--out=/tmp/unused"])
+                           "--requests=32", "--engines=toy=batch,peft;llama_3_2_1b=batch",
+                           "--out=/tmp/unused"])
   assert serve_load.for_model(args.rates, "toy") == [4.0, 16.0]
   assert serve_load.for_model(args.rates, "llama_3_2_1b") == [0.5]
   assert serve_load.for_model(args.requests, "llama_3_2_1b") == [32]
+  assert serve_load.for_model(args.engines, "llama_3_2_1b") == ["batch"]
+  assert serve_load.for_model(args.peft_requests, "toy") == [16]
   assert args.peft_rates is None and args.num_layers == 2
   with pytest.raises(SystemExit) as refused:  # a model without rates
     serve_load.parse(["--models=toy,llama_3_2_1b", "--rates=toy=4", "--out=/tmp/unused"])
