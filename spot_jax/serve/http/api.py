@@ -200,8 +200,9 @@ def completion(body: dict, names: Sequence[str], vocab: Any, limits: Limits,
   if len(texts) * n > limits.max_rows:
     raise ApiError(400, f"{len(texts)} texts x n={n} is {len(texts) * n} rows; give at most "
                         f"{limits.max_rows} (the batch size)", "n")
+  stop = stop_strings(body)
   tokens = token_rows(vocab, texts, "prompt", limits, offset_length)
-  return Completion(model, texts, tokens, max_tokens, temperature, top_k, n, stop_strings(body))
+  return Completion(model, texts, tokens, max_tokens, temperature, top_k, n, stop)
 
 
 def stop_strings(body: dict) -> tuple[str, ...]:
