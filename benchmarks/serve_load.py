@@ -232,7 +232,7 @@ def run_engine(engine: str, work: str, model: str, args) -> list[dict]:
   try:
     stream = engine == "continuous"
     rs = np.random.RandomState(args.seed)
-    single = alone(url, stream, args, rs, 1 if peft else 3)  # peft: seconds per request
+    single = alone(url, stream, args, rs, 3 if stream else 1)  # whole answers take long
     rates = for_model(args.rates, model)
     for rate in (args.peft_rates or [min(rates)]) if peft else rates:
       reqs = requests(np.random.RandomState(args.seed + 1),
