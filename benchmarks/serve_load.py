@@ -2,20 +2,26 @@
 serving, as an LLM server is measured: tokens/s, time to first token, inter-token latency.
 
   python -m benchmarks.serve_load --rates=0.5,1,2,4 --out=/tmp/serve_load
-  python -m benchmarks.serve_load --engines=batch,peft --requests=16 --rates=1 --out=/tmp/sl
+  python -m benchmarks.serve_load --models=toy,llama_3_2_1b --rates='toy=4,16;llama_3_2_1b=1' \
+      --engines='toy=continuous,batch,peft;llama_3_2_1b=continuous,batch' \
+      --requests='toy=64;llama_3_2_1b=16' --out=/tmp/sl
 
-The toy decoder's shape (`decoder_toy`, Llama-style, width 128; random weights by default) serves
---num_prompts Prompt Tuning prompts (rows of its embedding table, --prompt_length tokens each). Per
-arrival rate, --requests requests arrive as a Poisson process (open loop: a request is sent at its
-arrival time whatever the server's backlog), each naming a prompt drawn uniformly, a short input,
-and max_tokens drawn uniformly from --min_tokens..--max_tokens. Engines, each its own
-server process on loopback:
+Each of --models (`toy`: `decoder_toy`, Llama-style, width 128; or a decoder config name such
+as llama_3_2_1b at --num_layers layers, its full width and vocabulary; random weights unless
+--weights=trained, toy only) serves --num_prompts Prompt Tuning prompts (rows of its embedding
+table, --prompt_length tokens each). Per arrival rate, --requests requests arrive as a Poisson
+process (open loop: a request is sent at its arrival time whatever the server's backlog), each
+naming a prompt drawn uniformly, a short input, and max_tokens drawn uniformly from
+--min_tokens..--max_tokens. Engines, each its own server process on loopback:
   continuous  `--engine=continuous` (iteration-level scheduling over --slots, streamed: time to
               first token and inter-token gaps are the stream's); run when the server has it
   batch       the dynamic batcher (one compiled decoding call per batch, --target_length steps;
               the answer comes whole, so time to first token is the request's latency)
   peft        PyTorch + PEFT behind the same HTTP front, one request at a time,
-              `generate(use_cache=False)` (its correct path, `benchmarks.peers.peft_http`)
+              `generate(use_cache=False)` (its correct path, `benchmarks.peers.peft_http`);
+              as it serves one request at a time, at --peft_rates with --peft_requests
+--engines, --rates, --requests and --peft_requests take one list for every model, or MODEL=list
+groups joined by ';'.
 Writes OUT/results.json, OUT/serve_load.md (the table) and OUT/serve_load.png (p99 time to
 first token against tokens/s). The load generator shares the CPU with the server.
 """
@@ -32,7 +38,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import numpy as np
@@ -46,7 +52,16 @@ WORDS = ("the film was good bad long short plot actor scene story music great du
 INPUT = 32
 
 
-def setup(work: str, num_prompts: int, prompt_length: int, weights: str) -> None:
+def model_config(name: str, num_layers: int) -> Any:
+  """`toy`'s DecoderConfig, or the named decoder config at `num_layers` layers."""
+  from spot_jax.embedded import decoder_config  # pylint: disable=g-import-not-at-top
+  if name == "toy":
+    return decoder_config.toy_config()
+  from benchmarks.decoder_train_step import reduced_config  # pylint: disable=g-import-not-at-top
+  return reduced_config(name, num_layers)
+
+
+def setup(work: str, num_prompts: int, prompt_length: int, weights: str, config: Any) -> None:
   """work/p<i>/: a run directory per prompt (run.json names the toy decoder's config, its
   weights and vocabulary, so the server needs no --model) and work/adapters/p<i>/: the same
   prompt as a PEFT CAUSAL_LM adapter on work/hf (the same weights). `weights`: "random" (seed
@@ -55,13 +70,11 @@ def setup(work: str, num_prompts: int, prompt_length: int, weights: str) -> None
   # pylint: disable=g-import-not-at-top
   from spot_jax import backbone as backbone_lib, vocabulary
   from spot_jax.backbones import kinds
-  from spot_jax.embedded import decoder_config
   from spot_jax.backbones.decoder.checkpoints import huggingface
   from spot_jax.run_dir import RunDir, RunRecord
   from spot_jax.serve.catalog import served_backbone
   from spot_jax.serve.catalog.served_backbone import ServedBackbone
   from spot_jax.serve.export import peft_causal
-  config = decoder_config.toy_config()
   checkpoint = embedded.DECODER_CHECKPOINT_PATH if weights == "trained" else None
   if checkpoint:
     params = kinds.load_checkpoint("decoder", checkpoint, config)
@@ -86,8 +99,10 @@ def setup(work: str, num_prompts: int, prompt_length: int, weights: str) -> None
 
 
 def command(engine: str, work: str, args) -> list[str]:
+  most = max(n for counts in (args.requests, args.peft_requests) for v in counts.values()
+             for n in v)
   common = [f"--input_length={INPUT}", f"--target_length={args.max_tokens}", "--port=0",
-            f"--max_queue={4 * args.requests}"]
+            f"--max_queue={4 * most}"]
   if engine == "peft":
     return [sys.executable, "-m", "benchmarks.peers.peft_http", "--kind=decoder",
             f"--work_dir={work}", f"--vocab={embedded.DECODER_VOCAB_PATH}",
@@ -202,24 +217,28 @@ def serve(engine: str, work: str, args, log: str):
                           cwd=tree and os.path.abspath(tree))
 
 
-def alone(url: str, stream: bool, args, rs) -> float:
-  """TTFT (ms) of one request alone (median of 3, after a warm-up), at --max_tokens/2."""
-  reqs = requests(rs, 4, 1000.0, args.num_prompts, args.max_tokens // 2, args.max_tokens // 2)
+def alone(url: str, stream: bool, args, rs, count: int = 3) -> float:
+  """TTFT (ms) of one request alone (median of `count`, after a warm-up), at --max_tokens/2."""
+  reqs = requests(rs, count + 1, 1000.0, args.num_prompts, args.max_tokens // 2,
+                  args.max_tokens // 2)
   got = [send(url, dict(r, at=0.0), stream, time.perf_counter()) for r in reqs]
   return round(1000 * float(np.median([g["ttft"] for g in got[1:] if g["ttft"]] or [np.nan])), 1)
 
 
-def run_engine(engine: str, work: str, args) -> list[dict]:
-  proc, url = serve(engine, work, args, os.path.join(args.out, f"{engine}.log"))
+def run_engine(engine: str, work: str, model: str, args) -> list[dict]:
+  proc, url = serve(engine, work, args, os.path.join(args.out, f"{model}.{engine}.log"))
   rows = []
+  peft = engine == "peft"
   try:
     stream = engine == "continuous"
     rs = np.random.RandomState(args.seed)
-    single = alone(url, stream, args, rs)
-    for rate in args.rates:
-      reqs = requests(np.random.RandomState(args.seed + 1), args.requests, rate,
+    single = alone(url, stream, args, rs, 3 if stream else 1)  # whole answers take long
+    rates = for_model(args.rates, model)
+    for rate in (args.peft_rates or [min(rates)]) if peft else rates:
+      reqs = requests(np.random.RandomState(args.seed + 1),
+                      for_model(args.peft_requests if peft else args.requests, model)[0], rate,
                       args.num_prompts, args.min_tokens, args.max_tokens)
-      row = {"engine": engine, "rate": rate, "ttft_alone_ms": single,
+      row = {"engine": engine, "rate": rate, "model": model, "ttft_alone_ms": single,
              **drive(url, reqs, stream)}
       print(json.dumps(row), flush=True)
       rows.append(row)
@@ -230,10 +249,10 @@ def run_engine(engine: str, work: str, args) -> list[dict]:
 
 
 def markdown(rows: Sequence[dict]) -> str:
-  cols = ("engine", "rate", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
+  cols = ("engine", "rate", "model", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
           "itl_p99_ms", "ttft_alone_ms", "failures")
-  head = ("| engine | arrivals/s | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
-          "| TTFT alone ms | failures |")
+  head = ("| engine | arrivals/s | model | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms "
+          "| ITL p99 ms | TTFT alone ms | failures |")
   lines = [head, "|" + " --- |" * len(cols)]
   for r in rows:
     lines.append("| " + " | ".join("—" if r[c] is None else str(r[c]) for c in cols) + " |")
@@ -245,10 +264,11 @@ def plot(rows: Sequence[dict], path: str) -> None:
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
-  for engine in dict.fromkeys(r["engine"] for r in rows):
-    got = [r for r in rows if r["engine"] == engine and r["ttft_p99_ms"] is not None]
+  for arm in dict.fromkeys((r["model"], r["engine"]) for r in rows):
+    got = [r for r in rows if (r["model"], r["engine"]) == arm and r["ttft_p99_ms"] is not None]
     ax.plot([r["tokens_per_s"] for r in got], [r["ttft_p99_ms"] for r in got], "o-",
-            label=engine)
+            label=" ".join(arm))
+  ax.set_xscale("log")
   ax.set_xlabel("tokens/s")
   ax.set_ylabel("p99 time to first token (ms)")
   ax.set_yscale("log")
@@ -258,12 +278,33 @@ def plot(rows: Sequence[dict], path: str) -> None:
   plt.close(fig)
 
 
+def per_model(text: str, cast: Callable) -> dict:
+  """"1,2" -> {None: [1, 2]} (every model); "toy=1,2;llama_3_2_1b=3" -> by model."""
+  if "=" not in text:
+    return {None: [cast(x) for x in text.split(",")]}
+  groups = (g.split("=", 1) for g in text.split(";") if g)
+  return {m.strip(): [cast(x) for x in v.split(",")] for m, v in groups}
+
+
+def for_model(values: dict, model: str) -> list:
+  """`per_model`'s values of `model` (else those for every model; KeyError: none)."""
+  return values[model] if model in values else values[None]
+
+
 def parse(argv: Sequence[str]) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="benchmarks.serve_load", description=__doc__.splitlines()[0])
   a = p.add_argument
-  a("--engines", default=",".join(ENGINES), help="of " + ", ".join(ENGINES))
-  a("--rates", default="0.5,1,2,4", help="arrivals per second, one run each")
-  a("--requests", type=int, default=64)
+  a("--engines", default=",".join(ENGINES), help="of " + ", ".join(ENGINES) + "; per model as "
+    "--rates")
+  a("--models", default="toy", help="toy, or decoder config names (e.g. llama_3_2_1b) run at "
+    "--num_layers layers")
+  a("--num_layers", type=int, default=2, help="the depth of the named (non-toy) models")
+  a("--rates", default="0.5,1,2,4", help="arrivals per second, one run each; per model: "
+    "'toy=4,16;llama_3_2_1b=1,2'")
+  a("--requests", default="64", help="requests per run; per model as --rates")
+  a("--peft_rates", default=None, help="the peft engine's rates (default: the lowest of --rates)")
+  a("--peft_requests", default="16", help="requests per peft run (one at a time); per model "
+    "as --rates")
   a("--num_prompts", type=int, default=64)
   a("--prompt_length", type=int, default=20)
   a("--min_tokens", type=int, default=8)
@@ -278,25 +319,47 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     "(default: this one)")
   a("--out", required=True, help="folder of results.json, serve_load.md, serve_load.png")
   args = p.parse_args(argv)
-  args.rates = [float(r) for r in args.rates.split(",")]
-  args.engines = [e for e in args.engines.split(",") if e]
-  unknown = [e for e in args.engines if e not in ENGINES]
-  if unknown or not 1 <= args.min_tokens <= args.max_tokens or min(args.rates) <= 0:
+  try:
+    args.rates = per_model(args.rates, float)
+    args.requests = per_model(args.requests, int)
+    args.peft_requests = per_model(args.peft_requests, int)
+  except ValueError:
+    p.error("--rates and --*requests: numbers, or MODEL=numbers groups joined by ';'")
+  args.peft_rates = [float(r) for r in args.peft_rates.split(",")] if args.peft_rates else None
+  args.models = [m for m in args.models.split(",") if m]
+  args.engines = per_model(args.engines, str)
+  unknown = [e for v in args.engines.values() for e in v if e not in ENGINES]
+  missing = [m for m in args.models
+             for v in (args.rates, args.requests, args.peft_requests, args.engines)
+             if m not in v and None not in v]
+  if missing:
+    p.error(f"--engines, --rates and --*requests need values for "
+            f"{', '.join(sorted(set(missing)))}")
+  lowest = min(min(r) for r in args.rates.values())
+  if unknown or not 1 <= args.min_tokens <= args.max_tokens or lowest <= 0:
     p.error(f"--engines of {', '.join(ENGINES)}; 1 <= --min_tokens <= --max_tokens; rates > 0")
+  if args.weights == "trained" and args.models != ["toy"]:
+    p.error("--weights=trained: only the toy model has a shipped checkpoint; give --models=toy")
   return args
 
 
 def main(argv: Sequence[str], work: Optional[str] = None) -> int:
   args = parse(argv)
   os.makedirs(args.out, exist_ok=True)
-  engines = [e for e in args.engines if e != "continuous" or has_continuous(args.continuous_tree)]
-  skipped = sorted(set(args.engines) - set(engines))
+  wanted = {e for v in args.engines.values() for e in v}
+  skipped = (["continuous"] if "continuous" in wanted and not has_continuous(args.continuous_tree)
+             else [])
   if skipped:
     print(f"skipped (not in this tree): {', '.join(skipped)}", flush=True)
-  with tempfile.TemporaryDirectory() as tmp:
-    work = work or tmp
-    setup(work, args.num_prompts, args.prompt_length, args.weights)
-    rows = [row for engine in engines for row in run_engine(engine, work, args)]
+  rows = []
+  for model in args.models:
+    config = model_config(model, args.num_layers)
+    with tempfile.TemporaryDirectory() as tmp:
+      where = os.path.join(work, model) if work else tmp
+      os.makedirs(where, exist_ok=True)
+      setup(where, args.num_prompts, args.prompt_length, args.weights, config)
+      engines = [e for e in for_model(args.engines, model) if e not in skipped]
+      rows += [row for engine in engines for row in run_engine(engine, where, model, args)]
   with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
     json.dump({"argv": list(argv), "skipped": skipped, "rows": rows}, f, indent=1)
   with open(os.path.join(args.out, "serve_load.md"), "w", encoding="utf-8") as f:

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from spot_jax import losses
 from spot_jax.backbones import memory
+from spot_jax.backbones.decoder import decoding
 from spot_jax.backbones.decoder.network import DecoderLM, is_deep_prompt
 from spot_jax.models.common import PROMPT_KEY, Params, loss_and_metrics
 
@@ -322,14 +323,4 @@ class DecoderOnlyModel:
 
   def _empty_cache(self, prefixes: Any, batch: int, size: int) -> tuple:
     """Per layer (key, value) [B, size, K, D] zeros, the deep prefixes written at the front."""
-    cfg = self.config
-    shape = (batch, size, cfg.num_kv_heads, cfg.head_dim)
-    cache = []
-    for i in range(cfg.num_layers):
-      pair = [jnp.zeros(shape, cfg.activation_dtype) for _ in range(2)]
-      if prefixes is not None:
-        pair = [jax.lax.dynamic_update_slice(entry, jnp.broadcast_to(
-            front.astype(entry.dtype), (batch,) + front.shape[1:]), (0, 0, 0, 0))
-                for entry, front in zip(pair, prefixes[i])]
-      cache.append(tuple(pair))
-    return tuple(cache)
+    return decoding.empty_cache(self.config, prefixes, batch, size)

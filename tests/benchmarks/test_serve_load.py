@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from benchmarks import serve_load
 
@@ -40,3 +41,18 @@ def test_a_tiny_run_of_the_batching_server(tmp_path):
   assert rows[0]["ttft_p99_ms"] >= rows[0]["ttft_p50_ms"] > 0
   assert "| batch | 4.0 |" in (out / "serve_load.md").read_text()
   assert (out / "serve_load.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rates_and_requests_per_model():
+  args = serve_load.parse(["--models=toy,llama_3_2_1b", "--rates=toy=4,16;llama_3_2_1b=0.5",
+                           "--requests=32", "--engines=toy=batch,peft;llama_3_2_1b=batch",
+                           "--out=/tmp/unused"])
+  assert serve_load.for_model(args.rates, "toy") == [4.0, 16.0]
+  assert serve_load.for_model(args.rates, "llama_3_2_1b") == [0.5]
+  assert serve_load.for_model(args.requests, "llama_3_2_1b") == [32]
+  assert serve_load.for_model(args.engines, "llama_3_2_1b") == ["batch"]
+  assert serve_load.for_model(args.peft_requests, "toy") == [16]
+  assert args.peft_rates is None and args.num_layers == 2
+  with pytest.raises(SystemExit) as refused:  # a model without rates
+    serve_load.parse(["--models=toy,llama_3_2_1b", "--rates=toy=4", "--out=/tmp/unused"])
+  assert refused.value.code == 2

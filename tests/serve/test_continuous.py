@@ -200,3 +200,40 @@ def test_a_prompt_that_grows_the_table_waits_for_the_running_slots(setup):  # no
   grown = PromptTable(list(table.entries) + [long], CONFIG.emb_dim)
   want, _ = _server(backbone, grown).generate(["long"], rows[1:2])
   assert tokens(first_events) == alone and tokens(second_events) == _upto_eos(want[0])
+
+
+def test_a_batched_prefill_equals_prefills_one_by_one_and_padding_writes_nothing(setup):  # noqa: F811
+  backbone, _, _, table, rows = setup
+  engine = _engine(backbone, table, num_slots=4)
+  engine._refresh()  # pylint: disable=protected-access
+  arrays, model = engine._arrays, DecoderLM(CONFIG)  # pylint: disable=protected-access
+  names = ["pt", "prefix", "dept"]  # cached prefixes: one kind, one call
+  tokens = np.zeros((3, 10), np.int32)
+  for r in range(3):
+    tokens[r, :LENGTHS[r]] = rows[r, :LENGTHS[r]]
+  index = np.asarray([table.index(n) for n in names], np.int32)
+  heads = [engine.prefixes.head(table, arrays, n)[0] for n in names]
+  greedy = slots.Sampling(*(np.zeros(4, t) for t in (np.float32, np.int32)), np.ones(4, np.float32),
+                          *(np.zeros(4, t) for t in (np.uint32, np.int32, np.int32)))
+  length = engine._state.k_index.shape[1]  # pylint: disable=protected-access
+  alone = slots.empty_state(model, 4, length)
+  for r in range(3):
+    alone, _ = slots.prefill(model, backbone, arrays, alone, np.int32(r), index[r:r + 1],
+                             tokens[r:r + 1], tokens[r:r + 1] > 0, heads[r],
+                             slots.Sampling(*(a[:1] for a in greedy)), placement="prefix",
+                             cached=True)
+  state = slots.empty_state(model, 4, length)
+  where = np.asarray([0, 1, 2, 4], np.int32)  # the fourth row pads (slot 4 of 4: nowhere)
+  state, chosen = slots.prefill(model, backbone, arrays, state, where,
+                                np.concatenate([index, index[:1]]),
+                                np.concatenate([tokens, tokens[:1]]),
+                                np.concatenate([tokens, tokens[:1]]) > 0,
+                                (*heads, heads[0]), greedy, placement="prefix", cached=True)
+  for got, want in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(alone)):
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               atol=1e-5)
+    assert not np.any(np.asarray(got)[3])  # slot 3 stays empty
+  assert np.asarray(chosen.token)[3] == np.asarray(chosen.token)[0]
+  got = _run(engine, [_sequence(n, rows[r]) for r, n in enumerate(names)])
+  assert engine.prefills == 3 and engine.prefill_calls == 1
+  assert got[0] == _run(_engine(backbone, table), [_sequence("pt", rows[0])])[0]

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from spot_jax import validate
+from spot_jax.backbones.decoder.config import DecoderConfig
 from spot_jax.backbones.decoder.network import DecoderLM, Prefixes
 
 Array = jax.Array
@@ -67,8 +68,9 @@ def generate(module: DecoderLM, params: Any, tokens: Array, valid: Optional[Arra
                    eos_id=int(eos_id))
 
 
-def _choose(logits: Array, rng: Array, temperature: Array, top_k: Optional[int]) -> Array:
-  """[B, V] float32 -> [B] int32: argmax at temperature 0, else a (top-k) sample."""
+def choose(logits: Array, rng: Array, temperature: Array, top_k: Optional[int]) -> Array:
+  """[B, V] logits -> [B] int32: argmax at temperature 0, else a (top-k) sample drawn with
+  `rng` from softmax(logits / temperature)."""
   greedy = jnp.argmax(logits, axis=-1)
   if top_k is not None:
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
@@ -95,10 +97,11 @@ def _roll(x: Array, valid: Array, to_end: bool) -> tuple[Array, Array, Array]:
   return rolled, jnp.take_along_axis(valid, source, axis=1), shift
 
 
-def _empty_cache(module: DecoderLM, prefixes: Optional[Prefixes], batch: int, size: int
-                 ) -> tuple:
-  """Per layer (key, value) [B, size, K, D] zeros, the deep prefixes written at the front."""
-  cfg = module.config
+def empty_cache(config: DecoderConfig, prefixes: Optional[Prefixes], batch: int, size: int
+                ) -> tuple:
+  """Per layer (key, value) [B, size, K, D] zeros, the deep prefixes (per layer (key, value)
+  [B or 1, P, K, D], or None) written at the front."""
+  cfg = config
   shape = (batch, size, cfg.num_kv_heads, cfg.head_dim)
   cache = []
   for i in range(cfg.num_layers):
@@ -142,8 +145,8 @@ def _generate(module: DecoderLM, params: Any, tokens: Array, valid: Array, rng: 
   logits, cache = stack(
       x, positions=num + jnp.maximum(jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1, 0),
       q_index=k_index[:, num:num + length], k_index=k_index, k_valid=k_valid,
-      past=_empty_cache(module, prefixes, batch, size), write_index=jnp.int32(num))
-  first = _choose(logits[:, -1], jax.random.fold_in(rng, 0), temperature, top_k)
+      past=empty_cache(module.config, prefixes, batch, size), write_index=jnp.int32(num))
+  first = choose(logits[:, -1], jax.random.fold_in(rng, 0), temperature, top_k)
   out = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, 0].set(first)
 
   def step(state):
@@ -155,7 +158,7 @@ def _generate(module: DecoderLM, params: Any, tokens: Array, valid: Array, rng: 
     logits, cache = stack(embedded, positions=(count + s - 1)[:, None],
                           q_index=jax.lax.dynamic_slice_in_dim(k_index, slot, 1, axis=1),
                           k_index=k_index, k_valid=k_valid, past=cache, write_index=slot)
-    token = _choose(logits[:, -1], jax.random.fold_in(rng, s), temperature, top_k)
+    token = choose(logits[:, -1], jax.random.fold_in(rng, s), temperature, top_k)
     token = jnp.where(done, 0, token)
     out = jax.lax.dynamic_update_slice(out, token[:, None], (0, s))
     return s + 1, token, cache, k_valid, done | (token == eos_id), out

@@ -42,31 +42,15 @@ WEIGHTS_KEY = peft_io.WEIGHTS_KEY
 def prompt_adapter_config(length: int, config: DecoderConfig,
                           base_model_name_or_path: Optional[str] = None) -> dict:
   """The adapter_config.json of a `length`-token input prompt on the decoder `config`."""
-  return {
-      "auto_mapping": None, "base_model_name_or_path": base_model_name_or_path,
-      "inference_mode": True, "modules_to_save": None,
-      "num_attention_heads": config.num_heads, "num_layers": config.num_layers,
-      "num_transformer_submodules": 1, "num_virtual_tokens": int(length),
-      "peft_type": PROMPT_TUNING, "peft_version": peft_io.PEFT_VERSION,
-      "prompt_tuning_init": "RANDOM", "prompt_tuning_init_text": None, "revision": None,
-      "task_type": CAUSAL_LM, "token_dim": config.emb_dim, "tokenizer_kwargs": None,
-      "tokenizer_name_or_path": None,
-  }
+  return peft_io.prompt_config(CAUSAL_LM, length, config.emb_dim, config.num_heads,
+                               config.num_layers, base_model_name_or_path)
 
 
 def prefix_adapter_config(length: int, config: DecoderConfig,
                           base_model_name_or_path: Optional[str] = None) -> dict:
   """The adapter_config.json of `length` plain (unprojected) prefixes on the decoder `config`."""
-  width = config.num_kv_heads * config.head_dim
-  return {
-      "auto_mapping": None, "base_model_name_or_path": base_model_name_or_path,
-      "encoder_hidden_size": width, "inference_mode": True, "init_weights": None,
-      "modules_to_save": None, "num_attention_heads": config.num_kv_heads,
-      "num_layers": config.num_layers, "num_transformer_submodules": 1,
-      "num_virtual_tokens": int(length), "peft_type": PREFIX_TUNING,
-      "peft_version": peft_io.PEFT_VERSION, "prefix_projection": False, "revision": None,
-      "task_type": CAUSAL_LM, "token_dim": width,
-  }
+  return peft_io.prefix_config(CAUSAL_LM, length, config.num_kv_heads, config.head_dim,
+                               config.num_layers, 1, base_model_name_or_path)
 
 
 def export_prompt_adapter(prompt: np.ndarray, config: DecoderConfig, output_dir: str, *,
@@ -79,12 +63,7 @@ def export_prompt_adapter(prompt: np.ndarray, config: DecoderConfig, output_dir:
   Raises:
     ConfigError: a prompt that is not [L, E] of the model's width, or an existing output.
   """
-  prompt = np.asarray(prompt, np.float32)
-  if prompt.ndim != 2:
-    raise ConfigError(f"a PEFT prompt-tuning adapter holds one [L, E] prompt, got shape "
-                      f"{prompt.shape}")
-  if prompt.shape[1] != config.emb_dim:
-    raise ConfigError(f"the prompt has width {prompt.shape[1]} but the model's is {config.emb_dim}")
+  prompt = peft_io.checked_prompt(prompt, config.emb_dim)
   peft_io.write_adapter(output_dir, {WEIGHTS_KEY: prompt},
                         prompt_adapter_config(prompt.shape[0], config, base_model_name_or_path),
                         overwrite)
@@ -138,20 +117,6 @@ def _check_config(path: str, cfg: dict, peft_type: str, want: dict) -> None:
                       f"adapter trained on this model")
 
 
-def _weights(path: str, expected: tuple[int, int]) -> np.ndarray:
-  """prompt_embeddings of `path`, float32, of shape `expected`, finite (else one line)."""
-  tensors = peft_io.read_tensors(pathlib.Path(path))
-  if WEIGHTS_KEY not in tensors:
-    raise ConfigError(f"{path}: the weights hold {sorted(tensors)} but no {WEIGHTS_KEY!r}")
-  array = np.asarray(tensors[WEIGHTS_KEY], np.float32)
-  if array.shape != expected:
-    raise ConfigError(f"{path}: {WEIGHTS_KEY} has shape {list(array.shape)} but the config says "
-                      f"{list(expected)}")
-  if not np.all(np.isfinite(array)):
-    raise ConfigError(f"{path}: {WEIGHTS_KEY} holds NaN or infinite values")
-  return array
-
-
 def read_prompt_adapter(path: str, config: DecoderConfig) -> np.ndarray:
   """The prompt [L, E] float32 (PromptTuning's `prompt`) of a CAUSAL_LM PROMPT_TUNING adapter.
 
@@ -162,7 +127,7 @@ def read_prompt_adapter(path: str, config: DecoderConfig) -> np.ndarray:
   _check_config(path, cfg, PROMPT_TUNING, {
       "token_dim": config.emb_dim, "num_attention_heads": config.num_heads,
       "num_layers": config.num_layers})
-  return _weights(path, (cfg.get("num_virtual_tokens"), config.emb_dim))
+  return peft_io.read_weights(path, (cfg.get("num_virtual_tokens"), config.emb_dim))
 
 
 def initializer(path: str, config: DecoderConfig) -> initializers.Initializer:
@@ -182,7 +147,7 @@ def read_prefix_adapter(path: str, config: DecoderConfig) -> np.ndarray:
   _check_config(path, cfg, PREFIX_TUNING, {
       "token_dim": heads * depth, "num_attention_heads": heads, "num_layers": layers})
   length = cfg.get("num_virtual_tokens")
-  embeddings = _weights(path, (length, layers * 2 * heads * depth))
+  embeddings = peft_io.read_weights(path, (length, layers * 2 * heads * depth))
   return np.ascontiguousarray(
       embeddings.reshape(length, layers, 2, heads, depth).transpose(1, 2, 0, 3, 4))
 

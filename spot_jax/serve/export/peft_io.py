@@ -33,22 +33,59 @@ from spot_jax.backbones.t5.config import T5Config
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 WEIGHTS_KEY = "prompt_embeddings"
+PREFIX_TUNING = "PREFIX_TUNING"
 PEFT_VERSION = "0.21.2"  # the peft version whose output this format was checked against
+
+
+def prompt_config(task_type: str, length: int, token_dim: int, heads: int, layers: int,
+                  base_model_name_or_path: Optional[str]) -> dict:
+  """The adapter_config.json of a PROMPT_TUNING adapter of `length` virtual tokens, as peft
+  writes it for `task_type` ("SEQ_2_SEQ_LM", "CAUSAL_LM")."""
+  return {
+      "auto_mapping": None, "base_model_name_or_path": base_model_name_or_path,
+      "inference_mode": True, "modules_to_save": None,
+      "num_attention_heads": heads, "num_layers": layers,
+      "num_transformer_submodules": 1, "num_virtual_tokens": int(length),
+      "peft_type": "PROMPT_TUNING", "peft_version": PEFT_VERSION,
+      "prompt_tuning_init": "RANDOM", "prompt_tuning_init_text": None, "revision": None,
+      "task_type": task_type, "token_dim": token_dim, "tokenizer_kwargs": None,
+      "tokenizer_name_or_path": None,
+  }
+
+
+def prefix_config(task_type: str, length: int, heads: int, head_dim: int, layers: int,
+                  submodules: int, base_model_name_or_path: Optional[str]) -> dict:
+  """The adapter_config.json of a PREFIX_TUNING adapter of `length` plain (unprojected, or
+  folded) prefixes of `heads` x `head_dim`, as peft writes it for `task_type`."""
+  width = heads * head_dim
+  return {
+      "auto_mapping": None, "base_model_name_or_path": base_model_name_or_path,
+      "encoder_hidden_size": width, "inference_mode": True, "init_weights": None,
+      "modules_to_save": None, "num_attention_heads": heads,
+      "num_layers": layers, "num_transformer_submodules": submodules,
+      "num_virtual_tokens": int(length), "peft_type": PREFIX_TUNING, "peft_version": PEFT_VERSION,
+      "prefix_projection": False, "revision": None, "task_type": task_type,
+      "token_dim": width,
+  }
 
 
 def adapter_config(prompt_length: int, config: T5Config,
                    base_model_name_or_path: Optional[str] = None) -> dict:
   """The adapter_config.json of an encoder-only prompt of `prompt_length` tokens."""
-  return {
-      "auto_mapping": None, "base_model_name_or_path": base_model_name_or_path,
-      "inference_mode": True, "modules_to_save": None,
-      "num_attention_heads": config.num_heads, "num_layers": config.num_encoder_layers,
-      "num_transformer_submodules": 1, "num_virtual_tokens": int(prompt_length),
-      "peft_type": "PROMPT_TUNING", "peft_version": PEFT_VERSION,
-      "prompt_tuning_init": "RANDOM", "prompt_tuning_init_text": None, "revision": None,
-      "task_type": "SEQ_2_SEQ_LM", "token_dim": config.emb_dim, "tokenizer_kwargs": None,
-      "tokenizer_name_or_path": None,
-  }
+  return prompt_config("SEQ_2_SEQ_LM", prompt_length, config.emb_dim, config.num_heads,
+                       config.num_encoder_layers, base_model_name_or_path)
+
+
+def checked_prompt(prompt: np.ndarray, emb_dim: int, hint: str = "") -> np.ndarray:
+  """`prompt` as float32 [L, E] with E = `emb_dim` (raises ConfigError; `hint` ends the
+  message of a prompt that is not [L, E])."""
+  prompt = np.asarray(prompt, np.float32)
+  if prompt.ndim != 2:
+    raise ConfigError(f"a PEFT prompt-tuning adapter holds one [L, E] prompt, got shape "
+                      f"{prompt.shape}{hint}")
+  if prompt.shape[1] != emb_dim:
+    raise ConfigError(f"the prompt has width {prompt.shape[1]} but the model's is {emb_dim}")
+  return prompt
 
 
 def export_adapter(prompt: np.ndarray, config: T5Config, output_dir: str, *,
@@ -58,12 +95,8 @@ def export_adapter(prompt: np.ndarray, config: T5Config, output_dir: str, *,
   Raises:
     ConfigError: a prompt that is not [L, E] of the model's width, or an existing output.
   """
-  prompt = np.asarray(prompt, np.float32)
-  if prompt.ndim != 2:
-    raise ConfigError(f"a PEFT prompt-tuning adapter holds one [L, E] prompt, got shape "
-                      f"{prompt.shape} (SMoP prompts need their router, which peft lacks)")
-  if prompt.shape[1] != config.emb_dim:
-    raise ConfigError(f"the prompt has width {prompt.shape[1]} but the model's is {config.emb_dim}")
+  prompt = checked_prompt(prompt, config.emb_dim,
+                          " (SMoP prompts need their router, which peft lacks)")
   write_adapter(output_dir, {WEIGHTS_KEY: prompt},
                 adapter_config(prompt.shape[0], config, base_model_name_or_path), overwrite)
 
@@ -155,6 +188,21 @@ def _read_weights(folder: pathlib.Path) -> np.ndarray:
   return np.asarray(tensors[WEIGHTS_KEY], np.float32)
 
 
+def read_weights(path: str, expected: tuple[int, int]) -> np.ndarray:
+  """prompt_embeddings of the adapter `path`, float32, of shape `expected`, finite (else one
+  line)."""
+  tensors = read_tensors(pathlib.Path(path))
+  if WEIGHTS_KEY not in tensors:
+    raise ConfigError(f"{path}: the weights hold {sorted(tensors)} but no {WEIGHTS_KEY!r}")
+  array = np.asarray(tensors[WEIGHTS_KEY], np.float32)
+  if array.shape != expected:
+    raise ConfigError(f"{path}: {WEIGHTS_KEY} has shape {list(array.shape)} but the config says "
+                      f"{list(expected)}")
+  if not np.all(np.isfinite(array)):
+    raise ConfigError(f"{path}: {WEIGHTS_KEY} holds NaN or infinite values")
+  return array
+
+
 def read_tensors(folder: pathlib.Path) -> dict:
   """An adapter directory's tensors by name (adapter_model.safetensors, else adapter_model.bin)."""
   safetensors_file, bin_file = folder / WEIGHTS_FILE, folder / "adapter_model.bin"
@@ -200,7 +248,6 @@ def export_npy(prompt: np.ndarray, path: str) -> None:
 # i its key from slot 4i mod 2n and its value from slot 4i+1 mod 2n (see
 # `spot_jax.prompts.prefix_tuning`, layout "peft").
 
-PREFIX_TUNING = "PREFIX_TUNING"
 
 
 def peft_type(path: str) -> Optional[str]:
@@ -218,16 +265,8 @@ def peft_type(path: str) -> Optional[str]:
 def prefix_adapter_config(length: int, config: T5Config,
                           base_model_name_or_path: Optional[str] = None) -> dict:
   """The adapter_config.json of a T5 prefix adapter of `length` virtual tokens (folded)."""
-  width = config.num_heads * config.head_dim
-  return {
-      "auto_mapping": None, "base_model_name_or_path": base_model_name_or_path,
-      "encoder_hidden_size": width, "inference_mode": True, "init_weights": None,
-      "modules_to_save": None, "num_attention_heads": config.num_heads,
-      "num_layers": config.num_encoder_layers, "num_transformer_submodules": 2,
-      "num_virtual_tokens": int(length), "peft_type": PREFIX_TUNING, "peft_version": PEFT_VERSION,
-      "prefix_projection": False, "revision": None, "task_type": "SEQ_2_SEQ_LM",
-      "token_dim": width,
-  }
+  return prefix_config("SEQ_2_SEQ_LM", length, config.num_heads, config.head_dim,
+                       config.num_encoder_layers, 2, base_model_name_or_path)
 
 
 def _peft_slots(config: T5Config) -> list[tuple[int, int]]:
@@ -287,7 +326,6 @@ def read_prefix_embeddings(path: str, config: T5Config) -> np.ndarray:
   Raises:
     ConfigError: a missing/malformed file, another peft type or task, or another base model.
   """
-  folder = pathlib.Path(path)
   cfg = read_config(path)
   if cfg.get("peft_type") != PREFIX_TUNING:
     raise ConfigError(f"{path} is a {cfg.get('peft_type')} adapter, not {PREFIX_TUNING}")
@@ -302,15 +340,8 @@ def read_prefix_embeddings(path: str, config: T5Config) -> np.ndarray:
   if wrong:
     raise ConfigError(f"{path} was made for another base model: {', '.join(wrong)}; give an "
                       f"adapter trained on this model")
-  embeddings = _read_weights(folder)
-  length = cfg.get("num_virtual_tokens")
-  expected = (length, 2 * config.num_encoder_layers * want["token_dim"])
-  if embeddings.shape != expected:
-    raise ConfigError(f"{path}: {WEIGHTS_KEY} has shape {embeddings.shape} but the config says "
-                      f"{list(expected)}")
-  if not np.all(np.isfinite(embeddings)):
-    raise ConfigError(f"{path}: the prefixes hold NaN or infinite values")
-  return embeddings
+  return read_weights(path, (cfg.get("num_virtual_tokens"),
+                             2 * config.num_encoder_layers * want["token_dim"]))
 
 
 def read_prefix_adapter(path: str, config: T5Config) -> dict:

@@ -200,14 +200,20 @@ def completion(body: dict, names: Sequence[str], vocab: Any, limits: Limits,
   if len(texts) * n > limits.max_rows:
     raise ApiError(400, f"{len(texts)} texts x n={n} is {len(texts) * n} rows; give at most "
                         f"{limits.max_rows} (the batch size)", "n")
+  stop = stop_strings(body)
+  tokens = token_rows(vocab, texts, "prompt", limits, offset_length)
+  return Completion(model, texts, tokens, max_tokens, temperature, top_k, n, stop)
+
+
+def stop_strings(body: dict) -> tuple[str, ...]:
+  """The `stop` field: a string or a list of up to MAX_STOP non-empty strings."""
   stop = body.get("stop") or []
   stop = [stop] if isinstance(stop, str) else stop
   if (not isinstance(stop, list) or len(stop) > MAX_STOP
       or not all(isinstance(s, str) and s for s in stop)):
     raise ApiError(400, f"stop must be a non-empty string or a list of up to {MAX_STOP}, not "
                         f"{json.dumps(body.get('stop'))[:60]}", "stop")
-  tokens = token_rows(vocab, texts, "prompt", limits, offset_length)
-  return Completion(model, texts, tokens, max_tokens, temperature, top_k, n, tuple(stop))
+  return tuple(stop)
 
 
 def classify(body: dict, names: Sequence[str], vocab: Any, limits: Limits,

@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from spot_jax.errors import ConfigError, one_line
 from spot_jax.serve.http import api
-from spot_jax.serve.scheduler.batcher import Batcher, PromptGone, QueueFull, Stopping, Work
+from spot_jax.serve.scheduler.batcher import Batcher, PromptGone, Work
 from spot_jax.serve.http.metrics import Metrics
 from spot_jax.serve.http import generation, openai
 from spot_jax.serve.model import prefix_cache
@@ -64,12 +64,6 @@ class Service:
   bos_id: int = 2
 
 
-async def _disconnect(request: Request) -> None:
-  """Returns when the client closes its connection."""
-  while (await request.receive())["type"] != "http.disconnect":
-    pass
-
-
 async def _answer(service: Service, request: Request, work_args: dict) -> Any:
   """Queues a request's rows, waits for them; the rows' results (raises ApiError)."""
   loop, future = asyncio.get_running_loop(), None
@@ -79,24 +73,11 @@ async def _answer(service: Service, request: Request, work_args: dict) -> Any:
     loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
 
   work = Work(done=done, **work_args)
-  try:
-    service.batcher.submit(work)
-  except QueueFull as e:
-    raise api.ApiError(429, f"{e}: {service.batcher.max_queue} requests wait already",
-                       headers={"Retry-After": str(e.retry_after)}) from None
-  except Stopping:
-    raise api.ApiError(503, "the server is shutting down; send the request to another one") \
-        from None
-  gone = asyncio.ensure_future(_disconnect(request))
-  try:
-    finished, _ = await asyncio.wait({future, gone}, timeout=service.timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
-  finally:
-    gone.cancel()
-  if future not in finished:
-    dropped = service.batcher.cancel(work)
-    reason = "disconnect" if gone in finished else "timeout"
-    if dropped:
+  openai.submit(lambda: service.batcher.submit(work),
+                lambda: f"{service.batcher.max_queue} requests wait already")
+  reason = await openai.wait(request, future, service.timeout)
+  if reason is not None:
+    if service.batcher.cancel(work):
       service.metrics.dropped.labels(reason).inc()
     if reason == "timeout":
       raise api.ApiError(504, f"no answer within the server's {service.timeout:g} s request "

@@ -30,29 +30,21 @@ MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions
 
 
 @dataclasses.dataclass(frozen=True)
-class Generation:
-  """A checked request: `rows` x n sequences.
+class Generation(api.Completion):
+  """A checked request: `tokens` x n sequences (the batcher's `api.Completion` and more).
 
   Attributes:
-    chat: a chat request (else completions).
     model: the prompt's name; texts: each row's prompt text (for echo; "" for token ids).
-    rows: each row's input ids.
+    tokens: each row's input ids.
     max_tokens, temperature, top_p, top_k, seed, n, stop: the settings (seed drawn when none).
+    chat: a chat request (else completions).
     logprobs: top log-probabilities per token to return (None: no logprobs at all).
     echo: completions' text starts with its prompt.
     stream, include_usage: server-sent events; a last event with the usage.
   """
   chat: bool
-  model: str
-  texts: tuple[str, ...]
-  rows: tuple[np.ndarray, ...]
-  max_tokens: int
-  temperature: float
   top_p: float
-  top_k: int
   seed: int
-  n: int
-  stop: tuple[str, ...]
   logprobs: Optional[int]
   echo: bool
   stream: bool
@@ -67,16 +59,6 @@ def _bool(body: dict, field: str) -> bool:
     raise api.ApiError(400, f"{field}={json.dumps(value)[:60]} is invalid; give true or false",
                        field)
   return value
-
-
-def _stop(body: dict) -> tuple[str, ...]:
-  stop = body.get("stop") or []
-  stop = [stop] if isinstance(stop, str) else stop
-  if (not isinstance(stop, list) or len(stop) > api.MAX_STOP
-      or not all(isinstance(s, str) and s for s in stop)):
-    raise api.ApiError(400, f"stop must be a non-empty string or a list of up to {api.MAX_STOP}, "
-                            f"not {json.dumps(body.get('stop'))[:60]}", "stop")
-  return tuple(stop)
 
 
 def _settings(body: dict, limits: api.Limits, slots: int, rows: int, max_field: str) -> dict:
@@ -105,7 +87,8 @@ def _settings(body: dict, limits: api.Limits, slots: int, rows: int, max_field: 
                           limits.target_length),
       temperature=api._number(body, "temperature", 0.0, 0.0, 100.0),  # pylint: disable=protected-access
       top_p=float(top_p), top_k=api._int(body, "top_k", 0, 0, limits.vocab_size),  # pylint: disable=protected-access
-      seed=secrets.randbits(32) if seed is None else seed, n=n, stop=_stop(body), stream=stream,
+      seed=secrets.randbits(32) if seed is None else seed, n=n, stop=api.stop_strings(body),
+      stream=stream,
       include_usage=bool(stream and options and options.get("include_usage")))
 
 
@@ -144,8 +127,8 @@ def completion(body: dict, names: Sequence[str], vocab: Any, limits: api.Limits,
   logprobs = body.get("logprobs")
   if logprobs is not None:
     logprobs = api._int(body, "logprobs", 0, 0, MAX_COMPLETION_LOGPROBS)  # pylint: disable=protected-access
-  return Generation(False, model, texts, rows, logprobs=logprobs, echo=_bool(body, "echo"),
-                    **settings)
+  return Generation(chat=False, model=model, texts=texts, tokens=rows, logprobs=logprobs,
+                    echo=_bool(body, "echo"), **settings)
 
 
 def chat(body: dict, names: Sequence[str], vocab: Any, limits: api.Limits, slots: int,
@@ -181,5 +164,5 @@ def chat(body: dict, names: Sequence[str], vocab: Any, limits: api.Limits, slots
   top = api._int(body, "top_logprobs", 0, 0, TOP_LOGPROBS)  # pylint: disable=protected-access
   if body.get("top_logprobs") is not None and not _bool(body, "logprobs"):
     raise api.ApiError(400, "top_logprobs needs logprobs=true", "top_logprobs")
-  return Generation(True, model, (text,), (np.asarray(ids, np.int32),),
+  return Generation(chat=True, model=model, texts=(text,), tokens=(np.asarray(ids, np.int32),),
                     logprobs=top if _bool(body, "logprobs") else None, echo=False, **settings)

@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 import numpy as np
 from starlette.requests import Request
@@ -87,7 +87,7 @@ def _sequences(service: Any, gen: generation.Generation, on_event: Any) -> list[
   out = []
   text = lambda ids: inputs.decode(service.vocab, np.asarray(ids, np.int32),  # noqa: E731
                                    service.engine.eos_id)
-  for r, row in enumerate(gen.rows):
+  for r, row in enumerate(gen.tokens):
     for c in range(gen.n):
       emit = lambda *event, i=r * gen.n + c: on_event(i, event)
       out.append(Sequence(gen.model, row, gen.max_tokens, emit, temperature=gen.temperature,
@@ -126,7 +126,7 @@ def _raise_error(choices: list[Choice]) -> None:
 
 
 def _usage(gen: generation.Generation, choices: list[Choice]) -> dict:
-  prompt = sum(len(r) for r in gen.rows) * gen.n
+  prompt = sum(len(r) for r in gen.tokens) * gen.n
   completion = sum(len(c.ids) for c in choices)
   return {"prompt_tokens": prompt, "completion_tokens": completion,
           "total_tokens": prompt + completion}
@@ -167,15 +167,42 @@ def _event(data: dict) -> str:
 
 
 async def _disconnect(request: Request) -> None:
+  """Returns when the client closes its connection."""
   while (await request.receive())["type"] != "http.disconnect":
     pass
+
+
+def submit(queue: Callable[[], None], waiting: Callable[[], str]) -> None:
+  """Runs `queue()`; its refusals as `api.ApiError`s: 429 with Retry-After (`waiting()` says
+  what waits already) and 503 while the server stops."""
+  try:
+    queue()
+  except QueueFull as e:
+    raise api.ApiError(429, f"{e}: {waiting()}",
+                       headers={"Retry-After": str(e.retry_after)}) from None
+  except Stopping:
+    raise api.ApiError(503, "the server is shutting down; send the request to another one") \
+        from None
+
+
+async def wait(request: Request, future: asyncio.Future, timeout: float) -> Optional[str]:
+  """Waits for `future`: None once it is done, else why not ("disconnect" or "timeout")."""
+  gone = asyncio.ensure_future(_disconnect(request))
+  try:
+    done, _ = await asyncio.wait({future, gone}, timeout=timeout,
+                                 return_when=asyncio.FIRST_COMPLETED)
+  finally:
+    gone.cancel()
+  if future in done:
+    return None
+  return "disconnect" if gone in done else "timeout"
 
 
 async def respond(service: Any, request: Request, gen: generation.Generation) -> Response:
   """Runs `gen` on the engine: a JSON answer, or a stream of server-sent events."""
   loop = asyncio.get_running_loop()
   queue: asyncio.Queue = asyncio.Queue()
-  eos, count = service.engine.eos_id, len(gen.rows) * gen.n
+  eos, count = service.engine.eos_id, len(gen.tokens) * gen.n
   choices = [Choice(i, gen.texts[i // gen.n] if gen.echo else "", service.vocab, gen, eos)
              for i in range(count)]
   finished = loop.create_future()
@@ -189,14 +216,8 @@ async def respond(service: Any, request: Request, gen: generation.Generation) ->
   stream = lambda index, event: loop.call_soon_threadsafe(  # noqa: E731
       queue.put_nowait, (index, event))
   sequences = _sequences(service, gen, stream if gen.stream else record)
-  try:
-    service.engine.submit(sequences)
-  except QueueFull as e:
-    raise api.ApiError(429, f"{e}: {service.engine.waiting()} sequences wait for a slot "
-                            f"already", headers={"Retry-After": str(e.retry_after)}) from None
-  except Stopping:
-    raise api.ApiError(503, "the server is shutting down; send the request to another one") \
-        from None
+  submit(lambda: service.engine.submit(sequences),
+         lambda: f"{service.engine.waiting()} sequences wait for a slot already")
   ident = f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
   created = int(time.time())
   cancel = lambda: [service.engine.cancel(s) for s in sequences]  # noqa: E731
@@ -204,18 +225,12 @@ async def respond(service: Any, request: Request, gen: generation.Generation) ->
     return StreamingResponse(_stream(gen, choices, queue, cancel, ident, created),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
-  gone = asyncio.ensure_future(_disconnect(request))
-  try:
-    done, _ = await asyncio.wait({finished, gone}, timeout=service.timeout,
-                                 return_when=asyncio.FIRST_COMPLETED)
-  finally:
-    gone.cancel()
-  if finished not in done:
+  reason = await wait(request, finished, service.timeout)
+  if reason is not None:
     cancel()
-    if gone in done:
-      service.metrics.dropped.labels("disconnect").inc()
+    service.metrics.dropped.labels(reason).inc()
+    if reason == "disconnect":
       raise api.ApiError(499, "the client closed the connection")
-    service.metrics.dropped.labels("timeout").inc()
     raise api.ApiError(504, f"no answer within the server's {service.timeout:g} s request "
                             f"timeout; retry with fewer max_tokens")
   _raise_error(choices)

@@ -18,6 +18,7 @@ positions its entry lacks made invisible (`row_kv`).
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
@@ -117,3 +118,10 @@ def row_kv(arrays: DeepArrays, index: Array) -> tuple[Array, Array]:
   big_p = kv.shape[3]
   visible = jnp.arange(big_p)[None] >= big_p - arrays.lengths[index][:, None]
   return kv, visible
+
+
+# The compiled mixed-batch decoding of either backbone kind (`mixed`, `mixed_decoder`): one
+# signature, so `server.Server` calls both alike; the settings of `search_settings` are static.
+jit_generate = functools.partial(jax.jit, static_argnames=(
+    "model", "placement", "max_decode_length", "method", "num_beams", "top_k", "eos_id",
+    "return_all_beams"))

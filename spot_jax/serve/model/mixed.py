@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import jax
 
-from spot_jax.serve.model.gather import prompted_input, row_kv
+from spot_jax.serve.model.gather import jit_generate, prompted_input, row_kv
 from spot_jax.serve.model.gather import attempt_weights, route  # noqa: F401  (mixed.route, ...)
 from spot_jax.serve.catalog.table import TableArrays
 from spot_jax.backbones.t5 import generation, prefixes as prefixes_lib, scoring
@@ -63,8 +63,7 @@ def encode(model: Transformer, params: PyTree, table: TableArrays, index: Array,
   return encoded, valid
 
 
-@functools.partial(jax.jit, static_argnames=("model", "placement", "max_decode_length", "method",
-                                             "num_beams", "top_k", "eos_id", "return_all_beams"))
+@jit_generate
 def generate_mixed(model: Transformer, params: PyTree, table: TableArrays, index: Array,
                    tokens: Array, rng: Optional[Array], alpha: Array, temperature: Array, *,
                    placement: str, max_decode_length: int, method: str, num_beams: int,

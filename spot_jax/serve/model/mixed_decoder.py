@@ -27,9 +27,10 @@ import numpy as np
 
 from spot_jax import validate
 from spot_jax.errors import ConfigError
+from spot_jax.backbones.decoder import decoding
 from spot_jax.backbones.decoder.network import DecoderLM
 from spot_jax.models import decoder_only
-from spot_jax.serve.model.gather import prompted_input, row_kv
+from spot_jax.serve.model.gather import jit_generate, prompted_input, row_kv
 from spot_jax.serve.catalog.table import TableArrays
 
 Array = jax.Array
@@ -170,7 +171,7 @@ def _prefill(model: DecoderLM, params: PyTree, table: TableArrays, index: Array,
   q_index = k_index[:, big_p:big_p + big_m]
   logits, cache = model.apply({"params": params}, x, positions=q_index, q_index=q_index,
                               k_index=k_index, k_valid=k_valid,
-                              past=_empty_cache(model, past, batch, size),
+                              past=decoding.empty_cache(model.config, past, batch, size),
                               write_index=jnp.int32(big_p), last_only=True,
                               method=DecoderLM.stack)
   return logits, cache, k_index, k_valid, big_p + big_m
@@ -225,33 +226,11 @@ def _choose(logits: Array, rng: Optional[Array], step: int | Array, temperature:
   if rng is None:
     token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   else:
-    if top_k:
-      kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
-      logits = jnp.where(logits < kth, -jnp.inf, logits)
-    sampled = jax.random.categorical(jax.random.fold_in(rng, step),
-                                     logits / jnp.maximum(temperature, 1e-6), axis=-1)
-    token = jnp.where(temperature > 0, sampled, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
+    token = decoding.choose(logits, jax.random.fold_in(rng, step), temperature, top_k or None)
   return token, jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
 
 
-def _empty_cache(model: DecoderLM, past: Optional[tuple], batch: int, size: int) -> tuple:
-  """Per layer (key, value) [B, size, K, D] zeros, each row's prefixes at the front."""
-  cfg = model.config
-  shape = (batch, size, cfg.num_kv_heads, cfg.head_dim)
-  cache = []
-  for i in range(cfg.num_layers):
-    pair = []
-    for part in range(2):
-      entry = jnp.zeros(shape, cfg.activation_dtype)
-      if past is not None:
-        entry = entry.at[:, :past[i][part].shape[1]].set(past[i][part].astype(entry.dtype))
-      pair.append(entry)
-    cache.append(tuple(pair))
-  return tuple(cache)
-
-
-@functools.partial(jax.jit, static_argnames=("model", "placement", "max_decode_length", "method",
-                                             "num_beams", "top_k", "eos_id", "return_all_beams"))
+@jit_generate
 def generate_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: Array,
                    tokens: Array, rng: Optional[Array], alpha: Array, temperature: Array, *,
                    placement: str, max_decode_length: int, method: str, num_beams: int,

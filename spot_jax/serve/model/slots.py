@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spot_jax.backbones.decoder import decoding
 from spot_jax.backbones.decoder.network import DecoderLM
 from spot_jax.serve.model.gather import prompted_input, row_kv
 from spot_jax.serve.catalog.table import TableArrays
@@ -131,15 +132,11 @@ def _prompted(model: DecoderLM, params: PyTree, table: TableArrays, index: Array
   return prompted_input(table, index, embedded, jnp.where(real, sequence, 0), placement)
 
 
-def _start(model: DecoderLM, length: int, front: Optional[tuple]) -> tuple:
-  """Per layer (key, value) [1, length, K, D]: `front`'s (or nothing) first, zeros after it."""
-  cfg = model.config
-  dtype = cfg.activation_dtype
-  zeros = jnp.zeros((1, length, cfg.num_kv_heads, cfg.head_dim), dtype)
-  if front is None:
-    return tuple((zeros, zeros) for _ in range(cfg.num_layers))
-  put = lambda part: jax.lax.dynamic_update_slice_in_dim(zeros, part.astype(dtype), 0, axis=1)
-  return tuple((put(k), put(v)) for k, v in front)
+def _stack_heads(heads: tuple) -> Head:
+  """B heads [1, ...] -> one head [B, ...]."""
+  if len(heads) == 1:
+    return heads[0]
+  return jax.tree.map(lambda *rows: jnp.concatenate(rows, axis=0), *heads)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "placement", "cached"))
@@ -158,7 +155,7 @@ def compute_head(model: DecoderLM, params: PyTree, table: TableArrays, index: Ar
   body_index = num[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
   k_index = jnp.concatenate([deep_index, body_index], axis=1)
   k_valid = jnp.concatenate([visible, xvalid], axis=1)
-  cache = _start(model, big_p + width, past)
+  cache = decoding.empty_cache(model.config, past, 1, big_p + width)
   _, cache = model.apply({"params": params}, x, positions=body_index, q_index=body_index,
                          k_index=k_index, k_valid=k_valid, past=cache,
                          write_index=jnp.int32(big_p), last_only=True, method=DecoderLM.stack)
@@ -214,22 +211,27 @@ def _choose(logits: Array, sampling: Sampling) -> Chosen:
 @functools.partial(jax.jit, static_argnames=("model", "placement", "cached"),
                    donate_argnums=(3,))
 def prefill(model: DecoderLM, params: PyTree, table: TableArrays, state: SlotState, slot: Array,
-            index: Array, tokens: Array, valid: Array, head: Head, sampling: Sampling, *,
+            index: Array, tokens: Array, valid: Array, head: Head | tuple, sampling: Sampling, *,
             placement: str, cached: bool) -> tuple[SlotState, Chosen]:
-  """Runs one request into slot `slot` (a scalar) and chooses its first token.
+  """Runs B requests into their slots in one call and chooses each one's first token.
 
   Args:
-    index: [1] the prompt's table row; tokens, valid: [1, T] its input ids (EOS included) and
-      their validity (T a length bucket); head: the prompt's `Head`; sampling: [1] settings.
-    cached: the head holds the prompt and BOS: the layers then run on the T input positions
+    slot: [B] int32 each row's slot (a scalar for B = 1); a row whose slot is S or more is
+      padding: it runs, and nothing of it is written.
+    index: [B] the prompts' table rows; tokens, valid: [B, T] input ids (EOS included) and their
+      validity (T a length bucket); head: B prompts' `Head`s [1, ...] (a tuple; one `Head` for
+      B = 1); sampling: [B] settings.
+    cached: every head holds its prompt and BOS: the layers then run on the T input positions
       only (the prompt's share of the prefill is saved), else on all L + 1 + T.
 
   Returns:
-    (the state with the slot's row replaced, the first token's `Chosen` [1]).
+    (the state with the slots' rows replaced, the first tokens' `Chosen` [B]).
   """
-  length = state.k_index.shape[1]
+  head = _stack_heads((head,) if isinstance(head, Head) else tuple(head))
+  slot = jnp.reshape(slot, (-1,)).astype(jnp.int32)
+  batch, length = tokens.shape[0], state.k_index.shape[1]
   big_h = head.k_index.shape[1]
-  _, _, num = _deep(table, index, 1)
+  _, _, num = _deep(table, index, batch)
   x, xvalid = _prompted(model, params, table, index, tokens, valid, placement)
   width = x.shape[1]
   count = jnp.sum(xvalid, axis=1, dtype=jnp.int32) - head.skip  # the body's valid positions
@@ -244,19 +246,18 @@ def prefill(model: DecoderLM, params: PyTree, table: TableArrays, state: SlotSta
   rest = length - big_h - width
   gen_index = (num + head.skip + count)[:, None] + jnp.arange(rest, dtype=jnp.int32)[None]
   k_index = jnp.concatenate([head.k_index, q_index, gen_index], axis=1)
-  k_valid = jnp.concatenate([head.k_valid, xvalid, jnp.zeros((1, rest), bool)], axis=1)
-  past = _start(model, length, head.cache)
+  k_valid = jnp.concatenate([head.k_valid, xvalid, jnp.zeros((batch, rest), bool)], axis=1)
+  past = decoding.empty_cache(model.config, head.cache, batch, length)
   logits, cache = model.apply({"params": params}, x, positions=q_index, q_index=q_index,
                               k_index=k_index, k_valid=k_valid, past=past,
                               write_index=jnp.int32(big_h), keep=(count - 1)[:, None],
                               method=DecoderLM.stack)
   chosen = _choose(logits[:, 0], sampling)
-  put = lambda whole, row: jax.lax.dynamic_update_slice_in_dim(whole, row.astype(whole.dtype),
-                                                               slot, axis=0)
+  put = lambda whole, rows: whole.at[slot].set(rows.astype(whole.dtype), mode="drop")
   state = SlotState(
       tuple((put(sk, k), put(sv, v)) for (sk, sv), (k, v) in zip(state.cache, cache)),
       put(state.k_index, k_index), put(state.k_valid, k_valid),
-      put(state.write, jnp.full((1,), big_h + width, jnp.int32)),
+      put(state.write, jnp.full((batch,), big_h + width, jnp.int32)),
       put(state.next, num + head.skip + count), put(state.token, chosen.token))
   return state, chosen
 

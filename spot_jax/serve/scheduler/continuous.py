@@ -1,13 +1,14 @@
 """Continuous batching: iteration-level scheduling of decoder-only generation over fixed slots.
 
 One thread owns the slots (`model.slots`). Each iteration it (1) frees the slots of finished or
-cancelled sequences, (2) prefills waiting sequences into free slots, oldest first (one compiled
-prefill per input-length bucket, from the prompt's cached prefix when it has one), and (3) runs
+cancelled sequences, (2) prefills every waiting sequence that fits a free slot, oldest first,
+in one compiled call per kind (from the prompts' cached prefixes, or with their prompts), padded
+to a batch bucket (powers of two up to S) and the longest member's length bucket, and (3) runs
 ONE compiled decode step over all S slots, whatever their prompts and sampling settings. A
 sequence's tokens are handed to its `emit` callback as they come, so a finished sequence frees
 its slot at once and a waiting one starts at the next iteration; a cancelled one (its client
-went away) is freed before the next step. Compiled shapes: one prefill per length bucket, one
-decode step (and one prefix computation), whatever the mix.
+went away) is freed before the next step. Compiled shapes: one prefill per (kind, batch bucket,
+length bucket), one decode step (and one prefix computation), whatever the mix.
 
 `submit` refuses with `QueueFull` once `max_queue` sequences wait, and with `Stopping` after
 `close`; `stop` returns once every accepted sequence has finished.
@@ -90,7 +91,8 @@ class Engine:
       stop_ids: it and the vocabulary's other end ids (a chat model's end of turn).
     prefixes: the `PrefixCache`.
     observe: a `metrics.Metrics` (its ttft_observed, itl, cancelled, step, prefill), or None.
-    steps, prefills: compiled decode steps and prefills run.
+    batch_buckets: the prefill's padded batch sizes (powers of two below S, and S).
+    steps, prefills, prefill_calls: decode steps run, sequences prefilled, compiled prefills.
     step_seconds: a moving average of a decode step's time.
   """
 
@@ -102,7 +104,8 @@ class Engine:
     self.observe = observe
     self.params = _one_device(catalog.params)
     self.prefixes = PrefixCache(catalog.model, self.params, catalog.placement)
-    self.steps = self.prefills = 0
+    self.batch_buckets = sorted({min(2**i, slots) for i in range(slots.bit_length() + 1)})
+    self.steps = self.prefills = self.prefill_calls = 0
     self.step_seconds = 0.0
     self._waiting: collections.deque[Sequence] = collections.deque()
     self._active: list[Optional[Sequence]] = [None] * slots
@@ -167,23 +170,24 @@ class Engine:
       self._thread.join(timeout)
 
   def warm(self) -> int:
-    """Compiles the prefix computation, every prefill bucket (from a cached prefix and not, as
-    the prompts need) and the decode step; the shapes."""
+    """Compiles the prefix computation, every prefill (each kind the prompts need, batch bucket
+    and length bucket) and the decode step; the shapes."""
     table = self.catalog.table
     kinds = {prefix_cache.cacheable(e): e.name for e in table.entries}  # one prompt of each
     done, observe, self.observe = [], self.observe, None
     for width in self.length_buckets * 2:  # twice: outputs' shardings may differ from inputs'
       for name in kinds.values():
-        seq = Sequence(name, np.asarray([self.eos_id] * width, np.int32), 2,
-                       lambda *event: done.append(event))
-        self._refresh()
-        self._admit(seq, 0)
-        self._step()
-        self._active[0] = None
+        for size in self.batch_buckets:
+          self._refresh()
+          self._admit([(Sequence(name, np.asarray([self.eos_id] * width, np.int32), 2,
+                                 lambda *event: done.append(event)), slot)
+                       for slot in range(size)])
+          self._step()
+          self._active = [None] * self.slots
     self.prefixes.hits = self.prefixes.misses = 0
-    self.steps = self.prefills = 0
+    self.steps = self.prefills = self.prefill_calls = 0
     self.observe = observe
-    return len(self.length_buckets) * len(kinds) + 2
+    return len(self.length_buckets) * len(kinds) * len(self.batch_buckets) + 2
 
   # ---------------------------------------------------------------------------- the loop
 
@@ -209,6 +213,7 @@ class Engine:
       while self._waiting and self._waiting[0].cancelled:
         self._waiting.popleft().emit("end", "cancelled")
     free = [i for i, s in enumerate(self._active) if s is None]
+    admitted = []
     while ready and free:
       with self._cond:
         if not self._waiting:
@@ -220,7 +225,9 @@ class Engine:
       if seq.name not in self._table.names:
         seq.emit("error", PromptGone(seq.name))
         continue
-      self._admit(seq, free.pop(0))
+      admitted.append((seq, free.pop(0)))
+    if admitted:
+      self._admit(admitted)
     if self.running():
       self._step()
 
@@ -247,28 +254,50 @@ class Engine:
         self.prefixes.head(table, self._arrays, name, count=False)
     return True
 
-  def _admit(self, seq: Sequence, slot: int) -> None:
-    """Prefills `seq` into `slot` and emits its first token."""
-    table = self._table
-    width = bucket(self.length_buckets, len(seq.tokens))
-    tokens = np.zeros((1, width), np.int32)
-    tokens[0, :len(seq.tokens)] = seq.tokens
-    valid = np.arange(width)[None] < len(seq.tokens)
-    head, cached = self.prefixes.head(table, self._arrays, seq.name)
-    for key, value in (("temperature", seq.temperature), ("top_k", seq.top_k),
-                       ("top_p", seq.top_p), ("seed", seq.seed % 2**32),
-                       ("choice", seq.choice), ("count", 0)):
-      self._sampling[key][slot] = value
-    one = slots_lib.Sampling(**{k: v[slot:slot + 1] for k, v in self._sampling.items()})
+  def _admit(self, admitted: list[tuple[Sequence, int]]) -> None:
+    """Prefills each (sequence, free slot) and emits its first token: one compiled call per
+    kind (cached prefix or not) and batch bucket."""
+    kinds: dict[bool, list] = {}
+    for seq, slot in admitted:
+      head, cached = self.prefixes.head(self._table, self._arrays, seq.name)
+      kinds.setdefault(cached, []).append((seq, slot, head))
+    for cached, group in kinds.items():
+      while group:
+        size = bucket(self.batch_buckets, len(group))
+        part, group = group[:size], group[size:]
+        self._prefill(part, size, cached)
+
+  def _prefill(self, part: list, size: int, cached: bool) -> None:
+    """One compiled prefill of `part` [(sequence, slot, head)], padded to `size` rows (copies of
+    the first, written nowhere)."""
+    width = max(bucket(self.length_buckets, len(seq.tokens)) for seq, _, _ in part)
+    for seq, slot, _ in part:
+      for key, value in (("temperature", seq.temperature), ("top_k", seq.top_k),
+                         ("top_p", seq.top_p), ("seed", seq.seed % 2**32),
+                         ("choice", seq.choice), ("count", 0)):
+        self._sampling[key][slot] = value
+    rows = part + part[:1] * (size - len(part))
+    tokens = np.zeros((size, width), np.int32)
+    for row, (seq, _, _) in enumerate(rows):
+      tokens[row, :len(seq.tokens)] = seq.tokens
+    valid = np.arange(width)[None] < np.asarray([len(seq.tokens) for seq, _, _ in rows])[:, None]
+    index = np.asarray([self._table.index(seq.name) for seq, _, _ in rows], np.int32)
+    where = np.asarray([slot for _, slot, _ in part] + [self.slots] * (size - len(part)),
+                       np.int32)  # padding rows write nowhere
+    taken = np.asarray([slot for _, slot, _ in rows])
+    sampling = slots_lib.Sampling(**{k: v[taken] for k, v in self._sampling.items()})
+    heads = tuple(head for _, _, head in rows)
     self._state, chosen = slots_lib.prefill(
-        self.catalog.model, self.params, self._arrays, self._state, np.int32(slot),
-        np.asarray([table.index(seq.name)], np.int32), tokens, valid, head, one,
-        placement=self.catalog.placement, cached=cached)
-    self.prefills += 1
-    if self.observe is not None:
-      self.observe.prefill(cached)
-    self._active[slot] = seq
-    self._deliver(slot, seq, jax.device_get(chosen), 0)
+        self.catalog.model, self.params, self._arrays, self._state, where, index, tokens, valid,
+        heads, sampling, placement=self.catalog.placement, cached=cached)
+    self.prefills += len(part)
+    self.prefill_calls += 1
+    chosen = jax.device_get(chosen)
+    for row, (seq, slot, _) in enumerate(part):
+      if self.observe is not None:
+        self.observe.prefill(cached)
+      self._active[slot] = seq
+      self._deliver(slot, seq, chosen, row)
 
   def _step(self) -> None:
     start = time.monotonic()
