@@ -135,30 +135,30 @@ def rows_of(name: str, args, log) -> list[dict[str, Any]]:
 
 
 def markdown(rows: Sequence[dict], args) -> str:
-  """The table: one line per model and weight format, remat none and full side by side."""
+  """The table: one line per model, its weight formats' figures side by side."""
   gib = (1 << 30)
   depth = ("full depth" if not args.extrapolate_from else
            f"extrapolated linearly to full depth from {args.extrapolate_from} and "
            f"{2 * args.extrapolate_from} layers")
+  formats = list(dict.fromkeys(r["format"] for r in rows))
   lines = [f"GiB per device; Prompt Tuning ({args.prompt_length} tokens), AdamW, batch "
            f"{args.batch_size} x ({args.input_length} + {args.target_length}) tokens; {depth}.",
-           "",
-           "| model | devices | weights | activations | frozen | remat none: total "
-           "| remat full: temporaries | total | goal (remat full) |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "", f"| model | devices | {' / '.join(formats)}: frozen weights | remat none: total "
+           "| remat full: total | goal (remat full) |", "| --- | --- | --- | --- | --- | --- |"]
   cells = {(r["model"], r["format"], r["remat"]): r for r in rows}
   for name in dict.fromkeys(r["model"] for r in rows):
-    for weights in dict.fromkeys(r["format"] for r in rows if r["model"] == name):
-      none, full = cells.get((name, weights, "none")), cells.get((name, weights, "full"))
-      any_row = none or full
-      goal = any_row["goal_gib"]
-      met = "" if goal is None or full is None else (
-          f"<= {goal:g}: " + ("met" if full["total"] / gib <= goal else "missed"))
-      devices = f"{any_row['devices']}" + (" FSDP" if any_row["fsdp"] else "")
-      cell = lambda r, k: "-" if r is None else f"{r[k] / gib:.2f}"  # noqa: E731
-      lines.append(f"| {name} | {devices} | {weights} | {any_row['activations']} "
-                   f"| {any_row['frozen'] / gib:.2f} | {cell(none, 'total')} "
-                   f"| {cell(full, 'temporaries')} | {cell(full, 'total')} | {met} |")
+    mine = [r for r in rows if r["model"] == name]
+    cell = lambda f, remat, key: (  # noqa: E731
+        "-" if (name, f, remat) not in cells else f"{cells[name, f, remat][key] / gib:.2f}")
+    frozen = {r["format"]: f"{r['frozen'] / gib:.2f}" for r in mine}
+    goals = [f"{r['format']} <= {r['goal_gib']:g}: " + (
+        "met" if r["total"] / gib <= r["goal_gib"] else "missed")
+             for r in mine if r["goal_gib"] is not None and r["remat"] == "full"]
+    devices = f"{mine[0]['devices']}" + (" FSDP" if mine[0]["fsdp"] else "")
+    lines.append(f"| {name} | {devices} | {' / '.join(frozen.get(f, '-') for f in formats)} "
+                 f"| {' / '.join(cell(f, 'none', 'total') for f in formats)} "
+                 f"| {' / '.join(cell(f, 'full', 'total') for f in formats)} "
+                 f"| {'; '.join(goals)} |")
   return "\n".join(lines) + "\n"
 
 
