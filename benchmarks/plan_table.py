@@ -2,14 +2,16 @@
 
   nice -n 10 python -m benchmarks.plan_table --markdown=/tmp/plan_table.md --json=/tmp/plan.json
 
-For each model of `--models` (full depth, published shapes), the planner's measurement
+For each model of `--models` (published shapes), the planner's measurement
 (`spot_jax.train.plan.Planner`: the trainer's step compiled ahead of time on abstract weights,
 XLA's memory analysis per device) of Prompt Tuning with `--prompt_length` tokens, AdamW, batch
 `--batch_size` x (`--input_length` + `--target_length`) tokens, for every frozen weight format
-(float32, bfloat16, and int8 / int4 where the quantization extra is installed) and remat none and
-full. Models in `FSDP_MODELS` are planned over `--fsdp_devices` devices with FSDP=True, the others
-on one device. Compiles run on this host's CPU split into `--fsdp_devices` devices; an 80-layer
-model takes a minute or two per cell.
+(float32, bfloat16, and int8 / int4 of bfloat16 weights where qwix is installed) and remat none
+and full. Activations are float32 with float32 weights and bfloat16 otherwise (`activations`,
+as a bfloat16 model computes in transformers). Models in `FSDP_MODELS` are planned over
+`--fsdp_devices` devices with FSDP=True, the others on one device. Each cell is compiled at
+`--extrapolate_from` N and 2N layers (a T5's encoder and decoder both) and extrapolated linearly
+to full depth; `--extrapolate_from=0` compiles at full depth (minutes per cell on 2 cores).
 """
 from __future__ import annotations
 
@@ -59,16 +61,26 @@ def build_model(name: str, prompt_length: int, num_layers: Optional[int] = None,
 def weight_formats() -> tuple[str, ...]:
   """The frozen weight formats this installation can plan."""
   from spot_jax.train import plan  # pylint: disable=g-import-not-at-top
-  return plan.WEIGHT_FORMATS
+  return plan.weight_formats()
 
 
-def planner_for(name: str, devices: int, args, num_layers: Optional[int] = None):
+def activations(weights: str, args) -> str:
+  """The activation dtype of a row: `--activations`, or "auto": float32 with float32 weights,
+  else bfloat16."""
+  if args.activations != "auto":
+    return args.activations
+  return "float32" if weights == "float32" else "bfloat16"
+
+
+def planner_for(name: str, devices: int, args, num_layers: Optional[int] = None,
+                activation_dtype: str = "float32"):
   """The planner of one model at the table's batch on `devices` devices (at `num_layers`
   layers, else `--num_layers`)."""
   import jax  # pylint: disable=g-import-not-at-top
   from spot_jax import partitioning  # pylint: disable=g-import-not-at-top
   from spot_jax.train import optimizers, plan  # pylint: disable=g-import-not-at-top
-  model = build_model(name, args.prompt_length, num_layers or args.num_layers)
+  model = build_model(name, args.prompt_length, num_layers or args.num_layers,
+                      activation_dtype=activation_dtype)
   mesh = partitioning.create_mesh(1, jax.devices()[:devices])
   return plan.Planner(model, optimizers.adamw(learning_rate=1e-3),
                       {"inputs": args.input_length, "targets": args.target_length}, mesh)
@@ -92,19 +104,20 @@ def extrapolated(found: Any, deeper: Any, depth: int, at: int) -> dict[str, Any]
 
 
 def rows_of(name: str, args, log) -> list[dict[str, Any]]:
-  """One model's cells: every weight format x remat policy (FSDP models extrapolated from
-  `--extrapolate_from` and twice as many layers when given)."""
+  """One model's cells: every weight format x remat policy (extrapolated from
+  `--extrapolate_from` and twice as many layers unless it is 0 or reaches full depth)."""
   from spot_jax.train import plan  # pylint: disable=g-import-not-at-top
   fsdp = name in FSDP_MODELS
   devices = args.fsdp_devices if fsdp else 1
-  at = args.extrapolate_from if fsdp and args.extrapolate_from else None
-  planner = planner_for(name, devices, args, at)
-  deeper = planner_for(name, devices, args, 2 * at) if at else None
+  at = args.extrapolate_from
+  at = at if at and args.num_layers is None and 2 * at < depth_of(name) else None
   rows = []
   for weights in args.weights or weight_formats():
+    dtype = activations(weights, args)
+    planner = planner_for(name, devices, args, at, dtype)
+    deeper = planner_for(name, devices, args, 2 * at, dtype) if at else None
     for remat in args.remats:
-      setting = plan.Setting(weights=weights, remat=remat, fsdp=fsdp,
-                             batch_size=args.batch_size)
+      setting = plan.Setting.of_format(weights, remat, fsdp, args.batch_size)
       t0 = time.perf_counter()
       found = planner.measure(setting)
       figures = found.as_dict()
@@ -112,8 +125,8 @@ def rows_of(name: str, args, log) -> list[dict[str, Any]]:
         figures = extrapolated(found, deeper.measure(setting), depth_of(name), at)
       seconds = time.perf_counter() - t0
       goal = GOALS.get((name, weights, remat))
-      row = dict(model=name, **dataclasses.asdict(setting), **figures,
-                 compile_s=round(seconds, 1), goal_gib=goal,
+      row = dict(model=name, **dataclasses.asdict(setting), format=weights, activations=dtype,
+                 **figures, compile_s=round(seconds, 1), goal_gib=goal,
                  extrapolated_from=None if at is None else [at, 2 * at])
       rows.append(row)
       log(f"{name} {weights} remat={remat} devices={devices}: "
@@ -122,28 +135,30 @@ def rows_of(name: str, args, log) -> list[dict[str, Any]]:
 
 
 def markdown(rows: Sequence[dict], args) -> str:
-  """The table: one line per model and weight format, remat none and full side by side."""
+  """The table: one line per model, its weight formats' figures side by side."""
   gib = (1 << 30)
-  lines = [f"Per device; Prompt Tuning ({args.prompt_length} tokens), AdamW, batch "
-           f"{args.batch_size} x ({args.input_length} + {args.target_length}) tokens, float32 "
-           f"activations; GiB from XLA's memory analysis of the compiled train step.", "",
-           "| model | devices | frozen weights | weights (GiB) | remat none: temporaries | total "
-           "| remat full: temporaries | total | goal (remat full) |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-  cells = {(r["model"], r["weights"], r["remat"]): r for r in rows}
+  depth = ("full depth" if not args.extrapolate_from else
+           f"extrapolated linearly to full depth from {args.extrapolate_from} and "
+           f"{2 * args.extrapolate_from} layers")
+  formats = list(dict.fromkeys(r["format"] for r in rows))
+  lines = [f"GiB per device; Prompt Tuning ({args.prompt_length} tokens), AdamW, batch "
+           f"{args.batch_size} x ({args.input_length} + {args.target_length}) tokens; {depth}.",
+           "", f"| model | devices | {' / '.join(formats)}: frozen weights | remat none: total "
+           "| remat full: total | goal (remat full) |", "| --- | --- | --- | --- | --- | --- |"]
+  cells = {(r["model"], r["format"], r["remat"]): r for r in rows}
   for name in dict.fromkeys(r["model"] for r in rows):
-    for weights in dict.fromkeys(r["weights"] for r in rows if r["model"] == name):
-      none, full = cells.get((name, weights, "none")), cells.get((name, weights, "full"))
-      any_row = none or full
-      goal = any_row["goal_gib"]
-      met = "" if goal is None or full is None else (
-          f"<= {goal:g}: " + ("met" if full["total"] / gib <= goal else "missed"))
-      devices = f"{any_row['devices']}" + (" (FSDP)" if any_row["fsdp"] else "") + (
-          " *" if any_row.get("extrapolated_from") else "")
-      cell = lambda r, k: "-" if r is None else f"{r[k] / gib:.2f}"  # noqa: E731
-      lines.append(f"| {name} | {devices} | {weights} | {any_row['frozen'] / gib:.2f} "
-                   f"| {cell(none, 'temporaries')} | {cell(none, 'total')} "
-                   f"| {cell(full, 'temporaries')} | {cell(full, 'total')} | {met} |")
+    mine = [r for r in rows if r["model"] == name]
+    cell = lambda f, remat, key: (  # noqa: E731
+        "-" if (name, f, remat) not in cells else f"{cells[name, f, remat][key] / gib:.2f}")
+    frozen = {r["format"]: f"{r['frozen'] / gib:.2f}" for r in mine}
+    goals = [f"{r['format']} <= {r['goal_gib']:g}: " + (
+        "met" if r["total"] / gib <= r["goal_gib"] else "missed")
+             for r in mine if r["goal_gib"] is not None and r["remat"] == "full"]
+    devices = f"{mine[0]['devices']}" + (" FSDP" if mine[0]["fsdp"] else "")
+    lines.append(f"| {name} | {devices} | {' / '.join(frozen.get(f, '-') for f in formats)} "
+                 f"| {' / '.join(cell(f, 'none', 'total') for f in formats)} "
+                 f"| {' / '.join(cell(f, 'full', 'total') for f in formats)} "
+                 f"| {'; '.join(goals)} |")
   return "\n".join(lines) + "\n"
 
 
@@ -160,16 +175,20 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument("--weights", default=None,
                       help="frozen weight formats (default: every one available)")
   parser.add_argument("--remats", default=",".join(REMATS), help="remat policies")
-  parser.add_argument("--extrapolate_from", type=int, default=None,
-                      help="FSDP models: measure at N and 2N layers and extrapolate linearly to "
-                           "full depth (rows marked *); default: compile at full depth")
+  parser.add_argument("--extrapolate_from", type=int, default=2,
+                      help="compile at N and 2N layers and extrapolate linearly to full depth "
+                           "(0: compile at full depth)")
+  parser.add_argument("--activations", default="auto",
+                      help="activation dtype: float32, bfloat16, or auto (float32 with float32 "
+                           "weights, else bfloat16)")
   parser.add_argument("--json", default=None)
   parser.add_argument("--markdown", default=None)
   args = parser.parse_args(argv)
   for flag in ("batch_size", "input_length", "target_length", "prompt_length", "fsdp_devices"):
     validate.positive_int(getattr(args, flag), f"--{flag}")
   validate.positive_int(args.num_layers, "--num_layers", optional=True)
-  validate.positive_int(args.extrapolate_from, "--extrapolate_from", optional=True)
+  validate.positive_int(args.extrapolate_from, "--extrapolate_from", minimum=0)
+  validate.one_of(args.activations, "--activations", ("auto", "float32", "bfloat16"))
   args.weights = [validate.one_of(w, "--weights", weight_formats())
                   for w in (args.weights or "").split(",") if w]
   args.remats = [validate.one_of(r, "--remats", ("none", "full", "save_dots"))

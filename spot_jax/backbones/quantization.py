@@ -67,17 +67,23 @@ def is_quantized(x: Any) -> bool:
   return module is not None and isinstance(x, module.QArray)
 
 
-def einsum(spec: str, x: jax.Array, kernel: Any, dtype: Any) -> jax.Array:
-  """jnp.einsum(spec, x, kernel) in `dtype`; a quantized kernel goes through qwix's einsum."""
+def einsum(spec: str, x: jax.Array, kernel: Any, dtype: Any, *, detach: bool = False
+           ) -> jax.Array:
+  """jnp.einsum(spec, x, kernel) in `dtype`; a quantized kernel goes through qwix's einsum.
+
+  The kernel (a quantized one's scales) is tied to `x`, so that it is converted or dequantized
+  for this use only (`memory.weight_as`, whose `detach` this passes on).
+  """
   if is_quantized(kernel):
-    return qwix().einsum(spec, x.astype(dtype), kernel.astype(dtype))
-  return jnp.einsum(spec, x, memory.weight_as(kernel, dtype, x))
+    kernel = memory.tied(kernel, x, detach, integers=True).astype(dtype)
+    return qwix().einsum(spec, x.astype(dtype), kernel)
+  return jnp.einsum(spec, x, memory.weight_as(kernel, dtype, x, detach=detach))
 
 
 def dot(x: jax.Array, kernel: Any, dtype: Any) -> jax.Array:
   """x [..., in] @ kernel [in, out] in `dtype`; a quantized kernel goes through qwix's dot."""
   if is_quantized(kernel):
-    return qwix().dot(x.astype(dtype), kernel.astype(dtype))
+    return qwix().dot(x.astype(dtype), memory.tied(kernel, x).astype(dtype))
   return jnp.dot(x, memory.weight_as(jnp.asarray(kernel), dtype, x))
 
 

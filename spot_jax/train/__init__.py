@@ -8,8 +8,8 @@
   job          per-run bookkeeping: records, checkpoints, exports, evaluation, best states
   streams      each run's data stream as the step's global batches
   step         the pure jitted train step (gradients of the trainable tree only), and its vmap
-  abstract     the step's model and arguments as shapes (frozen tree in FROZEN_DTYPE), for AOT
-  footprint    the step's bytes and FLOPs per device, from XLA's analysis of its compile
+  footprint    the step's arguments as shapes (`step_inputs`: nothing read or allocated) and
+               its bytes and FLOPs per device, from XLA's analysis of its compile
   plan         the memory planner (`python -m spot_jax.plan`): fits, and the nearest that does
   state        TrainState: step, trainable params, optimizer state, rng, data position
   checkpointer orbax training states of a run directory (latest, best, damaged ones moved aside)

@@ -1,10 +1,15 @@
 """What the trainer's step needs per device, from XLA's analysis of the compiled step.
 
-`measure` builds the step exactly as the trainer does (`step.jit_step`, the frozen weights'
-shardings from `partitioning.frozen_rules`, the prompt's from the rule table) on abstract
-arrays: the frozen weights are `jax.ShapeDtypeStruct`s with their shardings, so no checkpoint is
-read and nothing is allocated. It lowers and compiles the step ahead of time and reads
-`memory_analysis()` (bytes per device) and `cost_analysis()` (FLOPs per device).
+`step_inputs` gives the step's arguments as the trainer makes them, as `jax.ShapeDtypeStruct`s
+with their shardings (nothing read, nothing allocated): the frozen tree in the config's
+`param_dtype`, its matmul kernels quantized as its `quantization` says (int values + scales,
+`backbones.quantization.abstract`), sharded by `partitioning.frozen_rules`; the prompt's state
+float32, sharded by the rule table. `build` adds the trainer's jitted step (`step.jit_step`);
+`measure` compiles it ahead of time and reads `memory_analysis()` (bytes per device) and
+`cost_analysis()` (FLOPs per device):
+
+  inputs = footprint.step_inputs(model, optimizers.adamw(), {"inputs": 384, "targets": 128}, 8)
+  found = footprint.measure(model, optimizers.adamw(), {"inputs": 384, "targets": 128}, 8, mesh)
 
   frozen       the frozen weights' shards on one device (from their shapes and shardings)
   trainable    the state: prompt parameters, optimizer state, step, rng, data position
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -32,6 +37,7 @@ import optax
 from spot_jax import backbone as backbone_lib
 from spot_jax import models
 from spot_jax import partitioning
+from spot_jax.backbones import quantization
 from spot_jax.train import step as step_lib
 from spot_jax.train.state import TrainState
 
@@ -65,26 +71,39 @@ class Footprint:
     return dict(dataclasses.asdict(self), total=self.total)
 
 
+def _bits(dtype: Any) -> int:
+  """Bits of one element: an integer type's width (int4: 4), else 8 per byte of it."""
+  dtype = jnp.dtype(dtype)
+  return jnp.iinfo(dtype).bits if jnp.issubdtype(dtype, jnp.integer) else 8 * dtype.itemsize
+
+
 def shard_bytes(tree: Any) -> int:
-  """Bytes of one device's shards of a tree of ShapeDtypeStructs (or arrays) with shardings."""
+  """Bytes of one device's shards of a tree of ShapeDtypeStructs (or arrays) with shardings
+  (int4 values packed two to a byte, as they are stored)."""
   total = 0
   for x in jax.tree.leaves(tree):
     shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape
-    total += int(np.prod(shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize
-  return total
+    total += int(np.prod(shape, dtype=np.int64)) * _bits(x.dtype)
+  return (total + 7) // 8
 
 
 def abstract_frozen(model: models.Model, dummy: Mapping[str, Any], mesh: jax.sharding.Mesh,
                     rules: partitioning.LogicalRules) -> Any:
-  """The frozen weights as ShapeDtypeStructs with the trainer's shardings (nothing allocated).
+  """The frozen weights as ShapeDtypeStructs with the trainer's shardings (nothing allocated),
+  quantized as the config says (`backbone.load_backbone`'s tree: QArrays of int values and
+  scales in place of the matmul kernels).
 
   A mesh that does not divide a weight is refused in one line (`partitioning.check_divisible`).
   """
   boxed = jax.eval_shape(model.init_backbone, backbone_lib.seed_keys(0)[0], dummy)
   shardings = partitioning.param_shardings(boxed, mesh, rules)
   partitioning.check_divisible(boxed, shardings, mesh, hint=backbone_lib.divisible_hint(rules))
+  tree = models.unbox(boxed)
+  if quantization.enabled(model.config):
+    tree = quantization.abstract(boxed, model.config)
+    shardings = quantization.shardings(boxed, model.config, mesh, rules)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      models.unbox(boxed), shardings)
+                      tree, shardings)
 
 
 def train_batch(model: models.Model, lengths: Mapping[str, int], batch_size: int,
@@ -116,33 +135,66 @@ def abstract_state(model: models.Model, tx: optax.GradientTransformation, frozen
                       shapes, compiled.output_shardings)
 
 
-def build(model: models.Model, tx: optax.GradientTransformation, lengths: Mapping[str, int],
-          batch_size: int, mesh: jax.sharding.Mesh, *, fsdp: bool = False,
-          shard_prompt_embed: bool = False, dropout_rng: str = "threefry"
-          ) -> tuple[Any, Any, Any, Any]:
-  """(the trainer's jitted step, abstract state, abstract frozen weights, abstract batch).
+class StepInputs(NamedTuple):
+  """A train step's model and abstract arguments (ShapeDtypeStructs with shardings).
+
+  Attributes:
+    model: the model as the trainer runs it (FROZEN_DTYPE decided, `for_batches` applied).
+    state: the fresh TrainState (prompt parameters, optimizer state: float32).
+    frozen: the frozen tree in the config's `param_dtype` (quantized kernels as QArrays).
+    batch: {feature: [batch_size, length]} as the trainer's pipeline gives it.
+  """
+  model: Any
+  state: Any
+  frozen: Any
+  batch: Mapping[str, jax.ShapeDtypeStruct]
+
+
+def step_inputs(model: models.Model, tx: optax.GradientTransformation,
+                lengths: Mapping[str, int], batch_size: int,
+                mesh: Optional[jax.sharding.Mesh] = None, *, fsdp: bool = False,
+                shard_prompt_embed: bool = False,
+                initial_checkpoint_path: Optional[str] = None) -> StepInputs:
+  """The model and abstract (state, frozen, batch) of the trainer's step.
 
   Args:
-    model: the prompted model (its config carries the frozen dtype and remat policy).
+    model: the prompted model as gin builds it (its config carries the frozen dtype, None: the
+      checkpoint's, decided as the trainer does; the remat policy; the quantization).
     tx: the optimizer.
     lengths: TASK_FEATURE_LENGTHS ({"inputs": T, "targets": S}).
     batch_size: the global batch (sharded over "data").
-    mesh: the ("data", "model") mesh.
+    mesh: the ("data", "model") mesh (None: this host's first device).
     fsdp: shard the frozen weights over "data" too.
-    shard_prompt_embed, dropout_rng: as the trainer's settings of those names.
+    shard_prompt_embed: as the trainer's setting of that name.
+    initial_checkpoint_path: decides a FROZEN_DTYPE of None (None: float32).
   """
+  mesh = mesh if mesh is not None else partitioning.create_mesh(1, jax.devices()[:1])
   rules = partitioning.logical_rules(shard_prompt_embed)
+  model = backbone_lib.resolve_frozen_dtype(model, initial_checkpoint_path)
   model = model.for_batches(lengths)
   dummy = model.dummy_batch(lengths["inputs"], lengths["targets"])
   frozen = abstract_frozen(model, dummy, mesh, partitioning.frozen_rules(rules, fsdp))
   with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
     state = abstract_state(model, tx, frozen, dummy, mesh, rules)
   batch = train_batch(model, lengths, batch_size, partitioning.batch_sharding(mesh))
+  return StepInputs(model, state, frozen, batch)
+
+
+def build(model: models.Model, tx: optax.GradientTransformation, lengths: Mapping[str, int],
+          batch_size: int, mesh: jax.sharding.Mesh, *, fsdp: bool = False,
+          shard_prompt_embed: bool = False, dropout_rng: str = "threefry"
+          ) -> tuple[Any, Any, Any, Any]:
+  """(the trainer's jitted step, abstract state, abstract frozen weights, abstract batch).
+
+  The arguments are `step_inputs`'; dropout_rng is the trainer's setting of that name.
+  """
+  inputs = step_inputs(model, tx, lengths, batch_size, mesh, fsdp=fsdp,
+                       shard_prompt_embed=shard_prompt_embed)
   step = step_lib.jit_step(
-      model, tx, mesh, state_shardings=jax.tree.map(lambda x: x.sharding, state),
-      frozen_shardings=jax.tree.map(lambda x: x.sharding, frozen),
+      inputs.model, tx, mesh, state_shardings=jax.tree.map(lambda x: x.sharding, inputs.state),
+      frozen_shardings=jax.tree.map(lambda x: x.sharding, inputs.frozen),
       batch_sharding=partitioning.batch_sharding(mesh), dropout_rng=dropout_rng)
-  return step, state, frozen, batch
+  return step, inputs.state, inputs.frozen, inputs.batch
 
 
 def compile_step(step: Any, state: Any, frozen: Any, batch: Any, mesh: jax.sharding.Mesh,

@@ -6,14 +6,15 @@ the compiled step (`spot_jax.train.footprint`): nothing is read from a checkpoin
 allocated. With `device_memory`, a setting that does not fit is refused in one line naming the
 nearest setting that does, found by compiling the alternatives in order of how much they change:
 
-  FROZEN_DTYPE='bfloat16' (1), REMAT='full' (1), FSDP=True (1, several devices), int8 (2) and
-  int4 (3) quantization where available, and halving BATCH_SIZE (3 per halving)
+  FROZEN_DTYPE='bfloat16' (1), REMAT='full' (1), FSDP=True (1, several devices),
+  QUANTIZATION='int8' (2) and 'int4' (3) where qwix is installed, halving BATCH_SIZE (3 each)
 
 A setting is skipped without compiling when its frozen weights and state alone exceed the memory.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import itertools
 import json
 from typing import Any, Callable, Optional, Sequence
@@ -34,8 +35,17 @@ ROWS = (("frozen weights", "frozen"), ("prompt + optimizer state", "trainable"),
         ("batch", "batch"), ("activations and temporaries", "temporaries"), ("total", "total"))
 
 
-WEIGHT_FORMATS = ("float32", "bfloat16")  # the frozen weights' formats the planner tries
+FLOAT_FORMATS = ("float32", "bfloat16")  # FROZEN_DTYPE
+QUANTIZED_FORMATS = ("int8", "int4")  # QUANTIZATION (of bfloat16 weights), with qwix
 _NEAR = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3, "nf4": 3}  # cost from float32
+
+
+def weight_formats() -> tuple[str, ...]:
+  """The frozen weights' formats the planner tries: float32, bfloat16, and int8 / int4 where
+  qwix (the quantization extra) is installed."""
+  if importlib.util.find_spec("qwix") is None:
+    return FLOAT_FORMATS
+  return FLOAT_FORMATS + QUANTIZED_FORMATS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,20 +53,35 @@ class Setting:
   """What the planner varies, as the gin settings that name it.
 
   Attributes:
-    weights: the frozen weights' format: "float32" or "bfloat16" (FROZEN_DTYPE).
+    weights: the frozen weights' dtype: "float32" or "bfloat16" (FROZEN_DTYPE).
     remat: REMAT, per-layer rematerialisation ("none", "full", ...).
     fsdp: FSDP, the frozen weights sharded over the data axis too.
     batch_size: BATCH_SIZE, the global batch.
+    quantization: QUANTIZATION of the frozen matmul kernels ("none", "int8", "int4", "nf4").
   """
   weights: str
   remat: str
   fsdp: bool
   batch_size: int
+  quantization: str = "none"
+
+  @classmethod
+  def of_format(cls, weight_format: str, remat: str, fsdp: bool, batch_size: int) -> "Setting":
+    """The setting of a weight format of `weight_formats()`: a quantized one is bfloat16
+    weights whose matmul kernels are quantized."""
+    if weight_format in FLOAT_FORMATS:
+      return cls(weight_format, remat, fsdp, batch_size)
+    return cls("bfloat16", remat, fsdp, batch_size, quantization=weight_format)
+
+  @property
+  def weight_format(self) -> str:
+    """The quantization when there is one, else the weights' dtype."""
+    return self.weights if self.quantization == "none" else self.quantization
 
   def gin(self) -> dict[str, Any]:
     """{macro: value} of the gin settings this setting stands for."""
-    return {"FROZEN_DTYPE": self.weights, "REMAT": self.remat, "FSDP": self.fsdp,
-            "BATCH_SIZE": self.batch_size}
+    return {"FROZEN_DTYPE": self.weights, "QUANTIZATION": self.quantization,
+            "REMAT": self.remat, "FSDP": self.fsdp, "BATCH_SIZE": self.batch_size}
 
   def overrides(self, base: Optional["Setting"] = None) -> str:
     """The --gin overrides of this setting (those that differ from `base`, when given)."""
@@ -68,8 +93,8 @@ class Setting:
 
   def cost(self, base: "Setting") -> int:
     """How much this setting changes `base`: 1 per step of weight precision (bfloat16 1, int8
-    2, int4 3 from float32), 1 for remat, 1 for FSDP, 3 per halving of the batch."""
-    return (abs(_NEAR.get(self.weights, 3) - _NEAR.get(base.weights, 3))
+    2, int4 and nf4 3 from float32), 1 for remat, 1 for FSDP, 3 per halving of the batch."""
+    return (abs(_NEAR.get(self.weight_format, 3) - _NEAR.get(base.weight_format, 3))
             + (self.remat != base.remat) + (self.fsdp != base.fsdp)
             + 3 * ((base.batch_size // self.batch_size).bit_length() - 1))
 
@@ -79,14 +104,17 @@ def setting_of(model: models.Model, fsdp: bool, batch_size: int) -> Setting:
   config = model.config
   return Setting(weights=str(getattr(config, "param_dtype", None) or "float32"),
                  remat=str(getattr(config, "remat_policy", "none")), fsdp=bool(fsdp),
-                 batch_size=int(batch_size))
+                 batch_size=int(batch_size),
+                 quantization=str(getattr(config, "quantization", "none")))
 
 
 def apply(model: models.Model, setting: Setting) -> models.Model:
-  """`model` with the setting's frozen weight format and remat policy in its config."""
+  """`model` with the setting's frozen dtype, quantization and remat policy in its config (the
+  fields gin's FROZEN_DTYPE, QUANTIZATION and REMAT set)."""
   config = model.config
   changes = {}
   for field, value, plain in (("param_dtype", setting.weights, "float32"),
+                              ("quantization", setting.quantization, "none"),
                               ("remat_policy", setting.remat, "none")):
     if hasattr(config, field):
       changes[field] = value
@@ -97,16 +125,20 @@ def apply(model: models.Model, setting: Setting) -> models.Model:
 
 def alternatives(base: Setting, data_size: int, config: Any) -> list[tuple[int, Setting]]:
   """Every other setting with its cost (how much it changes), nearest first."""
-  formats = WEIGHT_FORMATS if hasattr(config, "param_dtype") else (base.weights,)
+  formats = [f for f in weight_formats()
+             if hasattr(config, "param_dtype") and (f in FLOAT_FORMATS
+                                                    or hasattr(config, "quantization"))]
   remats = ("none", "full") if hasattr(config, "remat_policy") else (base.remat,)
   fsdps = (False, True) if data_size > 1 else (base.fsdp,)
   batches = [b for b in (base.batch_size, base.batch_size // 2, base.batch_size // 4)
              if b >= data_size and b % data_size == 0]
   out = []
-  for weights, remat, fsdp, batch in itertools.product(
-      dict.fromkeys((base.weights,) + tuple(formats)), dict.fromkeys((base.remat,) + remats),
+  for weight_format, remat, fsdp, batch in itertools.product(
+      dict.fromkeys([base.weight_format] + formats), dict.fromkeys((base.remat,) + remats),
       dict.fromkeys((base.fsdp,) + fsdps), batches):
-    setting = Setting(weights, remat, fsdp, batch)
+    setting = (dataclasses.replace(base, remat=remat, fsdp=fsdp, batch_size=batch)
+               if weight_format == base.weight_format
+               else Setting.of_format(weight_format, remat, fsdp, batch))
     if setting != base:
       out.append((setting.cost(base), setting))
   return sorted(out, key=lambda item: item[0])

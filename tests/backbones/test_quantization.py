@@ -211,10 +211,10 @@ def test_without_qwix_the_line_names_the_pip_command(tmp_path):
 
 
 def test_step_inputs_hold_the_quantized_frozen_tree():
-  from spot_jax.train import abstract as abstract_lib, optimizers  # pylint: disable=g-import-not-at-top
+  from spot_jax.train import footprint, optimizers  # pylint: disable=g-import-not-at-top
   model, ckpt = _model("decoder", "int8", PromptTuning(length=5))
-  inputs = abstract_lib.step_inputs(model, optimizers.adamw(), {"inputs": 8, "targets": 4}, 2,
-                                    mesh=MESH, rules=RULES, initial_checkpoint_path=ckpt)
+  inputs = footprint.step_inputs(model, optimizers.adamw(), {"inputs": 8, "targets": 4}, 2,
+                                 MESH, initial_checkpoint_path=ckpt)
   kernels = [v for p, v in traverse_util.flatten_dict(inputs.frozen).items() if p[-1] == "kernel"]
   assert kernels and all(quantization.is_quantized(k) and k.qvalue.dtype == jnp.int8
                          for k in kernels)

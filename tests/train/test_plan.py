@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from spot_jax import models, partitioning, prompts
-from spot_jax.backbones import decoder, t5
+from spot_jax.backbones import decoder, quantization, t5
 from spot_jax.train import footprint, optimizers, plan
 from tests.helpers import REPO
 
@@ -87,3 +88,44 @@ def test_fsdp_over_8_devices_holds_an_eighth_of_the_weights_per_device(tmp_path)
   # every weight of the tiny decoder has an "embed" axis: exactly an eighth on each device
   assert eight["frozen"] * 8 == one["frozen"] > 0
   assert eight["devices"] == 8 and eight["trainable"] == one["trainable"]
+
+
+def test_int8_plans_fewer_weight_bytes_than_bfloat16_and_the_nearest_fit_names_it():
+  # Llama-3.1-8B's shapes at 4 layers: its weights, not XLA:CPU's dequantization temporaries,
+  # decide (at toy sizes the temporaries do)
+  config = decoder.config_by_name("llama_3_1_8b").replace(num_layers=4)
+  model = models.DecoderOnlyModel(decoder.DecoderLM(config, prompt=prompts.PromptTuning(4)))
+  mesh = partitioning.create_mesh(1, jax.devices()[:1])
+  planner = plan.Planner(model, optimizers.adamw(), LENGTHS, mesh)
+  base = plan.Setting("bfloat16", "full", False, 2)
+  int8 = plan.Setting.of_format("int8", "full", False, 2)
+  assert int8 == plan.Setting("bfloat16", "full", False, 2, quantization="int8")
+  weights = {f: planner.weights(plan.Setting.of_format(f, "full", False, 2))
+             for f in ("float32", "bfloat16", "int8", "int4")}
+  assert weights["int4"] < weights["int8"] < weights["bfloat16"] == weights["float32"] // 2
+  # int8: a byte per kernel entry plus a scale per output channel; the embedding bfloat16
+  inputs = footprint.step_inputs(plan.apply(model, int8), optimizers.adamw(), LENGTHS, 2, mesh)
+  kernels = [x for x in jax.tree.leaves(inputs.frozen, is_leaf=quantization.is_quantized)
+             if quantization.is_quantized(x)]
+  assert kernels and all(k.qvalue.dtype == np.int8 for k in kernels)
+  entries = sum(k.qvalue.size for k in kernels)
+  table = config.vocab_size * config.emb_dim * 2
+  assert entries + table < weights["int8"] < 1.01 * entries + table + (1 << 20)
+  assert weights["int4"] < 0.51 * entries + table + (1 << 20)
+  found, quantized = planner.measure(base), planner.measure(int8)
+  assert quantized.frozen == weights["int8"] and quantized.total < found.total
+  budget = (found.total + quantized.total) // 2
+  setting, near = planner.nearest_fit(base, budget, found.trainable)
+  assert setting == int8 and near.total == quantized.total
+  assert setting.overrides(base) == "--gin.QUANTIZATION=\"'int8'\""
+
+
+def test_the_suggested_quantization_is_valid_gin_and_a_bad_one_is_one_line():
+  setting = plan.Setting.of_format("int4", "full", False, 8)
+  good = _plan(*shlex.split(setting.overrides()))
+  assert good.returncode == 0, good.stderr[-2000:]
+  assert f"  setting: {setting.overrides()}" in good.stdout
+  bad = _plan("--gin.QUANTIZATION='int3'")
+  lines = [line for line in bad.stderr.splitlines() if "error" in line]
+  assert bad.returncode == 2 and len(lines) == 1, bad.stderr[-2000:]
+  assert "QUANTIZATION='int3'" in lines[0] and "valid: none, int8, int4, nf4" in lines[0]

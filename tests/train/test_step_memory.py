@@ -1,5 +1,5 @@
 """What REMAT and FROZEN_DTYPE do to a train step's memory, by XLA's analysis of the compiled
-step (`train.abstract.step_inputs`: abstract weights, nothing allocated or read).
+step (`train.footprint.step_inputs`: abstract weights, nothing allocated or read).
 
 A Llama-shaped decoder at two depths, Prompt Tuning, AdamW: remat=full holds less temporary
 memory than none, and each extra layer costs it at most a quarter of what it costs none (the
@@ -15,7 +15,7 @@ import pytest
 from spot_jax import models, prompts
 from spot_jax.backbones.decoder.config import DecoderConfig
 from spot_jax.backbones.decoder.network import DecoderLM
-from spot_jax.train import abstract, optimizers
+from spot_jax.train import footprint, optimizers
 from spot_jax.train import step as step_lib
 
 LENGTHS = {"inputs": 96, "targets": 32}
@@ -31,7 +31,7 @@ def _config(layers: int, **changes) -> DecoderConfig:
 def _compiled(config: DecoderConfig):
   model = models.DecoderOnlyModel(DecoderLM(config, prompts.PromptTuning(length=8)), z_loss=0.0)
   tx = optimizers.adamw(learning_rate=1e-3)
-  inputs = abstract.step_inputs(model, tx, LENGTHS, BATCH)
+  inputs = footprint.step_inputs(model, tx, LENGTHS, BATCH)
   step = jax.jit(step_lib.make_train_step(inputs.model, tx), donate_argnums=(0,))
   return inputs, step.lower(inputs.state, inputs.frozen, inputs.batch).compile().memory_analysis()
 

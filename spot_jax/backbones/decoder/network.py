@@ -275,14 +275,20 @@ class DecoderLM(nn.Module):
     cfg = self.config
     if cfg.tie_word_embeddings:
       weight, spec = self.table(), "bte,ve->btv"
-    elif remat != "none" and not quantization.is_quantized(
-        self.logits_dense.variables["params"]["kernel"]):
+    elif self.is_initializing():
+      return self.logits_dense(x).astype(jnp.float32)
+    elif quantization.is_quantized(self.logits_dense.variables["params"]["kernel"]):
+      # qwix's matmul; detached (`memory.weight_as`): no float32 gradient of the whole kernel
+      return quantization.einsum("bte,ev->btv", x,
+                                 self.logits_dense.variables["params"]["kernel"],
+                                 cfg.activation_dtype, detach=True).astype(jnp.float32)
+    elif remat != "none":
       weight, spec = self.logits_dense.variables["params"]["kernel"], "bte,ev->btv"
-    else:  # a quantized kernel goes through qwix's matmul (`layers.Dense`)
+    else:
       return self.logits_dense(x).astype(jnp.float32)
 
     def product(x, weight):
-      return jnp.einsum(spec, x, memory.weight_as(weight, x.dtype, x),
+      return jnp.einsum(spec, x, memory.weight_as(weight, x.dtype, x, detach=True),
                         preferred_element_type=jnp.float32)
 
     if remat == "none" or weight.dtype == x.dtype == jnp.float32:
