@@ -4,7 +4,8 @@ Importing is idempotent (names already in the seqio registries are left alone)
 and never touches the network: data locations and the vocabulary file are
 looked up when a dataset is built. Every name is listed in `tasks.names`;
 `python -m tasks list` shows each task's source and whether its data is present.
-`register_file_task` registers a task of your own from a TSV or JSONL file (`tasks.user`).
+`register_file_task` registers a task of your own from a TSV or JSONL file (`tasks.user`);
+`register_chat_task` one from instruction data in chat shapes (`tasks.chat`).
 
   registry        idempotent seqio registration of tasks and their source variants
   names           every registered task and mixture name; the SPoT study's task lists
@@ -25,6 +26,11 @@ looked up when a dataset is built. Every name is listed in `tasks.names`;
   synthetic       synthetic tasks for smoke runs and trainer tests
   embedded        the embedded suite for the toy T5 (no downloads)
   user            your own task from a TSV or JSONL file
+  chat            your own instruction task from JSONL (prompt/completion or messages)
+  chat_format     instruction rows -> (inputs, targets) texts through the chat template
+  answers         answers extracted from generated text (GSM8K's built in); exact match
+  embedded_chat   the embedded suite's sums as conversations, for the toy decoder
+  metamathqa      PEFT's MetaMathQA -> GSM8K benchmark: its splits prepared, then registered
   prepare         write a TFDS dataset from examples you already have
 """
 # First, so that `python -m tasks` starts without TensorFlow's log lines (spot_jax/quiet_logs.py).
@@ -40,6 +46,7 @@ from tasks.data_dirs import (DataNotFoundError, files_dir, set_files_dir, set_tf
 from tasks.mixtures import register_mixture
 from tasks.names import SOURCE_TASKS, TARGET_TASKS
 from tasks.registry import SPECS, register_file_variant, register_hf_variant
+from tasks.chat import register_chat_task
 from tasks.user import register_file_task
 from tasks.vocab import get_vocabulary
 

@@ -1,4 +1,4 @@
-"""`python -m tasks [list|table|vocab]`: the registered tasks and mixtures, offline.
+"""`python -m tasks [list|table|vocab|chat]`: the registered tasks and mixtures, offline.
 
 `list` (the default) prints every seqio task and mixture with its source and
 whether its data is present locally (a file-system check, never the network).
@@ -8,6 +8,9 @@ takes and the characters it lacks (`tasks.vocab_check`), e.g.
   python -m tasks vocab yes no colour
   python -m tasks vocab --labels=positive,negative --vocab=t5
   python -m tasks vocab --file=train.tsv --column=review
+`chat` reads an instruction JSONL file as `register_chat_task` would (`tasks.chat`): its
+examples, their token lengths and the first ones as the model reads them, e.g.
+  python -m tasks chat train.jsonl --tokenizer=/models/Llama-3.2-1B-Instruct
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import seqio
 
 import tasks
 from spot_jax import cli
+from tasks import chat
 from tasks import registry
 from tasks import vocab_check
 
@@ -79,7 +83,7 @@ def table_lines() -> List[str]:
 def main(argv: List[str]) -> int:
   """Command-line entry point (run it through `cli.run`, which reports errors in one line)."""
   parser = cli.ArgumentParser(prog="tasks", description=__doc__.splitlines()[0])
-  commands = parser.add_subparsers(dest="command", metavar="{list,table,vocab}")
+  commands = parser.add_subparsers(dest="command", metavar="{list,table,vocab,chat}")
   commands.add_parser("list", help="every task and mixture, and whether its data is here")
   commands.add_parser("table", help="the Markdown table of the spot tasks")
   check = commands.add_parser("vocab", help="the pieces a vocabulary spells words with")
@@ -91,9 +95,19 @@ def main(argv: List[str]) -> int:
   check.add_argument("--vocab", default="embedded",
                      help="embedded (the toy T5's, the default), t5 (the T5 vocabulary: "
                           "$SPOT_JAX_VOCAB or the public file), byte, or a SentencePiece file")
+  show = commands.add_parser("chat", help="an instruction JSONL file as the model reads it")
+  show.add_argument("file", help="a .jsonl file: prompt/completion or messages rows")
+  show.add_argument("--tokenizer", required=True,
+                    help="the model's directory (tokenizer.json or tokenizer.model and its chat "
+                         "template), or embedded_decoder")
+  show.add_argument("--template", default="model",
+                    help="model (its own chat template), plain, or a .jinja file")
+  show.add_argument("--show", type=int, default=2, help="examples to print")
   args = parser.parse_args(argv)
   if args.command == "vocab":
     lines = vocab_lines(args)
+  elif args.command == "chat":
+    lines = chat.check_lines(args.file, args.tokenizer, args.template, args.show)
   else:
     lines = table_lines() if args.command == "table" else list_lines()
   print("\n".join(lines))

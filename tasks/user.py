@@ -16,8 +16,9 @@ With `labels` (classification) every target must be one of the label words; pred
 mapped to the label's index (-1 for text that is no label, counted wrong) and the metric is
 accuracy, or "f1" (two labels; the second is the positive class), "matthews_corrcoef" or
 "mean_f1". Without `labels` (text to text) predictions are compared as stripped text:
-"accuracy" is exact match. Any seqio metric function `(targets, predictions) -> dict` may be
-given instead of a name.
+"accuracy" is exact match; with `answer=` (`tasks.answers`: "gsm8k" or a regular expression)
+the answers extracted from both are compared instead ("exact_match"). Any seqio metric function
+`(targets, predictions) -> dict` may be given instead of a name.
 
 The vocabulary follows the model the prompt is trained on: "embedded" for the embedded toy T5
 (`spot_jax.embedded.VOCAB_PATH`, 100 sentinel ids), "t5" for T5 checkpoints (`tasks.vocab`,
@@ -41,6 +42,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 import seqio
 
 from spot_jax.errors import ConfigError
+from tasks import answers
 from tasks import metrics as metrics_lib
 from tasks import postprocessors, sources, vocab
 
@@ -211,7 +213,8 @@ def register_file_task(name: str, train: PathLike, validation: Optional[PathLike
                        test: Optional[PathLike] = None, *, inputs: str = "inputs",
                        targets: str = "targets", labels: Optional[Sequence[str]] = None,
                        vocabulary: Union[None, str, seqio.Vocabulary] = None,
-                       metric: Union[None, str, Callable[..., Any]] = None) -> str:
+                       metric: Union[None, str, Callable[..., Any]] = None,
+                       answer: Optional[str] = None) -> str:
   """Registers seqio task `name` reading the given files; returns `name`.
 
   Args:
@@ -224,6 +227,8 @@ def register_file_task(name: str, train: PathLike, validation: Optional[PathLike
     labels: the label words of a classification task, or None for text to text.
     vocabulary: the model's: "embedded", "t5" or a `seqio.Vocabulary` (required).
     metric: a metric name (see the module docstring; default accuracy) or a seqio metric function.
+    answer: text to text only: an answer extractor ("gsm8k" or a regular expression); the
+      metric is then exact match of the extracted answers.
 
   Returns:
     `name`, registered in `seqio.TaskRegistry`.
@@ -242,7 +247,7 @@ def register_file_task(name: str, train: PathLike, validation: Optional[PathLike
   files = {split: _check_file(split, path) for split, path in given.items() if path is not None}
   key = (tuple((s, p, os.path.getmtime(p)) for s, p in files.items()), inputs, targets, labels,
          vocabulary if isinstance(vocabulary, str) else id(vocabulary),
-         metric if isinstance(metric, str) or metric is None else id(metric))
+         metric if isinstance(metric, str) or metric is None else id(metric), answer)
   if name in seqio.TaskRegistry.names():
     if _REGISTERED.get(name) == key:
       return name
@@ -251,9 +256,16 @@ def register_file_task(name: str, train: PathLike, validation: Optional[PathLike
                         f"another name")
   features = _features(vocabulary)
   metric_fn = _metric(metric, labels)
+  if answer is not None:
+    if labels is not None or metric is not None:
+      raise ConfigError(f"answer={answer!r} scores text-to-text tasks by their extracted answers; "
+                        "give it without labels= and metric=")
+    metric_fn = answers.exact_match
   examples = {split: _read_split(path, inputs, targets, labels) for split, path in files.items()}
   postprocess = (_strip_text if labels is None else
                  functools.partial(postprocessors.string_label_to_class_id, label_classes=labels))
+  if answer is not None:
+    postprocess = answers.postprocessor(answer)
   if name in seqio.TaskRegistry.names():
     seqio.TaskRegistry.remove(name)  # ours, redefined (e.g. an edited file)
   seqio.TaskRegistry.add(
