@@ -220,3 +220,39 @@ def test_inference_matches_transformers(llama, hf_tokenizer, with_prompt):
       if hf_tokenizer.eos_token_id in want:
         want = want[:want.index(hf_tokenizer.eos_token_id) + 1]
       np.testing.assert_array_equal(got[b, :len(want)], want)
+
+
+def test_serving_engine_matches_transformers(llama, hf_tokenizer):
+  """The server's jitted mixed-prompt functions (what `infer` and the HTTP server run) with
+  validity masks: scores, class log-likelihoods and greedy tokens equal transformers'."""
+  from spot_jax.serve.catalog import prompt_loaders  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.catalog.table import PromptTable  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.model.server import DecodeSettings, Server  # pylint: disable=g-import-not-at-top
+  model, cfg, params = llama
+  full, prompt = _prompt_params(cfg, params, True)
+  entry = prompt_loaders.from_module("pt", _prompt(cfg, True), full["prompt"])
+  steps = 4
+  server = Server(DecoderLM(cfg), params, PromptTable([entry], cfg.emb_dim),
+                  settings=DecodeSettings(steps, "greedy", eos_id=hf_tokenizer.eos_token_id))
+  reference = _reference(model, hf_tokenizer, prompt)
+  names = ["pt"] * len(reference)
+  for pad in (0, 7):
+    inputs, input_valid = _padded([r[0] for r in reference], LENGTHS["inputs"], pad)
+    targets, target_valid = _padded([r[1] for r in reference], LENGTHS["targets"], pad)
+    scores = server.score(names, inputs, targets, valid=input_valid, target_valid=target_valid)
+    np.testing.assert_allclose(scores, [r[2].sum() for r in reference], rtol=0, atol=TOL)
+    labels = server.classify(names, inputs, targets, valid=input_valid, label_valid=target_valid)
+    np.testing.assert_allclose(np.diag(labels), [r[2].sum() for r in reference], rtol=0,
+                               atol=TOL)
+    got, _ = server.generate(names, inputs, valid=input_valid)
+    for b, (row_inputs, _, _) in enumerate(reference):
+      ids = [hf_tokenizer.bos_token_id] + row_inputs
+      with torch.no_grad():
+        for _ in range(steps):
+          embeds = model.get_input_embeddings()(torch.tensor([ids]))
+          embeds = torch.cat([torch.tensor(prompt)[None], embeds], dim=1)
+          ids.append(int(model(inputs_embeds=embeds).logits[0, -1].argmax()))
+      want = ids[1 + len(row_inputs):]
+      if hf_tokenizer.eos_token_id in want:
+        want = want[:want.index(hf_tokenizer.eos_token_id) + 1]
+      np.testing.assert_array_equal(got[b, :len(want)], want)
