@@ -99,7 +99,10 @@ class Server:
     return self._place(self.table.indices(names)), self._place(tokens)
 
   def _valid(self, **masks: Optional[np.ndarray]) -> dict[str, jax.Array]:
-    """The validity masks given (a decoder-only backbone's; None: ids > 0), placed."""
+    """The validity masks given, placed: a decoder-only backbone reads them (None: ids > 0); T5
+    reads its padding id 0, which its vocabularies never give a token, so it drops them."""
+    if self.kind != "decoder":
+      return {}
     return {k: self._place(np.asarray(v, bool)) for k, v in masks.items() if v is not None}
 
   def generate(self, names: Sequence[str], tokens: np.ndarray, batch_index: int = 0,

@@ -6,7 +6,6 @@ inference (`score_batch`, `classify_batch`, greedy `predict_batch`), with and wi
 prompt. Nothing is downloaded."""
 from __future__ import annotations
 
-import json
 import pathlib
 
 import jax
@@ -20,13 +19,12 @@ seqio = pytest.importorskip("seqio")
 
 from spot_jax import data  # noqa: E402
 from spot_jax import prompts  # noqa: E402
-from spot_jax.backbones.decoder import hf as decoder_hf  # noqa: E402
 from spot_jax.backbones.decoder.network import DecoderLM  # noqa: E402
 from spot_jax.models.decoder_only import DecoderOnlyModel  # noqa: E402
 from spot_jax.prompts import initializers  # noqa: E402
+from tests.helpers import bang_token as bang  # noqa: E402
 
 TOL = 1e-5
-BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 ROWS = [("wow! great!!", "yes!"), ("no way", "!no"), ("!!!", "ok")]
 LENGTHS = {"inputs": 14, "targets": 6}
 PROMPT = 3
@@ -34,25 +32,7 @@ PROMPT = 3
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory) -> pathlib.Path:
-  """A tokenizer directory: byte-level BPE, "!" = id 0 (Llama 3's order), a few merges, BOS and
-  EOS last, no pad token (the pad id is EOS's)."""
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
-  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda c: (c != "!", ord(c)))
-  vocab = {c: i for i, c in enumerate(alphabet)}
-  merges = [("!", "!"), ("w", "o"), ("n", "o")]
-  for a, b in merges:
-    vocab[a + b] = len(vocab)
-  vocab[BOS], vocab[EOS] = len(vocab), len(vocab) + 1
-  tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  tok.add_special_tokens([BOS, EOS])
-  folder = tmp_path_factory.mktemp("llama3_tok")
-  tok.save(str(folder / "tokenizer.json"))
-  (folder / "tokenizer_config.json").write_text(json.dumps(
-      {"bos_token": BOS, "eos_token": EOS, "tokenizer_class": "PreTrainedTokenizerFast"}))
-  assert vocab["!"] == 0 and tok.encode("a!").ids == [vocab["a"], 0]
-  return folder
+  return bang.write_tokenizer(tmp_path_factory.mktemp("llama3_tok"))
 
 
 @pytest.fixture(scope="module")
@@ -61,21 +41,9 @@ def hf_tokenizer(hf_dir):
 
 
 @pytest.fixture(scope="module")
-def llama(hf_dir, hf_tokenizer):
+def llama(hf_tokenizer):
   """(torch model, DecoderConfig, spot-jax params) of a tiny random Llama over that vocabulary."""
-  torch.manual_seed(0)
-  config = transformers.LlamaConfig(
-      vocab_size=len(hf_tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-      num_attention_heads=4, num_key_value_heads=2, head_dim=6, max_position_embeddings=64,
-      bos_token_id=hf_tokenizer.bos_token_id, eos_token_id=hf_tokenizer.eos_token_id,
-      tie_word_embeddings=False)
-  model = transformers.LlamaForCausalLM(config).eval()
-  with torch.no_grad():
-    for param in model.parameters():
-      param.normal_(0.0, 0.3)
-  cfg = decoder_hf.config_from_hf(config.to_dict())
-  state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  return model, cfg, decoder_hf.params_from_hf(state, cfg)
+  return bang.tiny_llama(hf_tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -117,16 +85,7 @@ def _prompt_params(cfg, params, with_prompt: bool):
   return {**params, "prompt": {"prompt": jnp.asarray(prompt)}}, prompt
 
 
-def _hf_row_log_probs(model, ids: list[int], n_inputs: int, prompt) -> np.ndarray:
-  """transformers' log p of ids[n_inputs:] given [soft prompt,] ids[:n_inputs], [n - n_inputs]."""
-  with torch.no_grad():
-    embeds = model.get_input_embeddings()(torch.tensor([ids]))
-    if prompt is not None:
-      embeds = torch.cat([torch.tensor(prompt)[None], embeds], dim=1)
-    logits = model(inputs_embeds=embeds).logits[0].double()
-  logits = logits[(0 if prompt is None else len(prompt)):]
-  logp = torch.log_softmax(logits, -1).numpy()
-  return np.array([logp[t - 1, ids[t]] for t in range(n_inputs, len(ids))])
+_hf_row_log_probs = bang.row_log_probs
 
 
 def _reference(model, hf_tokenizer, prompt):
