@@ -40,8 +40,9 @@ def write_tokenizer(folder: pathlib.Path) -> pathlib.Path:
   return folder
 
 
-def tiny_llama(hf_tokenizer):
-  """(torch model, DecoderConfig, spot-jax params) of a tiny random Llama over the tokenizer."""
+def tiny_llama(hf_tokenizer, likely_bang: bool = False):
+  """(torch model, DecoderConfig, spot-jax params) of a tiny random Llama over the tokenizer;
+  `likely_bang` raises the output weights of "!" (id 0), so greedy answers hold it too."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   from spot_jax.backbones.decoder import hf as decoder_hf  # pylint: disable=g-import-not-at-top
@@ -55,6 +56,9 @@ def tiny_llama(hf_tokenizer):
   with torch.no_grad():
     for param in model.parameters():
       param.normal_(0.0, 0.3)
+    if likely_bang:
+      head = model.lm_head.weight
+      head[0] = 2 * (head[0] + head.mean(0))
   cfg = decoder_hf.config_from_hf(config.to_dict())
   state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
   return model, cfg, decoder_hf.params_from_hf(state, cfg)
