@@ -90,8 +90,7 @@ class Predictor:
       rows[:n] = tokens[chunk]
       mask = np.zeros((b, tokens.shape[1]), bool)
       mask[:n] = valid[chunk]
-      mask[n:] = mask[0]  # padding rows repeat the first one's shape of input
-      rows[n:] = rows[0]
+      rows[n:], mask[n:] = rows[0], mask[0]  # padding rows repeat the first (results dropped)
       batch_names = list(names[chunk]) + [self.prompts[0]] * (b - n)
       for ex, record in zip(examples[chunk], self._batch(batch_names, rows, mask, i)[:n]):
         record = {**({"id": ex.id} if ex.id is not None else {}), "input": ex.input, **record}
