@@ -218,7 +218,7 @@ def _export_vllm(args, table, served) -> int:
                                                     args.vllm_dtype),
                                  max_tokens=args.target_length, temperature=temperature,
                                  top_k=args.top_k or None)
-            for row in _tokens(args, vocab, examples)]
+            for row in _real_rows(*_tokens(args, vocab, examples))]
   vllm.write_requests(path, bodies)
   print(f"wrote {len(bodies)} vLLM Completions requests ({len(prompt)}-token prompt "
         f"{table.names[0]!r}, {args.vllm_dtype}) to {path}; serve with `vllm serve {model} "
@@ -255,14 +255,16 @@ def _predict(args, table, served, phases) -> int:
     vocab = served.vocabulary(args.vocab)  # --vocab's, the runs' recorded one, or T5's
   config = served.config
   served.check_vocabulary(vocab)
-  tokens = _tokens(args, vocab, examples)
+  tokens, valid = _tokens(args, vocab, examples)
   if tokens.max() >= config.vocab_size:
     raise ConfigError(f"an input encodes to id {tokens.max()}, beyond the model's table of "
                       f"{config.vocab_size} ids; give inputs (or --vocab) the model was trained on")
   phases.mark("inputs and vocabulary")
-  labels = inputs.label_tokens(vocab, args.label, args.target_length) if args.label else None
+  labels, label_valid = (inputs.label_rows(vocab, args.label, args.target_length) if args.label
+                         else (None, None))
   settings = server_lib.DecodeSettings(args.target_length, args.method, args.num_beams,
-                                       args.alpha, args.temperature, args.top_k, args.seed)
+                                       args.alpha, args.temperature, args.top_k, args.seed,
+                                       eos_id=inputs.eos_of(vocab))
   params, mesh = served_backbone.load_params(served)
   srv = server_lib.Server(served.network(), params, table, placement=args.placement,
                           settings=settings, mesh=mesh if jax.process_count() > 1 else None)
@@ -277,13 +279,13 @@ def _predict(args, table, served, phases) -> int:
     show(done, total, start)
 
   runner = predict.Predictor(srv, vocab, batch_size=args.batch_size, labels=args.label or None,
-                             label_tokens=labels, ensemble=args.ensemble, combine=args.combine,
-                             progress=progress)
+                             label_tokens=labels, label_valid=label_valid,
+                             ensemble=args.ensemble, combine=args.combine, progress=progress)
   if jax.process_index() == 0:
     with inputs.atomic_jsonl(args.output) as f:
-      summary = runner.run(examples, names, tokens, f)
+      summary = runner.run(examples, names, tokens, f, valid)
   else:  # the same calls (collectives), nothing written
-    summary = runner.run(examples, names, tokens, io.StringIO())
+    summary = runner.run(examples, names, tokens, io.StringIO(), valid)
   phases.mark("other batches and writing")
   if summary is not None:
     if jax.process_index() == 0:
@@ -316,18 +318,21 @@ def _resolve_prompts(args, table, examples) -> list[str]:
   return names
 
 
-def _tokens(args, vocab, examples) -> np.ndarray:
+def _tokens(args, vocab, examples) -> tuple[np.ndarray, np.ndarray]:
+  """(ids [N, T] right-padded, validity [N, T] bool): padding is marked by the mask (a decoder's
+  tokenizer may give a token id 0)."""
   from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
   if examples[0].tokens is not None:
-    out = np.zeros((len(examples), args.input_length), np.int32)
-    for i, ex in enumerate(examples):
-      out[i, :len(ex.tokens)] = ex.tokens
-    return out
-  tokens, cut = inputs.tokenize(vocab, [ex.input for ex in examples], args.input_length)
+    return inputs.right_padded([ex.tokens for ex in examples], args.input_length)
+  tokens, valid, cut = inputs.tokenize(vocab, [ex.input for ex in examples], args.input_length)
   if cut:
     where = "stdin" if args.input == "-" else args.input
     print(inputs.truncation_warning(examples, cut, args.input_length, where), file=sys.stderr)
-  return tokens
+  return tokens, valid
+
+
+def _real_rows(tokens: np.ndarray, valid: np.ndarray) -> list[np.ndarray]:
+  return [row[mask] for row, mask in zip(tokens, valid)]
 
 
 if __name__ == "__main__":

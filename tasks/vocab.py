@@ -37,7 +37,8 @@ class TokenizerVocabulary(seqio.Vocabulary):
   or a SentencePiece `.model` (Gemma's works with `seqio.SentencePieceVocabulary` too).
 
   EOS is the tokenizer's (its directory's `generation_config.json` first); inside tf.data the
-  tokenizer runs through `tf.py_function`. Id 0 stays padding, as everywhere in the pipeline.
+  tokenizer runs through `tf.py_function`. Every id is a token (Llama 3's "!" is 0): the
+  decoder-only pipeline records validity before padding (`decoder_target_valid`).
   """
 
   def __init__(self, path: str):

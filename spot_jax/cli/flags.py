@@ -130,7 +130,7 @@ def model_config(spec: str, bindings: Sequence[str] = (), **overrides):
   """
   if spec.endswith(".gin"):
     from spot_jax.cli import model_flag  # pylint: disable=g-import-not-at-top
-    config = model_flag.load_model(spec, bindings)[0].config
+    config = model_flag.load_model(spec, bindings, allow_decoder=True)[0].config
   else:
     if bindings:
       raise ConfigError(f"--model_binding applies to a gin model file; --model={spec} is a config "

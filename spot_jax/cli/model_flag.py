@@ -10,8 +10,10 @@ from spot_jax import models
 from spot_jax.errors import ConfigError
 
 
-def load_model(spec: str, bindings: Sequence[str] = ()) -> tuple[models.EncoderDecoderModel, str]:
-  """The backbone model of a gin model file (its MODEL macro) or of a config name."""
+def load_model(spec: str, bindings: Sequence[str] = (), allow_decoder: bool = False
+               ) -> tuple[models.Model, str]:
+  """The backbone model of a gin model file (its MODEL macro) or of a config name; a gin file's
+  DecoderOnlyModel only with `allow_decoder` (commands that serve either kind)."""
   if spec.endswith(".gin"):
     import gin  # pylint: disable=g-import-not-at-top
     from spot_jax.cli import gin_flags  # pylint: disable=g-import-not-at-top  (gin at the edge)
@@ -42,7 +44,8 @@ def load_model(spec: str, bindings: Sequence[str] = ()) -> tuple[models.EncoderD
         raise ConfigError(f"--model {spec!r}: {gin_settings.name_setting(e)}") from None
     finally:
       gin.clear_config()
-    if not isinstance(model, models.EncoderDecoderModel):
+    kinds = (models.EncoderDecoderModel, models.DecoderOnlyModel)
+    if not isinstance(model, kinds[:2 if allow_decoder else 1]):
       raise ConfigError(f"--model {spec!r}: its MODEL is a {type(model).__name__}, not an "
                         f"EncoderDecoderModel; give a gin/models/ file")
     if model.has_prompt:

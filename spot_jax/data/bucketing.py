@@ -107,6 +107,8 @@ def bucket_batches(window: Mapping[str, np.ndarray], batch_size: int, boundaries
   else:  # decoder-only: a row fits boundary + S when its inputs and targets together do
     cut = ("decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights")
     tokens = window["decoder_target_tokens"]
+    if "decoder_target_valid" in window:  # id 0 may be a token: lengths from the validity
+      cut, tokens = cut + ("decoder_target_valid",), window["decoder_target_valid"]
     extra = tokens.shape[1] - int(boundaries[-1])
   n = tokens.shape[0]
   if n % batch_size:

@@ -233,9 +233,14 @@ def _pad(tf, tokens, length: int):
   return tf.pad(tokens, [[0, length - tf.shape(tokens)[0]]])
 
 
-def _to_model_features(tf, ex, input_length: int, target_length: int, eos: dict):
+def _to_model_features(tf, ex, input_length: int, target_length: int, eos: dict,
+                       with_valid: bool = False):
+  """The encoder-decoder features; `with_valid` adds encoder_input_valid / decoder_target_valid
+  (int32, 1 at the tokens), made before padding so that id 0 can be a token."""
   inputs, in_trunc = _trim(tf, ex["inputs"], input_length, eos.get("inputs"))
   targets, tgt_trunc = _trim(tf, ex["targets"], target_length, eos.get("targets"))
+  valid = {"encoder_input_valid": _pad(tf, tf.ones_like(inputs), input_length),
+           "decoder_target_valid": _pad(tf, tf.ones_like(targets), target_length)}
   targets = _pad(tf, targets, target_length)
   features = {
       "encoder_input_tokens": _pad(tf, inputs, input_length),
@@ -245,20 +250,27 @@ def _to_model_features(tf, ex, input_length: int, target_length: int, eos: dict)
       "inputs_truncated": in_trunc,
       "targets_truncated": tgt_trunc,
   }
+  if with_valid:
+    features.update(valid)
   if task_index.FEATURE in ex:
     features[task_index.FEATURE] = tf.cast(ex[task_index.FEATURE], tf.int32)
   return features
 
 
 def _to_decoder_only(tf, features: dict, length: int):
-  """Encoder-decoder features -> the decoder-only layout: one sequence of `length` = T + S."""
+  """Encoder-decoder features (with validity) -> the decoder-only layout: one sequence of
+  `length` = T + S, and decoder_target_valid (1 at its tokens; see models/decoder_only.py)."""
   inputs, targets = features.pop("encoder_input_tokens"), features["decoder_target_tokens"]
-  real = tf.boolean_mask(inputs, inputs > 0)  # right-padded: the real tokens, in order
-  sequence = _pad(tf, tf.concat([real, tf.boolean_mask(targets, targets > 0)], axis=0), length)
-  weights = tf.concat([tf.zeros_like(real), tf.cast(targets > 0, tf.int32)], axis=0)
+  in_valid = features.pop("encoder_input_valid") > 0
+  tgt_valid = features["decoder_target_valid"] > 0
+  real = tf.boolean_mask(inputs, in_valid)  # right-padded: the real tokens, in order
+  target = tf.boolean_mask(targets, tgt_valid)
+  sequence = _pad(tf, tf.concat([real, target], axis=0), length)
+  weights = tf.concat([tf.zeros_like(real), tf.ones_like(target)], axis=0)
   features["decoder_target_tokens"] = sequence
   features["decoder_input_tokens"] = tf.concat([tf.zeros([1], tf.int32), sequence[:-1]], axis=0)
   features["decoder_loss_weights"] = _pad(tf, weights, length)
+  features["decoder_target_valid"] = _pad(tf, tf.ones_like(tf.concat([real, target], 0)), length)
   return features
 
 
@@ -296,7 +308,9 @@ def train_batches(cfg: DatasetConfig, *, start_position: int = 0, shard_id: int 
     ds = source.get_dataset(**kwargs)
   else:
     ds = task_index.indexed_dataset(source, cfg.task_names, **kwargs)
-  ds = ds.map(lambda ex: _to_model_features(tf, ex, lengths["inputs"], lengths["targets"], eos),
+  decoder_only = cfg.feature_layout == "decoder_only"
+  ds = ds.map(lambda ex: _to_model_features(tf, ex, lengths["inputs"], lengths["targets"], eos,
+                                            decoder_only),
               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   if cfg.feature_layout == "decoder_only":
     total = lengths["inputs"] + lengths["targets"]

@@ -41,13 +41,15 @@ class Examples:
 
   Attributes:
     tokens: [N, T] encoder input ids (EOS included), T the longest rounded up (at most the
-      recipe's input length).
+      recipe's input length); valid: [N, T] bool, the tokens (a decoder's id 0 may be one).
     gold: [N] index of each example's label in `labels`.
-    labels: the class labels' token rows [C, S] (EOS included, 0 = padding).
+    labels: the class labels' token rows [C, S] (EOS included), label_valid their tokens.
   """
   tokens: np.ndarray
   gold: np.ndarray
   labels: np.ndarray
+  valid: np.ndarray
+  label_valid: np.ndarray
 
 
 @functools.lru_cache(maxsize=32)
@@ -72,14 +74,19 @@ def examples(task: str, labels: tuple[str, ...], num_examples: int, input_length
   if not rows:
     raise ConfigError(f"rank classification: {task} has no validation examples")
   width = min(-(-max(len(r) for r in rows) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE, input_length)
-  tokens = np.zeros((len(rows), width), np.int32)
+  tokens, valid = _right_padded(rows, width)
+  eos_id = vocab.eos_id  # the vocabulary's, as the targets carry it (seqio's: 1)
+  label_rows, label_valid = _right_padded([list(vocab.encode(x)) + [eos_id] for x in labels],
+                                          lengths["targets"])
+  return Examples(tokens, np.asarray(gold), label_rows, valid, label_valid)
+
+
+def _right_padded(rows: Sequence[Sequence[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
+  """([N, width] ids right-padded with 0, [N, width] bool validity): the mask marks padding."""
+  tokens, valid = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), bool)
   for i, r in enumerate(rows):
-    tokens[i, :len(r)] = r
-  label_rows = np.zeros((len(labels), lengths["targets"]), np.int32)
-  for i, x in enumerate(labels):
-    ids = list(vocab.encode(x)) + [1]  # seqio's EOS, as the targets carry it
-    label_rows[i, :len(ids)] = ids
-  return Examples(tokens, np.asarray(gold), label_rows)
+    tokens[i, :len(r)], valid[i, :len(r)] = r, True
+  return tokens, valid
 
 
 def classify(predict: Callable[..., Any], params: Any, data: Examples, batch_size: int
@@ -90,11 +97,12 @@ def classify(predict: Callable[..., Any], params: Any, data: Examples, batch_siz
   batch_size = min(batch_size, n)  # fewer examples than a batch: no padding rows to score
   picks = []
   for lo in range(0, n, batch_size):
-    rows = data.tokens[lo:lo + batch_size]
+    rows, valid = data.tokens[lo:lo + batch_size], data.valid[lo:lo + batch_size]
     count = len(rows)
-    if count < batch_size:
-      rows = np.concatenate([rows, np.zeros((batch_size - count, rows.shape[1]), rows.dtype)])
-    scores = np.asarray(predict(params, rows, data.labels))
+    if count < batch_size:  # padding rows repeat the first (their scores are dropped)
+      rows = np.concatenate([rows, np.repeat(rows[:1], batch_size - count, axis=0)])
+      valid = np.concatenate([valid, np.repeat(valid[:1], batch_size - count, axis=0)])
+    scores = np.asarray(predict(params, rows, data.labels, valid, data.label_valid))
     picks.append(np.argmax(scores[:count], axis=-1))
   return np.concatenate(picks)
 
@@ -125,7 +133,13 @@ class _Scorer:
     self.recipe = recipe
     self._backbones: dict[int, Any] = {}
     self._examples: dict[tuple[str, tuple[str, ...]], Examples] = {}
-    self.predict = jax.jit(recipe.model.classify_batch)
+    model = recipe.model
+    if isinstance(model, models.DecoderOnlyModel):  # masks: every id a token
+      self.predict = jax.jit(lambda p, x, labels, valid, label_valid: model.classify_batch(
+          p, x, labels, input_valid=valid, label_valid=label_valid))
+    else:  # T5 reads its padding id 0
+      self.predict = jax.jit(lambda p, x, labels, valid, label_valid: model.classify_batch(
+          p, x, labels))
     self.mesh = partitioning.create_mesh(1)
     self.rules = partitioning.logical_rules()
 

@@ -9,8 +9,11 @@ model was pretrained causal). Features, int32 [B, L] with L = input length + tar
   decoder_input_tokens    decoder_target_tokens shifted right by one, 0 first; the model puts
                           the backbone's BOS there, so the model reads [BOS, inputs, targets[:-1]]
   decoder_loss_weights    1 on the targets' tokens (EOS included), 0 on inputs and padding
+  decoder_target_valid    1 where decoder_target_tokens holds a token, 0 on padding (made before
+                          padding, so every id, 0 included, is a token; the pad id is never read)
 
-A position is real where its target token is (`decoder_target_tokens > 0`). An input-hook
+A position is real where decoder_target_valid is 1 (without the feature: where its target token
+is > 0, the convention of vocabularies that reserve id 0 for padding). An input-hook
 prompt goes where its placement puts it in the embedded sequence ("prefix": before BOS, as
 PEFT's prompt tuning does; "after_bos"); the logits of prompt positions predict nothing and are
 dropped before the loss, so the loss counts target tokens only. How many positions a prompt
@@ -19,7 +22,9 @@ routed prompt, DePT's shorter one) need no special case. A deep prompt (prefix t
 P-tuning v2) adds key/value prefixes in every layer and no positions.
 
 Inference takes the inputs alone, [B, T] right-padded (what seqio's encoder-decoder converter
-gives the evaluator as encoder_input_tokens): `predict_batch` generates after [BOS, inputs];
+gives the evaluator as encoder_input_tokens), with their validity `input_valid` [B, T] (the
+feature encoder_input_valid; None: tokens > 0); label and target rows likewise take
+`label_valid` / decoder_target_valid: `predict_batch` generates after [BOS, inputs];
 `score_batch` builds the sequence above on the device; `classify_batch` runs [BOS, inputs] once
 into a key/value cache and scores each class label's tokens against it.
 """
@@ -43,19 +48,36 @@ Array = jax.Array
 INPUT_HOOK_PLACEMENTS = ("prefix", "after_bos")  # "suffix" would follow the targets
 
 
-def concatenate(inputs: Array, targets: Array) -> tuple[Array, Array]:
-  """Right-padded inputs [B, T] and targets [B, S] -> (inputs ++ targets [B, T + S] right-padded,
-  loss weights [B, T + S] int32, 1 on the targets' tokens); the pipeline's layout, on device."""
+def validity(tokens: Array, valid: Optional[Array]) -> Array:
+  """[B, T] bool: `valid` when given, else tokens > 0 (vocabularies that reserve 0 for padding)."""
+  return jnp.asarray(tokens) > 0 if valid is None else jnp.asarray(valid).astype(bool)
+
+
+def concatenate(inputs: Array, targets: Array, input_valid: Optional[Array] = None,
+                target_valid: Optional[Array] = None) -> tuple[Array, Array]:
+  """Right-padded inputs [B, T] and targets [B, S] (validity [B, T] / [B, S] bool; None:
+  tokens > 0) -> (inputs ++ targets [B, T + S] right-padded, loss weights [B, T + S] int32, 1 on
+  the targets' tokens); the pipeline's layout, on device. A position is valid where its loss
+  weight is 1 or it holds an input token (`sequence_valid`)."""
   batch, length = inputs.shape
-  real = jnp.sum(jnp.cumsum((inputs > 0)[:, ::-1], axis=1) > 0, axis=1)  # one past the last
+  input_valid, target_valid = validity(inputs, input_valid), validity(targets, target_valid)
+  real = jnp.sum(jnp.cumsum(input_valid[:, ::-1], axis=1) > 0, axis=1)  # one past the last
   width = length + targets.shape[1]
   where = real[:, None] + jnp.arange(targets.shape[1])[None]
   rows = jnp.arange(batch)[:, None]
   tokens = jnp.zeros((batch, width), jnp.int32).at[:, :length].set(inputs)
   tokens = tokens.at[rows, where].set(targets.astype(jnp.int32))
   weights = jnp.zeros((batch, width), jnp.int32).at[rows, where].set(
-      (targets > 0).astype(jnp.int32))
+      target_valid.astype(jnp.int32))
   return tokens, weights
+
+
+def sequence_valid(inputs: Array, weights: Array, input_valid: Optional[Array] = None) -> Array:
+  """[B, T + S] int32, 1 at the real positions of `concatenate`'s sequence."""
+  input_valid = validity(inputs, input_valid)
+  width = weights.shape[1]
+  real = jnp.sum(input_valid, axis=1)[:, None]  # right-padded inputs: their count
+  return ((jnp.arange(width)[None] < real) | (weights > 0)).astype(jnp.int32)
 
 
 def input_positions(weights: Optional[Array]) -> Optional[Array]:
@@ -179,13 +201,15 @@ class DecoderOnlyModel:
     only ([B, K, V]).
 
     The model reads decoder_input_tokens with BOS at position 0 (without them: the targets
-    shifted right); a position is real where its target token is."""
+    shifted right); a position is real where decoder_target_valid is 1 (without it: where its
+    target token is > 0)."""
     targets = batch["decoder_target_tokens"]
     tokens = batch.get("decoder_input_tokens")
     tokens = (shift_right(targets, self.bos) if tokens is None
               else jnp.asarray(tokens, jnp.int32).at[:, 0].set(self.bos))
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-    out = self.module.apply({"params": params}, tokens, valid=targets > 0,
+    valid = validity(targets, batch.get("decoder_target_valid"))
+    out = self.module.apply({"params": params}, tokens, valid=valid,
                             deterministic=not enable_dropout, task_index=batch.get("task_index"),
                             keep=keep, reads=input_positions(batch.get("decoder_loss_weights")),
                             rngs=rngs, mutable=mutable)
@@ -239,22 +263,26 @@ class DecoderOnlyModel:
   # --- inference --------------------------------------------------------------------------
 
   def predict_batch(self, params: Params, encoder_input_tokens: Array, max_decode_length: int,
-                    rng: Optional[Array] = None, task_index: Optional[Array] = None) -> Array:
+                    rng: Optional[Array] = None, task_index: Optional[Array] = None,
+                    input_valid: Optional[Array] = None) -> Array:
     """Generated token ids [B, max_decode_length] after [BOS, inputs] (0 after EOS)."""
     from spot_jax.backbones.decoder import decoding  # pylint: disable=g-import-not-at-top
     bos = jnp.full((encoder_input_tokens.shape[0], 1), self.bos, jnp.int32)
     tokens = jnp.concatenate([bos, encoder_input_tokens.astype(jnp.int32)], axis=1)
-    valid = jnp.concatenate([jnp.ones_like(bos, bool), encoder_input_tokens > 0], axis=1)
+    valid = jnp.concatenate([jnp.ones_like(bos, bool),
+                             validity(encoder_input_tokens, input_valid)], axis=1)
     return decoding.generate(self.module, params, tokens, valid, max_new_tokens=max_decode_length,
                              rng=rng, temperature=self.temperature, top_k=self.top_k,
                              eos_id=self.eos, task_index=task_index)
 
   def _scores(self, params: Params, inputs: Array, targets: Array,
-              task_index: Optional[Array]) -> Array:
+              task_index: Optional[Array], input_valid: Optional[Array] = None,
+              target_valid: Optional[Array] = None) -> Array:
     """Sum of the target tokens' log-probabilities per row, [B] (the output layer on the
     targets' positions only)."""
-    tokens, weights = concatenate(inputs, targets)
+    tokens, weights = concatenate(inputs, targets, input_valid, target_valid)
     batch = {"decoder_target_tokens": tokens, "decoder_loss_weights": weights,
+             "decoder_target_valid": sequence_valid(inputs, weights, input_valid),
              "task_index": task_index}
     keep = dataclasses.replace(self, loss_positions=targets.shape[1]).loss_index(weights)
     logits = self.logits(params, batch, keep=keep)
@@ -266,14 +294,17 @@ class DecoderOnlyModel:
 
   def score_batch(self, params: Params, batch: Mapping[str, Array]) -> Array:
     """Sum of target-token log-probabilities per example, [B], of a batch of inputs and targets
-    (encoder_input_tokens / decoder_target_tokens, as the evaluator reads them)."""
+    (encoder_input_tokens / decoder_target_tokens, as the evaluator reads them; with
+    encoder_input_valid / decoder_target_valid when the vocabulary has a token at id 0)."""
     return self._scores(params, batch["encoder_input_tokens"], batch["decoder_target_tokens"],
-                        batch.get("task_index"))
+                        batch.get("task_index"), batch.get("encoder_input_valid"),
+                        batch.get("decoder_target_valid"))
 
   def classify_batch(self, params: Params, encoder_input_tokens: Array, labels: Array,
-                     task_index: Optional[Array] = None) -> Array:
-    """Log-likelihoods [B, C] of label rows labels [C, S] (EOS included, 0 = padding) as the
-    continuation of inputs [B, T].
+                     task_index: Optional[Array] = None, input_valid: Optional[Array] = None,
+                     label_valid: Optional[Array] = None) -> Array:
+    """Log-likelihoods [B, C] of label rows labels [C, S] (EOS included; validity label_valid
+    [C, S], None: labels > 0) as the continuation of inputs [B, T] (validity input_valid).
 
     [BOS, inputs] and the prompt are run once, into a key/value cache; each label then reads
     that cache (C passes of S positions instead of C of T + S). Each row is rolled so that its
@@ -284,7 +315,8 @@ class DecoderOnlyModel:
     bos = jnp.full((batch, 1), self.bos, jnp.int32)
     x, valid = module.apply(
         variables, jnp.concatenate([bos, encoder_input_tokens.astype(jnp.int32)], axis=1),
-        valid=jnp.concatenate([jnp.ones_like(bos, bool), encoder_input_tokens > 0], axis=1),
+        valid=jnp.concatenate([jnp.ones_like(bos, bool),
+                               validity(encoder_input_tokens, input_valid)], axis=1),
         task_index=task_index, method=DecoderLM.inputs)
     prefixes = module.apply(variables, method=DecoderLM.deep_prefixes)
     num = 0 if prefixes is None else prefixes[0][0].shape[1]
@@ -305,21 +337,23 @@ class DecoderOnlyModel:
         past=self._empty_cache(prefixes, batch, k_index.shape[1]), write_index=jnp.int32(num),
         last_only=True)
 
-    def one(label: Array) -> Array:
+    def one(row: tuple[Array, Array]) -> Array:
+      label, real_label = row
       tokens = jnp.broadcast_to(label[None], (batch, width)).astype(jnp.int32)
+      label_ok = jnp.broadcast_to(real_label[None], (batch, width))
       logits, _ = stack(
           module.apply(variables, tokens, method=DecoderLM.embed),
           positions=(num + real)[:, None] + jnp.arange(width, dtype=jnp.int32)[None],
           q_index=k_index[:, num + length:], k_index=k_index,
-          k_valid=k_valid.at[:, num + length:].set(tokens > 0), past=cache,
+          k_valid=k_valid.at[:, num + length:].set(label_ok), past=cache,
           write_index=jnp.int32(num + length))
       # Label token j is predicted by the prefix's last position (j = 0) or label token j - 1.
       logits = jnp.concatenate([last, logits[:, :-1]], axis=1).astype(jnp.float32)
       picked = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[..., None],
                                    axis=-1)[..., 0]
-      return jnp.sum(jnp.where(tokens > 0, picked, 0.0), axis=1)
+      return jnp.sum(jnp.where(label_ok, picked, 0.0), axis=1)
 
-    return jax.lax.map(one, labels).T
+    return jax.lax.map(one, (labels, validity(labels, label_valid))).T
 
   def _empty_cache(self, prefixes: Any, batch: int, size: int) -> tuple:
     """Per layer (key, value) [B, size, K, D] zeros, the deep prefixes written at the front."""

@@ -4,7 +4,10 @@ and ULPT.
 
 Each method is a Flax module for the backbone's input hook (`Transformer(config, prompt=...)`),
 or, for the deep prompts, its deep hook (`layer_prompts`, per-layer prefixes in the attention);
-its parameters live under the model's `prompt/` subtree. Initialisers are plain functions
+its parameters live under the model's `prompt/` subtree. An input-hook module is called as
+`prompt(embedded [B, T, E], tokens [B, T], embedding=..., deterministic=..., valid=[B, T] bool)`
+and reads validity from `valid` alone: every id, 0 included, is a token (T5 callers pass
+`tokens > 0`; None means that). Initialisers are plain functions
 `init(rng, shape, embedding)`. Nothing here imports gin, seqio or tensorflow; gin files under
 `gin/prompts/` configure these names with `from __gin__ import dynamic_registration`.
 

@@ -25,6 +25,13 @@ def check_dtype(dtype: Optional[Any], embedded: Array, who: str) -> None:
                       f"{embedded.dtype.name}; leave dtype unset to follow the backbone")
 
 
+def validity(tokens: Array, valid: Optional[Array]) -> Array:
+  """[B, T] bool, the real positions: the caller's `valid` mask (the prompt modules' contract:
+  every id a tokenizer has is a token), or, when a caller gives none, `tokens > 0` (T5's
+  vocabularies, which reserve id 0 for padding)."""
+  return tokens > 0 if valid is None else jnp.asarray(valid).astype(bool)
+
+
 def prompt_param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int],
                  axes: tuple[str, ...], embedding: Array) -> Array:
   """A float32 prompt parameter whose initialiser also sees the frozen [V, E] table."""
@@ -123,12 +130,14 @@ class TaskIndexed(nn.Module):
 
   @nn.compact
   def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool,
-               task_index: Optional[Array] = None) -> tuple[Array, Array]:
-    """embedded [B, T, E], tokens [B, T] (0 = pad), task_index [B] or None
+               task_index: Optional[Array] = None, valid: Optional[Array] = None
+               ) -> tuple[Array, Array]:
+    """embedded [B, T, E], tokens [B, T], valid [B, T] bool (None: tokens > 0), task_index [B]
+    or None
     -> (x [B, m + T, E], valid [B, m + T]), m the prompt tokens of `row_prompts`."""
     del deterministic  # no task-indexed method has randomness
     check_dtype(self.dtype, embedded, type(self).__name__)
-    valid = tokens > 0
+    valid = validity(tokens, valid)
     if task_index is None:
       task_index = jnp.full((embedded.shape[0],), self.default_task, jnp.int32)
     prompt = self.row_prompts(embedded, valid, task_index, embedding)

@@ -110,9 +110,10 @@ class DePT(nn.Module):
     return LowRankOffset(self.max_length, self.rank, self.alpha, **kwargs)
 
   @nn.compact
-  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool
-               ) -> tuple[Array, Array]:
-    """embedded [B, T, E], tokens [B, T] (0 = pad) -> (x [B, m + T, E], valid [B, m + T])."""
+  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool,
+               valid: Optional[Array] = None) -> tuple[Array, Array]:
+    """embedded [B, T, E], tokens [B, T], valid [B, T] bool (None: tokens > 0)
+    -> (x [B, m + T, E], valid [B, m + T])."""
     del deterministic  # DePT has no randomness.
     common.check_dtype(self.dtype, embedded, "DePT")
     width, embed = embedded.shape[1], embedded.shape[-1]
@@ -122,7 +123,7 @@ class DePT(nn.Module):
                         f"a max_length >= {width}")
     prompt = common.prompt_param(self, "prompt", self.prompt_init, (self.length, embed),
                                  ("prompt", "prompt_embed"), embedding)
-    valid = tokens > 0
+    valid = common.validity(tokens, valid)
     if self.rank > 0:
       offset = self._offset(name=OFFSET)(embed)
       embedded = add_offset(embedded, valid, offset)

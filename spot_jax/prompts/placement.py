@@ -1,6 +1,6 @@
 """Where a prompt goes in the embedded encoder input, and the valid mask that results.
 
-Three placements, all on right-padded batches (token id 0 = padding):
+Three placements, all on right-padded batches (validity from the caller's `valid` mask):
   "prefix":     [P, x_0, ..., x_{T-1}]
   "after_bos":  [x_0, P, x_1, ..., x_{T-1}]  (after the first token; T5 inputs have no BOS,
                 so this is "after the first input token")

@@ -36,15 +36,16 @@ class PromptTuning(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool
-               ) -> tuple[Array, Array]:
-    """embedded [B, T, E], tokens [B, T] (0 = pad) -> (x [B, L + T, E], valid [B, L + T])."""
+  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool,
+               valid: Optional[Array] = None) -> tuple[Array, Array]:
+    """embedded [B, T, E], tokens [B, T], valid [B, T] bool (None: tokens > 0)
+    -> (x [B, L + T, E], valid [B, L + T])."""
     del deterministic  # Prompt Tuning has no randomness.
     common.check_dtype(self.dtype, embedded, "PromptTuning")
     prompt = common.prompt_param(self, "prompt", self.prompt_init,
                                  (self.length, embedded.shape[-1]), ("prompt", "prompt_embed"),
                                  embedding)
-    return placement_lib.combine(prompt, embedded, tokens > 0, self.placement)
+    return placement_lib.combine(prompt, embedded, common.validity(tokens, valid), self.placement)
 
   def export_prompt(self, params: Any) -> np.ndarray:
     """The prompt [L, E] float32 from this module's parameter subtree."""

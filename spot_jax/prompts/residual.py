@@ -167,15 +167,17 @@ class ResidualPrompt(MlpSettings):
                        self.skip, self.layer_norm_epsilon, **kwargs)
 
   @nn.compact
-  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool
-               ) -> tuple[Array, Array]:
-    """embedded [B, T, E], tokens [B, T] (0 = pad) -> (x [B, L + T, E], valid [B, L + T])."""
+  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool,
+               valid: Optional[Array] = None) -> tuple[Array, Array]:
+    """embedded [B, T, E], tokens [B, T], valid [B, T] bool (None: tokens > 0)
+    -> (x [B, L + T, E], valid [B, L + T])."""
     common.check_dtype(self.dtype, embedded, "ResidualPrompt")
     prompt = common.prompt_param(self, "prompt", self.prompt_init,
                                  (self.length, embedded.shape[-1]), ("prompt", "prompt_embed"),
                                  embedding)
     effective = self._mlp(name="mlp")(prompt, deterministic)
-    return placement_lib.combine(effective, embedded, tokens > 0, self.placement)
+    valid = common.validity(tokens, valid)
+    return placement_lib.combine(effective, embedded, valid, self.placement)
 
   def fold(self, params: Any) -> dict[str, Array]:
     """The parameters of the equivalent `folded_module()`: {"prompt": P' [L, E]}.

@@ -91,16 +91,17 @@ class SMoP(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool
-               ) -> tuple[Array, Array]:
-    """embedded [B, T, E], tokens [B, T] (0 = pad) -> (x [B, l + T, E], valid [B, l + T])."""
+  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool,
+               valid: Optional[Array] = None) -> tuple[Array, Array]:
+    """embedded [B, T, E], tokens [B, T], valid [B, T] bool (None: tokens > 0)
+    -> (x [B, l + T, E], valid [B, l + T])."""
     common.check_dtype(self.dtype, embedded, "SMoP")
     k, batch = self.num_prompts, embedded.shape[0]
     prompts = common.prompt_param(self, "prompts", self.prompt_init,
                                   (k, self.length, embedded.shape[-1]),
                                   ("prompts", "prompt", "prompt_embed"), embedding)
     prompts = self.reparameterize(prompts, deterministic)
-    valid = tokens > 0
+    valid = common.validity(tokens, valid)
     if self.routing in _ROUTED:
       weights, choice, probs = self._route(common.mean_embedding(embedded, valid), deterministic)
       load = jnp.sum(jax.nn.one_hot(choice, k, dtype=jnp.float32), axis=0)

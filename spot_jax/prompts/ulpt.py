@@ -207,9 +207,10 @@ class ULPT(nn.Module):
     return p
 
   @nn.compact
-  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool
-               ) -> tuple[Array, Array]:
-    """embedded [B, T, E], tokens [B, T] (0 = pad) -> (x [B, n + T, E], valid [B, n + T])."""
+  def __call__(self, embedded: Array, tokens: Array, *, embedding: Array, deterministic: bool,
+               valid: Optional[Array] = None) -> tuple[Array, Array]:
+    """embedded [B, T, E], tokens [B, T], valid [B, T] bool (None: tokens > 0)
+    -> (x [B, n + T, E], valid [B, n + T])."""
     del deterministic  # ULPT has no randomness.
     common.check_dtype(self.dtype, embedded, "ULPT")
     width = embedded.shape[-1]
@@ -221,7 +222,7 @@ class ULPT(nn.Module):
     shift = common.prompt_param(self, "shift", self.shift_init, (width,), ("prompt_embed",),
                                 embedding)
     prompt = ulpt_prompt(z, p, scale, shift)
-    return placement_lib.combine(prompt, embedded, tokens > 0, self.placement)
+    return placement_lib.combine(prompt, embedded, common.validity(tokens, valid), self.placement)
 
   def fold(self, params: Any) -> dict[str, Array]:
     """The parameters {"prompt": (Z P) diag(s) + b [n, E]} of the equivalent `folded_module()`.

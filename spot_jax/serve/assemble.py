@@ -99,8 +99,8 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
   served.check_vocabulary(vocab)
   limits = api.Limits(args.input_length, args.target_length, args.max_batch_size,
                       config.vocab_size, args.truncate, tuple(args.label))
+  from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
   if args.label:
-    from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
     inputs.label_tokens(vocab, args.label, args.target_length)  # checked now, not per request
   params, mesh = served_backbone.load_params(served)
   several = jax.process_count() > 1  # the others repeat process 0's calls (`follow`)
@@ -109,14 +109,15 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
   catalog = catalog_lib.Catalog(served.network(), params, entries, emb_dim=config.emb_dim,
                                 target_length=args.target_length, load=loader,
                                 placement=args.placement, seed=args.seed, capacity=capacity,
-                                mesh=mesh if several else None, mirror=mirror)
+                                mesh=mesh if several else None, mirror=mirror,
+                                eos_id=inputs.eos_of(vocab))
 
   def observe(kind: str, rows: int, unused_padded: int, seconds: float, results: list) -> None:
-    tokens = 0
-    if kind == "generate":
+    tokens, eos_id = 0, inputs.eos_of(vocab)
+    if kind == "generate":  # a row's tokens run to its first EOS, or fill it
       for ids, _ in results:
         ids = [int(t) for t in ids]
-        tokens += ids.index(1) + 1 if 1 in ids else sum(t > 0 for t in ids)
+        tokens += ids.index(eos_id) + 1 if eos_id in ids else len(ids)
     metrics.observe_batch(kind, rows, seconds, tokens)
 
   loop = batcher_lib.Batcher(catalog, max_batch=args.max_batch_size,
@@ -146,10 +147,10 @@ def _engine(args: Any, catalog: Any, length_buckets: Sequence[int], metrics: Any
     raise ConfigError("--engine=continuous runs on one process; serve a pod with --engine=batch")
   from spot_jax.serve.scheduler import continuous  # pylint: disable=g-import-not-at-top
   metrics.slots.set(args.slots)
-  eos_id = getattr(vocab, "eos_id", None)
+  from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
   return continuous.Engine(catalog, slots=args.slots, length_buckets=length_buckets,
                            max_tokens=args.target_length, max_queue=args.max_queue,
-                           eos_id=eos_id if isinstance(eos_id, int) else 1,
+                           eos_id=inputs.eos_of(vocab),
                            stop_ids=tuple(getattr(vocab, "eos_ids", ()) or ()),
                            observe=metrics)
 

@@ -20,7 +20,12 @@ import numpy as np
 from spot_jax import data as data_lib
 from spot_jax import models
 from spot_jax import partitioning
+from spot_jax.backbones import kinds
+from spot_jax.data import eval_features
 from spot_jax.errors import ConfigError
+
+# The features every evaluation row has (a decoder-only model's also their validity).
+_KEYS = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,14 +103,14 @@ _SEQIO_EVALUATORS: dict[tuple, tuple[Any, Any, _RoutedLogs, dict]] = {}
 _MAX_SEQIO_EVALUATORS = 64
 
 
-def _seqio_evaluator(config: EvalConfig) -> tuple[Any, _RoutedLogs, dict]:
-  """(seqio.Evaluator, its routed logger, its rows cache) for `config`, built once per process
-  and task object."""
+def _seqio_evaluator(config: EvalConfig, decoder_only: bool) -> tuple[Any, _RoutedLogs, dict]:
+  """(seqio.Evaluator, its routed logger, its rows cache) for `config` and a model of that kind
+  (a decoder-only model's rows carry their validity), built once per process and task object."""
   import seqio  # pylint: disable=g-import-not-at-top
   data_lib.import_modules(config.module)
   source = data_lib.get_mixture_or_task(config.mixture_or_task_name, config.split, "EVAL_SPLIT",
                                         ("MIXTURE_OR_TASK_MODULE", config.module))
-  key = (id(source), config.mixture_or_task_name, config.split, config.use_cached,
+  key = (id(source), decoder_only, config.mixture_or_task_name, config.split, config.use_cached,
          config.num_examples,
          tuple(sorted((k, int(v)) for k, v in config.task_feature_lengths.items())))
   if key not in _SEQIO_EVALUATORS:
@@ -113,7 +118,7 @@ def _seqio_evaluator(config: EvalConfig) -> tuple[Any, _RoutedLogs, dict]:
     with _without(_LENGTH_NOTES):
       evaluator = seqio.Evaluator(
           mixture_or_task_name=config.mixture_or_task_name,
-          feature_converter=seqio.EncDecFeatureConverter(pack=False),
+          feature_converter=eval_features.feature_converter(decoder_only),
           eval_split=config.split, use_cached=config.use_cached, seed=42,
           sequence_length=dict(config.task_feature_lengths), num_examples=config.num_examples,
           # seqio wants a folder with its loggers; the routed logger writes to each run's own.
@@ -134,7 +139,11 @@ class ModelOutputs:
 
   def __init__(self, model: models.Model, decode_length: int):
     self.key = (id(model), int(decode_length))
-    predict = lambda params, tokens: model.predict_batch(params, tokens, int(decode_length))
+    def predict(params, batch):  # a decoder-only model reads the validity, T5 its padding 0
+      valid = ({"input_valid": batch["encoder_input_valid"]}
+               if "encoder_input_valid" in batch else {})
+      return model.predict_batch(params, batch["encoder_input_tokens"], int(decode_length),
+                                 **valid)
     self.predict = jax.jit(predict)
     self.score = jax.jit(model.score_batch)
 
@@ -159,7 +168,8 @@ class Evaluator:
     self.model, self.config = model, config
     self.mesh = mesh if mesh is not None else partitioning.create_mesh(1)
     self._log_dir = log_dir
-    self._evaluator, self._routes, self._rows_cache = _seqio_evaluator(config)
+    self._evaluator, self._routes, self._rows_cache = _seqio_evaluator(
+        config, kinds.kind_of(model.config) == "decoder")
     data_size = self.mesh.shape[partitioning.DATA]
     self._batch_size = -(-int(config.batch_size) // data_size) * data_size
     decode_length = int(config.task_feature_lengths["targets"])
@@ -183,7 +193,7 @@ class Evaluator:
       for index, ex in ds.as_numpy_iterator():
         indices.append(int(index))
         rows.append(ex)
-      keys = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
+      keys = _KEYS + tuple(k for k in eval_features.VALID_FEATURES if rows and k in rows[0])
       features = {k: np.stack([ex[k] for ex in rows]) for k in keys} if rows else {}
       for array in features.values():
         array.flags.writeable = False
@@ -212,7 +222,8 @@ class Evaluator:
     if not indices:
       return []
     outs = []
-    for batch, count in self._batches(features, ("encoder_input_tokens",)):
+    keys = [k for k in ("encoder_input_tokens", "encoder_input_valid") if k in features]
+    for batch, count in self._batches(features, keys):
       out = partitioning.fetch(run_params(batch))
       outs.append(out[..., :count, :])
     decoded = np.concatenate(outs, axis=-2)  # [(K,) N, S]; 0 after EOS
@@ -224,9 +235,8 @@ class Evaluator:
     indices, features = self._rows(ds)
     if not indices:
       return []
-    keys = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
     outs = []
-    for batch, count in self._batches(features, keys):
+    for batch, count in self._batches(features, list(features)):
       outs.append(partitioning.fetch(run_params(batch))[..., :count])
     scores = np.concatenate(outs, axis=-1)
     if stacked:
@@ -260,8 +270,8 @@ class Evaluator:
 
     `log_dir` (default: the constructor's) receives seqio's per-example outputs (process 0).
     """
-    predict = lambda ds: self._predictions(ds, lambda b: self._outputs.predict(
-        params, b["encoder_input_tokens"]), stacked=False)
+    predict = lambda ds: self._predictions(ds, lambda b: self._outputs.predict(params, b),
+                                           stacked=False)
     score = lambda ds: self._scores(ds, lambda b: self._outputs.score(params, b), stacked=False)
     return self._metrics(predict, score, step, log_dir or self._log_dir)
 
@@ -281,8 +291,8 @@ class Evaluator:
       key = (kind, id(ds))
       if key not in cache:
         if kind == "predict":
-          cache[key] = self._predictions(ds, lambda b: self._outputs.predict_stacked(
-              frozen, prompt, b["encoder_input_tokens"]), stacked=True)
+          cache[key] = self._predictions(
+              ds, lambda b: self._outputs.predict_stacked(frozen, prompt, b), stacked=True)
         else:
           cache[key] = self._scores(ds, lambda b: self._outputs.score_stacked(frozen, prompt, b),
                                     stacked=True)

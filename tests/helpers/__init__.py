@@ -1,5 +1,7 @@
 """Helpers the tests share (no tests here), and REPO, the repository's folder.
 
+  bang_token         A Llama-3-style tokenizer with "!" at id 0, a tiny random Llama over it, and
+                     transformers' log-probabilities and greedy tokens to compare with.
   bench_tiny         `benchmarks` at its tiny shape, in this process.
   bucketing          The per-example loss of a prompt method on fixed-length and on length-bucketed
                      batches.

@@ -134,6 +134,7 @@ def test_read_examples_text_jsonl_stdin(tmp_path):
   with pytest.raises(ConfigError, match="cannot read --input"):
     inputs.read_examples(str(tmp_path / "missing.txt"))
   vocab = __import__("seqio").ByteVocabulary()
-  tokens, cut = inputs.tokenize(vocab, ["ab", "abcdef"], 4)
+  tokens, valid, cut = inputs.tokenize(vocab, ["ab", "abcdef"], 4)
   assert cut == [(1, 7)] and tokens.tolist() == [[100, 101, 1, 0], [100, 101, 102, 1]]
+  assert valid.tolist() == [[True, True, True, False], [True] * 4]
   assert inputs.decode(vocab, np.array([100, 101, 1, 0])) == "ab"

@@ -119,8 +119,8 @@ def test_infer_export_vllm_writes_valid_completion_requests(tmp_path):
   lines = (out / "requests.jsonl").read_text().splitlines()
   assert len(lines) == len(texts)
   params, _ = served_backbone.load_params(ServedBackbone(config, None, 0, "--model"))
-  tokens, _ = inputs.tokenize(vocabulary.get("byte"), texts, 128)
-  for line, row in zip(lines, tokens):
+  tokens, valid, _ = inputs.tokenize(vocabulary.get("byte"), texts, 128)
+  for line, row in zip(lines, (t[v] for t, v in zip(tokens, valid))):
     body = CompletionRequest.model_validate(json.loads(line))
     assert body.model == "meta-llama/Llama-3.2-1B" and body.prompt is None
     assert body.max_tokens == 7 and body.temperature == 0.0

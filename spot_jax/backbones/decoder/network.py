@@ -21,9 +21,9 @@ and the loaders; logical axes in parentheses; N heads, K key/value heads, D head
 
 The input hook: a prompt module without `layer_prompts` is called on the embedded tokens (after
 Gemma's sqrt(E) scaling, so a soft prompt is not scaled, as PEFT's) as `prompt(embedded [B,T,E],
-tokens [B,T], embedding=[V,E] table, deterministic=...)`, plus `task_index=` when its
-`task_indexed` is True, and returns (x [B,T',E], valid [B,T']). It reads validity from
-`tokens > 0` (the prompt modules' contract); positions the caller marks invalid reach it as 0.
+tokens [B,T], embedding=[V,E] table, deterministic=..., valid=[B,T] bool)`, plus `task_index=`
+when its `task_indexed` is True, and returns (x [B,T',E], valid [B,T']). It reads validity from
+`valid` only (the prompt modules' contract): every id a tokenizer has, 0 included, is a token.
 
 The deep hook: a prompt module with a callable `layer_prompts` is called as
 `prompt.layer_prompts(config, embedding=table, deterministic=...)` and returns one (key, value)
@@ -176,8 +176,8 @@ class DecoderLM(nn.Module):
     valid = jnp.ones(x.shape[:2], bool) if valid is None else valid.astype(bool)
     if self.prompt is not None and not is_deep_prompt(self.prompt):
       if tokens is None:
-        raise ConfigError("an input-hook prompt needs the tokens (their validity is tokens > 0); "
-                          "pass tokens with inputs_embeds")
+        raise ConfigError("an input-hook prompt needs the tokens; pass tokens with "
+                          "inputs_embeds")
       extra = ({"task_index": task_index}
                if task_index is not None and getattr(self.prompt, "task_indexed", False) else {})
       if reads is not None and getattr(self.prompt, "placement", "prefix") == "suffix":
@@ -186,7 +186,7 @@ class DecoderLM(nn.Module):
                           "'after_bos'")
       read = valid if reads is None else valid & reads.astype(bool)
       x, combined = self.prompt(x, jnp.where(read, tokens, 0), embedding=self.table(),
-                                deterministic=deterministic, **extra)
+                                deterministic=deterministic, valid=read, **extra)
       if reads is not None:  # the positions it did not read are still real
         at = self.prompted_index(jnp.arange(valid.shape[1]), combined.shape[1] - valid.shape[1])
         combined = combined.at[:, at].set(combined[:, at] | valid)

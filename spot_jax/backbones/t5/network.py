@@ -255,7 +255,7 @@ class Transformer(nn.Module):
       extra = ({"task_index": task_index}
                if task_index is not None and getattr(self.prompt, "task_indexed", False) else {})
       x, valid = self.prompt(x, encoder_input_tokens, embedding=self.token_embedder.table(),
-                             deterministic=not enable_dropout, **extra)
+                             deterministic=not enable_dropout, valid=valid, **extra)
     return x, valid
 
   def deep_prompt(self, *, enable_dropout: bool = True) -> Optional[prefixes_lib.DeepPrompt]:

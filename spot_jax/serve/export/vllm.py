@@ -42,17 +42,17 @@ def check_entry(entry: Any) -> np.ndarray:
 
 def request_rows(network: Any, params: Any, prompt: np.ndarray,
                  tokens: Sequence[int]) -> np.ndarray:
-  """[P + 1 + T, E] float32: the prompt, then the embedded [BOS, tokens] (zeros dropped).
+  """[P + 1 + T, E] float32: the prompt, then the embedded [BOS, tokens].
 
   Args:
     network: the frozen `DecoderLM` (no prompt module).
     params: its parameters.
     prompt: [P, E] the folded prompt.
-    tokens: the input ids as our server reads them (padding 0 is dropped).
+    tokens: the input's ids, without padding (every id is a token, 0 too).
   """
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from spot_jax.backbones.decoder.network import DecoderLM  # pylint: disable=g-import-not-at-top
-  ids = [network.config.bos_id] + [int(t) for t in tokens if int(t) != 0]
+  ids = [network.config.bos_id] + [int(t) for t in tokens]
   embedded = network.apply({"params": params}, jnp.asarray([ids], jnp.int32),
                            method=DecoderLM.embed)[0]
   prompt = jnp.asarray(prompt).astype(network.config.activation_dtype)

@@ -86,6 +86,7 @@ class Classify:
   tokens: tuple[np.ndarray, ...]
   labels: tuple[str, ...]
   label_tokens: np.ndarray
+  label_valid: np.ndarray
 
 
 def parse_json(raw: bytes) -> dict:
@@ -162,17 +163,18 @@ def model_name(body: dict, names: Sequence[str]) -> str:
 
 def token_rows(vocab: Any, texts: Sequence[str], field: str, limits: Limits,
                offset_length: int = 0) -> tuple[np.ndarray, ...]:
-  """Each text's ids ending in EOS, checked against the input length (and a DePT offset)."""
-  rows = []
+  """Each text's ids ending in the vocabulary's EOS (no padding: every id is a token), checked
+  against the input length (and a DePT offset)."""
+  rows, eos_id = [], inputs.eos_of(vocab)
   for i, text in enumerate(texts):
-    ids = list(vocab.encode(text)) + [1]
+    ids = list(vocab.encode(text)) + [eos_id]
     where = field if len(texts) == 1 else f"{field}[{i}]"
     if len(ids) > limits.input_length:
       if not limits.truncate:
         raise ApiError(400, f"{where} is {len(ids)} tokens (EOS included), longer than the "
                             f"server's input length {limits.input_length}; shorten it (or start "
                             f"the server with --truncate)", field)
-      ids = ids[:limits.input_length - 1] + [1]
+      ids = ids[:limits.input_length - 1] + [eos_id]
     if max(ids) >= limits.vocab_size:
       raise ApiError(400, f"{where} encodes to id {max(ids)}, beyond the model's table of "
                           f"{limits.vocab_size} ids; give text the model was trained on", field)
@@ -230,11 +232,11 @@ def classify(body: dict, names: Sequence[str], vocab: Any, limits: Limits,
                    if not limits.labels else "labels must be a non-empty list of strings",
                    "labels")
   try:
-    label_tokens = inputs.label_tokens(vocab, labels, limits.target_length)
+    label_tokens, label_valid = inputs.label_rows(vocab, labels, limits.target_length)
   except ValueError as e:
     raise ApiError(400, str(e).replace("--label entry", "labels entry"), "labels") from None
   tokens = token_rows(vocab, texts, "input", limits, offset_length)
-  return Classify(model, texts, tokens, tuple(labels), label_tokens)
+  return Classify(model, texts, tokens, tuple(labels), label_tokens, label_valid)
 
 
 def method_name(entry: Any) -> str:
@@ -252,14 +254,14 @@ def method_name(entry: Any) -> str:
 
 def completion_body(req: Completion, rows: Sequence[tuple[np.ndarray, float]], vocab: Any
                     ) -> dict:
-  """The OpenAI completion object of `req`'s decoded rows (texts x n, in that order)."""
-  choices, completion_tokens = [], 0
+  """The OpenAI completion object of `req`'s decoded rows (texts x n, in that order): each
+  row's tokens run to its first EOS (what follows is padding), or fill max_tokens."""
+  choices, completion_tokens, eos_id = [], 0, inputs.eos_of(vocab)
   for index, (ids, _) in enumerate(rows):
     ids = [int(t) for t in ids[:req.max_tokens]]
-    ended = 1 in ids
-    used = ids.index(1) + 1 if ended else len([t for t in ids if t > 0])
-    completion_tokens += used
-    text = inputs.decode(vocab, np.asarray(ids), 1)
+    ended = eos_id in ids
+    completion_tokens += ids.index(eos_id) + 1 if ended else len(ids)
+    text = inputs.decode(vocab, np.asarray(ids), eos_id)
     cuts = [text.find(s) for s in req.stop if s in text]
     if cuts:
       text, ended = text[:min(cuts)], True

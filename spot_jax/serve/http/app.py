@@ -144,7 +144,7 @@ async def classify(service: Service, request: Request) -> dict:
                      _offset(service, body.get("model")) if body.get("model") in names else 0)
   result = await _answer(service, request, dict(
       kind="classify", key=req.labels, names=[req.model] * len(req.tokens), tokens=req.tokens,
-      labels=req.label_tokens))
+      labels=req.label_tokens, label_valid=req.label_valid))
   return api.classify_body(req, result)
 
 

@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from spot_jax.errors import ConfigError
+from spot_jax.serve.model import inputs
 from spot_jax.serve.model.server import Server
 
 
@@ -41,33 +42,44 @@ def mean_logprob_choice(log_likelihoods: np.ndarray) -> np.ndarray:
   return np.argmax(np.mean(np.asarray(log_likelihoods), axis=1), axis=-1)
 
 
+def _repeat(valid: Optional[np.ndarray], n: int) -> Optional[np.ndarray]:
+  return None if valid is None else np.repeat(np.asarray(valid), n, axis=0)
+
+
 def generate(server: Server, prompt_names: Sequence[str], tokens: np.ndarray,
-             batch_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
-  """One batched decoding pass: (tokens [B, N, S], scores [B, N])."""
+             batch_index: int = 0, valid: Optional[np.ndarray] = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+  """One batched decoding pass: (tokens [B, N, S], scores [B, N]); `valid` [B, T] marks the
+  tokens (see `Server.generate`)."""
   names, rows = replicate(tokens, prompt_names)
-  out, scores = server.generate(names, rows, batch_index)
+  out, scores = server.generate(names, rows, batch_index, valid=_repeat(valid, len(prompt_names)))
   b, n = tokens.shape[0], len(prompt_names)
   return out.reshape(b, n, -1), scores.reshape(b, n)
 
 
 def classify(server: Server, prompt_names: Sequence[str], tokens: np.ndarray,
-             labels: np.ndarray) -> np.ndarray:
+             labels: np.ndarray, valid: Optional[np.ndarray] = None,
+             label_valid: Optional[np.ndarray] = None) -> np.ndarray:
   """One batched scoring pass: log-likelihoods [B, N, C] of C label rows [C, S]."""
   names, rows = replicate(tokens, prompt_names)
-  scores = server.classify(names, rows, labels)
+  scores = server.classify(names, rows, labels, valid=_repeat(valid, len(prompt_names)),
+                           label_valid=label_valid)
   return scores.reshape(tokens.shape[0], len(prompt_names), -1)
 
 
 def rescore(server: Server, prompt_names: Sequence[str], tokens: np.ndarray,
-            candidates: np.ndarray) -> np.ndarray:
+            candidates: np.ndarray, valid: Optional[np.ndarray] = None) -> np.ndarray:
   """Mean-log-prob combination of generated answers: [B, N, C] log-likelihoods of each
-  input's C candidates (candidates [B, C, S]) under each prompt, in one pass."""
+  input's C candidates (candidates [B, C, S], each up to its first EOS) under each prompt, in
+  one pass."""
   b, c = candidates.shape[:2]
   n = len(prompt_names)
   names = [name for _ in range(b) for name in prompt_names for _ in range(c)]
   rows = np.repeat(np.asarray(tokens), n * c, axis=0)
   targets = np.repeat(candidates[:, None], n, axis=1).reshape(b * n * c, -1)
-  return server.score(names, rows, targets).reshape(b, n, c)
+  return server.score(names, rows, targets, valid=_repeat(valid, n * c),
+                      target_valid=inputs.valid_to_eos(targets, server.settings.eos_id)
+                      ).reshape(b, n, c)
 
 
 def report(prompt_names: Sequence[str], per_prompt: Sequence[Sequence[str]],

@@ -75,15 +75,16 @@ def attempt_weights(table: TableArrays, index: Array, pooled: Array) -> Array:
 
 
 def prompted_input(table: TableArrays, index: Array, embedded: Array, tokens: Array,
-                   placement: str = "prefix", reads: Optional[Array] = None
-                   ) -> tuple[Array, Array]:
-  """embedded [B, T, E], tokens [B, T] -> (x [B, L + T, E], valid [B, L + T] bool).
+                   placement: str = "prefix", reads: Optional[Array] = None,
+                   valid: Optional[Array] = None) -> tuple[Array, Array]:
+  """embedded [B, T, E], tokens [B, T], valid [B, T] bool (None: tokens > 0, T5's padding)
+  -> (x [B, L + T, E], valid [B, L + T] bool).
 
   Valid positions of each row come first and in order (see the module docstring). `reads`
   [B, T] bool: the positions routers, ATTEMPT's pooling and DePT's offsets read (a decoder-only
   row's inputs, not its teacher-forced targets); None: every real position.
   """
-  valid = tokens > 0
+  valid = tokens > 0 if valid is None else valid.astype(bool)
   read = valid if reads is None else valid & reads
   if table.offsets.shape[1]:  # some entry offsets the input embeddings (DePT)
     offsets = table.offsets[index]  # [B, S, E]

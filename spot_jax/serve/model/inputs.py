@@ -104,42 +104,74 @@ def get_vocabulary(name: Optional[str]) -> Any:
   return vocabulary.get(name)
 
 
-def tokenize(vocab: Any, texts: Sequence[str], length: int, eos_id: int = 1
-             ) -> tuple[np.ndarray, list[tuple[int, int]]]:
-  """[N, length] int32 right-padded ids ending in EOS, and (index, ids with EOS) of each text
-  that was longer and was cut."""
-  out = np.zeros((len(texts), length), np.int32)
-  truncated = []
+def eos_of(vocab: Any) -> int:
+  """The id a vocabulary ends sequences with (T5's and the byte vocabulary's: 1)."""
+  eos_id = getattr(vocab, "eos_id", None)
+  return eos_id if isinstance(eos_id, int) else 1
+
+
+def right_padded(rows: Sequence[Sequence[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
+  """[N, width] int32 ids right-padded with 0 and their validity [N, width] bool: padding is
+  marked by the mask, never by an id (a decoder's tokenizer may give "!" id 0)."""
+  tokens = np.zeros((len(rows), width), np.int32)
+  valid = np.zeros((len(rows), width), bool)
+  for i, ids in enumerate(rows):
+    tokens[i, :len(ids)], valid[i, :len(ids)] = ids, True
+  return tokens, valid
+
+
+def tokenize(vocab: Any, texts: Sequence[str], length: int, eos_id: Optional[int] = None
+             ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+  """[N, length] int32 right-padded ids ending in EOS (the vocabulary's unless `eos_id`), their
+  validity [N, length] bool, and (index, ids with EOS) of each text that was longer and was
+  cut."""
+  eos_id = eos_of(vocab) if eos_id is None else eos_id
+  rows, truncated = [], []
   for i, text in enumerate(texts):
     ids = list(vocab.encode(text))
     if len(ids) > length - 1:
       truncated.append((i, len(ids) + 1))
       ids = ids[:length - 1]
-    out[i, :len(ids) + 1] = ids + [eos_id]
-  return out, truncated
+    rows.append(ids + [eos_id])
+  tokens, valid = right_padded(rows, length)
+  return tokens, valid, truncated
 
 
-def label_tokens(vocab: Any, labels: Sequence[str], length: int) -> np.ndarray:
-  """[N, length] tokens of the --label strings, each checked (empty, repeated, too long)."""
-  rows = []
+def label_rows(vocab: Any, labels: Sequence[str], length: int) -> tuple[np.ndarray, np.ndarray]:
+  """([N, length] tokens, [N, length] validity) of the --label strings, each checked (empty,
+  repeated, too long)."""
   for i, label in enumerate(labels):
     if not label.strip() or label in labels[:i]:
       what = "is empty" if not label.strip() else "repeats an earlier label"
       raise ConfigError(f"--label entry {i} ({label!r}) {what}; give distinct class labels")
-    tokens, cut = tokenize(vocab, [label], length)
-    if cut:
-      raise ConfigError(f"--label entry {i} ({label!r}) is longer than --target_length={length} "
-                        f"tokens (EOS included); raise --target_length")
-    rows.append(tokens[0])
-  return np.stack(rows)
+  tokens, valid, cut = tokenize(vocab, labels, length)
+  if cut:
+    i = cut[0][0]
+    raise ConfigError(f"--label entry {i} ({labels[i]!r}) is longer than --target_length={length} "
+                      f"tokens (EOS included); raise --target_length")
+  return tokens, valid
+
+
+def label_tokens(vocab: Any, labels: Sequence[str], length: int) -> np.ndarray:
+  """[N, length] tokens of the --label strings (`label_rows` without the validity)."""
+  return label_rows(vocab, labels, length)[0]
+
+
+def valid_to_eos(rows: np.ndarray, eos_id: int) -> np.ndarray:
+  """[N, S] bool: each decoded row's ids up to and including its first EOS (all of a row that
+  has none); what follows the EOS is padding, whatever its id."""
+  rows = np.asarray(rows)
+  ended = np.cumsum(rows == eos_id, axis=-1)
+  return (ended == 0) | ((ended == 1) & (rows == eos_id))
 
 
 def decode(vocab: Any, ids: np.ndarray, eos_id: int = 1) -> str:
-  """Text of a decoded row (stops at EOS; 0 is padding)."""
+  """Text of a decoded row: its ids up to the first EOS (what follows it is padding; every id
+  before it is a token, 0 too: T5's vocabularies decode their pad id 0 to nothing)."""
   row = [int(t) for t in ids]
   if eos_id in row:
     row = row[:row.index(eos_id)]
-  return vocab.decode([t for t in row if t > 0])
+  return vocab.decode(row)
 
 
 @contextlib.contextmanager

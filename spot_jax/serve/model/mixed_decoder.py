@@ -82,9 +82,9 @@ def _prompted(model: DecoderLM, params: PyTree, table: TableArrays, index: Array
               ) -> tuple[Array, Array]:
   """Model input tokens [B, T] (BOS first) -> (x [B, M, E], valid [B, M], valid first);
   `reads`: the positions the prompts read (the inputs; None: all)."""
-  tokens = jnp.where(valid, tokens, 0)  # the prompt modules read validity from tokens > 0
+  tokens = jnp.where(valid, tokens, 0)  # padding ids are never read, whatever they are
   embedded = model.apply({"params": params}, tokens, method=DecoderLM.embed)
-  return prompted_input(table, index, embedded, tokens, placement, reads)
+  return prompted_input(table, index, embedded, tokens, placement, reads, valid)
 
 
 def _prefixes(table: TableArrays, index: Array) -> tuple[Optional[tuple], Array, Array]:
@@ -121,13 +121,16 @@ def _token_slots(table: TableArrays, index: Array, length: int, placement: str) 
 
 
 def _scores(model: DecoderLM, params: PyTree, table: TableArrays, index: Array, inputs: Array,
-            targets: Array, placement: str) -> Array:
-  """Sum of the targets' log-probabilities [B] after inputs [B, T] (the trainer's layout).
+            targets: Array, placement: str, valid: Optional[Array] = None,
+            target_valid: Optional[Array] = None) -> Array:
+  """Sum of the targets' log-probabilities [B] after inputs [B, T] (the trainer's layout);
+  validity [B, T] / [B, S] bool (None: ids > 0).
 
   The output layer runs on each row's S = targets.shape[1] target slots only."""
-  sequence, weights = decoder_only.concatenate(inputs, targets)
+  sequence, weights = decoder_only.concatenate(inputs, targets, valid, target_valid)
   tokens = decoder_only.shift_right(sequence, model.config.bos_id)
-  x, valid = _prompted(model, params, table, index, tokens, sequence > 0, placement,
+  real = decoder_only.sequence_valid(inputs, weights, valid) > 0
+  x, valid = _prompted(model, params, table, index, tokens, real, placement,
                        decoder_only.input_positions(weights))
   order = jnp.argsort((weights <= 0).astype(jnp.int32), axis=1, stable=True)[:, :targets.shape[1]]
   sequence, weights = (jnp.take_along_axis(a, order, axis=1) for a in (sequence, weights))
@@ -141,13 +144,16 @@ def _scores(model: DecoderLM, params: PyTree, table: TableArrays, index: Array, 
 
 @functools.partial(jax.jit, static_argnames=("model", "placement"))
 def score_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: Array,
-                tokens: Array, targets: Array, *, placement: str) -> Array:
-  """Sum of target log-probabilities [B] of targets [B, S] (0 = padding) under row prompts."""
-  return _scores(model, params, table, index, tokens, targets, placement)
+                tokens: Array, targets: Array, *, placement: str,
+                valid: Optional[Array] = None, target_valid: Optional[Array] = None) -> Array:
+  """Sum of target log-probabilities [B] of targets [B, S] under row prompts; `valid` /
+  `target_valid` [B, T] / [B, S] bool mark the tokens (None: ids > 0, 0 = padding)."""
+  return _scores(model, params, table, index, tokens, targets, placement, valid, target_valid)
 
 
 def _prefill(model: DecoderLM, params: PyTree, table: TableArrays, index: Array, tokens: Array,
-             placement: str, extra: int) -> tuple[Array, tuple, Array, Array, int]:
+             placement: str, extra: int, valid: Optional[Array] = None
+             ) -> tuple[Array, tuple, Array, Array, int]:
   """Runs [BOS, inputs] of each row with its prompt into a key/value cache of P + M + `extra`
   slots, rows rolled so that their last real position ends the prefill.
 
@@ -158,7 +164,8 @@ def _prefill(model: DecoderLM, params: PyTree, table: TableArrays, index: Array,
   batch = tokens.shape[0]
   bos = jnp.full((batch, 1), model.config.bos_id, jnp.int32)
   sequence = jnp.concatenate([bos, tokens.astype(jnp.int32)], axis=1)
-  x, valid = _prompted(model, params, table, index, sequence, sequence > 0, placement)
+  real = jnp.concatenate([jnp.ones_like(bos, bool), decoder_only.validity(tokens, valid)], 1)
+  x, valid = _prompted(model, params, table, index, sequence, real, placement)
   x, valid = _roll_to_end(x, valid)
   past, visible, num = _prefixes(table, index)
   big_p, big_m = visible.shape[1], valid.shape[1]
@@ -179,8 +186,10 @@ def _prefill(model: DecoderLM, params: PyTree, table: TableArrays, index: Array,
 
 @functools.partial(jax.jit, static_argnames=("model", "placement"))
 def classify_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: Array,
-                   tokens: Array, labels: Array, *, placement: str) -> Array:
-  """Log-likelihoods [B, C] of every label row labels [C, S] after every input row [B, T].
+                   tokens: Array, labels: Array, *, placement: str,
+                   valid: Optional[Array] = None, label_valid: Optional[Array] = None) -> Array:
+  """Log-likelihoods [B, C] of every label row labels [C, S] after every input row [B, T]
+  (validity `valid` [B, T], `label_valid` [C, S]; None: ids > 0).
 
   [BOS, inputs] and each row's prompt run once, into a key/value cache (rows rolled so that
   their last real position ends the prefix, as `generate_mixed` does); each label then reads
@@ -188,13 +197,14 @@ def classify_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: 
   the inputs alone either way (`_scores`' `reads`), so routers, ATTEMPT and DePT score alike."""
   batch, big_s = tokens.shape[0], labels.shape[1]
   logits, cache, k_index, k_valid, start = _prefill(model, params, table, index, tokens,
-                                                    placement, big_s)
+                                                    placement, big_s, valid)
   k_valid = k_valid.at[:, start:].set(True)
   stack = functools.partial(model.apply, {"params": params}, method=DecoderLM.stack)
   at = k_index[:, start:]
 
-  def one(label: Array) -> Array:
+  def one(row: tuple[Array, Array]) -> Array:
     """[S] -> [B]: the label's log-likelihood after each row's prefix."""
+    label, real = row
     rows = jnp.broadcast_to(label.astype(jnp.int32), (batch, big_s))
     scored = logits
     if big_s > 1:  # token j of the label is predicted at its position j - 1
@@ -205,9 +215,9 @@ def classify_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: 
       scored = jnp.concatenate([logits, following], axis=1)
     log_probs = jax.nn.log_softmax(scored.astype(jnp.float32), axis=-1)
     picked = jnp.take_along_axis(log_probs, rows[..., None], axis=-1)[..., 0]
-    return jnp.sum(picked * (rows > 0), axis=1)
+    return jnp.sum(jnp.where(real[None], picked, 0.0), axis=1)
 
-  return jax.lax.map(one, labels).T
+  return jax.lax.map(one, (labels, decoder_only.validity(labels, label_valid))).T
 
 
 def _roll_to_end(x: Array, valid: Array) -> tuple[Array, Array]:
@@ -234,21 +244,22 @@ def _choose(logits: Array, rng: Optional[Array], step: int | Array, temperature:
 def generate_mixed(model: DecoderLM, params: PyTree, table: TableArrays, index: Array,
                    tokens: Array, rng: Optional[Array], alpha: Array, temperature: Array, *,
                    placement: str, max_decode_length: int, method: str, num_beams: int,
-                   top_k: int, eos_id: int, return_all_beams: bool) -> tuple[Array, Array]:
+                   top_k: int, eos_id: int, return_all_beams: bool,
+                   valid: Optional[Array] = None) -> tuple[Array, Array]:
   """Decodes a mixed batch after [BOS, inputs]: (tokens [B, N] int32, 0 after EOS; scores [B],
   the sum of the chosen tokens' log-probabilities, EOS included).
 
   Args:
     model: a prompt-less `DecoderLM`; params: its (frozen) parameters.
     table: the prompt table's arrays; index: [B] int32 table rows; tokens: [B, T] input ids
-      (EOS included, right-padded with 0).
+      (EOS included, right-padded); valid: [B, T] bool, the tokens (None: ids > 0).
     rng, alpha, temperature and the keyword settings: from `search_settings` (alpha, num_beams
       and return_all_beams are beam search's, unused here).
   """
   del alpha, method, num_beams, return_all_beams
   batch, big_n = tokens.shape[0], max_decode_length
   logits, cache, k_index, k_valid, start = _prefill(model, params, table, index, tokens,
-                                                    placement, big_n)
+                                                    placement, big_n, valid)
   stack = functools.partial(model.apply, {"params": params}, method=DecoderLM.stack,
                             last_only=True)
   first, first_lp = _choose(logits[:, -1], rng, 0, temperature, top_k)

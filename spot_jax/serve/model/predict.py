@@ -56,7 +56,8 @@ class Predictor:
     server: the `Server` (its table's names are the prompts).
     vocab: the seqio vocabulary decoding predictions.
     batch_size: inputs per call (an ensemble call holds batch_size * N rows).
-    labels: class label strings (None: decode), with label_tokens [C, S] their targets.
+    labels: class label strings (None: decode), with label_tokens [C, S] their targets and
+      label_valid [C, S] bool their validity (padding is marked, never read from an id).
     ensemble: run every input through all prompts and combine them.
     combine: "vote" or "logprob".
     progress: called as progress(done, total, start_time) after each batch.
@@ -64,18 +65,22 @@ class Predictor:
 
   def __init__(self, server: Server, vocab: Any, *, batch_size: int,
                labels: Optional[Sequence[str]] = None, label_tokens: Optional[np.ndarray] = None,
+               label_valid: Optional[np.ndarray] = None,
                ensemble: bool = False,  # pylint: disable=redefined-outer-name
                combine: str = "vote",
                progress: Optional[Progress] = None):
     self.server, self.vocab, self.batch_size = server, vocab, batch_size
-    self.labels, self.label_tokens = labels, label_tokens
+    self.labels, self.label_tokens, self.label_valid = labels, label_tokens, label_valid
     self.ensemble, self.combine = ensemble, combine
     self.progress = progress or (lambda done, total, start: None)
     self.prompts = server.table.names
 
   def run(self, examples: Sequence[inputs.Example], names: Sequence[str], tokens: np.ndarray,
-          out: IO[str]) -> Optional[dict]:
-    """Writes the records to `out`; returns the accuracy summary (None without targets)."""
+          out: IO[str], valid: Optional[np.ndarray] = None) -> Optional[dict]:
+    """Writes the records to `out`; returns the accuracy summary (None without targets).
+    `valid` [N, T] bool marks the tokens of `tokens` [N, T] (None: ids > 0, T5's padding)."""
+    if valid is None:
+      valid = np.asarray(tokens) > 0
     b, total, start = self.batch_size, len(examples), time.time()
     per_prompt, combined = [], []
     for i, lo in enumerate(range(0, total, b)):
@@ -83,8 +88,11 @@ class Predictor:
       n = chunk.stop - chunk.start
       rows = np.zeros((b, tokens.shape[1]), np.int32)
       rows[:n] = tokens[chunk]
+      mask = np.zeros((b, tokens.shape[1]), bool)
+      mask[:n] = valid[chunk]
+      rows[n:], mask[n:] = rows[0], mask[0]  # padding rows repeat the first (results dropped)
       batch_names = list(names[chunk]) + [self.prompts[0]] * (b - n)
-      for ex, record in zip(examples[chunk], self._batch(batch_names, rows, i)[:n]):
+      for ex, record in zip(examples[chunk], self._batch(batch_names, rows, mask, i)[:n]):
         record = {**({"id": ex.id} if ex.id is not None else {}), "input": ex.input, **record}
         if ex.target is not None:
           record["target"] = ex.target
@@ -99,21 +107,24 @@ class Predictor:
       return ensemble.report(self.prompts, per_prompt, combined, [e.target for e in examples])
     return accuracy_by_prompt(per_prompt)
 
-  def _batch(self, names: list[str], rows: np.ndarray, index: int) -> list[dict]:
+  def _batch(self, names: list[str], rows: np.ndarray, valid: np.ndarray, index: int
+             ) -> list[dict]:
     if self.ensemble:
-      return self._ensemble(rows, index)
+      return self._ensemble(rows, valid, index)
     if self.labels is not None:
-      scores = self.server.classify(names, rows, self.label_tokens)
+      scores = self.server.classify(names, rows, self.label_tokens, valid=valid,
+                                    label_valid=self.label_valid)
       return [{"prompt": n, "prediction": self.labels[int(np.argmax(s))],
                "score": float(np.max(s)), "label_scores": dict(zip(self.labels, map(float, s)))}
               for n, s in zip(names, scores)]
-    out, scores = self.server.generate(names, rows, index)
+    out, scores = self.server.generate(names, rows, index, valid=valid)
     return [{"prompt": n, "prediction": self._text(o), "score": float(s)}
             for n, o, s in zip(names, out, scores)]
 
-  def _ensemble(self, rows: np.ndarray, index: int) -> list[dict]:
+  def _ensemble(self, rows: np.ndarray, valid: np.ndarray, index: int) -> list[dict]:
     if self.labels is not None:
-      ll = ensemble.classify(self.server, self.prompts, rows, self.label_tokens)  # [B, N, C]
+      ll = ensemble.classify(self.server, self.prompts, rows, self.label_tokens, valid,
+                             self.label_valid)  # [B, N, C]
       texts = [[self.labels[int(c)] for c in np.argmax(r, axis=-1)] for r in ll]
       scores = np.max(ll, axis=-1)
       if self.combine == "logprob":
@@ -121,10 +132,11 @@ class Predictor:
       else:
         chosen = [ensemble.majority_vote(t, s) for t, s in zip(texts, scores)]
     else:
-      out, scores = ensemble.generate(self.server, self.prompts, rows, index)  # [B, N, S]
+      out, scores = ensemble.generate(self.server, self.prompts, rows, index,
+                                      valid)  # [B, N, S]
       texts = [[self._text(o) for o in r] for r in out]
       if self.combine == "logprob":  # candidates: the N answers, scored under every prompt
-        ll = ensemble.rescore(self.server, self.prompts, rows, out)
+        ll = ensemble.rescore(self.server, self.prompts, rows, out, valid)
         chosen = [t[int(c)] for t, c in zip(texts, ensemble.mean_logprob_choice(ll))]
       else:
         chosen = [ensemble.majority_vote(t, s) for t, s in zip(texts, scores)]

@@ -98,9 +98,17 @@ class Server:
     self.table.check_input_length(names, tokens.shape[1])
     return self._place(self.table.indices(names)), self._place(tokens)
 
-  def generate(self, names: Sequence[str], tokens: np.ndarray, batch_index: int = 0
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """Decodes row b with prompt names[b]: (tokens [B, S] int32, 0 after EOS; scores [B])."""
+  def _valid(self, **masks: Optional[np.ndarray]) -> dict[str, jax.Array]:
+    """The validity masks given, placed: a decoder-only backbone reads them (None: ids > 0); T5
+    reads its padding id 0, which its vocabularies never give a token, so it drops them."""
+    if self.kind != "decoder":
+      return {}
+    return {k: self._place(np.asarray(v, bool)) for k, v in masks.items() if v is not None}
+
+  def generate(self, names: Sequence[str], tokens: np.ndarray, batch_index: int = 0,
+               valid: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+    """Decodes row b with prompt names[b]: (tokens [B, S] int32, 0 after EOS; scores [B]).
+    `valid` [B, T] bool marks the tokens (None: ids > 0); decoder-only backbones only."""
     index, tokens = self._rows(names, tokens)
     rng, alpha, temperature = self._dynamic
     if rng is not None:
@@ -108,18 +116,25 @@ class Server:
     self.forward_passes += 1
     out, scores = self._mixed.generate_mixed(self.model, self.params, self._arrays, index,
                                              tokens, rng, alpha, temperature,
-                                             placement=self.placement, **self._static)
+                                             placement=self.placement, **self._static,
+                                             **self._valid(valid=valid))
     return self._fetch(out), self._fetch(scores)
 
-  def score(self, names: Sequence[str], tokens: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """Log-likelihood [B] of targets [B, S] (EOS included, 0 = padding) under row prompts."""
+  def score(self, names: Sequence[str], tokens: np.ndarray, targets: np.ndarray,
+            valid: Optional[np.ndarray] = None, target_valid: Optional[np.ndarray] = None
+            ) -> np.ndarray:
+    """Log-likelihood [B] of targets [B, S] (EOS included, 0 = padding unless `valid` /
+    `target_valid` mark the tokens: decoder-only backbones) under row prompts."""
     index, tokens = self._rows(names, tokens)
     self.forward_passes += 1
     return self._fetch(self._mixed.score_mixed(
         self.model, self.params, self._arrays, index, tokens,
-        self._place(np.asarray(targets, np.int32)), placement=self.placement))
+        self._place(np.asarray(targets, np.int32)), placement=self.placement,
+        **self._valid(valid=valid, target_valid=target_valid)))
 
-  def classify(self, names: Sequence[str], tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
+  def classify(self, names: Sequence[str], tokens: np.ndarray, labels: np.ndarray,
+               valid: Optional[np.ndarray] = None, label_valid: Optional[np.ndarray] = None
+               ) -> np.ndarray:
     """Log-likelihoods [B, C] of C label token rows labels [C, S]: one pass (T5: each input
     encoded once and its C labels scored, B * C decoder rows; a decoder-only backbone: B * C
     rows of input and label)."""
@@ -127,7 +142,8 @@ class Server:
     self.forward_passes += 1
     return self._fetch(self._mixed.classify_mixed(
         self.model, self.params, self._arrays, index, tokens,
-        self._place(np.asarray(labels, np.int32)), placement=self.placement))
+        self._place(np.asarray(labels, np.int32)), placement=self.placement,
+        **self._valid(valid=valid, label_valid=label_valid)))
 
 
 

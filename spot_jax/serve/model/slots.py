@@ -129,7 +129,8 @@ def _prompted(model: DecoderLM, params: PyTree, table: TableArrays, index: Array
   real = jnp.concatenate([jnp.ones((batch, 1), bool), valid], axis=1)
   embedded = model.apply({"params": params}, jnp.where(real, sequence, 0),
                          method=DecoderLM.embed)
-  return prompted_input(table, index, embedded, jnp.where(real, sequence, 0), placement)
+  return prompted_input(table, index, embedded, jnp.where(real, sequence, 0), placement,
+                        valid=real)
 
 
 def _stack_heads(heads: tuple) -> Head:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from spot_jax.serve.model import inputs
 from spot_jax.serve.scheduler import follow
 
 Done = Callable[[Any], None]  # called once with the result, or with an Exception
@@ -55,7 +56,7 @@ class Work:
     tokens: each row's ids (EOS included, no padding).
     done: receives a list of per-row results (generate: (ids [S], score); classify: [C] log
       likelihoods) or an Exception.
-    labels: classify's label token rows [C, S].
+    labels: classify's label token rows [C, S], label_valid their validity [C, S] bool.
     enqueued: time.monotonic() at submission.
   """
   kind: str
@@ -64,6 +65,7 @@ class Work:
   tokens: Sequence[np.ndarray]
   done: Done
   labels: Optional[np.ndarray] = None
+  label_valid: Optional[np.ndarray] = None
   enqueued: float = dataclasses.field(default_factory=time.monotonic)
 
   @property
@@ -215,16 +217,20 @@ class Batcher:
       if not ready:
         return
       count = sum(w.rows for w in ready)
-      names, rows = self._pad(ready, table.offset_lengths())
+      names, rows, valid = self._pad(ready, table.offset_lengths())
       meta = {"key": list(setting), "names": names, "index": self.batches}
       try:
         if kind == "generate":
-          self.mirror.send(follow.GENERATE, meta, [rows])
-          out, scores = server.generate(names, rows, self.batches)
+          self.mirror.send(follow.GENERATE, meta, [rows, valid])
+          out, scores = server.generate(names, rows, self.batches, valid=valid)
           results = list(zip(out, scores))
         else:
-          self.mirror.send(follow.CLASSIFY, meta, [rows, ready[0].labels])
-          results = list(server.classify(names, rows, ready[0].labels))
+          labels, label_valid = ready[0].labels, ready[0].label_valid
+          if label_valid is None:
+            label_valid = np.asarray(labels) > 0
+          self.mirror.send(follow.CLASSIFY, meta, [rows, valid, labels, label_valid])
+          results = list(server.classify(names, rows, labels, valid=valid,
+                                         label_valid=label_valid))
       except Exception as e:  # pylint: disable=broad-except  (every request hears of it)
         for w in ready:
           w.done(e)
@@ -238,16 +244,16 @@ class Batcher:
       at += w.rows
     self.observe(kind, count, len(names), seconds, results[:count])
 
-  def _pad(self, ready: list[Work], offsets: dict[str, int]) -> tuple[list[str], np.ndarray]:
-    """The batch's prompt names and token rows [size, width], padded to the buckets (extra
-    rows repeat the first, so they end when it does)."""
+  def _pad(self, ready: list[Work], offsets: dict[str, int]
+           ) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The batch's prompt names, token rows [size, width] padded to the buckets (extra rows
+    repeat the first, so they end when it does) and their validity [size, width] bool (the
+    padding is marked, never read from an id)."""
     names = [n for w in ready for n in w.names]
     tokens = [t for w in ready for t in w.tokens]
     caps = [offsets[n] for n in names if offsets.get(n)]
     width = self._width(max(len(t) for t in tokens), min(caps) if caps else None)
     size = bucket(self.batch_buckets, len(names)) or len(names)
-    rows = np.zeros((size, width), np.int32)
-    for i in range(size):
-      ids = tokens[i] if i < len(tokens) else tokens[0]
-      rows[i, :len(ids)] = ids
-    return names + [names[0]] * (size - len(names)), rows
+    rows, valid = inputs.right_padded(
+        [tokens[i] if i < len(tokens) else tokens[0] for i in range(size)], width)
+    return names + [names[0]] * (size - len(names)), rows, valid

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 GENERATE, CLASSIFY, ADD, REMOVE, STOP = 1, 2, 3, 4, 5
-_MAX_ARRAYS = 2
+_MAX_ARRAYS = 4
 
 
 class Mirror:
@@ -85,7 +85,8 @@ def follow(catalog: Any) -> int:
       catalog.remove(meta["name"])
     elif op == GENERATE:
       _, server = catalog.snapshot(tuple(meta["key"]))
-      server.generate(meta["names"], arrays[0], meta["index"])
+      server.generate(meta["names"], arrays[0], meta["index"], valid=arrays[1] > 0)
     elif op == CLASSIFY:
       _, server = catalog.snapshot(tuple(meta["key"]))
-      server.classify(meta["names"], arrays[0], arrays[1])
+      server.classify(meta["names"], arrays[0], arrays[2], valid=arrays[1] > 0,
+                      label_valid=arrays[3] > 0)

@@ -31,6 +31,7 @@ class Catalog:
     emb_dim: the backbone's width (prompts of another width are refused).
     target_length: decoded tokens per row (EOS included), every setting's.
     seed: sampling's seed.
+    eos_id: the vocabulary's end of sequence (decoding stops there).
     load: (name, path) -> the entries a prompt path holds (refusing another backbone's).
     growths: how often the capacity grew since start-up.
     mirror: a `follow.Mirror`: other processes repeat each addition and removal (on a pod).
@@ -39,10 +40,10 @@ class Catalog:
   def __init__(self, model: Any, params: Any, entries: Sequence[ServedPrompt], *,
                emb_dim: int, target_length: int, load: Loader, placement: str = "prefix",
                mesh: Any = None, seed: int = 0, capacity: Optional[Capacity] = None,
-               mirror: Optional[follow.Mirror] = None):
+               mirror: Optional[follow.Mirror] = None, eos_id: int = 1):
     self.model, self.params, self.mesh, self.placement = model, params, mesh, placement
     self.emb_dim, self.target_length, self.seed, self.load = emb_dim, target_length, seed, load
-    self.growths = 0
+    self.growths, self.eos_id = 0, eos_id
     self.mirror = mirror or follow.Mirror(False)
     self._lock = threading.Lock()
     self._table = SizedTable(entries, emb_dim, capacity)
@@ -62,7 +63,7 @@ class Catalog:
       if key not in self._servers:
         method, temperature, top_k = key
         settings = DecodeSettings(self.target_length, method, temperature=temperature,
-                                  top_k=top_k, seed=self.seed)
+                                  top_k=top_k, seed=self.seed, eos_id=self.eos_id)
         self._servers[key] = Server(self.model, self.params, self._table,
                                     placement=self.placement, settings=settings, mesh=self.mesh)
       return self._servers[key]

@@ -29,12 +29,13 @@ class _TestPrompt(nn.Module):
   length: int
 
   @nn.compact
-  def __call__(self, embedded, tokens, *, embedding, deterministic):
+  def __call__(self, embedded, tokens, *, embedding, deterministic, valid=None):
     del embedding, deterministic
     prompt = self.param("prompt", nn.initializers.normal(1.0), (self.length, embedded.shape[-1]))
     batch = embedded.shape[0]
     x = jnp.concatenate([jnp.broadcast_to(prompt, (batch,) + prompt.shape), embedded], axis=1)
-    return x, jnp.concatenate([jnp.ones((batch, self.length), bool), tokens > 0], axis=1)
+    valid = tokens > 0 if valid is None else valid
+    return x, jnp.concatenate([jnp.ones((batch, self.length), bool), valid], axis=1)
 
 
 def _random_params(config, prompt=None, seed=0):

@@ -460,14 +460,16 @@ class _PrependPrompt(nn.Module):
   length: int
 
   @nn.compact
-  def __call__(self, embedded, tokens, *, embedding, deterministic):
-    """embedded [B, T, E], tokens [B, T] -> ([B, P + T, E], valid [B, P + T])."""
+  def __call__(self, embedded, tokens, *, embedding, deterministic, valid=None):
+    """embedded [B, T, E], tokens [B, T], valid [B, T] (None: tokens > 0) -> ([B, P + T, E],
+    valid [B, P + T])."""
     del deterministic
     rows = self.param("prompt", nn.initializers.normal(1.0), (self.length, embedding.shape[1]))
     batch = embedded.shape[0]
     x = jnp.concatenate([jnp.broadcast_to(rows, (batch,) + rows.shape).astype(embedded.dtype),
                          embedded], axis=1)
-    valid = jnp.concatenate([jnp.ones((batch, self.length), bool), tokens > 0], axis=1)
+    valid = tokens > 0 if valid is None else valid
+    valid = jnp.concatenate([jnp.ones((batch, self.length), bool), valid], axis=1)
     return x, valid
 
 
