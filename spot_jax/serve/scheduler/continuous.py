@@ -36,6 +36,8 @@ from spot_jax.serve.model import slots as slots_lib
 from spot_jax.serve.model import prefix_cache
 from spot_jax.serve.model.prefix_cache import PrefixCache
 
+DECODE_STEPS = 4  # decode steps per compiled call by default (see `Engine.decode_steps`)
+
 
 @dataclasses.dataclass(eq=False)
 class Sequence:
@@ -64,7 +66,7 @@ class Sequence:
   text: Optional[Callable[[list[int]], str]] = None
   generated: list = dataclasses.field(default_factory=list)
   cancelled: bool = False
-  cancelled_at_step: int = -1
+  cancelled_at_step: int = -1  # the engine's decode calls when cancelled
   finish: Optional[str] = None
   enqueued: float = dataclasses.field(default_factory=time.monotonic)
   first_at: float = 0.0
@@ -92,20 +94,24 @@ class Engine:
     prefixes: the `PrefixCache`.
     observe: a `metrics.Metrics` (its ttft_observed, itl, cancelled, step, prefill), or None.
     batch_buckets: the prefill's padded batch sizes (powers of two below S, and S).
-    steps, prefills, prefill_calls: decode steps run, sequences prefilled, compiled prefills.
-    step_seconds: a moving average of a decode step's time.
+    decode_steps: K, decode steps per compiled call (the host streams a call's tokens after it).
+    steps, calls, prefills, prefill_calls: decode steps and calls run, sequences prefilled,
+      compiled prefills.
+    step_seconds: a moving average of a decode call's time.
   """
 
   def __init__(self, catalog: Any, *, slots: int, length_buckets: Seq[int], max_tokens: int,
-               max_queue: int, eos_id: int = 1, stop_ids: Seq[int] = (), observe: Any = None):
+               max_queue: int, eos_id: int = 1, stop_ids: Seq[int] = (), observe: Any = None,
+               decode_steps: int = DECODE_STEPS):
     self.catalog, self.slots, self.max_tokens = catalog, slots, max_tokens
+    self.decode_steps = decode_steps
     self.length_buckets, self.max_queue, self.eos_id = sorted(length_buckets), max_queue, eos_id
     self.stop_ids = frozenset((eos_id, *stop_ids))
     self.observe = observe
     self.params = _one_device(catalog.params)
     self.prefixes = PrefixCache(catalog.model, self.params, catalog.placement)
     self.batch_buckets = sorted({min(2**i, slots) for i in range(slots.bit_length() + 1)})
-    self.steps = self.prefills = self.prefill_calls = 0
+    self.steps = self.calls = self.prefills = self.prefill_calls = 0
     self.step_seconds = 0.0
     self._waiting: collections.deque[Sequence] = collections.deque()
     self._active: list[Optional[Sequence]] = [None] * slots
@@ -152,7 +158,7 @@ class Engine:
     """Ends `sequence` early: dropped if it waits, its slot freed before the next step."""
     with self._cond:
       if sequence.finish is None and not sequence.cancelled:
-        sequence.cancelled, sequence.cancelled_at_step = True, self.steps
+        sequence.cancelled, sequence.cancelled_at_step = True, self.calls
         self._cond.notify_all()
 
   def close(self) -> None:
@@ -185,7 +191,7 @@ class Engine:
           self._step()
           self._active = [None] * self.slots
     self.prefixes.hits = self.prefixes.misses = 0
-    self.steps = self.prefills = self.prefill_calls = 0
+    self.steps = self.calls = self.prefills = self.prefill_calls = 0
     self.observe = observe
     return len(self.length_buckets) * len(kinds) * len(self.batch_buckets) + 2
 
@@ -300,18 +306,30 @@ class Engine:
       self._deliver(slot, seq, chosen, row)
 
   def _step(self) -> None:
+    """K decode steps of every slot in one call, then their tokens in order; a sequence that
+    ends inside the call frees its slot, and its later tokens are dropped."""
     start = time.monotonic()
     sampling = slots_lib.Sampling(**self._sampling)
-    self._state, chosen = slots_lib.decode_step(self.catalog.model, self.params,
-                                                self._state, sampling)
-    chosen = jax.device_get(chosen)
-    self.steps += 1
+    if self.decode_steps == 1:
+      self._state, chosen = slots_lib.decode_step(self.catalog.model, self.params,
+                                                  self._state, sampling)
+      chosen = jax.tree.map(lambda a: a[None], chosen)
+    else:
+      self._state, chosen = slots_lib.decode_steps(self.catalog.model, self.params,
+                                                   self._state, sampling,
+                                                   steps=self.decode_steps)
+    chosen = slots_lib.Chosen(*jax.device_get(tuple(chosen)))
+    self.steps += self.decode_steps
+    self.calls += 1
     if self.observe is not None:
-      self.observe.step()
+      self.observe.step(self.decode_steps)
     self.step_seconds = 0.8 * self.step_seconds + 0.2 * (time.monotonic() - start)
-    for slot, seq in enumerate(self._active):
-      if seq is not None and not seq.cancelled:
-        self._deliver(slot, seq, chosen, slot)
+    active = list(self._active)
+    for j in range(self.decode_steps):
+      step = slots_lib.Chosen(*(a[j] for a in chosen))
+      for slot, seq in enumerate(active):
+        if seq is not None and seq.finish is None and not seq.cancelled:
+          self._deliver(slot, seq, step, slot)
 
   def _deliver(self, slot: int, seq: Sequence, chosen: slots_lib.Chosen, row: int) -> None:
     """Hands `seq` its next token (row `row` of `chosen`); frees the slot when it ends."""
@@ -346,7 +364,7 @@ class Engine:
       if seq is not None and seq.cancelled:
         self._active[slot] = None
         if self.observe is not None:
-          self.observe.cancelled(self.steps - seq.cancelled_at_step)
+          self.observe.cancelled(self.calls - seq.cancelled_at_step)
         seq.emit("end", "cancelled")
 
   def _fail(self, error: Exception) -> None:
