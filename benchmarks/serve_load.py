@@ -15,7 +15,8 @@ naming a prompt drawn uniformly, a short input, and max_tokens drawn uniformly f
 --min_tokens..--max_tokens. Engines, each its own server process on loopback:
   continuous  `--engine=continuous` (iteration-level scheduling over --slots, --decode_steps
               steps per compiled call when given, else the server's default; streamed: time to
-              first token and inter-token gaps are the stream's); run when the server has it
+              first token and inter-token gaps are the stream's, between chunks); run when the
+              server has it
   batch       the dynamic batcher (one compiled decoding call per batch, --target_length steps;
               the answer comes whole, so time to first token is the request's latency)
   peft        PyTorch + PEFT behind the same HTTP front, one request at a time,
@@ -142,8 +143,8 @@ def send(url: str, req: dict, stream: bool, start: float) -> dict:
     time.sleep(delay)
   part = urllib.parse.urlsplit(url)
   body = {k: req[k] for k in ("model", "prompt", "max_tokens")} | {"temperature": 0.0}
-  if stream:
-    body["stream"] = True
+  if stream:  # a chunk may carry several tokens: the usage counts them
+    body |= {"stream": True, "stream_options": {"include_usage": True}}
   t0 = time.perf_counter()
   out = {"ttft": None, "gaps": [], "tokens": 0, "latency": None, "error": ""}
   try:
