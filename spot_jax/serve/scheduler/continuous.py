@@ -4,20 +4,21 @@ One thread owns the slots (`model.slots`). Each iteration it (1) frees the slots
 cancelled sequences, (2) prefills every waiting sequence that fits a free slot, oldest first,
 in one compiled call per kind (from the prompts' cached prefixes, or with their prompts), padded
 to a batch bucket (powers of two up to S) and the longest member's length bucket, and (3) runs
-ONE compiled decode step over all S slots, whatever their prompts and sampling settings. A
-sequence's tokens are handed to its `emit` callback as they come, so a finished sequence frees
-its slot at once and a waiting one starts at the next iteration; a cancelled one (its client
-went away) is freed before the next step. Compiled shapes: one prefill per (kind, batch bucket,
-length bucket), one decode step (and one prefix computation), whatever the mix.
+ONE compiled call of K decode steps (`decode_steps`) over all S slots, whatever their prompts
+and sampling settings. A sequence's tokens are then handed to its `emit` callback in order, so
+a sequence that ends inside the call drops its later tokens and frees its slot, and a waiting
+one starts at the next iteration; a cancelled one (its client went away) is freed before the
+next call. Compiled shapes: one prefill per (kind, batch bucket, length bucket), one decode call
+(and one prefix computation), whatever the mix.
 
 `submit` refuses with `QueueFull` once `max_queue` sequences wait, and with `Stopping` after
 `close`; `stop` returns once every accepted sequence has finished.
 
 Driven over HTTP by `python -m spot_jax.serve --engine=continuous --slots=S`; without HTTP (a
 benchmark): `engine = Engine(catalog, slots=S, length_buckets=[...], max_tokens=N,
-max_queue=Q)`, `engine.warm()`, `engine.start()`, then `engine.submit([Sequence(name, ids, n,
-emit)])`, `emit` hearing ("token", id, logprob, top_ids, top_logprobs) per token and ("end",
-reason) last; `engine.stop()`.
+max_queue=Q, decode_steps=K)`, `engine.warm()`, `engine.start()`, then
+`engine.submit([Sequence(name, ids, n, emit)])`, `emit` hearing ("token", id, logprob, top_ids,
+top_logprobs) per token and ("end", reason) last; `engine.stop()`.
 """
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ class Engine:
       if self._closing:
         raise Stopping()
       if self._waiting and len(self._waiting) + len(sequences) > self.max_queue:
-        per = max(self.step_seconds, 0.01) * self.max_tokens / self.slots
+        per = max(self.step_seconds / self.decode_steps, 0.01) * self.max_tokens / self.slots
         raise QueueFull(max(1, int(np.ceil(per * (len(self._waiting) + 1)))))
       self._waiting.extend(sequences)
       self._cond.notify_all()
@@ -177,7 +178,7 @@ class Engine:
 
   def warm(self) -> int:
     """Compiles the prefix computation, every prefill (each kind the prompts need, batch bucket
-    and length bucket) and the decode step; the shapes."""
+    and length bucket) and the decode call; the shapes."""
     table = self.catalog.table
     kinds = {prefix_cache.cacheable(e): e.name for e in table.entries}  # one prompt of each
     done, observe, self.observe = [], self.observe, None
