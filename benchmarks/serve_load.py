@@ -13,8 +13,10 @@ table, --prompt_length tokens each). Per arrival rate, --requests requests arriv
 process (open loop: a request is sent at its arrival time whatever the server's backlog), each
 naming a prompt drawn uniformly, a short input, and max_tokens drawn uniformly from
 --min_tokens..--max_tokens. Engines, each its own server process on loopback:
-  continuous  `--engine=continuous` (iteration-level scheduling over --slots, streamed: time to
-              first token and inter-token gaps are the stream's); run when the server has it
+  continuous  `--engine=continuous` (iteration-level scheduling over --slots, --decode_steps
+              steps per compiled call when given, else the server's default; streamed: time to
+              first token and inter-token gaps are the stream's, between chunks); run when the
+              server has it
   batch       the dynamic batcher (one compiled decoding call per batch, --target_length steps;
               the answer comes whole, so time to first token is the request's latency)
   peft        PyTorch + PEFT behind the same HTTP front, one request at a time,
@@ -107,8 +109,9 @@ def command(engine: str, work: str, args) -> list[str]:
     return [sys.executable, "-m", "benchmarks.peers.peft_http", "--kind=decoder",
             f"--work_dir={work}", f"--vocab={embedded.DECODER_VOCAB_PATH}",
             "--max_batch_size=1", "--max_wait_ms=0", *common]
-  extra = (["--engine=continuous", f"--slots={args.slots}"] if engine == "continuous" else
-           [f"--max_batch_size={args.max_batch_size}", f"--max_wait_ms={args.max_wait_ms}"])
+  steps = [] if args.decode_steps is None else [f"--decode_steps={args.decode_steps}"]
+  extra = (["--engine=continuous", f"--slots={args.slots}", *steps] if engine == "continuous"
+           else [f"--max_batch_size={args.max_batch_size}", f"--max_wait_ms={args.max_wait_ms}"])
   return [sys.executable, "-m", "spot_jax.serve", f"--vocab={embedded.DECODER_VOCAB_PATH}",
           *extra, *common, f"--length_buckets={INPUT}",
           f"--table_rows={args.num_prompts}", "--compilation_cache_dir=none",
@@ -140,8 +143,8 @@ def send(url: str, req: dict, stream: bool, start: float) -> dict:
     time.sleep(delay)
   part = urllib.parse.urlsplit(url)
   body = {k: req[k] for k in ("model", "prompt", "max_tokens")} | {"temperature": 0.0}
-  if stream:
-    body["stream"] = True
+  if stream:  # a chunk may carry several tokens: the usage counts them
+    body |= {"stream": True, "stream_options": {"include_usage": True}}
   t0 = time.perf_counter()
   out = {"ttft": None, "gaps": [], "tokens": 0, "latency": None, "error": ""}
   try:
@@ -312,6 +315,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
   a("--max_batch_size", type=int, default=8)
   a("--max_wait_ms", type=float, default=10.0)
   a("--slots", type=int, default=8)
+  a("--decode_steps", type=int, default=None, help="the continuous engine's decode steps per "
+    "compiled call (default: the server's)")
   a("--seed", type=int, default=0)
   a("--weights", default="random", choices=("random", "trained"), help="the toy decoder's "
     "random weights (answers run to max_tokens) or its shipped checkpoint (they end at EOS)")
@@ -336,6 +341,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.error(f"--engines, --rates and --*requests need values for "
             f"{', '.join(sorted(set(missing)))}")
   lowest = min(min(r) for r in args.rates.values())
+  if args.decode_steps is not None and args.decode_steps < 1:
+    p.error(f"--decode_steps={args.decode_steps}: give a positive integer")
   if unknown or not 1 <= args.min_tokens <= args.max_tokens or lowest <= 0:
     p.error(f"--engines of {', '.join(ENGINES)}; 1 <= --min_tokens <= --max_tokens; rates > 0")
   if args.weights == "trained" and args.models != ["toy"]:

@@ -152,7 +152,7 @@ def _engine(args: Any, catalog: Any, length_buckets: Sequence[int], metrics: Any
                            max_tokens=args.target_length, max_queue=args.max_queue,
                            eos_id=inputs.eos_of(vocab),
                            stop_ids=tuple(getattr(vocab, "eos_ids", ()) or ()),
-                           observe=metrics)
+                           observe=metrics, decode_steps=args.decode_steps)
 
 
 def _chat_template(args: Any, served: Any) -> Any:

@@ -67,6 +67,8 @@ def _parser() -> cli.ArgumentParser:
     "'batch' (requests batched, each generation one compiled call) or 'continuous' (decoder-only "
     "backbones: iteration-level scheduling over --slots, streaming, chat, a KV prefix cache)")
   a("--slots", type=int, default=8, help="sequences decoding at once (--engine=continuous)")
+  a("--decode_steps", type=int, default=4, help="decode steps per compiled call "
+    "(--engine=continuous): tokens stream K at a time; 1 returns to the host every token")
   a("--chat_template", default=None, help="a model directory (tokenizer_config.json or "
     "chat_template.jinja) or a .jinja file for /v1/chat/completions (default: the checkpoint "
     "directory's)")
@@ -111,7 +113,7 @@ def _specs(args) -> list[tuple[str, str]]:
 
 def _check(args) -> None:
   for flag in ("input_length", "target_length", "max_batch_size", "max_queue", "table_rows",
-               "slots"):
+               "slots", "decode_steps"):
     validate.positive_int(getattr(args, flag), f"--{flag}", optional=True)
   validate.positive_int(args.port, "--port", minimum=0, optional=True)
   for flag in ("max_wait_ms", "request_timeout"):

@@ -56,3 +56,13 @@ def test_rates_and_requests_per_model():
   with pytest.raises(SystemExit) as refused:  # a model without rates
     serve_load.parse(["--models=toy,llama_3_2_1b", "--rates=toy=4", "--out=/tmp/unused"])
   assert refused.value.code == 2
+
+
+def test_decode_steps_reach_the_continuous_server_only_when_given():
+  given = serve_load.parse(["--decode_steps=2", "--out=/tmp/unused"])
+  assert "--decode_steps=2" in serve_load.command("continuous", "/tmp/w", given)
+  assert not any("decode_steps" in a for a in serve_load.command("batch", "/tmp/w", given))
+  default = serve_load.parse(["--out=/tmp/unused"])
+  assert not any("decode_steps" in a for a in serve_load.command("continuous", "/tmp/w", default))
+  with pytest.raises(SystemExit):
+    serve_load.parse(["--decode_steps=0", "--out=/tmp/unused"])

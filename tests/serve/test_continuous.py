@@ -64,9 +64,11 @@ def test_slots_decode_every_method_as_the_mixed_batch(setup):  # noqa: F811
   cacheable = sum(prefix_cache.cacheable(table.entries[table.index(n)]) for n in names)
   assert engine.prefixes.hits == cacheable and engine.prefixes.misses == len(names) - cacheable
   assert 0 < engine.prefixes.misses < len(names)  # SMoP and ATTEMPT prefill their prompt
-  before = (slots.decode_step._cache_size(), slots.prefill._cache_size())  # pylint: disable=protected-access
+  compiled = lambda: tuple(f._cache_size() for f in (  # noqa: E731  pylint: disable=protected-access
+      slots.decode_step, slots.decode_steps, slots.prefill))
+  before = compiled()
   _run(engine, [_sequence(n, rows[-1 - r]) for r, n in enumerate(names)])
-  assert (slots.decode_step._cache_size(), slots.prefill._cache_size()) == before  # pylint: disable=protected-access
+  assert compiled() == before
 
 
 def test_after_bos_prompts_decode_as_the_mixed_batch(setup):  # noqa: F811
@@ -133,10 +135,10 @@ def test_a_cancelled_sequence_frees_its_slot_before_the_next_step(setup):  # noq
   engine._iterate()  # pylint: disable=protected-access
   assert engine.running() == 1 and engine.waiting() == 1
   engine.cancel(first)
-  steps = engine.steps
+  calls = engine.calls
   engine._iterate()  # pylint: disable=protected-access
   assert first_events[-1] == ("end", "cancelled")
-  assert engine._active[0] is second and engine.steps == steps + 1  # pylint: disable=protected-access
+  assert engine._active[0] is second and engine.calls == calls + 1  # pylint: disable=protected-access
   with pytest.raises(Exception):
     engine.close()
     engine.submit([_sequence("pt", rows[0])[0]])
@@ -182,7 +184,7 @@ def test_a_prompt_that_grows_the_table_waits_for_the_running_slots(setup):  # no
   catalog = _catalog(backbone, table)
   catalog.load = lambda name, path: [long]
   engine = Engine(catalog, slots=2, length_buckets=[10], max_tokens=DECODE, max_queue=8,
-                  eos_id=EOS)
+                  eos_id=EOS, decode_steps=1)  # one step per call: "pt" runs on meanwhile
   first, first_events = _sequence("pt", rows[0])
   engine.submit([first])
   engine._iterate()  # pylint: disable=protected-access
@@ -237,3 +239,62 @@ def test_a_batched_prefill_equals_prefills_one_by_one_and_padding_writes_nothing
   got = _run(engine, [_sequence(n, rows[r]) for r, n in enumerate(names)])
   assert engine.prefills == 3 and engine.prefill_calls == 1
   assert got[0] == _run(_engine(backbone, table), [_sequence("pt", rows[0])])[0]
+
+
+def _events(engine, specs):
+  """Runs [(name, row, settings)] through `engine`; each sequence's events."""
+  made = []
+  for name, row, settings in specs:
+    settings = dict(settings)
+    limit = settings.pop("max_tokens", DECODE)
+    made.append(_sequence(name, row, **settings))
+    made[-1][0].max_tokens = limit
+  _run(engine, made)
+  plain = lambda e: tuple(np.asarray(v).tolist() if isinstance(v, np.ndarray) else v  # noqa: E731
+                          for v in e)
+  return [[plain(e) for e in events] for _, events in made]
+
+
+def _k_engine(backbone, table, steps, num_slots=3, **kw):
+  return Engine(_catalog(backbone, table), slots=num_slots, length_buckets=[4, 10],
+                max_tokens=DECODE, max_queue=64, eos_id=EOS, decode_steps=steps, **kw)
+
+
+def test_k_decode_steps_per_call_give_the_tokens_of_one_step_per_call(setup):  # noqa: F811
+  backbone, _, _, table, rows = setup
+  names = table.names + table.names[:1]
+  sampled = dict(temperature=0.9, top_k=50, top_p=0.95, seed=77)
+  specs = [(n, rows[r % len(rows)], sampled if r % 3 == 1 else {}) for r, n in enumerate(names)]
+  one, four = (_events(_k_engine(backbone, table, k), specs) for k in (1, 4))
+  assert one == four  # tokens, log-probabilities, top log-probabilities and ends: bit for bit
+  want, _ = _server(backbone, table).generate(names, rows[:len(names)])
+  for r, events in enumerate(four):
+    if r % 3 != 1:
+      assert [e[1] for e in events if e[0] == "token"] == _upto_eos(want[r]), names[r]
+  assert len({tuple(e[1] for e in events if e[0] == "token") for events in four}) > 1
+
+
+def test_a_sequence_ending_inside_a_call_ends_as_with_one_step_and_frees_its_slot(setup):  # noqa: F811
+  backbone, _, _, table, rows = setup
+  text = lambda ids: " ".join(f"<{t}>" for t in ids)  # noqa: E731
+  greedy = _events(_k_engine(backbone, table, 1), [("pt", rows[0], {}), ("dept", rows[2], {})])
+  tokens = [[e[1] for e in events if e[0] == "token"] for events in greedy]
+  assert len(tokens[0]) == DECODE and len(tokens[1]) == DECODE  # neither ends early alone
+  specs = [("pt", rows[0], dict(max_tokens=3)),  # 3: the first call's second token
+           ("pt", rows[0], dict(stop=(f"<{tokens[0][2]}>",), text=text)),
+           ("dept", rows[2], {}),  # ends at its stop id (below): the third token
+           ("smop", rows[1], {})]  # waits for a slot that a finished sequence frees
+  results = []
+  for k in (1, 4):
+    engine = _k_engine(backbone, table, k, num_slots=2, stop_ids=(tokens[1][2],))
+    results.append(_events(engine, specs))
+    assert engine.running() == 0 and engine._active == [None, None]  # pylint: disable=protected-access
+  one, four = results
+  assert one == four
+  ends = [events[-1] for events in four]
+  assert ends == [("end", "length"), ("end", "stop"), ("end", "stop"), ("end", "length")]
+  got = [[e[1] for e in events if e[0] == "token"] for events in four]
+  assert got[0] == tokens[0][:3] and got[1] == tokens[0][:tokens[0].index(tokens[0][2]) + 1]
+  assert got[2] == tokens[1][:tokens[1].index(tokens[1][2]) + 1]
+  alone = _events(_k_engine(backbone, table, 1), [("smop", rows[1], {})])[0]
+  assert four[3] == alone  # its slot held another sequence's dropped tokens: no trace of them

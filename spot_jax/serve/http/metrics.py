@@ -20,8 +20,8 @@ With continuous batching (`--engine=continuous`):
   spot_serve_decode_steps_total                  compiled decode steps run
   spot_serve_prefills_total{prefix}              prefills, "cached" (from the prompt's KV
                                                  prefix: a prefix-cache hit) or "prompt"
-  spot_serve_cancel_lag_steps                    decode steps a cancelled sequence still held
-                                                 its slot (0 or 1: freed before the next step)
+  spot_serve_cancel_lag_steps                    decode calls (of --decode_steps steps) a cancelled
+                                                 sequence still held its slot (0 or 1)
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ class Metrics:
     self.steps = prom.Counter("spot_serve_decode_steps", "Compiled decode steps", registry=r)
     self.prefills = prom.Counter("spot_serve_prefills", "Prefills by prefix", ["prefix"],
                                  registry=r)
-    self.cancel_lag = prom.Histogram("spot_serve_cancel_lag_steps", "Decode steps a cancelled "
+    self.cancel_lag = prom.Histogram("spot_serve_cancel_lag_steps", "Decode calls a cancelled "
                                      "sequence still held its slot", buckets=(0, 1, 2, 4, 8),
                                      registry=r)
     self.compiles = 0
@@ -113,8 +113,8 @@ class Metrics:
   def cancelled(self, lag_steps: int) -> None:
     self.cancel_lag.observe(lag_steps)
 
-  def step(self) -> None:
-    self.steps.inc()
+  def step(self, count: int = 1) -> None:
+    self.steps.inc(count)
 
   def prefill(self, cached: bool) -> None:
     self.prefills.labels("cached" if cached else "prompt").inc()

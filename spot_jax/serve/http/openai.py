@@ -2,10 +2,10 @@
 
 A checked request (`generation`) becomes rows x n engine `Sequence`s, submitted together (429
 with Retry-After when too many wait, 503 once the server is stopping). Tokens come back one by
-one from the engine thread; with `stream: true` each is sent at once as a server-sent event
-(`data: {...}`; the stream ends with `data: [DONE]`), otherwise the answer is sent when every
-sequence has ended. A client that goes away has its sequences cancelled: each frees its slot
-before the engine's next step.
+one from the engine thread; with `stream: true` they are sent as they come as server-sent events
+(`data: {...}`: one per choice for the tokens already there, e.g. a decode call's; the stream
+ends with `data: [DONE]`), otherwise the answer is sent when every sequence has ended. A client
+that goes away has its sequences cancelled: each frees its slot before the engine's next call.
 """
 from __future__ import annotations
 
@@ -247,17 +247,23 @@ async def _stream(gen: generation.Generation, choices: list[Choice], queue: asyn
         started[c.index] = True
         yield _chunk(gen, ident, created, c, c.prefix, [], None, True)
     while any(c.finish is None for c in choices):
-      index, event = await queue.get()
-      c = choices[index]
-      entries = _record(c, event)
-      if c.error is not None:
-        yield _event({"error": api.ApiError(500, f"the model failed: {c.error}").body()["error"]})
-        continue
-      text = c.delta()
-      finish = c.finish if c.finish != "cancelled" else None
-      if text or entries or finish:
-        yield _chunk(gen, ident, created, c, text, entries, finish, not started[index])
-        started[index] = True
+      events = [await queue.get()]
+      while not queue.empty():  # every event already here (a decode call's tokens): one chunk
+        events.append(queue.get_nowait())
+      entries: dict[int, list] = {}
+      for index, event in events:
+        entries.setdefault(index, []).extend(_record(choices[index], event))
+      for index, new in entries.items():
+        c = choices[index]
+        if c.error is not None:
+          yield _event({"error": api.ApiError(500, f"the model failed: {c.error}"
+                                              ).body()["error"]})
+          continue
+        text = c.delta()
+        finish = c.finish if c.finish != "cancelled" else None
+        if text or new or finish:
+          yield _chunk(gen, ident, created, c, text, new, finish, not started[index])
+          started[index] = True
     if gen.include_usage:
       yield _event({"id": ident, "object": "chat.completion.chunk" if gen.chat else
                     "text_completion", "created": created, "model": gen.model, "choices": [],

@@ -268,6 +268,31 @@ def decode_step(model: DecoderLM, params: PyTree, state: SlotState, sampling: Sa
                 ) -> tuple[SlotState, Chosen]:
   """Feeds every slot's `token` and chooses its next one: one compiled call for all S slots
   (a free slot runs too; its result is ignored)."""
+  return _decode(model, params, state, sampling)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "steps"), donate_argnums=(2,))
+def decode_steps(model: DecoderLM, params: PyTree, state: SlotState, sampling: Sampling, *,
+                 steps: int) -> tuple[SlotState, Chosen]:
+  """`steps` decode steps of every slot in one call: the same per-step math and sampling keys
+  as `steps` calls of `decode_step` (token j of the call samples at count + j), so outputs are
+  the same. A slot whose sequence ends inside the call decodes on, into its own row only (its
+  write position stops at the row's last key position); its extra tokens are the caller's to
+  drop. Returns the state and each step's `Chosen`, stacked [steps, S, ...]."""
+
+  def one(carry, j):
+    state, count = carry
+    state, chosen = _decode(model, params, state, sampling._replace(count=count + j))
+    return (state, count), chosen
+
+  (state, _), chosen = jax.lax.scan(one, (state, sampling.count),
+                                    jnp.arange(steps, dtype=jnp.int32))
+  return state, chosen
+
+
+def _decode(model: DecoderLM, params: PyTree, state: SlotState, sampling: Sampling
+            ) -> tuple[SlotState, Chosen]:
+  """One decode step of every slot (see `decode_step`)."""
   length = state.k_index.shape[1]
   write = jnp.minimum(state.write, length - 1)
   embedded = model.apply({"params": params}, state.token[:, None], method=DecoderLM.embed)

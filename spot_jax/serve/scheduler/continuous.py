@@ -4,20 +4,21 @@ One thread owns the slots (`model.slots`). Each iteration it (1) frees the slots
 cancelled sequences, (2) prefills every waiting sequence that fits a free slot, oldest first,
 in one compiled call per kind (from the prompts' cached prefixes, or with their prompts), padded
 to a batch bucket (powers of two up to S) and the longest member's length bucket, and (3) runs
-ONE compiled decode step over all S slots, whatever their prompts and sampling settings. A
-sequence's tokens are handed to its `emit` callback as they come, so a finished sequence frees
-its slot at once and a waiting one starts at the next iteration; a cancelled one (its client
-went away) is freed before the next step. Compiled shapes: one prefill per (kind, batch bucket,
-length bucket), one decode step (and one prefix computation), whatever the mix.
+ONE compiled call of K decode steps (`decode_steps`) over all S slots, whatever their prompts
+and sampling settings. A sequence's tokens are then handed to its `emit` callback in order, so
+a sequence that ends inside the call drops its later tokens and frees its slot, and a waiting
+one starts at the next iteration; a cancelled one (its client went away) is freed before the
+next call. Compiled shapes: one prefill per (kind, batch bucket, length bucket), one decode call
+(and one prefix computation), whatever the mix.
 
 `submit` refuses with `QueueFull` once `max_queue` sequences wait, and with `Stopping` after
 `close`; `stop` returns once every accepted sequence has finished.
 
 Driven over HTTP by `python -m spot_jax.serve --engine=continuous --slots=S`; without HTTP (a
 benchmark): `engine = Engine(catalog, slots=S, length_buckets=[...], max_tokens=N,
-max_queue=Q)`, `engine.warm()`, `engine.start()`, then `engine.submit([Sequence(name, ids, n,
-emit)])`, `emit` hearing ("token", id, logprob, top_ids, top_logprobs) per token and ("end",
-reason) last; `engine.stop()`.
+max_queue=Q, decode_steps=K)`, `engine.warm()`, `engine.start()`, then
+`engine.submit([Sequence(name, ids, n, emit)])`, `emit` hearing ("token", id, logprob, top_ids,
+top_logprobs) per token and ("end", reason) last; `engine.stop()`.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ from spot_jax.serve.scheduler.live_catalog import GREEDY
 from spot_jax.serve.model import slots as slots_lib
 from spot_jax.serve.model import prefix_cache
 from spot_jax.serve.model.prefix_cache import PrefixCache
+
+DECODE_STEPS = 4  # decode steps per compiled call by default (see `Engine.decode_steps`)
 
 
 @dataclasses.dataclass(eq=False)
@@ -64,7 +67,7 @@ class Sequence:
   text: Optional[Callable[[list[int]], str]] = None
   generated: list = dataclasses.field(default_factory=list)
   cancelled: bool = False
-  cancelled_at_step: int = -1
+  cancelled_at_step: int = -1  # the engine's decode calls when cancelled
   finish: Optional[str] = None
   enqueued: float = dataclasses.field(default_factory=time.monotonic)
   first_at: float = 0.0
@@ -92,20 +95,24 @@ class Engine:
     prefixes: the `PrefixCache`.
     observe: a `metrics.Metrics` (its ttft_observed, itl, cancelled, step, prefill), or None.
     batch_buckets: the prefill's padded batch sizes (powers of two below S, and S).
-    steps, prefills, prefill_calls: decode steps run, sequences prefilled, compiled prefills.
-    step_seconds: a moving average of a decode step's time.
+    decode_steps: K, decode steps per compiled call (the host streams a call's tokens after it).
+    steps, calls, prefills, prefill_calls: decode steps and calls run, sequences prefilled,
+      compiled prefills.
+    step_seconds: a moving average of a decode call's time.
   """
 
   def __init__(self, catalog: Any, *, slots: int, length_buckets: Seq[int], max_tokens: int,
-               max_queue: int, eos_id: int = 1, stop_ids: Seq[int] = (), observe: Any = None):
+               max_queue: int, eos_id: int = 1, stop_ids: Seq[int] = (), observe: Any = None,
+               decode_steps: int = DECODE_STEPS):
     self.catalog, self.slots, self.max_tokens = catalog, slots, max_tokens
+    self.decode_steps = decode_steps
     self.length_buckets, self.max_queue, self.eos_id = sorted(length_buckets), max_queue, eos_id
     self.stop_ids = frozenset((eos_id, *stop_ids))
     self.observe = observe
     self.params = _one_device(catalog.params)
     self.prefixes = PrefixCache(catalog.model, self.params, catalog.placement)
     self.batch_buckets = sorted({min(2**i, slots) for i in range(slots.bit_length() + 1)})
-    self.steps = self.prefills = self.prefill_calls = 0
+    self.steps = self.calls = self.prefills = self.prefill_calls = 0
     self.step_seconds = 0.0
     self._waiting: collections.deque[Sequence] = collections.deque()
     self._active: list[Optional[Sequence]] = [None] * slots
@@ -143,7 +150,7 @@ class Engine:
       if self._closing:
         raise Stopping()
       if self._waiting and len(self._waiting) + len(sequences) > self.max_queue:
-        per = max(self.step_seconds, 0.01) * self.max_tokens / self.slots
+        per = max(self.step_seconds / self.decode_steps, 0.01) * self.max_tokens / self.slots
         raise QueueFull(max(1, int(np.ceil(per * (len(self._waiting) + 1)))))
       self._waiting.extend(sequences)
       self._cond.notify_all()
@@ -152,7 +159,7 @@ class Engine:
     """Ends `sequence` early: dropped if it waits, its slot freed before the next step."""
     with self._cond:
       if sequence.finish is None and not sequence.cancelled:
-        sequence.cancelled, sequence.cancelled_at_step = True, self.steps
+        sequence.cancelled, sequence.cancelled_at_step = True, self.calls
         self._cond.notify_all()
 
   def close(self) -> None:
@@ -171,7 +178,7 @@ class Engine:
 
   def warm(self) -> int:
     """Compiles the prefix computation, every prefill (each kind the prompts need, batch bucket
-    and length bucket) and the decode step; the shapes."""
+    and length bucket) and the decode call; the shapes."""
     table = self.catalog.table
     kinds = {prefix_cache.cacheable(e): e.name for e in table.entries}  # one prompt of each
     done, observe, self.observe = [], self.observe, None
@@ -185,7 +192,7 @@ class Engine:
           self._step()
           self._active = [None] * self.slots
     self.prefixes.hits = self.prefixes.misses = 0
-    self.steps = self.prefills = self.prefill_calls = 0
+    self.steps = self.calls = self.prefills = self.prefill_calls = 0
     self.observe = observe
     return len(self.length_buckets) * len(kinds) * len(self.batch_buckets) + 2
 
@@ -300,18 +307,30 @@ class Engine:
       self._deliver(slot, seq, chosen, row)
 
   def _step(self) -> None:
+    """K decode steps of every slot in one call, then their tokens in order; a sequence that
+    ends inside the call frees its slot, and its later tokens are dropped."""
     start = time.monotonic()
     sampling = slots_lib.Sampling(**self._sampling)
-    self._state, chosen = slots_lib.decode_step(self.catalog.model, self.params,
-                                                self._state, sampling)
-    chosen = jax.device_get(chosen)
-    self.steps += 1
+    if self.decode_steps == 1:
+      self._state, chosen = slots_lib.decode_step(self.catalog.model, self.params,
+                                                  self._state, sampling)
+      chosen = jax.tree.map(lambda a: a[None], chosen)
+    else:
+      self._state, chosen = slots_lib.decode_steps(self.catalog.model, self.params,
+                                                   self._state, sampling,
+                                                   steps=self.decode_steps)
+    chosen = slots_lib.Chosen(*jax.device_get(tuple(chosen)))
+    self.steps += self.decode_steps
+    self.calls += 1
     if self.observe is not None:
-      self.observe.step()
+      self.observe.step(self.decode_steps)
     self.step_seconds = 0.8 * self.step_seconds + 0.2 * (time.monotonic() - start)
-    for slot, seq in enumerate(self._active):
-      if seq is not None and not seq.cancelled:
-        self._deliver(slot, seq, chosen, slot)
+    active = list(self._active)
+    for j in range(self.decode_steps):
+      step = slots_lib.Chosen(*(a[j] for a in chosen))
+      for slot, seq in enumerate(active):
+        if seq is not None and seq.finish is None and not seq.cancelled:
+          self._deliver(slot, seq, step, slot)
 
   def _deliver(self, slot: int, seq: Sequence, chosen: slots_lib.Chosen, row: int) -> None:
     """Hands `seq` its next token (row `row` of `chosen`); frees the slot when it ends."""
@@ -346,7 +365,7 @@ class Engine:
       if seq is not None and seq.cancelled:
         self._active[slot] = None
         if self.observe is not None:
-          self.observe.cancelled(self.steps - seq.cancelled_at_step)
+          self.observe.cancelled(self.calls - seq.cancelled_at_step)
         seq.emit("end", "cancelled")
 
   def _fail(self, error: Exception) -> None:
