@@ -24,7 +24,8 @@ spot-jax alone, on its own random weights. Steps: the first (compile, for spot-j
 
 `--quantization=none,int8` adds a row per quantized frozen backbone (QUANTIZATION, spot-jax
 alone, its weights quantized from the float row's) and prints each one's step time over the
-float32 row's: the price of dequantizing in the step.
+float32 row's: the price of dequantizing in the step. `--remat=none,full,save_dots` likewise
+(REMAT of the layers; every remat x quantization pair a row): the price of recomputing.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from benchmarks import common
 from benchmarks.peers import peft_decoder_train as peer
 from benchmarks.peers import worker as bench_worker
 from spot_jax import cli, runtime, validate
-from spot_jax.backbones import quantization
+from spot_jax.backbones import memory, quantization
 from spot_jax.errors import ConfigError
 
 MODELS = ("llama_3_2_1b", "gemma_3_1b")
@@ -173,14 +174,16 @@ def bench_spot_jax(config, work_dir: Optional[str], args) -> dict:
           "jax": jax.__version__, "devices": [str(d) for d in jax.devices()]}
 
 
-def bench_model(name: str, args, quantized: str = "none") -> dict:
+def bench_model(name: str, args, quantized: str = "none", remat: str = "none") -> dict:
   """One model's row: PEFT's (with --vs=peft, first), then spot-jax's on the same parameters;
-  a `quantized` backbone's: spot-jax's alone."""
+  a `quantized` or rematerialised backbone's: spot-jax's alone."""
   config = reduced_config(name, args.num_layers)
-  if quantized != "none":
-    config = config.replace(quantization=quantized)
-    return {"model": f"{name} {quantized}", "num_layers": config.num_layers,
-            "quantization": quantized, "spot_jax": bench_spot_jax(config, None, args)}
+  if quantized != "none" or remat != "none":
+    config = config.replace(quantization=quantized, remat_policy=remat)
+    label = " ".join(x for x in (quantized, "remat " + remat) if x not in ("none", "remat none"))
+    return {"model": f"{name} {label}", "num_layers": config.num_layers,
+            "quantization": quantized, "remat": remat,
+            "spot_jax": bench_spot_jax(config, None, args)}
   row = {"model": name, "num_layers": config.num_layers, "vocab_size": config.vocab_size,
          "emb_dim": config.emb_dim, "batch_size": args.batch_size,
          "input_length": args.input_length, "target_length": args.target_length,
@@ -249,6 +252,9 @@ def _parse(argv: Sequence[str]):
   p.add_argument("--quantization", default="none",
                  help="comma list of the frozen backbone's QUANTIZATION: none, int8, int4, nf4 "
                       "(a quantized row: spot-jax alone, against the float32 row)")
+  p.add_argument("--remat", default="none",
+                 help="comma list of the layers' REMAT: none, full, save_dots, offload (a "
+                      "remat row: spot-jax alone, against the none/float32 row)")
   p.add_argument("--json", default=None, help="write the rows to this file")
   p.add_argument("--markdown", default=None, help="write a Markdown table to this file")
   return p.parse_args(argv)
@@ -267,19 +273,23 @@ def main(argv: Sequence[str]) -> int:
   outputs = common.output_files(args)
   kinds = [validate.one_of(q.strip(), "--quantization", quantization.QUANTIZATIONS)
            for q in args.quantization.split(",")]
+  remats = [validate.one_of(r.strip(), "--remat", memory.REMAT_POLICIES)
+            for r in args.remat.split(",")]
   rows, ratios = [], []
   for name in names:
-    for quantized in kinds:
-      rows.append(bench_model(name, args, quantized))
-      table = markdown_table(rows)
-      print(table if len(rows) == 1 else table.splitlines()[-1] + "\n", end="", flush=True)
-    base = [r for r in rows[-len(kinds):] if "quantization" not in r]
-    for row in rows[-len(kinds):]:
+    for remat in remats:
+      for quantized in kinds:
+        rows.append(bench_model(name, args, quantized, remat))
+        table = markdown_table(rows)
+        print(table if len(rows) == 1 else table.splitlines()[-1] + "\n", end="", flush=True)
+    group = rows[-len(kinds) * len(remats):]
+    base = [r for r in group if "quantization" not in r]
+    for row in group:
       if base and "quantization" in row:
         ratio = row["spot_jax"]["step_sec_median"] / base[0]["spot_jax"]["step_sec_median"]
         size = row["spot_jax"]["frozen_bytes"] / base[0]["spot_jax"]["frozen_bytes"]
         row["step_time_vs_float32"], row["frozen_bytes_vs_float32"] = ratio, size
-        ratios.append(f"{row['model']}: step time {ratio:.2f}x float32's, frozen bytes "
+        ratios.append(f"{row['model']}: step time {ratio:.2f}x none/float32's, frozen bytes "
                       f"{size:.2f}x (host buffers)")
   print("\n".join(ratios))
   meta = {"argv": list(argv), "cpu_count": os.cpu_count(), "rows": rows}

@@ -14,7 +14,7 @@
                                 (`offload_dot_with_no_batch_dims`); on a backend without a host
                                 memory space it is refused in one line
 
-`remat_call(block, policy, *arrays, static=..., **traced)` runs one layer under its policy;
+`remat_call(block, policy, *arrays, static=..., **traced)` runs one flax layer under its policy;
 `cast(tree, dtype)` casts the floating leaves of a parameter tree (arrays or ShapeDtypeStructs,
 boxed or not).
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
+from flax.core.scope import LazyRng
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -82,16 +83,28 @@ def remat_call(block: nn.Module, policy_name: str, *arrays: Any,
                static: Optional[Mapping[str, Any]] = None, **traced: Any) -> Any:
   """`block(*arrays, **traced, **static)`, rematerialised under `policy_name` unless "none".
 
-  `arrays` and `traced` are pytrees of arrays (or None), traced; `static` holds the Python
-  values the block branches on (flags), closed over. Parameters and rngs keep their names:
-  only what the backward pass keeps changes.
+  `block` is a bound child layer whose constructor takes its `config` only; `arrays` and
+  `traced` are pytrees of arrays (or None), traced; `static` holds the Python values the block
+  branches on (flags). Under remat the layer runs as a pure function of its parameters and
+  inputs through `checkpointed` (`nn.remat` alone saves almost nothing on XLA:CPU). Its
+  "dropout" rng is handed over as the same lazy key (root key and module path) the bound layer
+  holds, so every dropout mask is the one the layer draws without remat. Initialisation runs
+  the layer as is.
   """
   static = dict(static or {})
-  if policy_name == "none":
+  if policy_name == "none" or block.is_initializing():
     return block(*arrays, **traced, **static)
-  run = nn.remat(lambda module, *args, **kwargs: module(*args, **kwargs, **static),
-                 policy=policy(policy_name))
-  return run(block, *arrays, **traced)
+  fresh = type(block)(block.config, parent=None)
+  lazy = block.scope.rngs.get("dropout")
+  lazy = None if lazy is None else LazyRng.create(lazy)
+  suffix = () if lazy is None else lazy.suffix
+
+  def run(params, key, arrays, traced):
+    rngs = {} if key is None else {"dropout": LazyRng(key, suffix)}
+    return fresh.apply({"params": params}, *arrays, **traced, **static, rngs=rngs)
+
+  key = None if lazy is None else lazy.rng
+  return checkpointed(run, policy_name)(block.variables["params"], key, arrays, traced)
 
 
 def checkpointed(fn: Callable[..., Any], policy_name: str) -> Callable[..., Any]:

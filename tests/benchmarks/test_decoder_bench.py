@@ -54,6 +54,25 @@ def test_train_step_loss_equals_peft(tmp_path):
     assert r["speedup"] == pytest.approx(ours["steps_per_sec"] / theirs["steps_per_sec"])
 
 
+def test_remat_and_int8_rows_price_against_none(tmp_path):
+  """Each remat x quantization pair is a row; remat computes the same step 1 loss as none."""
+  out = tmp_path / "remat.json"
+  assert decoder_train_step.main(
+      TINY_TRAIN + ["--models=decoder_tiny_llama", "--num_layers=2", "--vs=none",
+                    "--remat=none,full", "--quantization=none,int8", f"--json={out}"]) == 0
+  rows = {r["model"]: r for r in _rows(out)}
+  assert list(rows) == ["decoder_tiny_llama", "decoder_tiny_llama int8",
+                        "decoder_tiny_llama remat full", "decoder_tiny_llama int8 remat full"]
+  base = rows["decoder_tiny_llama"]["spot_jax"]
+  full, int8 = rows["decoder_tiny_llama remat full"], rows["decoder_tiny_llama int8"]
+  assert abs(full["spot_jax"]["first_loss"] - base["first_loss"]) <= 1e-6 * base["first_loss"]
+  assert abs(rows["decoder_tiny_llama int8 remat full"]["spot_jax"]["first_loss"]
+             - int8["spot_jax"]["first_loss"]) <= 1e-6 * base["first_loss"]
+  for r in (full, int8):
+    assert r["step_time_vs_float32"] == pytest.approx(
+        r["spot_jax"]["step_sec_median"] / base["step_sec_median"])
+
+
 def test_serving_predictions_equal_peft(tmp_path):
   out = tmp_path / "serve.json"
   assert decoder_serve.main(TINY_SERVE + [f"--json={out}"]) == 0
