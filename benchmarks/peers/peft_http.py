@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -34,18 +34,20 @@ class PeftServer:
   def __init__(self, model, target_length: int):
     self.model, self.target_length = model, target_length
 
-  def generate(self, names: Sequence[str], rows: np.ndarray, unused_batch_index: int = 0
-               ) -> tuple[np.ndarray, np.ndarray]:
+  def generate(self, names: Sequence[str], rows: np.ndarray, unused_batch_index: int = 0,
+               valid: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+    """`valid` [B, T] marks the tokens of `rows` (None: ids > 0, T5's padding)."""
     import torch  # pylint: disable=import-outside-toplevel
+    valid = np.asarray(rows > 0 if valid is None else valid, bool)
     out = np.zeros((len(names), self.target_length), np.int32)
     with torch.inference_mode():
       for name in dict.fromkeys(names):
         group = [i for i, n in enumerate(names) if n == name]
-        tokens = rows[group]
-        length = int((tokens > 0).sum(axis=1).max())
-        ids = torch.from_numpy(np.ascontiguousarray(tokens[:, :length])).long()
+        length = int(valid[group].sum(axis=1).max())
+        ids = torch.from_numpy(np.ascontiguousarray(rows[group][:, :length])).long()
+        mask = torch.from_numpy(np.ascontiguousarray(valid[group][:, :length])).long()
         self.model.set_adapter(name)
-        got = self.model.generate(input_ids=ids, attention_mask=(ids > 0).long(),
+        got = self.model.generate(input_ids=ids, attention_mask=mask,
                                   max_new_tokens=self.target_length, do_sample=False).numpy()
         out[group, :got.shape[1] - 1] = got[:, 1:]  # column 0: the decoder's start token
     return out, np.zeros(len(names), np.float32)
@@ -60,13 +62,15 @@ class PeftDecoderServer:
     self.model, self.target_length = model, target_length
     self.bos_id, self.eos_id = bos_id, eos_id
 
-  def generate(self, names: Sequence[str], rows: np.ndarray, unused_batch_index: int = 0
-               ) -> tuple[np.ndarray, np.ndarray]:
+  def generate(self, names: Sequence[str], rows: np.ndarray, unused_batch_index: int = 0,
+               valid: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+    """`valid` [B, T] marks the tokens of `rows` (every id is a token; None: ids > 0)."""
     import torch  # pylint: disable=import-outside-toplevel
+    valid = np.asarray(rows > 0 if valid is None else valid, bool)
     out = np.zeros((len(names), self.target_length), np.int32)
     with torch.inference_mode():
       for i, name in enumerate(names):
-        ids = torch.tensor([[self.bos_id] + [int(t) for t in rows[i] if t > 0]])
+        ids = torch.tensor([[self.bos_id] + [int(t) for t in rows[i][valid[i]]]])
         self.model.set_adapter(name)
         got = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                   max_new_tokens=self.target_length, do_sample=False,

@@ -43,6 +43,18 @@ def test_a_tiny_run_of_the_batching_server(tmp_path):
   assert (out / "serve_load.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_tiny_run_of_the_peft_server(tmp_path):
+  """The PEFT arm's server reads the batcher's validity masks and answers every request."""
+  pytest.importorskip("torch")
+  pytest.importorskip("peft")
+  out = tmp_path / "out"
+  assert serve_load.main(["--engines=peft", "--peft_requests=2", "--rates=4", "--num_prompts=2",
+                          "--min_tokens=2", "--max_tokens=3", f"--out={out}"]) == 0
+  rows = json.loads((out / "results.json").read_text())["rows"]
+  assert len(rows) == 1 and rows[0]["failures"] == 0, rows[0]["errors"]
+  assert rows[0]["tokens_per_s"] > 0
+
+
 def test_rates_and_requests_per_model():
   args = serve_load.parse(["--models=toy,llama_3_2_1b", "--rates=toy=4,16;llama_3_2_1b=0.5",
                            "--requests=32", "--engines=toy=batch,peft;llama_3_2_1b=batch",
