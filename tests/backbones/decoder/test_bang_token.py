@@ -140,6 +140,23 @@ def _padded(rows: list[list[int]], width: int, pad: int) -> tuple[np.ndarray, np
   return tokens, valid
 
 
+def _check_greedy(got, model, hf_tokenizer, prompt, reference, steps: int) -> None:
+  """`got` [B, >= steps] equals transformers' greedy continuation of each reference row (after
+  the soft `prompt`, if any), up to its EOS."""
+  for b, (row_inputs, _, _) in enumerate(reference):
+    ids = [hf_tokenizer.bos_token_id] + row_inputs
+    with torch.no_grad():
+      for _ in range(steps):
+        embeds = model.get_input_embeddings()(torch.tensor([ids]))
+        if prompt is not None:
+          embeds = torch.cat([torch.tensor(prompt)[None], embeds], dim=1)
+        ids.append(int(model(inputs_embeds=embeds).logits[0, -1].argmax()))
+    want = ids[1 + len(row_inputs):]
+    if hf_tokenizer.eos_token_id in want:
+      want = want[:want.index(hf_tokenizer.eos_token_id) + 1]
+    np.testing.assert_array_equal(got[b, :len(want)], want)
+
+
 @pytest.mark.parametrize("with_prompt", [False, True])
 def test_inference_matches_transformers(llama, hf_tokenizer, with_prompt):
   model, cfg, params = llama
@@ -167,18 +184,7 @@ def test_inference_matches_transformers(llama, hf_tokenizer, with_prompt):
     # Greedy decoding equals transformers' greedy continuation.
     steps = 4
     got = np.asarray(lm.predict_batch(params, inputs, steps, input_valid=input_valid))
-    for b, (row_inputs, _, _) in enumerate(reference):
-      ids = [hf_tokenizer.bos_token_id] + row_inputs
-      with torch.no_grad():
-        for _ in range(steps):
-          embeds = model.get_input_embeddings()(torch.tensor([ids]))
-          if prompt is not None:
-            embeds = torch.cat([torch.tensor(prompt)[None], embeds], dim=1)
-          ids.append(int(model(inputs_embeds=embeds).logits[0, -1].argmax()))
-      want = ids[1 + len(row_inputs):]
-      if hf_tokenizer.eos_token_id in want:
-        want = want[:want.index(hf_tokenizer.eos_token_id) + 1]
-      np.testing.assert_array_equal(got[b, :len(want)], want)
+    _check_greedy(got, model, hf_tokenizer, prompt, reference, steps)
 
 
 def test_serving_engine_matches_transformers(llama, hf_tokenizer):
@@ -204,14 +210,4 @@ def test_serving_engine_matches_transformers(llama, hf_tokenizer):
     np.testing.assert_allclose(np.diag(labels), [r[2].sum() for r in reference], rtol=0,
                                atol=TOL)
     got, _ = server.generate(names, inputs, valid=input_valid)
-    for b, (row_inputs, _, _) in enumerate(reference):
-      ids = [hf_tokenizer.bos_token_id] + row_inputs
-      with torch.no_grad():
-        for _ in range(steps):
-          embeds = model.get_input_embeddings()(torch.tensor([ids]))
-          embeds = torch.cat([torch.tensor(prompt)[None], embeds], dim=1)
-          ids.append(int(model(inputs_embeds=embeds).logits[0, -1].argmax()))
-      want = ids[1 + len(row_inputs):]
-      if hf_tokenizer.eos_token_id in want:
-        want = want[:want.index(hf_tokenizer.eos_token_id) + 1]
-      np.testing.assert_array_equal(got[b, :len(want)], want)
+    _check_greedy(got, model, hf_tokenizer, prompt, reference, steps)
