@@ -41,7 +41,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from spot_jax import cli, validate
+from spot_jax import cli, validate, vocabulary
 from spot_jax.cli import distributed
 from spot_jax.cli import flags
 from spot_jax.errors import ConfigError
@@ -323,7 +323,7 @@ def _tokens(args, vocab, examples) -> tuple[np.ndarray, np.ndarray]:
   tokenizer may give a token id 0)."""
   from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
   if examples[0].tokens is not None:
-    return inputs.right_padded([ex.tokens for ex in examples], args.input_length)
+    return vocabulary.right_padded([ex.tokens for ex in examples], args.input_length)
   tokens, valid, cut = inputs.tokenize(vocab, [ex.input for ex in examples], args.input_length)
   if cut:
     where = "stdin" if args.input == "-" else args.input

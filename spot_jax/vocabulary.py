@@ -22,7 +22,9 @@ TensorFlow's file system: those go through seqio.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
 
 from spot_jax.errors import ConfigError
 
@@ -116,6 +118,16 @@ class Byte:
 
   def __repr__(self) -> str:
     return f"Byte(extra_ids={self.extra_ids})"
+
+
+def right_padded(rows: Sequence[Sequence[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
+  """[N, width] int32 ids right-padded with 0 and their validity [N, width] bool: padding is
+  marked by the mask, never by an id (a decoder's tokenizer may give "!" id 0)."""
+  tokens = np.zeros((len(rows), width), np.int32)
+  valid = np.zeros((len(rows), width), bool)
+  for i, ids in enumerate(rows):
+    tokens[i, :len(ids)], valid[i, :len(ids)] = ids, True
+  return tokens, valid
 
 
 def t5_path() -> str:

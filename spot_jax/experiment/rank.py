@@ -27,6 +27,7 @@ from spot_jax import data as data_lib
 from spot_jax import fileio
 from spot_jax import models
 from spot_jax import partitioning
+from spot_jax import vocabulary as vocabulary_lib
 from spot_jax.errors import ConfigError
 from spot_jax.experiment.outcome import RunOutcome
 from spot_jax.experiment.request import Recipe
@@ -74,19 +75,11 @@ def examples(task: str, labels: tuple[str, ...], num_examples: int, input_length
   if not rows:
     raise ConfigError(f"rank classification: {task} has no validation examples")
   width = min(-(-max(len(r) for r in rows) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE, input_length)
-  tokens, valid = _right_padded(rows, width)
+  tokens, valid = vocabulary_lib.right_padded(rows, width)
   eos_id = vocab.eos_id  # the vocabulary's, as the targets carry it (seqio's: 1)
-  label_rows, label_valid = _right_padded([list(vocab.encode(x)) + [eos_id] for x in labels],
-                                          lengths["targets"])
+  label_rows, label_valid = vocabulary_lib.right_padded(
+      [list(vocab.encode(x)) + [eos_id] for x in labels], lengths["targets"])
   return Examples(tokens, np.asarray(gold), label_rows, valid, label_valid)
-
-
-def _right_padded(rows: Sequence[Sequence[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
-  """([N, width] ids right-padded with 0, [N, width] bool validity): the mask marks padding."""
-  tokens, valid = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), bool)
-  for i, r in enumerate(rows):
-    tokens[i, :len(r)], valid[i, :len(r)] = r, True
-  return tokens, valid
 
 
 def classify(predict: Callable[..., Any], params: Any, data: Examples, batch_size: int

@@ -101,7 +101,7 @@ def build(args: Any, prog: str, specs: Sequence[tuple[str, str]], batch_buckets:
                       config.vocab_size, args.truncate, tuple(args.label))
   from spot_jax.serve.model import inputs  # pylint: disable=g-import-not-at-top
   if args.label:
-    inputs.label_tokens(vocab, args.label, args.target_length)  # checked now, not per request
+    inputs.label_rows(vocab, args.label, args.target_length)  # checked now, not per request
   params, mesh = served_backbone.load_params(served)
   several = jax.process_count() > 1  # the others repeat process 0's calls (`follow`)
   mirror = follow.Mirror(several)

@@ -16,7 +16,7 @@ from typing import IO, Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from spot_jax import fileio, validate
+from spot_jax import fileio, validate, vocabulary
 from spot_jax.errors import ConfigError
 
 
@@ -110,16 +110,6 @@ def eos_of(vocab: Any) -> int:
   return eos_id if isinstance(eos_id, int) else 1
 
 
-def right_padded(rows: Sequence[Sequence[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
-  """[N, width] int32 ids right-padded with 0 and their validity [N, width] bool: padding is
-  marked by the mask, never by an id (a decoder's tokenizer may give "!" id 0)."""
-  tokens = np.zeros((len(rows), width), np.int32)
-  valid = np.zeros((len(rows), width), bool)
-  for i, ids in enumerate(rows):
-    tokens[i, :len(ids)], valid[i, :len(ids)] = ids, True
-  return tokens, valid
-
-
 def tokenize(vocab: Any, texts: Sequence[str], length: int, eos_id: Optional[int] = None
              ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
   """[N, length] int32 right-padded ids ending in EOS (the vocabulary's unless `eos_id`), their
@@ -133,7 +123,7 @@ def tokenize(vocab: Any, texts: Sequence[str], length: int, eos_id: Optional[int
       truncated.append((i, len(ids) + 1))
       ids = ids[:length - 1]
     rows.append(ids + [eos_id])
-  tokens, valid = right_padded(rows, length)
+  tokens, valid = vocabulary.right_padded(rows, length)
   return tokens, valid, truncated
 
 
@@ -150,11 +140,6 @@ def label_rows(vocab: Any, labels: Sequence[str], length: int) -> tuple[np.ndarr
     raise ConfigError(f"--label entry {i} ({labels[i]!r}) is longer than --target_length={length} "
                       f"tokens (EOS included); raise --target_length")
   return tokens, valid
-
-
-def label_tokens(vocab: Any, labels: Sequence[str], length: int) -> np.ndarray:
-  """[N, length] tokens of the --label strings (`label_rows` without the validity)."""
-  return label_rows(vocab, labels, length)[0]
 
 
 def valid_to_eos(rows: np.ndarray, eos_id: int) -> np.ndarray:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from spot_jax.serve.model import inputs
+from spot_jax import vocabulary
 from spot_jax.serve.scheduler import follow
 
 Done = Callable[[Any], None]  # called once with the result, or with an Exception
@@ -254,6 +254,6 @@ class Batcher:
     caps = [offsets[n] for n in names if offsets.get(n)]
     width = self._width(max(len(t) for t in tokens), min(caps) if caps else None)
     size = bucket(self.batch_buckets, len(names)) or len(names)
-    rows, valid = inputs.right_padded(
+    rows, valid = vocabulary.right_padded(
         [tokens[i] if i < len(tokens) else tokens[0] for i in range(size)], width)
     return names + [names[0]] * (size - len(names)), rows, valid
