@@ -8,6 +8,8 @@ model); any mix compiles once.
 """
 from __future__ import annotations
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +20,9 @@ from spot_jax.backbones.decoder.config import config_by_name
 from spot_jax.backbones.decoder.network import DecoderLM
 from spot_jax.errors import ConfigError
 from spot_jax.prompts import initializers
+from spot_jax.serve import assemble
 from spot_jax.serve.model import mixed_decoder
+from spot_jax.serve.scheduler import live_catalog
 from spot_jax.serve.catalog import prompt_loaders
 from spot_jax.serve.model.server import DecodeSettings, Server
 from spot_jax.serve.catalog.table import PromptTable
@@ -164,6 +168,19 @@ def test_any_mix_compiles_once(setup):
   before = mixed_decoder.generate_mixed._cache_size()  # pylint: disable=protected-access
   for seed in (3, 4, 5):
     server.generate(_mix(table, seed), rows)
+  assert mixed_decoder.generate_mixed._cache_size() == before  # pylint: disable=protected-access
+
+
+def test_the_batch_servers_warm_up_compiles_what_requests_run(setup):
+  """Requests carry validity masks (a decoder's id 0 is a token): warm-up compiles with them,
+  so no request compiles."""
+  backbone, _, _, table, rows = setup
+  catalog = live_catalog.Catalog(DecoderLM(CONFIG), backbone, table.entries,
+                                 emb_dim=CONFIG.emb_dim, target_length=DECODE, load=None,
+                                 eos_id=EOS)
+  assemble._warm(types.SimpleNamespace(catalog=catalog), [2], [10])  # pylint: disable=protected-access
+  before = mixed_decoder.generate_mixed._cache_size()  # pylint: disable=protected-access
+  catalog.server().generate(_mix(table, 3)[:2], rows[:2], 1, valid=rows[:2] > 0)
   assert mixed_decoder.generate_mixed._cache_size() == before  # pylint: disable=protected-access
 
 
