@@ -242,7 +242,8 @@ class Attention(nn.Module):
       past: None (S = T); deep prefixes (key, value) [B or 1, P, K, D], used raw, before the
         new keys (S = P + T); or, with `write_index`, a cache [B, S, K, D] the new keys and
         values are written into at `write_index` before attending over all S of it.
-      write_index: the cache index of the first new token (a scalar), or None.
+      write_index: the cache index of the first new token (a scalar), or [B] one per row (T =
+        1: each row's token goes to its own index, as slots decoding apart need), or None.
       kv_only: return the inputs' (key, value) [B, T, K, D] at `positions` (key norm and RoPE
         applied, as the cache holds them) and attend to nothing (`mask` unused).
 
@@ -263,7 +264,12 @@ class Attention(nn.Module):
     q = heads_in(cfg.num_heads, heads_axis="heads", name="query")(x)
     q = apply_rope(norm(name="query_norm")(q) if cfg.qk_norm else q, positions, inv_freq)
     cache = None
-    if past is not None and write_index is not None:
+    if past is not None and write_index is not None and jnp.ndim(write_index) == 1:
+      rows = jnp.arange(x.shape[0])
+      k = past[0].at[rows, write_index].set(k[:, 0].astype(past[0].dtype), mode="drop")
+      v = past[1].at[rows, write_index].set(v[:, 0].astype(past[1].dtype), mode="drop")
+      cache = (k, v)
+    elif past is not None and write_index is not None:
       at = (0, write_index, 0, 0)
       k = jax.lax.dynamic_update_slice(past[0], k.astype(past[0].dtype), at)
       v = jax.lax.dynamic_update_slice(past[1], v.astype(past[1].dtype), at)

@@ -228,7 +228,8 @@ class DecoderLM(nn.Module):
       q_index: [B, T] the inputs' indices; k_index, k_valid: [B, S] the keys' (see
         `layers.attention_mask`).
       past: per layer (key, value): deep prefixes, or the decoding cache (`write_index`).
-      write_index: where the inputs' keys and values go in the cache (a scalar), or None.
+      write_index: where the inputs' keys and values go in the cache (a scalar, or [B]: each
+        row's one input to its own index), or None.
       last_only: the logits of the last position only (T = 1 in the result), as decoding's
         prefill needs: [B, T, V] over a 262k vocabulary would dwarf the rest.
       keep: [B, K] int indices of the positions whose logits to compute (T = K in the result),

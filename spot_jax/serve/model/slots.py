@@ -292,24 +292,18 @@ def decode_steps(model: DecoderLM, params: PyTree, state: SlotState, sampling: S
 
 def _decode(model: DecoderLM, params: PyTree, state: SlotState, sampling: Sampling
             ) -> tuple[SlotState, Chosen]:
-  """One decode step of every slot (see `decode_step`)."""
+  """One decode step of every slot (see `decode_step`): one batched pass, each slot's key and
+  value written at its own position."""
   length = state.k_index.shape[1]
   write = jnp.minimum(state.write, length - 1)
+  rows = jnp.arange(write.shape[0])
   embedded = model.apply({"params": params}, state.token[:, None], method=DecoderLM.embed)
-
-  def one(x, cache, k_index, k_valid, at, index):
-    """One slot: x [1, E] at cache position `at` with index `index`."""
-    k_index = k_index.at[at].set(index)
-    k_valid = k_valid.at[at].set(True)
-    where = jnp.reshape(index, (1, 1))
-    logits, cache = model.apply(
-        {"params": params}, x[None], positions=where, q_index=where, k_index=k_index[None],
-        k_valid=k_valid[None], past=tuple((k[None], v[None]) for k, v in cache),
-        write_index=at, method=DecoderLM.stack)
-    return logits[0, -1], tuple((k[0], v[0]) for k, v in cache), k_index, k_valid
-
-  logits, cache, k_index, k_valid = jax.vmap(one)(embedded, state.cache, state.k_index,
-                                                  state.k_valid, write, state.next)
-  chosen = _choose(logits, sampling)
+  where = state.next[:, None]
+  k_index = state.k_index.at[rows, write].set(state.next)
+  k_valid = state.k_valid.at[rows, write].set(True)
+  logits, cache = model.apply({"params": params}, embedded, positions=where, q_index=where,
+                              k_index=k_index, k_valid=k_valid, past=state.cache,
+                              write_index=write, method=DecoderLM.stack)
+  chosen = _choose(logits[:, -1], sampling)
   return SlotState(cache, k_index, k_valid, state.write + 1, state.next + 1,
                    chosen.token), chosen
