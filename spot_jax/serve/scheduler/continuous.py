@@ -1,15 +1,15 @@
 """Continuous batching: iteration-level scheduling of decoder-only generation over fixed slots.
 
-One thread owns the slots (`model.slots`). Each iteration it (1) frees the slots of finished or
-cancelled sequences, (2) prefills every waiting sequence that fits a free slot, oldest first,
+One thread owns the slots (`model.slots`). Each cycle it (1) frees the slots of cancelled
+sequences, (2) starts the prefill of every waiting sequence that fits a free slot, oldest first,
 in one compiled call per kind (from the prompts' cached prefixes, or with their prompts), padded
-to a batch bucket (powers of two up to S) and the longest member's length bucket, and (3) runs
-ONE compiled call of K decode steps (`decode_steps`) over all S slots, whatever their prompts
-and sampling settings. A sequence's tokens are then handed to its `emit` callback in order, so
-a sequence that ends inside the call drops its later tokens and frees its slot, and a waiting
-one starts at the next iteration; a cancelled one (its client went away) is freed before the
-next call. Compiled shapes: one prefill per (kind, batch bucket, length bucket), one decode call
-(and one prefix computation), whatever the mix.
+to a batch bucket (powers of two up to S) and the longest member's length bucket, (3) starts ONE
+compiled call of K decode steps (`decode_steps`) over all S slots, whatever their prompts and
+sampling settings, (4) while those run, hands the previous cycle's tokens to their sequences'
+`emit` callbacks (the host's work hides behind the device's), then (5) books the new tokens:
+first tokens are handed out at once, a sequence that ends inside the call drops its later
+tokens and frees its slot for the next cycle. Compiled shapes: one prefill per (kind, batch
+bucket, length bucket), one decode call (and one prefix computation), whatever the mix.
 
 `submit` refuses with `QueueFull` once `max_queue` sequences wait, and with `Stopping` after
 `close`; `stop` returns once every accepted sequence has finished.
@@ -95,7 +95,7 @@ class Engine:
     prefixes: the `PrefixCache`.
     observe: a `metrics.Metrics` (its ttft_observed, itl, cancelled, step, prefill), or None.
     batch_buckets: the prefill's padded batch sizes (powers of two below S, and S).
-    decode_steps: K, decode steps per compiled call (the host streams a call's tokens after it).
+    decode_steps: K, decode steps per compiled call (a call's tokens stream together).
     steps, calls, prefills, prefill_calls: decode steps and calls run, sequences prefilled,
       compiled prefills.
     step_seconds: a moving average of a decode call's time.
@@ -116,6 +116,7 @@ class Engine:
     self.step_seconds = 0.0
     self._waiting: collections.deque[Sequence] = collections.deque()
     self._active: list[Optional[Sequence]] = [None] * slots
+    self._pending: list[tuple[Sequence, tuple]] = []  # booked events not yet handed out
     self._cond = threading.Condition()
     self._closing = self._stopping = False
     self._table_key: Any = None
@@ -186,10 +187,10 @@ class Engine:
       for name in kinds.values():
         for size in self.batch_buckets:
           self._refresh()
-          self._admit([(Sequence(name, np.asarray([self.eos_id] * width, np.int32), 2,
+          self._cycle([(Sequence(name, np.asarray([self.eos_id] * width, np.int32), 2,
                                  lambda *event: done.append(event)), slot)
                        for slot in range(size)])
-          self._step()
+          self._flush()
           self._active = [None] * self.slots
     self.prefixes.hits = self.prefixes.misses = 0
     self.steps = self.calls = self.prefills = self.prefill_calls = 0
@@ -214,6 +215,7 @@ class Engine:
     return bool(self._waiting) or self.running() > 0
 
   def _iterate(self) -> None:
+    """Frees cancelled slots, admits the waiting sequences that fit free slots, runs a cycle."""
     self._free_cancelled()
     ready = self._refresh()
     with self._cond:
@@ -233,10 +235,26 @@ class Engine:
         seq.emit("error", PromptGone(seq.name))
         continue
       admitted.append((seq, free.pop(0)))
-    if admitted:
-      self._admit(admitted)
-    if self.running():
-      self._step()
+    self._cycle(admitted)
+
+  def _cycle(self, admitted: list[tuple[Sequence, int]]) -> None:
+    """Starts the prefills of `admitted` [(sequence, free slot)] and the decode call, hands
+    out the tokens of the cycle before while they run (the host's share overlaps the
+    device's), then books theirs: ends found and slots freed before the next cycle."""
+    prefills = self._admit(admitted) if admitted else []
+    call = self._dispatch() if self.running() else None
+    self._flush()
+    for part, cached, chosen in prefills:
+      chosen = slots_lib.Chosen(*jax.device_get(tuple(chosen)))
+      for row, (seq, slot, _) in enumerate(part):
+        if self.observe is not None:
+          self.observe.prefill(cached)
+        self._book(slot, seq, chosen, row)
+    self._flush()  # first tokens at once, not after the decode call
+    if call is not None:
+      self._book_call(*call)
+    if not self.running():  # nothing runs to hide them behind
+      self._flush()
 
   def _refresh(self) -> bool:
     """Follows the catalog's table; False while slots must finish before the state changes."""
@@ -261,22 +279,25 @@ class Engine:
         self.prefixes.head(table, self._arrays, name, count=False)
     return True
 
-  def _admit(self, admitted: list[tuple[Sequence, int]]) -> None:
-    """Prefills each (sequence, free slot) and emits its first token: one compiled call per
-    kind (cached prefix or not) and batch bucket."""
+  def _admit(self, admitted: list[tuple[Sequence, int]]) -> list[tuple[list, bool, Any]]:
+    """Starts the prefill of each (sequence, free slot), which then holds it: one compiled
+    call per kind (cached prefix or not) and batch bucket; [(part, cached, first tokens'
+    `Chosen`)]."""
     kinds: dict[bool, list] = {}
     for seq, slot in admitted:
       head, cached = self.prefixes.head(self._table, self._arrays, seq.name)
       kinds.setdefault(cached, []).append((seq, slot, head))
+    started = []
     for cached, group in kinds.items():
       while group:
         size = bucket(self.batch_buckets, len(group))
         part, group = group[:size], group[size:]
-        self._prefill(part, size, cached)
+        started.append((part, cached, self._prefill(part, size, cached)))
+    return started
 
-  def _prefill(self, part: list, size: int, cached: bool) -> None:
-    """One compiled prefill of `part` [(sequence, slot, head)], padded to `size` rows (copies of
-    the first, written nowhere)."""
+  def _prefill(self, part: list, size: int, cached: bool) -> slots_lib.Chosen:
+    """Starts one compiled prefill of `part` [(sequence, slot, head)], padded to `size` rows
+    (copies of the first, written nowhere); its first tokens' `Chosen` (not yet fetched)."""
     width = max(bucket(self.length_buckets, len(seq.tokens)) for seq, _, _ in part)
     for seq, slot, _ in part:
       for key, value in (("temperature", seq.temperature), ("top_k", seq.top_k),
@@ -299,66 +320,65 @@ class Engine:
         heads, sampling, placement=self.catalog.placement, cached=cached)
     self.prefills += len(part)
     self.prefill_calls += 1
-    chosen = jax.device_get(chosen)
-    for row, (seq, slot, _) in enumerate(part):
-      if self.observe is not None:
-        self.observe.prefill(cached)
+    for seq, slot, _ in part:
       self._active[slot] = seq
-      self._deliver(slot, seq, chosen, row)
+      self._sampling["count"][slot] = 1  # the first token is drawn at 0
+    return chosen
 
-  def _step(self) -> None:
-    """K decode steps of every slot in one call, then their tokens in order; a sequence that
-    ends inside the call frees its slot, and its later tokens are dropped."""
+  def _dispatch(self) -> tuple[Any, list, float]:
+    """Starts K decode steps of every slot in one call; (its `Chosen`, not yet fetched, each
+    slot's sequence then, the start time)."""
     start = time.monotonic()
-    sampling = slots_lib.Sampling(**self._sampling)
-    if self.decode_steps == 1:
-      self._state, chosen = slots_lib.decode_step(self.catalog.model, self.params,
-                                                  self._state, sampling)
-      chosen = jax.tree.map(lambda a: a[None], chosen)
-    else:
-      self._state, chosen = slots_lib.decode_steps(self.catalog.model, self.params,
-                                                   self._state, sampling,
-                                                   steps=self.decode_steps)
-    chosen = slots_lib.Chosen(*jax.device_get(tuple(chosen)))
+    sampling = slots_lib.Sampling(**{k: v.copy() for k, v in self._sampling.items()})
+    self._state, chosen = slots_lib.decode_steps(self.catalog.model, self.params, self._state,
+                                                 sampling, steps=self.decode_steps)
     self.steps += self.decode_steps
     self.calls += 1
     if self.observe is not None:
       self.observe.step(self.decode_steps)
+    return chosen, list(self._active), start
+
+  def _book_call(self, chosen: Any, active: list, start: float) -> None:
+    """Books a decode call's tokens in order; a sequence that ends inside the call frees its
+    slot, and its later tokens are dropped."""
+    chosen = slots_lib.Chosen(*jax.device_get(tuple(chosen)))
     self.step_seconds = 0.8 * self.step_seconds + 0.2 * (time.monotonic() - start)
-    active = list(self._active)
     for j in range(self.decode_steps):
       step = slots_lib.Chosen(*(a[j] for a in chosen))
       for slot, seq in enumerate(active):
         if seq is not None and seq.finish is None and not seq.cancelled:
-          self._deliver(slot, seq, step, slot)
+          self._book(slot, seq, step, slot)
 
-  def _deliver(self, slot: int, seq: Sequence, chosen: slots_lib.Chosen, row: int) -> None:
-    """Hands `seq` its next token (row `row` of `chosen`); frees the slot when it ends."""
+  def _book(self, slot: int, seq: Sequence, chosen: slots_lib.Chosen, row: int) -> None:
+    """Gives `seq` its next token (row `row` of `chosen`), handed out at the next `_flush`;
+    frees the slot when it ends."""
     token = int(chosen.token[row])
-    now = time.monotonic()
-    if self.observe is not None:
-      if seq.generated:
-        self.observe.itl(now - seq.last_at)
-      else:
-        self.observe.ttft_observed(now - seq.enqueued)
-    seq.first_at = seq.first_at or now
-    seq.last_at = now
     seq.generated.append(token)
     self._sampling["count"][slot] = len(seq.generated)
-    seq.emit("token", token, float(chosen.logprob[row]), chosen.top_ids[row],
-             chosen.top_logprobs[row])
-    finish = None
-    if token in self.stop_ids:
-      finish = "stop"
-    elif seq.stop and seq.text is not None and any(s in seq.text(seq.generated)
-                                                   for s in seq.stop):
-      finish = "stop"
-    elif len(seq.generated) >= seq.max_tokens:
-      finish = "length"
+    self._pending.append((seq, ("token", token, float(chosen.logprob[row]), chosen.top_ids[row],
+                                chosen.top_logprobs[row])))
+    stopped = token in self.stop_ids or (seq.stop and seq.text is not None and any(
+        s in seq.text(seq.generated) for s in seq.stop))
+    finish = "stop" if stopped else "length" if len(seq.generated) >= seq.max_tokens else None
     if finish:
       seq.finish = finish
       self._active[slot] = None
-      seq.emit("end", finish)
+      self._pending.append((seq, ("end", finish)))
+
+  def _flush(self) -> None:
+    """Hands out the booked events, in order."""
+    pending, self._pending = self._pending, []
+    for seq, event in pending:
+      if event[0] == "token":
+        now = time.monotonic()
+        if self.observe is not None:
+          if seq.first_at:
+            self.observe.itl(now - seq.last_at)
+          else:
+            self.observe.ttft_observed(now - seq.enqueued)
+        seq.first_at = seq.first_at or now
+        seq.last_at = now
+      seq.emit(*event)
 
   def _free_cancelled(self) -> None:
     for slot, seq in enumerate(self._active):
@@ -366,9 +386,10 @@ class Engine:
         self._active[slot] = None
         if self.observe is not None:
           self.observe.cancelled(self.calls - seq.cancelled_at_step)
-        seq.emit("end", "cancelled")
+        self._pending.append((seq, ("end", "cancelled")))
 
   def _fail(self, error: Exception) -> None:
+    self._flush()
     for slot, seq in enumerate(self._active):
       if seq is not None:
         self._active[slot] = None
