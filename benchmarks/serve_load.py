@@ -23,9 +23,12 @@ naming a prompt drawn uniformly, a short input, and max_tokens drawn uniformly f
               `generate(use_cache=False)` (its correct path, `benchmarks.peers.peft_http`);
               as it serves one request at a time, at --peft_rates with --peft_requests
 --engines, --rates, --requests and --peft_requests take one list for every model, or MODEL=list
-groups joined by ';'.
-Writes OUT/results.json, OUT/serve_load.md (the table) and OUT/serve_load.png (p99 time to
-first token against tokens/s). The load generator shares the CPU with the server.
+groups joined by ';'; --seconds=S sends rate x S requests per run instead. With
+--half_saturation, continuous runs once more at half the arrival rate that saturated it.
+The goals, per model: continuous's highest tokens/s at a p99 time to first token no higher
+than each batch row's, over that row's (>= 2); the half-saturation p99 over a request's alone
+(<= 3). Writes OUT/results.json, OUT/serve_load.md (rows and goals) and OUT/serve_load.png
+(p99 time to first token against tokens/s). The load generator shares the CPU with the server.
 """
 from __future__ import annotations
 
@@ -101,8 +104,9 @@ def setup(work: str, num_prompts: int, prompt_length: int, weights: str, config:
 
 
 def command(engine: str, work: str, args) -> list[str]:
-  most = max(n for counts in (args.requests, args.peft_requests) for v in counts.values()
-             for n in v)
+  rates = [r for v in args.rates.values() for r in v]
+  most = max([n for counts in (args.requests, args.peft_requests) for v in counts.values()
+              for n in v] + ([count(args, "", max(rates), False)] if args.seconds else []))
   common = [f"--input_length={INPUT}", f"--target_length={args.max_tokens}", "--port=0",
             f"--max_queue={4 * most}"]
   if engine == "peft":
@@ -113,7 +117,7 @@ def command(engine: str, work: str, args) -> list[str]:
   extra = (["--engine=continuous", f"--slots={args.slots}", *steps] if engine == "continuous"
            else [f"--max_batch_size={args.max_batch_size}", f"--max_wait_ms={args.max_wait_ms}"])
   return [sys.executable, "-m", "spot_jax.serve", f"--vocab={embedded.DECODER_VOCAB_PATH}",
-          *extra, *common, f"--length_buckets={INPUT}",
+          *extra, *common, f"--length_buckets={args.length_buckets}",
           f"--table_rows={args.num_prompts}", "--compilation_cache_dir=none",
           *(f"--prompt=p{i}={work}/p{i}" for i in range(args.num_prompts))]
 
@@ -183,14 +187,18 @@ def send(url: str, req: dict, stream: bool, start: float) -> dict:
 
 
 def drive(url: str, reqs: Sequence[dict], stream: bool) -> dict:
-  """Every request on its own thread at its arrival time; the run's figures."""
+  """Each request on a thread of its own, started at its arrival time (live threads are the
+  requests in flight: the client's own start-up does not delay the first ones); the figures."""
   results: list = [None] * len(reqs)
-  start = time.perf_counter() + 0.2
-  def run(i):
-    results[i] = send(url, reqs[i], stream, start)
-  threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
-  for t in threads:
-    t.start()
+  threads = []
+  start = time.perf_counter() + 0.05
+  for i, req in enumerate(reqs):
+    delay = start + req["at"] - time.perf_counter()
+    if delay > 0:
+      time.sleep(delay)
+    threads.append(threading.Thread(target=lambda i=i: results.__setitem__(
+        i, send(url, reqs[i], stream, start))))
+    threads[-1].start()
   for t in threads:
     t.join()
   return summarize(results, time.perf_counter() - start)
@@ -206,6 +214,7 @@ def summarize(results: Sequence[dict], seconds: float) -> dict:
           "errors": sorted({r["error"] for r in results if r["error"]})[:3],
           "seconds": round(seconds, 2),
           "tokens_per_s": round(sum(r["tokens"] for r in good) / seconds, 1),
+          "tokens_per_request": round(sum(r["tokens"] for r in good) / max(len(good), 1), 1),
           "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
           "itl_p50_ms": pct(gaps, 50), "itl_p99_ms": pct(gaps, 99)}
 
@@ -228,7 +237,18 @@ def alone(url: str, stream: bool, args, rs, count: int = 3) -> float:
   return round(1000 * float(np.median([g["ttft"] for g in got[1:] if g["ttft"]] or [np.nan])), 1)
 
 
+def count(args, model: str, rate: float, peft: bool) -> int:
+  """Requests of one run: --requests (--peft_requests), or rate x --seconds when given."""
+  if peft:
+    return for_model(args.peft_requests, model)[0]
+  if args.seconds:
+    return max(16, int(round(rate * args.seconds)))
+  return for_model(args.requests, model)[0]
+
+
 def run_engine(engine: str, work: str, model: str, args) -> list[dict]:
+  """One server: its rows at each rate, then (continuous, --half_saturation) one at half the
+  arrival rate that saturated it (its highest tokens/s over the tokens a request got)."""
   proc, url = serve(engine, work, args, os.path.join(args.out, f"{model}.{engine}.log"))
   rows = []
   peft = engine == "peft"
@@ -237,28 +257,64 @@ def run_engine(engine: str, work: str, model: str, args) -> list[dict]:
     rs = np.random.RandomState(args.seed)
     single = alone(url, stream, args, rs, 3 if stream else 1)  # whole answers take long
     rates = for_model(args.rates, model)
-    for rate in (args.peft_rates or [min(rates)]) if peft else rates:
-      reqs = requests(np.random.RandomState(args.seed + 1),
-                      for_model(args.peft_requests if peft else args.requests, model)[0], rate,
+    rates = [(r, "") for r in ((args.peft_rates or [min(rates)]) if peft else rates)]
+    while rates:
+      rate, load = rates.pop(0)
+      reqs = requests(np.random.RandomState(args.seed + 1), count(args, model, rate, peft), rate,
                       args.num_prompts, args.min_tokens, args.max_tokens)
-      row = {"engine": engine, "rate": rate, "model": model, "ttft_alone_ms": single,
-             **drive(url, reqs, stream)}
+      row = {"engine": engine, "rate": rate, "load": load, "model": model,
+             "ttft_alone_ms": single, **drive(url, reqs, stream)}
       print(json.dumps(row), flush=True)
       rows.append(row)
+      if not rates and stream and args.half_saturation and not load:
+        top = max(rows, key=lambda r: r["tokens_per_s"])
+        rates.append((round(top["tokens_per_s"] / top["tokens_per_request"] / 2, 1), "half"))
   finally:
     proc.terminate()
     proc.wait(timeout=60)
   return rows
 
 
-def markdown(rows: Sequence[dict]) -> str:
+def goals(rows: Sequence[dict]) -> list[dict]:
+  """Per model, continuous against batch: for each batch row, continuous's highest tokens/s at
+  a p99 time to first token no higher than the batch row's (its ratio: goal >= 2), and the p99
+  time to first token of continuous's half-saturation row over a request's alone (goal <= 3)."""
+  out = []
+  for model in dict.fromkeys(r["model"] for r in rows):
+    mine = [r for r in rows if r["model"] == model and not r["failures"]]
+    cont = [r for r in mine if r["engine"] == "continuous"]
+    for b in (r for r in mine if r["engine"] == "batch"):
+      fit = [c["tokens_per_s"] for c in cont if c["ttft_p99_ms"] <= b["ttft_p99_ms"]]
+      if fit:
+        out.append({"model": model, "goal": "throughput at equal p99 TTFT", "batch_rate": b["rate"],
+                    "ttft_p99_ms": b["ttft_p99_ms"], "batch": b["tokens_per_s"],
+                    "continuous": max(fit), "ratio": round(max(fit) / b["tokens_per_s"], 2)})
+    for h in (r for r in cont if r["load"] == "half"):
+      out.append({"model": model, "goal": "p99 TTFT at half saturation / alone", "rate": h["rate"],
+                  "ttft_p99_ms": h["ttft_p99_ms"], "alone_ms": h["ttft_alone_ms"],
+                  "ratio": round(h["ttft_p99_ms"] / h["ttft_alone_ms"], 2)})
+  return out
+
+
+def markdown(rows: Sequence[dict], met: Sequence[dict] = ()) -> str:
   cols = ("engine", "rate", "model", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
           "itl_p99_ms", "ttft_alone_ms", "failures")
   head = ("| engine | arrivals/s | model | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms "
           "| ITL p99 ms | TTFT alone ms | failures |")
   lines = [head, "|" + " --- |" * len(cols)]
   for r in rows:
-    lines.append("| " + " | ".join("—" if r[c] is None else str(r[c]) for c in cols) + " |")
+    cells = ["—" if r[c] is None else str(r[c]) for c in cols]
+    cells[1] += " (half saturation)" if r.get("load") == "half" else ""
+    lines.append("| " + " | ".join(cells) + " |")
+  lines += ["", "| model | goal | at | continuous | batch or alone | ratio |",
+            "| --- | --- | --- | --- | --- | --- |"] if met else []
+  for g in met:
+    if "batch" in g:
+      lines.append(f"| {g['model']} | tokens/s at p99 TTFT <= batch's (>= 2x) | "
+                   f"{g['ttft_p99_ms']} ms | {g['continuous']} | {g['batch']} | {g['ratio']} |")
+    else:
+      lines.append(f"| {g['model']} | p99 TTFT at half saturation / alone (<= 3x) | "
+                   f"{g['rate']}/s | {g['ttft_p99_ms']} ms | {g['alone_ms']} ms | {g['ratio']} |")
   return "\n".join(lines) + "\n"
 
 
@@ -305,6 +361,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
   a("--rates", default="0.5,1,2,4", help="arrivals per second, one run each; per model: "
     "'toy=4,16;llama_3_2_1b=1,2'")
   a("--requests", default="64", help="requests per run; per model as --rates")
+  a("--seconds", type=float, default=None, help="instead of --requests: rate x SECONDS requests "
+    "per run (at least 16), so that every rate runs about as long")
+  a("--half_saturation", action="store_true", help="after its rates, run continuous once more "
+    "at half the arrival rate that saturated it (the TTFT goal's load)")
   a("--peft_rates", default=None, help="the peft engine's rates (default: the lowest of --rates)")
   a("--peft_requests", default="16", help="requests per peft run (one at a time); per model "
     "as --rates")
@@ -313,6 +373,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
   a("--min_tokens", type=int, default=8)
   a("--max_tokens", type=int, default=128)
   a("--max_batch_size", type=int, default=8)
+  a("--length_buckets", default=f"16,{INPUT}", help="both servers' padded input lengths")
   a("--max_wait_ms", type=float, default=10.0)
   a("--slots", type=int, default=8)
   a("--decode_steps", type=int, default=None, help="the continuous engine's decode steps per "
@@ -367,12 +428,13 @@ def main(argv: Sequence[str], work: Optional[str] = None) -> int:
       setup(where, args.num_prompts, args.prompt_length, args.weights, config)
       engines = [e for e in for_model(args.engines, model) if e not in skipped]
       rows += [row for engine in engines for row in run_engine(engine, where, model, args)]
+  met = goals(rows)
   with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
-    json.dump({"argv": list(argv), "skipped": skipped, "rows": rows}, f, indent=1)
+    json.dump({"argv": list(argv), "skipped": skipped, "rows": rows, "goals": met}, f, indent=1)
   with open(os.path.join(args.out, "serve_load.md"), "w", encoding="utf-8") as f:
-    f.write(markdown(rows))
+    f.write(markdown(rows, met))
   plot(rows, os.path.join(args.out, "serve_load.png"))
-  print(markdown(rows))
+  print(markdown(rows, met))
   return 0
 
 

@@ -78,3 +78,33 @@ def test_decode_steps_reach_the_continuous_server_only_when_given():
   assert not any("decode_steps" in a for a in serve_load.command("continuous", "/tmp/w", default))
   with pytest.raises(SystemExit):
     serve_load.parse(["--decode_steps=0", "--out=/tmp/unused"])
+
+
+def _row(engine, rate, tokens, p99, load="", alone=5.0):
+  return {"engine": engine, "rate": rate, "load": load, "model": "toy", "failures": 0,
+          "tokens_per_s": tokens, "ttft_p99_ms": p99, "ttft_alone_ms": alone}
+
+
+def test_goals_compare_throughput_at_equal_p99_ttft_and_the_half_load_ttft():
+  rows = [_row("continuous", 16, 1000.0, 20.0), _row("continuous", 64, 4000.0, 300.0),
+          _row("continuous", 128, 5000.0, 3000.0), _row("continuous", 40, 2500.0, 12.0, "half"),
+          _row("batch", 16, 900.0, 250.0), _row("batch", 64, 3500.0, 900.0),
+          _row("batch", 2, 100.0, 10.0)]
+  got = serve_load.goals(rows)
+  at = {g["batch_rate"]: g for g in got if "batch" in g}
+  assert at[16]["continuous"] == 2500.0 and at[16]["ratio"] == round(2500 / 900, 2)  # half
+  assert at[64]["continuous"] == 4000.0 and at[64]["ratio"] == round(4000 / 3500, 2)
+  assert 2 not in at  # no continuous row is as quick as 10 ms
+  half = [g for g in got if "alone_ms" in g]
+  assert len(half) == 1 and half[0]["ratio"] == 2.4 and half[0]["rate"] == 40
+  assert "| toy | p99 TTFT at half saturation / alone (<= 3x) | 40/s | 12.0 ms | 5.0 ms | 2.4 |" \
+      in serve_load.markdown([{**r, "itl_p50_ms": None, "itl_p99_ms": None, "ttft_p50_ms": 1.0}
+                              for r in rows], got)
+
+
+def test_seconds_set_each_rates_requests_and_the_servers_queue():
+  args = serve_load.parse(["--seconds=5", "--rates=2,40", "--out=/tmp/unused"])
+  assert serve_load.count(args, "toy", 40.0, False) == 200
+  assert serve_load.count(args, "toy", 2.0, False) == 16  # at least 16
+  assert serve_load.count(args, "toy", 2.0, True) == 16  # peft: --peft_requests
+  assert "--max_queue=800" in serve_load.command("batch", "/tmp/w", args)
