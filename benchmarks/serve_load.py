@@ -255,7 +255,7 @@ def run_engine(engine: str, work: str, model: str, args) -> list[dict]:
   try:
     stream = engine == "continuous"
     rs = np.random.RandomState(args.seed)
-    single = alone(url, stream, args, rs, 3 if stream else 1)  # whole answers take long
+    single = alone(url, stream, args, rs, 9 if stream else 3)  # whole answers take long
     rates = for_model(args.rates, model)
     rates = [(r, "") for r in ((args.peft_rates or [min(rates)]) if peft else rates)]
     while rates:

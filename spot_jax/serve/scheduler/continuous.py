@@ -1,14 +1,14 @@
 """Continuous batching: iteration-level scheduling of decoder-only generation over fixed slots.
 
 One thread owns the slots (`model.slots`). Each cycle it (1) frees the slots of cancelled
-sequences, (2) starts the prefill of every waiting sequence that fits a free slot, oldest first,
+sequences, (2) prefills every waiting sequence that fits a free slot, oldest first,
 in one compiled call per kind (from the prompts' cached prefixes, or with their prompts), padded
 to a batch bucket (powers of two up to S) and the longest member's length bucket, (3) starts ONE
 compiled call of K decode steps (`decode_steps`) over all S slots, whatever their prompts and
-sampling settings, (4) while those run, hands the previous cycle's tokens to their sequences'
-`emit` callbacks (the host's work hides behind the device's), then (5) books the new tokens:
-first tokens are handed out at once, a sequence that ends inside the call drops its later
-tokens and frees its slot for the next cycle. Compiled shapes: one prefill per (kind, batch
+sampling settings, (4) while it runs, hands the prefills' first tokens and the previous
+cycle's tokens to their sequences' `emit` callbacks (the host's work hides behind the
+device's), then (5) books the call's tokens: a sequence that ends inside the call drops its
+later tokens and frees its slot for the next cycle. Compiled shapes: one prefill per (kind, batch
 bucket, length bucket), one decode call (and one prefix computation), whatever the mix.
 
 `submit` refuses with `QueueFull` once `max_queue` sequences wait, and with `Stopping` after
@@ -238,19 +238,19 @@ class Engine:
     self._cycle(admitted)
 
   def _cycle(self, admitted: list[tuple[Sequence, int]]) -> None:
-    """Starts the prefills of `admitted` [(sequence, free slot)] and the decode call, hands
-    out the tokens of the cycle before while they run (the host's share overlaps the
-    device's), then books theirs: ends found and slots freed before the next cycle."""
-    prefills = self._admit(admitted) if admitted else []
-    call = self._dispatch() if self.running() else None
-    self._flush()
-    for part, cached, chosen in prefills:
+    """Prefills `admitted` [(sequence, free slot)], starts the decode call, hands out the first
+    tokens and then the previous cycle's tokens while it runs (the host's share overlaps the
+    device's), then books the call's: ends found and slots freed before the next cycle."""
+    earlier, self._pending = self._pending, []
+    for part, cached, chosen in (self._admit(admitted) if admitted else []):
       chosen = slots_lib.Chosen(*jax.device_get(tuple(chosen)))
       for row, (seq, slot, _) in enumerate(part):
         if self.observe is not None:
           self.observe.prefill(cached)
         self._book(slot, seq, chosen, row)
-    self._flush()  # first tokens at once, not after the decode call
+    self._pending += earlier  # first tokens first: nobody's earlier tokens are among them
+    call = self._dispatch() if self.running() else None
+    self._flush()
     if call is not None:
       self._book_call(*call)
     if not self.running():  # nothing runs to hide them behind
