@@ -16,7 +16,7 @@ ids up to the first end id) without decoding every id again per chunk:
 from __future__ import annotations
 
 import codecs
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from spot_jax import vocabulary
 
@@ -38,6 +38,7 @@ class Detokenizer:
                                             *getattr(vocab, "eos_ids", ())) if i is not None)
     self._ids: list[int] = []
     self._prefix = self._read = 0
+    self._held: Optional[str] = None
     self._bytes = (codecs.getincrementaldecoder("utf-8")(errors="ignore")
                    if isinstance(vocab, vocabulary.Byte) else None)
     self.text = ""
@@ -72,7 +73,9 @@ class Detokenizer:
 
   def _take(self, final: bool) -> None:
     ids, decode = self._ids, self.vocab.decode
-    held = decode(ids[self._prefix:self._read]) if self._read > self._prefix else ""
+    if self._held is None:  # the window's text so far: decoded once per window
+      self._held = decode(ids[self._prefix:self._read]) if self._read > self._prefix else ""
+    held = self._held
     new = decode(ids[self._prefix:])
     if not final and (len(new) <= len(held) or new.endswith("\ufffd")):
       return
@@ -81,4 +84,4 @@ class Detokenizer:
     else:  # a vocabulary whose text of a window is not its text in context: decode it all
       self.text = decode(ids)
       self.redecodes += 1
-    self._prefix, self._read = self._read, len(ids)
+    self._prefix, self._read, self._held = self._read, len(ids), None
