@@ -68,8 +68,13 @@ def test_concatenated_text_is_the_whole_decode(vocab):
     ids = _ids(v, eos, rs)
     whole = inputs.decode(v, np.asarray(ids, np.int32), eos)
     d = detok.Detokenizer(v, eos)
+    engine_text = openai.engine_text(v, eos)
+    seen: list[int] = []
     for chunk in _chunks(ids, rs):
       d.extend(chunk)
+      seen += chunk
+      so_far = inputs.decode(v, np.asarray(seen, np.int32), eos)
+      assert d.peek() == so_far == engine_text(seen), seen
       assert whole.startswith(d.text), (ids, d.text, whole)
       assert not d.text.endswith("\ufffd") or whole.startswith(d.text)
     assert d.finish() == whole, ids

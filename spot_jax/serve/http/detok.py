@@ -12,6 +12,7 @@ ids up to the first end id) without decoding every id again per chunk:
                 context is decoded alike in both.
 
 `extend(ids)` adds ids, `finish()` takes what is held back; `text` is then the whole decode.
+`peek()` is the whole decode so far (what an engine searches for stop strings).
 """
 from __future__ import annotations
 
@@ -70,6 +71,18 @@ class Detokenizer:
     elif len(self._ids) > self._read:
       self._take(final=True)
     return self.text
+
+  def peek(self) -> str:
+    """The whole decode so far, held-back text included (an incomplete character as the whole
+    decode has it: "\ufffd", or nothing for Byte), without taking it."""
+    if self._bytes is not None or len(self._ids) == self._read:
+      return self.text  # Byte: the incremental decoder holds only an incomplete character
+    if self._held is None:
+      self._held = self.vocab.decode(self._ids[self._prefix:self._read])
+    new = self.vocab.decode(self._ids[self._prefix:])
+    if new.startswith(self._held):
+      return self.text + new[len(self._held):]
+    return self.vocab.decode(self._ids)
 
   def _take(self, final: bool) -> None:
     ids, decode = self._ids, self.vocab.decode

@@ -16,12 +16,10 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Callable, Optional
 
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from spot_jax.serve.http import api, detok
-from spot_jax.serve.model import inputs
 from spot_jax.serve.scheduler.batcher import PromptGone, QueueFull, Stopping
 from spot_jax.serve.http import generation
 from spot_jax.serve.scheduler.continuous import Sequence
@@ -103,15 +101,28 @@ class Choice:
 def _sequences(service: Any, gen: generation.Generation, on_event: Any) -> list[Sequence]:
   """The request's sequences; `on_event(index, event)` hears each one's events (engine thread)."""
   out = []
-  text = lambda ids: inputs.decode(service.vocab, np.asarray(ids, np.int32),  # noqa: E731
-                                   service.engine.eos_id)
   for r, row in enumerate(gen.tokens):
     for c in range(gen.n):
       emit = lambda *event, i=r * gen.n + c: on_event(i, event)
+      text = engine_text(service.vocab, service.engine.eos_id) if gen.stop else None
       out.append(Sequence(gen.model, row, gen.max_tokens, emit, temperature=gen.temperature,
                           top_k=gen.top_k, top_p=gen.top_p, seed=gen.seed, choice=c,
-                          stop=gen.stop, text=text if gen.stop else None))
+                          stop=gen.stop, text=text))
   return out
+
+
+def engine_text(vocab: Any, eos_id: int) -> Callable[[list[int]], str]:
+  """`text(ids)` = `inputs.decode(vocab, ids, eos_id)` for one sequence's growing ids (what the
+  engine searches for stop strings per token), decoding only the ids new since the last call."""
+  state = [detok.Detokenizer(vocab, eos_id), 0]
+
+  def text(ids: list[int]) -> str:
+    if len(ids) < state[1]:  # not the ids seen so far grown: start again
+      state[:] = [detok.Detokenizer(vocab, eos_id), 0]
+    state[0].extend(ids[state[1]:])
+    state[1] = len(ids)
+    return state[0].peek()
+  return text
 
 
 def _record(choice: Choice, event: tuple) -> list[tuple]:
