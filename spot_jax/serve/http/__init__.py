@@ -5,4 +5,5 @@
   metrics      the Prometheus metrics
   generation   /v1/completions and /v1/chat/completions requests for the continuous engine
   openai       their answers: JSON, or server-sent events ending with [DONE]
+  detok        generated ids' text as it comes (each id decoded a bounded number of times)
 """

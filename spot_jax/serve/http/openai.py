@@ -10,17 +10,16 @@ that goes away has its sequences cancelled: each frees its slot before the engin
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import time
 import uuid
 from typing import Any, AsyncIterator, Callable, Optional
 
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from spot_jax.serve.http import api
-from spot_jax.serve.model import inputs
+from spot_jax.serve.http import api, detok
 from spot_jax.serve.scheduler.batcher import PromptGone, QueueFull, Stopping
 from spot_jax.serve.http import generation
 from spot_jax.serve.scheduler.continuous import Sequence
@@ -43,12 +42,29 @@ class Choice:
     self.sent = ""
     self.finish: Optional[str] = None
     self.error: Optional[Exception] = None
+    self._detok = detok.Detokenizer(vocab, eos_id)
+    self._taken = 0  # ids given to the detokenizer
+    self._cut: Optional[int] = None  # where the first stop string starts, once one is there
+    self._searched = 0  # text searched for stop strings (none starts before it)
 
   def text(self) -> str:
-    """The text so far, cut at the first stop string (then finished as "stop")."""
-    text = inputs.decode(self.vocab, np.asarray(self.ids, np.int32), self.eos_id)
-    cuts = [text.find(s) for s in self.gen.stop if s in text]
-    return text[:min(cuts)] if cuts else text
+    """The text so far, cut at the first stop string (then finished as "stop"); an incomplete
+    character at the end is held back until the sequence finishes."""
+    d = self._detok
+    if self._taken < len(self.ids):
+      d.extend(self.ids[self._taken:])
+      self._taken = len(self.ids)
+    if self.finish is not None:
+      d.finish()
+    text = d.text
+    if not self.gen.stop:
+      return text
+    if self._cut is None:  # search only text a stop string could newly end in
+      start = max(0, self._searched - max(len(s) for s in self.gen.stop) + 1)
+      cuts = [i for i in (text.find(s, start) for s in self.gen.stop) if i >= 0]
+      self._cut = min(cuts) if cuts else None
+      self._searched = len(text)
+    return text if self._cut is None else text[:self._cut]
 
   def delta(self) -> str:
     """New text to stream: all of it once finished, else held back while a stop string may be
@@ -85,15 +101,28 @@ class Choice:
 def _sequences(service: Any, gen: generation.Generation, on_event: Any) -> list[Sequence]:
   """The request's sequences; `on_event(index, event)` hears each one's events (engine thread)."""
   out = []
-  text = lambda ids: inputs.decode(service.vocab, np.asarray(ids, np.int32),  # noqa: E731
-                                   service.engine.eos_id)
   for r, row in enumerate(gen.tokens):
     for c in range(gen.n):
       emit = lambda *event, i=r * gen.n + c: on_event(i, event)
+      text = engine_text(service.vocab, service.engine.eos_id) if gen.stop else None
       out.append(Sequence(gen.model, row, gen.max_tokens, emit, temperature=gen.temperature,
                           top_k=gen.top_k, top_p=gen.top_p, seed=gen.seed, choice=c,
-                          stop=gen.stop, text=text if gen.stop else None))
+                          stop=gen.stop, text=text))
   return out
+
+
+def engine_text(vocab: Any, eos_id: int) -> Callable[[list[int]], str]:
+  """`text(ids)` = `inputs.decode(vocab, ids, eos_id)` for one sequence's growing ids (what the
+  engine searches for stop strings per token), decoding only the ids new since the last call."""
+  state = [detok.Detokenizer(vocab, eos_id), 0]
+
+  def text(ids: list[int]) -> str:
+    if len(ids) < state[1]:  # not the ids seen so far grown: start again
+      state[:] = [detok.Detokenizer(vocab, eos_id), 0]
+    state[0].extend(ids[state[1]:])
+    state[1] = len(ids)
+    return state[0].peek()
+  return text
 
 
 def _record(choice: Choice, event: tuple) -> list[tuple]:
@@ -147,23 +176,24 @@ def _body(gen: generation.Generation, choices: list[Choice], ident: str, created
           "usage": _usage(gen, choices)}
 
 
-def _chunk(gen: generation.Generation, ident: str, created: int, choice: Choice, text: str,
+def _chunk(gen: generation.Generation, head: str, choice: Choice, text: str,
            entries: list[tuple], finish: Optional[str], first: bool) -> str:
+  """One choice's event: `head` (the chunk's fields, as `_event` writes them) and its body."""
   if gen.chat:
     delta = {"role": "assistant", "content": text} if first else {"content": text}
     body = {"index": choice.index, "delta": delta if text or first else {},
             "logprobs": choice.logprobs(entries) if entries else None, "finish_reason": finish}
-    kind = "chat.completion.chunk"
   else:
     body = {"index": choice.index, "text": text,
             "logprobs": choice.logprobs(entries) if entries else None, "finish_reason": finish}
-    kind = "text_completion"
-  return _event({"id": ident, "object": kind, "created": created, "model": gen.model,
-                 "choices": [body]})
+  return f"{head}{_dumps(body)}]}}\n\n"
+
+
+_dumps = json.JSONEncoder().encode  # json.dumps' default settings, without its per-call checks
 
 
 def _event(data: dict) -> str:
-  return f"data: {json.dumps(data)}\n\n"
+  return f"data: {_dumps(data)}\n\n"
 
 
 async def _disconnect(request: Request) -> None:
@@ -201,7 +231,6 @@ async def wait(request: Request, future: asyncio.Future, timeout: float) -> Opti
 async def respond(service: Any, request: Request, gen: generation.Generation) -> Response:
   """Runs `gen` on the engine: a JSON answer, or a stream of server-sent events."""
   loop = asyncio.get_running_loop()
-  queue: asyncio.Queue = asyncio.Queue()
   eos, count = service.engine.eos_id, len(gen.tokens) * gen.n
   choices = [Choice(i, gen.texts[i // gen.n] if gen.echo else "", service.vocab, gen, eos)
              for i in range(count)]
@@ -213,8 +242,15 @@ async def respond(service: Any, request: Request, gen: generation.Generation) ->
     if all(c.finish is not None for c in choices):
       loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(True))
 
-  stream = lambda index, event: loop.call_soon_threadsafe(  # noqa: E731
-      queue.put_nowait, (index, event))
+  events, wake = collections.deque(), asyncio.Event()
+
+  def stream(index: int, event: tuple) -> None:
+    """A stream: events buffered in the engine thread; the loop is woken once per delivery
+    (when the buffer was empty: a wakeup is pending otherwise). One producer thread."""
+    events.append((index, event))
+    if len(events) == 1:
+      loop.call_soon_threadsafe(wake.set)
+
   sequences = _sequences(service, gen, stream if gen.stream else record)
   submit(lambda: service.engine.submit(sequences),
          lambda: f"{service.engine.waiting()} sequences wait for a slot already")
@@ -222,7 +258,7 @@ async def respond(service: Any, request: Request, gen: generation.Generation) ->
   created = int(time.time())
   cancel = lambda: [service.engine.cancel(s) for s in sequences]  # noqa: E731
   if gen.stream:
-    return StreamingResponse(_stream(gen, choices, queue, cancel, ident, created),
+    return StreamingResponse(_stream(gen, choices, (events, wake), cancel, ident, created),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
   reason = await wait(request, finished, service.timeout)
@@ -237,37 +273,44 @@ async def respond(service: Any, request: Request, gen: generation.Generation) ->
   return JSONResponse(_body(gen, choices, ident, created))
 
 
-async def _stream(gen: generation.Generation, choices: list[Choice], queue: asyncio.Queue,
+async def _stream(gen: generation.Generation, choices: list[Choice], buffer: tuple,
                   cancel: Any, ident: str, created: int) -> AsyncIterator[str]:
-  """The server-sent events of `choices`; the sequences are cancelled if the client leaves."""
+  """The server-sent events of `choices`; the sequences are cancelled if the client leaves.
+  `buffer` is (deque of (index, event), asyncio.Event set when events came)."""
+  events, wake = buffer
+  kind = "chat.completion.chunk" if gen.chat else "text_completion"
+  head = json.dumps({"id": ident, "object": kind, "created": created, "model": gen.model})
+  head = "data: " + head[:-1] + ', "choices": ['  # every chunk's fields before its choice
   started = [False] * len(choices)
   try:
     for c in choices:
       if c.prefix:
         started[c.index] = True
-        yield _chunk(gen, ident, created, c, c.prefix, [], None, True)
+        yield _chunk(gen, head, c, c.prefix, [], None, True)
     while any(c.finish is None for c in choices):
-      events = [await queue.get()]
-      while not queue.empty():  # every event already here (a decode call's tokens): one chunk
-        events.append(queue.get_nowait())
+      await wake.wait()
+      wake.clear()  # before draining: an event appended from now on sets it again
       entries: dict[int, list] = {}
-      for index, event in events:
+      while events:  # every event already here (a decode call's tokens): one chunk a choice
+        index, event = events.popleft()
         entries.setdefault(index, []).extend(_record(choices[index], event))
+      out = []
       for index, new in entries.items():
         c = choices[index]
         if c.error is not None:
-          yield _event({"error": api.ApiError(500, f"the model failed: {c.error}"
-                                              ).body()["error"]})
+          out.append(_event({"error": api.ApiError(500, f"the model failed: {c.error}"
+                                                   ).body()["error"]}))
           continue
         text = c.delta()
         finish = c.finish if c.finish != "cancelled" else None
         if text or new or finish:
-          yield _chunk(gen, ident, created, c, text, new, finish, not started[index])
+          out.append(_chunk(gen, head, c, text, new, finish, not started[index]))
           started[index] = True
+      if out:
+        yield "".join(out)  # one send for the choices' chunks
     if gen.include_usage:
-      yield _event({"id": ident, "object": "chat.completion.chunk" if gen.chat else
-                    "text_completion", "created": created, "model": gen.model, "choices": [],
-                    "usage": _usage(gen, choices)})
+      yield _event({"id": ident, "object": kind, "created": created, "model": gen.model,
+                    "choices": [], "usage": _usage(gen, choices)})
     yield "data: [DONE]\n\n"
   finally:
     cancel()  # a no-op for finished sequences
