@@ -65,7 +65,7 @@ def test_slots_decode_every_method_as_the_mixed_batch(setup):  # noqa: F811
   assert engine.prefixes.hits == cacheable and engine.prefixes.misses == len(names) - cacheable
   assert 0 < engine.prefixes.misses < len(names)  # SMoP and ATTEMPT prefill their prompt
   compiled = lambda: tuple(f._cache_size() for f in (  # noqa: E731  pylint: disable=protected-access
-      slots.decode_step, slots.decode_steps, slots.prefill))
+      slots.decode_steps, slots.prefill))
   before = compiled()
   _run(engine, [_sequence(n, rows[-1 - r]) for r, n in enumerate(names)])
   assert compiled() == before
@@ -118,7 +118,8 @@ def test_the_cached_prefix_gives_the_logprobs_of_prefilling_the_prompt(setup):  
       state, first = slots.prefill(model, backbone, arrays, state, np.int32(1), index, tokens,
                                    valid, head, greedy, placement="prefix", cached=cached)
       sampling = slots.Sampling(*(np.repeat(a, 2) for a in greedy))
-      _, second = slots.decode_step(model, backbone, state, sampling)
+      _, second = slots.decode_steps(model, backbone, state, sampling, steps=1)
+      second = slots.Chosen(*(a[0] for a in second))
       results.append((first, second))
     (c1, c2), (p1, p2) = results
     np.testing.assert_allclose(c1.top_logprobs, p1.top_logprobs, atol=1e-5, err_msg=name)

@@ -263,22 +263,15 @@ def prefill(model: DecoderLM, params: PyTree, table: TableArrays, state: SlotSta
   return state, chosen
 
 
-@functools.partial(jax.jit, static_argnames=("model",), donate_argnums=(2,))
-def decode_step(model: DecoderLM, params: PyTree, state: SlotState, sampling: Sampling
-                ) -> tuple[SlotState, Chosen]:
-  """Feeds every slot's `token` and chooses its next one: one compiled call for all S slots
-  (a free slot runs too; its result is ignored)."""
-  return _decode(model, params, state, sampling)
-
-
 @functools.partial(jax.jit, static_argnames=("model", "steps"), donate_argnums=(2,))
 def decode_steps(model: DecoderLM, params: PyTree, state: SlotState, sampling: Sampling, *,
                  steps: int) -> tuple[SlotState, Chosen]:
-  """`steps` decode steps of every slot in one call: the same per-step math and sampling keys
-  as `steps` calls of `decode_step` (token j of the call samples at count + j), so outputs are
-  the same. A slot whose sequence ends inside the call decodes on, into its own row only (its
-  write position stops at the row's last key position); its extra tokens are the caller's to
-  drop. Returns the state and each step's `Chosen`, stacked [steps, S, ...]."""
+  """`steps` decode steps of every slot in one call (a free slot runs too; its result is
+  ignored): step j feeds every slot's `token` and chooses its next one, sampling at count + j,
+  so outputs do not depend on how steps are grouped into calls. A slot whose sequence ends
+  inside the call decodes on, into its own row only (its write position stops at the row's
+  last key position); its extra tokens are the caller's to drop. Returns the state and each
+  step's `Chosen`, stacked [steps, S, ...]."""
 
   def one(carry, j):
     state, count = carry
@@ -292,7 +285,7 @@ def decode_steps(model: DecoderLM, params: PyTree, state: SlotState, sampling: S
 
 def _decode(model: DecoderLM, params: PyTree, state: SlotState, sampling: Sampling
             ) -> tuple[SlotState, Chosen]:
-  """One decode step of every slot (see `decode_step`): one batched pass, each slot's key and
+  """One decode step of every slot (see `decode_steps`): one batched pass, each slot's key and
   value written at its own position."""
   length = state.k_index.shape[1]
   write = jnp.minimum(state.write, length - 1)

@@ -329,6 +329,7 @@ class Engine:
     """Starts K decode steps of every slot in one call; (its `Chosen`, not yet fetched, each
     slot's sequence then, the start time)."""
     start = time.monotonic()
+    # copies: the call may still read its inputs while booking updates the counts
     sampling = slots_lib.Sampling(**{k: v.copy() for k, v in self._sampling.items()})
     self._state, chosen = slots_lib.decode_steps(self.catalog.model, self.params, self._state,
                                                  sampling, steps=self.decode_steps)
