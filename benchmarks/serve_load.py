@@ -104,9 +104,8 @@ def setup(work: str, num_prompts: int, prompt_length: int, weights: str, config:
 
 
 def command(engine: str, work: str, args) -> list[str]:
-  rates = [r for v in args.rates.values() for r in v]
-  most = max([n for counts in (args.requests, args.peft_requests) for v in counts.values()
-              for n in v] + ([count(args, "", max(rates), False)] if args.seconds else []))
+  most = max(count(args, m, r, peft) for m in args.models for r in for_model(args.rates, m)
+             for peft in (False, True))  # the longest run's requests
   common = [f"--input_length={INPUT}", f"--target_length={args.max_tokens}", "--port=0",
             f"--max_queue={4 * most}"]
   if engine == "peft":
@@ -256,19 +255,20 @@ def run_engine(engine: str, work: str, model: str, args) -> list[dict]:
     stream = engine == "continuous"
     rs = np.random.RandomState(args.seed)
     single = alone(url, stream, args, rs, 9 if stream else 3)  # whole answers take long
-    rates = for_model(args.rates, model)
-    rates = [(r, "") for r in ((args.peft_rates or [min(rates)]) if peft else rates)]
-    while rates:
-      rate, load = rates.pop(0)
+
+    def run(rate: float, load: str = "") -> None:
       reqs = requests(np.random.RandomState(args.seed + 1), count(args, model, rate, peft), rate,
                       args.num_prompts, args.min_tokens, args.max_tokens)
-      row = {"engine": engine, "rate": rate, "load": load, "model": model,
-             "ttft_alone_ms": single, **drive(url, reqs, stream)}
-      print(json.dumps(row), flush=True)
-      rows.append(row)
-      if not rates and stream and args.half_saturation and not load:
-        top = max(rows, key=lambda r: r["tokens_per_s"])
-        rates.append((round(top["tokens_per_s"] / top["tokens_per_request"] / 2, 1), "half"))
+      rows.append({"engine": engine, "rate": rate, "load": load, "model": model,
+                   "ttft_alone_ms": single, **drive(url, reqs, stream)})
+      print(json.dumps(rows[-1]), flush=True)
+
+    rates = for_model(args.rates, model)
+    for rate in (args.peft_rates or [min(rates)]) if peft else rates:
+      run(rate)
+    if stream and args.half_saturation:
+      top = max(rows, key=lambda r: r["tokens_per_s"])
+      run(round(top["tokens_per_s"] / top["tokens_per_request"] / 2, 1), "half")
   finally:
     proc.terminate()
     proc.wait(timeout=60)
