@@ -73,15 +73,14 @@ def run(args) -> dict:
   times, chosen, flops = {}, {}, {}
   for cached in (True, False):
     head = slots.compute_head(model, params, arrays, index, placement="prefix", cached=cached)
-    state = slots.empty_state(model, 2, length)
     flops[cached] = common.xla_flops(slots.prefill.lower(
-        model, params, arrays, state, np.int32(0), index, tokens, valid, head, greedy,
+        model, params, arrays, index, tokens, valid, head, greedy, length=length,
         placement="prefix", cached=cached).compile())
     seconds = []
     for i in range(args.repeats + 1):  # the first compiles
       start = time.perf_counter()
-      state, out = slots.prefill(model, params, arrays, state, np.int32(0), index, tokens, valid,
-                                 head, greedy, placement="prefix", cached=cached)
+      _, out = slots.prefill(model, params, arrays, index, tokens, valid, head, greedy,
+                             length=length, placement="prefix", cached=cached)
       out = jax.device_get(out)
       if i:
         seconds.append(time.perf_counter() - start)

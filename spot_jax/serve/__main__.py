@@ -5,4 +5,5 @@ from spot_jax import cli
 from spot_jax.serve import service
 
 if __name__ == "__main__":
+  service.host_devices(sys.argv[1:])
   sys.exit(cli.run(service.main, sys.argv[1:], service.PROG))

@@ -152,7 +152,21 @@ def _engine(args: Any, catalog: Any, length_buckets: Sequence[int], metrics: Any
                            max_tokens=args.target_length, max_queue=args.max_queue,
                            eos_id=inputs.eos_of(vocab),
                            stop_ids=tuple(getattr(vocab, "eos_ids", ()) or ()),
-                           observe=metrics, decode_steps=args.decode_steps)
+                           observe=metrics, decode_steps=args.decode_steps,
+                           prefill_device=_prefill_device(args.prefill_device, catalog.params))
+
+
+def _prefill_device(flag: str, params: Any) -> Any:
+  """--prefill_device's device (None: where the slots are)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from spot_jax.serve.model import slots  # pylint: disable=g-import-not-at-top
+  if flag in ("auto", "same"):
+    return slots.second_device(params) if flag == "auto" else None
+  devices = jax.local_devices()
+  if int(flag) >= len(devices):
+    raise ConfigError(f"--prefill_device={flag}: this process has {len(devices)} local "
+                      f"device(s); give an index below {len(devices)}, 'auto' or 'same'")
+  return devices[int(flag)]
 
 
 def _chat_template(args: Any, served: Any) -> Any:

@@ -15,8 +15,10 @@ docs/serving.md, "Serving over HTTP".
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
+import os
 import signal
 import socket
 import sys
@@ -70,6 +72,10 @@ def _parser() -> cli.ArgumentParser:
   a("--slots", type=int, default=8, help="sequences decoding at once (--engine=continuous)")
   a("--decode_steps", type=int, default=4, help="decode steps per compiled call "
     "(--engine=continuous): tokens stream K at a time; 1 returns to the host every token")
+  a("--prefill_device", default="auto", help="where --engine=continuous prefills: 'auto' (a "
+    "second device of the serving kind when there is one, so arrivals prefill while the slots "
+    "decode: on CPU the program makes two host devices, unless JAX_NUM_CPU_DEVICES is set; "
+    "it holds a second copy of the weights), 'same', or a local device index")
   a("--chat_template", default=None, help="a model directory (tokenizer_config.json or "
     "chat_template.jinja) or a .jinja file for /v1/chat/completions (default: the checkpoint "
     "directory's)")
@@ -119,6 +125,24 @@ def _check(args) -> None:
   validate.positive_int(args.port, "--port", minimum=0, optional=True)
   for flag in ("max_wait_ms", "request_timeout"):
     validate.non_negative(getattr(args, flag), f"--{flag}", finite=False)
+  if args.prefill_device not in ("auto", "same") and not args.prefill_device.isdigit():
+    raise ConfigError(f"--prefill_device={args.prefill_device!r} is not a device; give 'auto', "
+                      f"'same' or a local device index (0, 1, ...)")
+
+
+def host_devices(argv: Sequence[str]) -> None:
+  """Before any device is used (the command line only): two host devices when the continuous
+  engine may prefill beside its decode calls (--prefill_device=auto), unless
+  JAX_NUM_CPU_DEVICES says how many. Other backends ignore it."""
+  p = argparse.ArgumentParser(add_help=False)  # the full parser imports jax
+  p.add_argument("--engine")
+  p.add_argument("--prefill_device", default="auto")
+  args, _ = p.parse_known_args(argv)
+  if (args.engine == "continuous" and args.prefill_device == "auto"
+      and "JAX_NUM_CPU_DEVICES" not in os.environ):
+    # Not by importing jax here: the engine needs JAX's asynchronous dispatch, which
+    # `runtime.keep_heap` turns off when it finds jax imported.
+    os.environ["JAX_NUM_CPU_DEVICES"] = "2"
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -153,7 +177,8 @@ def main(argv: Sequence[str]) -> int:
   host, port = sock.getsockname()[:2]
   print(f"{PROG}: {len(service.catalog.table)} prompts on {service.backbone}: "
         f"{', '.join(service.catalog.table.names)}", flush=True)
-  sizes = (f"{args.slots} slots" if service.engine is not None
+  engine = service.engine
+  sizes = (f"{args.slots} slots, prefills on {engine.prefill_device}" if engine is not None
            else f"batch sizes {','.join(map(str, batch_buckets))}")
   print(f"{PROG}: compiled {warm[0]} shapes in {warm[1]:.1f} s ({sizes}; input lengths "
         f"{','.join(map(str, length_buckets))})", flush=True)

@@ -4,9 +4,16 @@ Invariants: every sequence, admitted into a slot while others decode, of any of 
 methods, decodes greedily token for token as `mixed_decoder` decodes its row (the path `infer`
 and the batcher take); a seeded sampled sequence gives the same tokens alone and among others;
 a prompt's cached KV prefix gives the log-probabilities of prefilling its prompt (1e-5); the
-decode step and each prefill bucket compile once.
+decode step and each prefill bucket compile once; prefills on a second device while the slots
+decode give the same tokens.
 """
 from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -17,8 +24,10 @@ from spot_jax.serve.scheduler import live_catalog as catalog_lib
 from spot_jax.serve.model import prefix_cache, slots
 from spot_jax.serve.model.server import DecodeSettings, Server
 from spot_jax.serve.catalog.table import PromptTable, ServedPrompt
-from spot_jax.serve.scheduler.continuous import Engine, Sequence
-from tests.serve.test_decoder_serving import CONFIG, DECODE, EOS, LENGTHS, _server, setup  # noqa: F401  pylint: disable=unused-import
+from spot_jax.serve.scheduler.continuous import Engine
+from spot_jax.serve.scheduler.sequence import Sequence
+from tests.serve.test_decoder_serving import (  # noqa: F401  pylint: disable=unused-import
+    CONFIG, DECODE, EOS, LENGTHS, _server, build_setup, setup)
 
 
 def _catalog(backbone, table, placement="prefix"):
@@ -65,10 +74,65 @@ def test_slots_decode_every_method_as_the_mixed_batch(setup):  # noqa: F811
   assert engine.prefixes.hits == cacheable and engine.prefixes.misses == len(names) - cacheable
   assert 0 < engine.prefixes.misses < len(names)  # SMoP and ATTEMPT prefill their prompt
   compiled = lambda: tuple(f._cache_size() for f in (  # noqa: E731  pylint: disable=protected-access
-      slots.decode_steps, slots.prefill))
+      slots.decode_steps, slots.prefill, slots.insert))
   before = compiled()
   _run(engine, [_sequence(n, rows[-1 - r]) for r, n in enumerate(names)])
   assert compiled() == before
+
+
+def beside_run() -> dict:
+  """Run in a process with two host devices: the same chained arrivals (each submitted when
+  the one before streams its first token, so it arrives while a decode call runs) through an
+  engine prefilling on its own device and through one prefilling beside it on the second."""
+  backbone, _, _, table, rows = build_setup()
+  names = ["pt", "smop", "residual", "prefix", "dept", "ulpt", "attempt", "pt"]
+  out = {"want": _server(backbone, table).generate(names, rows[:len(names)])[0].tolist()}
+  for mode, device in (("same", None), ("beside", jax.devices()[1])):
+    engine = Engine(_catalog(backbone, table), slots=3, length_buckets=[4, 10], max_tokens=DECODE,
+                    max_queue=64, eos_id=EOS, prefill_device=device)
+    engine.warm()
+    chain = []
+    for r, name in enumerate(names):
+      sampled = {"temperature": 0.8, "top_k": 5, "seed": r} if r % 3 == 2 else {}
+      chain.append(_sequence(name, rows[r], **sampled))
+
+    def then(events, after, engine=engine):
+      def emit(*event):
+        events.append(event)
+        if event[0] == "token" and len(events) == 1:
+          engine.submit([after])
+      return emit
+
+    for (seq, events), (after, _) in zip(chain, chain[1:]):
+      seq.emit = then(events, after)
+    engine.submit([chain[0][0]])
+    while engine.waiting() or engine.running():
+      engine._iterate()  # pylint: disable=protected-access
+    assert all(events[-1][0] == "end" for _, events in chain)
+    out[mode] = [[e[1] for e in events if e[0] == "token"] for _, events in chain]
+    out[mode + "_during"] = engine.prefills_during
+    out[mode + "_devices"] = [str(engine.device), str(engine.prefill_device)]
+  return out
+
+
+def test_prefills_beside_the_decode_call_give_the_same_tokens():
+  """Arrivals prefilled on a second device while the slots decode on the first stream the same
+  tokens as prefills on one device (greedy ones: the mixed batch's), and their first tokens
+  come out during the call."""
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="2")
+  proc = subprocess.run([sys.executable, "-c", "import json; from tests.serve.test_continuous "
+                         "import beside_run; print(json.dumps(beside_run()))"],
+                        capture_output=True, text=True, env=env, timeout=600,
+                        cwd=pathlib.Path(__file__).parents[2], check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out["beside_devices"][0] != out["beside_devices"][1]
+  assert out["same_devices"][0] == out["same_devices"][1]
+  assert out["beside"] == out["same"]
+  for r, tokens in enumerate(out["beside"]):
+    if r % 3 != 2:
+      assert tokens == _upto_eos(out["want"][r]), r
+  assert out["beside_during"] >= 2 and out["same_during"] == 0
 
 
 def test_after_bos_prompts_decode_as_the_mixed_batch(setup):  # noqa: F811
@@ -115,8 +179,10 @@ def test_the_cached_prefix_gives_the_logprobs_of_prefilling_the_prompt(setup):  
                                 cached=cached)
       assert int(head.skip[0]) == (table.entries[index[0]].length + 1 if cached else 0)
       state = slots.empty_state(model, 2, engine._state.k_index.shape[1])  # pylint: disable=protected-access
-      state, first = slots.prefill(model, backbone, arrays, state, np.int32(1), index, tokens,
-                                   valid, head, greedy, placement="prefix", cached=cached)
+      rows, first = slots.prefill(model, backbone, arrays, index, tokens, valid, head, greedy,
+                                  length=state.k_index.shape[1], placement="prefix",
+                                  cached=cached)
+      state = slots.insert(state, np.ones(1, np.int32), rows)
       sampling = slots.Sampling(*(np.repeat(a, 2) for a in greedy))
       _, second = slots.decode_steps(model, backbone, state, sampling, steps=1)
       second = slots.Chosen(*(a[0] for a in second))
@@ -221,17 +287,17 @@ def test_a_batched_prefill_equals_prefills_one_by_one_and_padding_writes_nothing
   length = engine._state.k_index.shape[1]  # pylint: disable=protected-access
   alone = slots.empty_state(model, 4, length)
   for r in range(3):
-    alone, _ = slots.prefill(model, backbone, arrays, alone, np.int32(r), index[r:r + 1],
-                             tokens[r:r + 1], tokens[r:r + 1] > 0, heads[r],
-                             slots.Sampling(*(a[:1] for a in greedy)), placement="prefix",
-                             cached=True)
+    row, _ = slots.prefill(model, backbone, arrays, index[r:r + 1], tokens[r:r + 1],
+                           tokens[r:r + 1] > 0, heads[r], slots.Sampling(*(a[:1] for a in greedy)),
+                           length=length, placement="prefix", cached=True)
+    alone = slots.insert(alone, np.full(1, r, np.int32), row)
   state = slots.empty_state(model, 4, length)
   where = np.asarray([0, 1, 2, 4], np.int32)  # the fourth row pads (slot 4 of 4: nowhere)
-  state, chosen = slots.prefill(model, backbone, arrays, state, where,
-                                np.concatenate([index, index[:1]]),
+  batch, chosen = slots.prefill(model, backbone, arrays, np.concatenate([index, index[:1]]),
                                 np.concatenate([tokens, tokens[:1]]),
-                                np.concatenate([tokens, tokens[:1]]) > 0,
-                                (*heads, heads[0]), greedy, placement="prefix", cached=True)
+                                np.concatenate([tokens, tokens[:1]]) > 0, (*heads, heads[0]),
+                                greedy, length=length, placement="prefix", cached=True)
+  state = slots.insert(state, where, batch)
   for got, want in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(alone)):
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                atol=1e-5)

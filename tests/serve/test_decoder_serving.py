@@ -57,6 +57,11 @@ def _model(prompt=None):
 @pytest.fixture(scope="module")
 def setup():
   """(backbone, modules, prompt params by name, table, rows [8, 10])."""
+  return build_setup()
+
+
+def build_setup():
+  """`setup`'s value (also built in subprocesses)."""
   dummy = _model().dummy_batch(4, 2)
   backbone = jax.device_get(models.unbox(_model().init_backbone(jax.random.PRNGKey(0), dummy)))
   modules, params, entries = _modules(), {}, []

@@ -115,6 +115,8 @@ def test_greedy_completions_arriving_while_others_decode_equal_infer_alone(serve
   assert used < 48 + sum(a[1] for a in answers)  # the sequences shared steps
   assert server.metric("spot_serve_prefills_total", prefix="cached") >= 3  # pt, peft, prefix, dept
   assert server.metric("spot_serve_prefills_total", prefix="prompt") >= 1  # SMoP reads its input
+  # on a second host device: arrivals prefill while "long" decodes
+  assert server.metric("spot_serve_prefills_during_decode_total") >= 1
   models = {m["id"]: m for m in server.get("/v1/models")["data"]}
   assert not models["smop"]["kv_prefix_cache"] and models["pt"]["kv_prefix_cache"]
 

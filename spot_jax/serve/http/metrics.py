@@ -20,6 +20,8 @@ With continuous batching (`--engine=continuous`):
   spot_serve_decode_steps_total                  compiled decode steps run
   spot_serve_prefills_total{prefix}              prefills, "cached" (from the prompt's KV
                                                  prefix: a prefix-cache hit) or "prompt"
+  spot_serve_prefills_during_decode_total        of them, prefilled on --prefill_device while
+                                                 a decode call ran
   spot_serve_cancel_lag_steps                    decode calls (of --decode_steps steps) a cancelled
                                                  sequence still held its slot (0 or 1)
 """
@@ -79,6 +81,8 @@ class Metrics:
     self.steps = prom.Counter("spot_serve_decode_steps", "Compiled decode steps", registry=r)
     self.prefills = prom.Counter("spot_serve_prefills", "Prefills by prefix", ["prefix"],
                                  registry=r)
+    self.prefills_during = prom.Counter("spot_serve_prefills_during_decode", "Prefills run "
+                                        "while a decode call ran", registry=r)
     self.cancel_lag = prom.Histogram("spot_serve_cancel_lag_steps", "Decode calls a cancelled "
                                      "sequence still held its slot", buckets=(0, 1, 2, 4, 8),
                                      registry=r)
@@ -116,8 +120,10 @@ class Metrics:
   def step(self, count: int = 1) -> None:
     self.steps.inc(count)
 
-  def prefill(self, cached: bool) -> None:
+  def prefill(self, cached: bool, during: bool = False) -> None:
     self.prefills.labels("cached" if cached else "prompt").inc()
+    if during:
+      self.prefills_during.inc()
 
   def exposition(self, refresh: Callable[[], None]) -> tuple[bytes, str]:
     """(the text format, its content type), after `refresh` sets the gauges."""

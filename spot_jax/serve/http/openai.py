@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from spot_jax.serve.http import api, detok
 from spot_jax.serve.scheduler.batcher import PromptGone, QueueFull, Stopping
 from spot_jax.serve.http import generation
-from spot_jax.serve.scheduler.continuous import Sequence
+from spot_jax.serve.scheduler.sequence import Sequence
 
 
 class Choice:

@@ -1,5 +1,6 @@
-"""Per-slot key/value caches of a decoder-only backbone: prefill one request into a slot, then
-decode every slot one token per compiled step, each with its own prompt and sampling settings.
+"""Per-slot key/value caches of a decoder-only backbone: prefill requests, insert their rows into
+slots, then decode every slot one token per compiled step, each with its own prompt and sampling
+settings.
 
 The engine holds S slots; slot s owns row s of every array of a `SlotState`:
 
@@ -100,11 +101,33 @@ def head_width(table: TableArrays) -> int:
   return big_p + big_l + 1
 
 
-def empty_state(model: DecoderLM, slots: int, length: int) -> SlotState:
-  """S free slots of C = `length` key positions."""
+def one_device(params: Any) -> tuple[Any, Any]:
+  """(`params`, their device) on one device when they live on one or are replicated (a mesh
+  of 1): the slots' state then keeps one sharding from call to call, so nothing recompiles
+  after warm-up; (`params`, None) when they are split over devices."""
+  leaves = [leaf for leaf in jax.tree_util.tree_leaves(params) if isinstance(leaf, jax.Array)]
+  devices = sorted({d for leaf in leaves for d in leaf.devices()}, key=lambda d: d.id)
+  if len(devices) > 1 and not all(leaf.is_fully_replicated for leaf in leaves):
+    return params, None
+  device = devices[0] if devices else jax.devices()[0]
+  return jax.device_put(params, device), device
+
+
+def second_device(params: Any) -> Optional[jax.Device]:
+  """A device to prefill on beside the decode calls: the next local device of the kind
+  `params` live on, when they live on one (on CPU, `JAX_NUM_CPU_DEVICES=2` makes two); None
+  when there is none."""
+  _, device = one_device(params)
+  others = [d for d in jax.local_devices() if device is not None and d != device
+            and d.platform == device.platform]
+  return min(others, key=lambda d: (d.id - device.id) % 1_000_000) if others else None
+
+
+def empty_state(model: DecoderLM, slots: int, length: int, device: Any = None) -> SlotState:
+  """S free slots of C = `length` key positions (on `device`, default the default device)."""
   cfg = model.config
   shape = (slots, length, cfg.num_kv_heads, cfg.head_dim)
-  fresh = lambda shape, dtype: jax.device_put(np.zeros(shape, dtype))  # distinct buffers: donated
+  fresh = lambda shape, dtype: jax.device_put(np.zeros(shape, dtype), device)  # donated apart
   cache = tuple((fresh(shape, cfg.activation_dtype), fresh(shape, cfg.activation_dtype))
                 for _ in range(cfg.num_layers))
   return SlotState(cache, fresh((slots, length), np.int32), fresh((slots, length), bool),
@@ -209,28 +232,26 @@ def _choose(logits: Array, sampling: Sampling) -> Chosen:
                 top_ids.astype(jnp.int32), top_logprobs)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "placement", "cached"),
-                   donate_argnums=(3,))
-def prefill(model: DecoderLM, params: PyTree, table: TableArrays, state: SlotState, slot: Array,
-            index: Array, tokens: Array, valid: Array, head: Head | tuple, sampling: Sampling, *,
-            placement: str, cached: bool) -> tuple[SlotState, Chosen]:
-  """Runs B requests into their slots in one call and chooses each one's first token.
+@functools.partial(jax.jit, static_argnames=("model", "length", "placement", "cached"))
+def prefill(model: DecoderLM, params: PyTree, table: TableArrays, index: Array, tokens: Array,
+            valid: Array, head: Head | tuple, sampling: Sampling, *, length: int, placement: str,
+            cached: bool) -> tuple[SlotState, Chosen]:
+  """Runs B requests in one call and chooses each one's first token; `insert` then puts their
+  rows into slots (on any device: the prefill needs no slot state, so it may run beside a
+  decode call).
 
   Args:
-    slot: [B] int32 each row's slot (a scalar for B = 1); a row whose slot is S or more is
-      padding: it runs, and nothing of it is written.
     index: [B] the prompts' table rows; tokens, valid: [B, T] input ids (EOS included) and their
       validity (T a length bucket); head: B prompts' `Head`s [1, ...] (a tuple; one `Head` for
-      B = 1); sampling: [B] settings.
+      B = 1); sampling: [B] settings; length: C, the slots' key positions.
     cached: every head holds its prompt and BOS: the layers then run on the T input positions
       only (the prompt's share of the prefill is saved), else on all L + 1 + T.
 
   Returns:
-    (the state with the slots' rows replaced, the first tokens' `Chosen` [B]).
+    (the B rows, a `SlotState` [B, ...], the first tokens' `Chosen` [B]).
   """
   head = _stack_heads((head,) if isinstance(head, Head) else tuple(head))
-  slot = jnp.reshape(slot, (-1,)).astype(jnp.int32)
-  batch, length = tokens.shape[0], state.k_index.shape[1]
+  batch = tokens.shape[0]
   big_h = head.k_index.shape[1]
   _, _, num = _deep(table, index, batch)
   x, xvalid = _prompted(model, params, table, index, tokens, valid, placement)
@@ -254,13 +275,17 @@ def prefill(model: DecoderLM, params: PyTree, table: TableArrays, state: SlotSta
                               write_index=jnp.int32(big_h), keep=(count - 1)[:, None],
                               method=DecoderLM.stack)
   chosen = _choose(logits[:, 0], sampling)
-  put = lambda whole, rows: whole.at[slot].set(rows.astype(whole.dtype), mode="drop")
-  state = SlotState(
-      tuple((put(sk, k), put(sv, v)) for (sk, sv), (k, v) in zip(state.cache, cache)),
-      put(state.k_index, k_index), put(state.k_valid, k_valid),
-      put(state.write, jnp.full((batch,), big_h + width, jnp.int32)),
-      put(state.next, num + head.skip + count), put(state.token, chosen.token))
-  return state, chosen
+  rows = SlotState(cache, k_index, k_valid, jnp.full((batch,), big_h + width, jnp.int32),
+                   num + head.skip + count, chosen.token)
+  return rows, chosen
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def insert(state: SlotState, slot: Array, rows: SlotState) -> SlotState:
+  """`state` with row b of `rows` in slot `slot[b]` ([B] int32); a row whose slot is S or more
+  is padding and is written nowhere."""
+  put = lambda whole, row: whole.at[slot].set(row.astype(whole.dtype), mode="drop")
+  return jax.tree.map(put, state, rows)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "steps"), donate_argnums=(2,))

@@ -1,15 +1,16 @@
 """Continuous batching: iteration-level scheduling of decoder-only generation over fixed slots.
 
 One thread owns the slots (`model.slots`). Each cycle it (1) frees the slots of cancelled
-sequences, (2) prefills every waiting sequence that fits a free slot, oldest first,
-in one compiled call per kind (from the prompts' cached prefixes, or with their prompts), padded
-to a batch bucket (powers of two up to S) and the longest member's length bucket, (3) starts ONE
-compiled call of K decode steps (`decode_steps`) over all S slots, whatever their prompts and
-sampling settings, (4) while it runs, hands the prefills' first tokens and the previous
+sequences, (2) prefills every waiting sequence that fits a free slot, oldest first, in one
+compiled call per kind (from the prompts' cached prefixes, or with their prompts), padded to a
+batch bucket (powers of two up to S) and the longest member's length bucket, and inserts their
+rows, (3) starts ONE compiled call of K decode steps (`decode_steps`) over all S slots, whatever
+their prompts and sampling settings, (4) while it runs, hands the first tokens and the previous
 cycle's tokens to their sequences' `emit` callbacks (the host's work hides behind the
-device's), then (5) books the call's tokens: a sequence that ends inside the call drops its
-later tokens and frees its slot for the next cycle. Compiled shapes: one prefill per (kind, batch
-bucket, length bucket), one decode call (and one prefix computation), whatever the mix.
+device's) and, with a `prefill_device` of its own, prefills arrivals there at once, (5) books
+the call's tokens: a sequence that ends inside the call drops its later tokens and frees its
+slot for the next cycle. Compiled shapes: one prefill per (kind, batch bucket, length bucket),
+one insert per batch bucket, one decode call (and one prefix computation), whatever the mix.
 
 `submit` refuses with `QueueFull` once `max_queue` sequences wait, and with `Stopping` after
 `close`; `stop` returns once every accepted sequence has finished.
@@ -23,10 +24,11 @@ top_logprobs) per token and ("end", reason) last; `engine.stop()`.
 from __future__ import annotations
 
 import collections
-import dataclasses
+import contextlib
+import queue
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence as Seq
+from typing import Any, Optional, Sequence as Seq
 
 import jax
 import numpy as np
@@ -36,52 +38,9 @@ from spot_jax.serve.scheduler.live_catalog import GREEDY
 from spot_jax.serve.model import slots as slots_lib
 from spot_jax.serve.model import prefix_cache
 from spot_jax.serve.model.prefix_cache import PrefixCache
+from spot_jax.serve.scheduler.sequence import Sequence
 
 DECODE_STEPS = 4  # decode steps per compiled call by default (see `Engine.decode_steps`)
-
-
-@dataclasses.dataclass(eq=False)
-class Sequence:
-  """One generated sequence (a request's choice).
-
-  Attributes:
-    name: the prompt; tokens: its input ids (EOS included, no padding).
-    max_tokens: tokens to generate at most (EOS included).
-    temperature, top_k, top_p, seed, choice: its sampling settings (see `slots.Sampling`).
-    emit: called from the engine thread with ("token", id, logprob, top_ids, top_logprobs),
-      then once with ("end", finish_reason) or ("error", exception).
-    stop: strings that end it; text: ids -> text (needed with `stop`).
-    generated: ids so far; cancelled: set by `cancel`; finish: "stop", "length" or None.
-    enqueued, first_at, last_at: time.monotonic() of submission, first and last token.
-  """
-  name: str
-  tokens: np.ndarray
-  max_tokens: int
-  emit: Callable[..., None]
-  temperature: float = 0.0
-  top_k: int = 0
-  top_p: float = 1.0
-  seed: int = 0
-  choice: int = 0
-  stop: tuple[str, ...] = ()
-  text: Optional[Callable[[list[int]], str]] = None
-  generated: list = dataclasses.field(default_factory=list)
-  cancelled: bool = False
-  cancelled_at_step: int = -1  # the engine's decode calls when cancelled
-  finish: Optional[str] = None
-  enqueued: float = dataclasses.field(default_factory=time.monotonic)
-  first_at: float = 0.0
-  last_at: float = 0.0
-
-
-def _one_device(params: Any) -> Any:
-  """`params` on one device when they live on one (a mesh of 1): the slots' state then keeps
-  one sharding from call to call, so nothing recompiles after warm-up."""
-  devices = {d for leaf in jax.tree_util.tree_leaves(params) if hasattr(leaf, "devices")
-             for d in leaf.devices()}
-  if len(devices) > 1:
-    return params
-  return jax.device_put(params, next(iter(devices)) if devices else jax.devices()[0])
 
 
 class Engine:
@@ -92,44 +51,49 @@ class Engine:
     slots: S; length_buckets: padded input lengths (sorted); max_tokens: the largest
       max_tokens (N); max_queue: sequences waiting at most; eos_id: the end of sequence;
       stop_ids: it and the vocabulary's other end ids (a chat model's end of turn).
-    prefixes: the `PrefixCache`.
-    observe: a `metrics.Metrics` (its ttft_observed, itl, cancelled, step, prefill), or None.
-    batch_buckets: the prefill's padded batch sizes (powers of two below S, and S).
-    decode_steps: K, decode steps per compiled call (a call's tokens stream together).
+    prefixes: the `PrefixCache`; observe: a `metrics.Metrics` (its ttft_observed, itl,
+      cancelled, step, prefill), or None.
+    batch_buckets: the prefill's padded batch sizes (powers of two below S, and S);
+      decode_steps: K, decode steps per compiled call (a call's tokens stream together).
+    device: where the slots live and decode; prefill_device: where prefills run (default
+      `device`; on another, arrivals prefill while a decode call runs and join the slots after
+      it: a first token does not wait for the call in flight).
     steps, calls, prefills, prefill_calls: decode steps and calls run, sequences prefilled,
-      compiled prefills.
+      compiled prefills; prefills_during: sequences prefilled while a decode call ran.
     step_seconds: a moving average of a decode call's time.
   """
 
   def __init__(self, catalog: Any, *, slots: int, length_buckets: Seq[int], max_tokens: int,
                max_queue: int, eos_id: int = 1, stop_ids: Seq[int] = (), observe: Any = None,
-               decode_steps: int = DECODE_STEPS):
+               decode_steps: int = DECODE_STEPS, prefill_device: Optional[jax.Device] = None):
     self.catalog, self.slots, self.max_tokens = catalog, slots, max_tokens
-    self.decode_steps = decode_steps
+    self.decode_steps, self.prefill_device = decode_steps, prefill_device
     self.length_buckets, self.max_queue, self.eos_id = sorted(length_buckets), max_queue, eos_id
-    self.stop_ids = frozenset((eos_id, *stop_ids))
-    self.observe = observe
-    self.params = _one_device(catalog.params)
-    self.prefixes = PrefixCache(catalog.model, self.params, catalog.placement)
+    self.stop_ids, self.observe = frozenset((eos_id, *stop_ids)), observe
+    self.params, self.device = slots_lib.one_device(catalog.params)
+    self.prefill_device = self.prefill_device or self.device
+    self._beside = self.device is not None and self.prefill_device != self.device
+    self._prefill_params = (jax.device_put(self.params, self.prefill_device) if self._beside
+                            else self.params)
+    self.prefixes = PrefixCache(catalog.model, self._prefill_params, catalog.placement)
     self.batch_buckets = sorted({min(2**i, slots) for i in range(slots.bit_length() + 1)})
-    self.steps = self.calls = self.prefills = self.prefill_calls = 0
+    self.steps = self.calls = self.prefills = self.prefill_calls = self.prefills_during = 0
     self.step_seconds = 0.0
     self._waiting: collections.deque[Sequence] = collections.deque()
     self._active: list[Optional[Sequence]] = [None] * slots
     self._pending: list[tuple[Sequence, tuple]] = []  # booked events not yet handed out
+    self._staged: list[tuple[np.ndarray, Any]] = []  # prefilled rows not yet in the slots
+    self._calls: queue.SimpleQueue = queue.SimpleQueue()  # decode calls to watch
     self._cond = threading.Condition()
     self._closing = self._stopping = False
-    self._table_key: Any = None
-    self._shape: Any = None
+    self._table_key = self._shape = self._arrays = self._table = None
     self._state: Optional[slots_lib.SlotState] = None
-    self._arrays: Any = None
-    self._table: Any = None
     self._sampling = {k: np.zeros(slots, t) for k, t in (
         ("temperature", np.float32), ("top_k", np.int32), ("top_p", np.float32),
         ("seed", np.uint32), ("choice", np.int32), ("count", np.int32))}
     self._thread = threading.Thread(target=self._loop, name="spot_jax.serve engine", daemon=True)
-
-  # ---------------------------------------------------------------------------- the surface
+    if self._beside:
+      threading.Thread(target=self._watch, name="spot_jax.serve calls", daemon=True).start()
 
   def start(self) -> None:
     self._thread.start()
@@ -138,7 +102,7 @@ class Engine:
     """Sequences holding a slot."""
     return sum(s is not None for s in self._active)
 
-  def waiting(self) -> int:
+  def waiting(self) -> int:  # sequences waiting for a slot
     return len(self._waiting)
 
   def submit(self, sequences: Seq[Sequence]) -> None:
@@ -193,7 +157,7 @@ class Engine:
           self._flush()
           self._active = [None] * self.slots
     self.prefixes.hits = self.prefixes.misses = 0
-    self.steps = self.calls = self.prefills = self.prefill_calls = 0
+    self.steps = self.calls = self.prefills = self.prefill_calls = self.prefills_during = 0
     self.observe = observe
     return len(self.length_buckets) * len(kinds) * len(self.batch_buckets) + 2
 
@@ -202,8 +166,8 @@ class Engine:
   def _loop(self) -> None:
     while True:
       with self._cond:
-        while not self._work():
-          if self._stopping and not self._waiting:
+        while not self._waiting and not self.running():
+          if self._stopping:
             return
           self._cond.wait(0.5)
       try:
@@ -211,78 +175,107 @@ class Engine:
       except Exception as e:  # pylint: disable=broad-except  (every sequence hears of it)
         self._fail(e)
 
-  def _work(self) -> bool:
-    return bool(self._waiting) or self.running() > 0
-
   def _iterate(self) -> None:
     """Frees cancelled slots, admits the waiting sequences that fit free slots, runs a cycle."""
     self._free_cancelled()
-    ready = self._refresh()
-    with self._cond:
-      while self._waiting and self._waiting[0].cancelled:
-        self._waiting.popleft().emit("end", "cancelled")
+    self._cycle(self._take() if self._refresh() else [])
+
+  def _take(self, in_call: bool = False) -> list[tuple[Sequence, int]]:
+    """The waiting sequences that fit free slots, oldest first: [(sequence, slot)]. During a
+    call (`in_call`) one whose prompt the table does not hold yet waits for the next cycle."""
     free = [i for i, s in enumerate(self._active) if s is None]
     admitted = []
-    while ready and free:
+    while free:
       with self._cond:
-        if not self._waiting:
+        if not self._waiting or (in_call and not self._waiting[0].cancelled
+                                 and self._waiting[0].name not in self._table.names):
           break
         seq = self._waiting.popleft()
       if seq.cancelled:
         seq.emit("end", "cancelled")
-        continue
-      if seq.name not in self._table.names:
+      elif seq.name not in self._table.names:
         seq.emit("error", PromptGone(seq.name))
-        continue
-      admitted.append((seq, free.pop(0)))
-    self._cycle(admitted)
+      else:
+        admitted.append((seq, free.pop(0)))
+    return admitted
 
   def _cycle(self, admitted: list[tuple[Sequence, int]]) -> None:
     """Prefills `admitted` [(sequence, free slot)], starts the decode call, hands out the first
     tokens and then the previous cycle's tokens while it runs (the host's share overlaps the
-    device's), then books the call's: ends found and slots freed before the next cycle."""
+    device's), prefills arrivals on `prefill_device` meanwhile, then books the call's tokens:
+    ends found and slots freed before the next cycle."""
     earlier, self._pending = self._pending, []
-    for part, cached, chosen in (self._admit(admitted) if admitted else []):
-      chosen = slots_lib.Chosen(*jax.device_get(tuple(chosen)))
-      for row, (seq, slot, _) in enumerate(part):
-        if self.observe is not None:
-          self.observe.prefill(cached)
-        self._book(slot, seq, chosen, row)
+    self._start(admitted)
+    self._insert()
     self._pending += earlier  # first tokens first: nobody's earlier tokens are among them
     call = self._dispatch() if self.running() else None
     self._flush()
     if call is not None:
+      if self._beside:
+        self._admit_during(call[0])
       self._book_call(*call)
+      self._insert()
     if not self.running():  # nothing runs to hide them behind
       self._flush()
+
+  def _admit_during(self, chosen: Any) -> None:
+    """Until the decode call that returns `chosen` is done, prefills each arrival that fits a
+    free slot and hands out its first token at once."""
+    done, more = threading.Event(), True
+    self._calls.put((chosen, done))
+    while True:
+      with self._cond:
+        while not (ready := more and self._waiting and None in self._active) and not done.is_set():
+          self._cond.wait()
+      if not ready:
+        return
+      admitted = self._take(in_call=True)
+      more = bool(admitted)
+      self.prefills_during += len(admitted)
+      self._start(admitted, during=True)
+      self._flush()
+
+  def _watch(self) -> None:
+    """Wakes the engine when each watched decode call is done."""
+    while True:
+      chosen, done = self._calls.get()
+      with contextlib.suppress(Exception):  # booking the call raises it
+        jax.block_until_ready(chosen)
+      with self._cond:
+        done.set()
+        self._cond.notify_all()
+
+  def _insert(self) -> None:
+    """Puts the staged prefilled rows into their slots."""
+    for where, rows in self._staged:
+      self._state = slots_lib.insert(self._state, where, jax.device_put(rows, self.device))
+    self._staged = []
 
   def _refresh(self) -> bool:
     """Follows the catalog's table; False while slots must finish before the state changes."""
     table, server = self.catalog.snapshot(GREEDY)
     fresh = server is not self._table_key
     if fresh:
-      self._arrays = jax.device_put(server.table.arrays)
+      self._arrays = jax.device_put(server.table.arrays, self.prefill_device)
       self._table_key, self._table = server, table
       self.prefixes.retain(table.entries)
-    big_p, big_l = slots_lib.sizes(self._arrays)
-    shape = (big_p, big_l)
+    shape = big_p, big_l = slots_lib.sizes(self._arrays)
     if shape != self._shape:
       if self.running():
         return False
       self.prefixes.clear()
       fresh = True
       length = big_p + 2 * (big_l + 1) + max(self.length_buckets) + self.max_tokens
-      self._state = slots_lib.empty_state(self.catalog.model, self.slots, length)
+      self._state = slots_lib.empty_state(self.catalog.model, self.slots, length, self.device)
       self._shape = shape
     if fresh:  # every prompt's prefix now, not in a request's time to first token
       for name in table.names:
         self.prefixes.head(table, self._arrays, name, count=False)
     return True
 
-  def _admit(self, admitted: list[tuple[Sequence, int]]) -> list[tuple[list, bool, Any]]:
-    """Starts the prefill of each (sequence, free slot), which then holds it: one compiled
-    call per kind (cached prefix or not) and batch bucket; [(part, cached, first tokens'
-    `Chosen`)]."""
+  def _start(self, admitted: list[tuple[Sequence, int]], during: bool = False) -> None:
+    """Prefills each (sequence, free slot), which then holds it, in one compiled call per kind
+    (cached prefix or not) and batch bucket; books the first tokens and stages the rows."""
     kinds: dict[bool, list] = {}
     for seq, slot in admitted:
       head, cached = self.prefixes.head(self._table, self._arrays, seq.name)
@@ -293,11 +286,17 @@ class Engine:
         size = bucket(self.batch_buckets, len(group))
         part, group = group[:size], group[size:]
         started.append((part, cached, self._prefill(part, size, cached)))
-    return started
+    for part, cached, chosen in started:
+      chosen = slots_lib.Chosen(*jax.device_get(tuple(chosen)))
+      for row, (seq, slot, _) in enumerate(part):
+        if self.observe is not None:
+          self.observe.prefill(cached, during)
+        self._book(slot, seq, chosen, row)
 
   def _prefill(self, part: list, size: int, cached: bool) -> slots_lib.Chosen:
     """Starts one compiled prefill of `part` [(sequence, slot, head)], padded to `size` rows
-    (copies of the first, written nowhere); its first tokens' `Chosen` (not yet fetched)."""
+    (copies of the first, written nowhere), and stages its rows for `_insert`; its first
+    tokens' `Chosen` (not yet fetched)."""
     width = max(bucket(self.length_buckets, len(seq.tokens)) for seq, _, _ in part)
     for seq, slot, _ in part:
       for key, value in (("temperature", seq.temperature), ("top_k", seq.top_k),
@@ -315,9 +314,11 @@ class Engine:
     taken = np.asarray([slot for _, slot, _ in rows])
     sampling = slots_lib.Sampling(**{k: v[taken] for k, v in self._sampling.items()})
     heads = tuple(head for _, _, head in rows)
-    self._state, chosen = slots_lib.prefill(
-        self.catalog.model, self.params, self._arrays, self._state, where, index, tokens, valid,
-        heads, sampling, placement=self.catalog.placement, cached=cached)
+    rows, chosen = slots_lib.prefill(
+        self.catalog.model, self._prefill_params, self._arrays, index, tokens, valid, heads,
+        sampling, length=self._state.k_index.shape[1], placement=self.catalog.placement,
+        cached=cached)
+    self._staged.append((where, rows))
     self.prefills += len(part)
     self.prefill_calls += 1
     for seq, slot, _ in part:
@@ -395,4 +396,4 @@ class Engine:
       if seq is not None:
         self._active[slot] = None
         seq.emit("error", error)
-    self._shape = None  # the state may be gone (donated): rebuild it
+    self._shape, self._staged = None, []  # the state may be gone (donated): rebuild it
