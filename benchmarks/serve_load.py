@@ -113,6 +113,7 @@ def command(engine: str, work: str, args) -> list[str]:
             f"--work_dir={work}", f"--vocab={embedded.DECODER_VOCAB_PATH}",
             "--max_batch_size=1", "--max_wait_ms=0", *common]
   steps = [] if args.decode_steps is None else [f"--decode_steps={args.decode_steps}"]
+  steps += [] if args.prefill_device is None else [f"--prefill_device={args.prefill_device}"]
   extra = (["--engine=continuous", f"--slots={args.slots}", *steps] if engine == "continuous"
            else [f"--max_batch_size={args.max_batch_size}", f"--max_wait_ms={args.max_wait_ms}"])
   return [sys.executable, "-m", "spot_jax.serve", f"--vocab={embedded.DECODER_VOCAB_PATH}",
@@ -378,6 +379,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
   a("--slots", type=int, default=8)
   a("--decode_steps", type=int, default=None, help="the continuous engine's decode steps per "
     "compiled call (default: the server's)")
+  a("--prefill_device", default=None, help="the continuous server's --prefill_device (default: "
+    "the server's, auto: prefills beside the decode calls on a second host device)")
   a("--seed", type=int, default=0)
   a("--weights", default="random", choices=("random", "trained"), help="the toy decoder's "
     "random weights (answers run to max_tokens) or its shipped checkpoint (they end at EOS)")
