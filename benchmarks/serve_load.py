@@ -325,7 +325,8 @@ def plot(rows: Sequence[dict], path: str) -> None:
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
   for arm in dict.fromkeys((r["model"], r["engine"]) for r in rows):
-    got = [r for r in rows if (r["model"], r["engine"]) == arm and r["ttft_p99_ms"] is not None]
+    got = sorted((r for r in rows if (r["model"], r["engine"]) == arm
+                  and r["ttft_p99_ms"] is not None), key=lambda r: r["rate"])  # half load too
     ax.plot([r["tokens_per_s"] for r in got], [r["ttft_p99_ms"] for r in got], "o-",
             label=" ".join(arm))
   ax.set_xscale("log")
