@@ -56,7 +56,8 @@ class Work:
     tokens: each row's ids (EOS included, no padding).
     done: receives a list of per-row results (generate: (ids [S], score); classify: [C] log
       likelihoods) or an Exception.
-    labels: classify's label token rows [C, S], label_valid their validity [C, S] bool.
+    labels: classify's label token rows [C, S], label_valid their validity [C, S] bool (both
+      given: an id 0 may be a real token).
     enqueued: time.monotonic() at submission.
   """
   kind: str
@@ -226,8 +227,6 @@ class Batcher:
           results = list(zip(out, scores))
         else:
           labels, label_valid = ready[0].labels, ready[0].label_valid
-          if label_valid is None:
-            label_valid = np.asarray(labels) > 0
           self.mirror.send(follow.CLASSIFY, meta, [rows, valid, labels, label_valid])
           results = list(server.classify(names, rows, labels, valid=valid,
                                          label_valid=label_valid))
