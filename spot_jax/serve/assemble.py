@@ -9,7 +9,9 @@ serves and the others follow it (`follow`).
 """
 from __future__ import annotations
 
+import os
 import pathlib
+import sys
 import time
 from typing import Any, Optional, Sequence
 
@@ -157,16 +159,38 @@ def _engine(args: Any, catalog: Any, length_buckets: Sequence[int], metrics: Any
 
 
 def _prefill_device(flag: str, params: Any) -> Any:
-  """--prefill_device's device (None: where the slots are)."""
+  """--prefill_device's device (None: where the slots are). `auto` on CPU stays on one device
+  when a second copy of the weights would take over half the host's available memory."""
   import jax  # pylint: disable=g-import-not-at-top
   from spot_jax.serve.model import slots  # pylint: disable=g-import-not-at-top
-  if flag in ("auto", "same"):
-    return slots.second_device(params) if flag == "auto" else None
+  if flag == "same":
+    return None
+  if flag == "auto":
+    device = slots.second_device(params)
+    size = sum(x.nbytes for x in jax.tree_util.tree_leaves(params) if hasattr(x, "nbytes"))
+    if device is not None and device.platform == "cpu" and 2 * size > host_available():
+      print(f"note: --prefill_device=auto prefills on the serving device: a second copy of the "
+            f"weights ({size / 2**30:.1f} GiB) would take over half the free host memory",
+            file=sys.stderr)
+      return None
+    return device
   devices = jax.local_devices()
   if int(flag) >= len(devices):
     raise ConfigError(f"--prefill_device={flag}: this process has {len(devices)} local "
                       f"device(s); give an index below {len(devices)}, 'auto' or 'same'")
   return devices[int(flag)]
+
+
+def host_available() -> int:
+  """Bytes of host memory available (MemAvailable; else free pages)."""
+  try:
+    with open("/proc/meminfo", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _chat_template(args: Any, served: Any) -> Any:

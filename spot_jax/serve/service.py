@@ -75,7 +75,8 @@ def _parser() -> cli.ArgumentParser:
   a("--prefill_device", default="auto", help="where --engine=continuous prefills: 'auto' (a "
     "second device of the serving kind when there is one, so arrivals prefill while the slots "
     "decode: on CPU the program makes two host devices, unless JAX_NUM_CPU_DEVICES is set; "
-    "it holds a second copy of the weights), 'same', or a local device index")
+    "it holds a second copy of the weights, if they take under half the free memory), 'same', "
+    "or a local device index")
   a("--chat_template", default=None, help="a model directory (tokenizer_config.json or "
     "chat_template.jinja) or a .jinja file for /v1/chat/completions (default: the checkpoint "
     "directory's)")

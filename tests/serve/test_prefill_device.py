@@ -69,3 +69,15 @@ def test_making_them_does_not_import_jax():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        cwd=pathlib.Path(__file__).parents[2], timeout=120)
   assert out.stdout.strip() == "False"
+
+
+def test_auto_keeps_one_copy_of_weights_the_host_cannot_hold_twice(monkeypatch, capsys):
+  params = {"w": jax.device_put(np.ones((256, 256), np.float32), jax.devices()[0])}  # 256 KiB
+  other = jax.devices()[0]  # stands for a second host device
+  monkeypatch.setattr(slots, "second_device", lambda unused: other)
+  monkeypatch.setattr(assemble, "host_available", lambda: 2**30)
+  assert assemble._prefill_device("auto", params) == other  # pylint: disable=protected-access
+  monkeypatch.setattr(assemble, "host_available", lambda: 2**19 - 1)
+  assert assemble._prefill_device("auto", params) is None  # pylint: disable=protected-access
+  assert "a second copy of the weights (0.0 GiB) would take over half" in capsys.readouterr().err
+  assert assemble.host_available() > 0
