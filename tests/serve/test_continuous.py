@@ -193,6 +193,22 @@ def test_the_cached_prefix_gives_the_logprobs_of_prefilling_the_prompt(setup):  
     np.testing.assert_allclose(c2.top_logprobs[1], p2.top_logprobs[1], atol=1e-5, err_msg=name)
 
 
+def test_a_cancelled_waiting_sequence_leaves_the_queue_while_the_slots_are_full(setup):  # noqa: F811
+  backbone, _, _, table, rows = setup
+  engine = _engine(backbone, table, num_slots=1)
+  (first, first_events), (second, second_events) = (_sequence("pt", rows[0]),
+                                                    _sequence("smop", rows[1]))
+  engine.submit([first, second])
+  engine._iterate()  # pylint: disable=protected-access
+  engine.cancel(second)
+  assert engine.running() == 1  # the slot is taken when the next cycle drops `second`
+  engine._iterate()  # pylint: disable=protected-access
+  assert engine.waiting() == 0 and second_events == [("end", "cancelled")]
+  while engine.running():
+    engine._iterate()  # pylint: disable=protected-access
+  assert first_events[-1][0] == "end"
+
+
 def test_a_cancelled_sequence_frees_its_slot_before_the_next_step(setup):  # noqa: F811
   backbone, _, _, table, rows = setup
   engine = _engine(backbone, table, num_slots=1)

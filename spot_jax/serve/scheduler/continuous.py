@@ -178,17 +178,18 @@ class Engine:
   def _iterate(self) -> None:
     """Frees cancelled slots, admits the waiting sequences that fit free slots, runs a cycle."""
     self._free_cancelled()
-    self._cycle(self._take() if self._refresh() else [])
+    self._cycle(self._take(admit=self._refresh()))
 
-  def _take(self, in_call: bool = False) -> list[tuple[Sequence, int]]:
-    """The waiting sequences that fit free slots, oldest first: [(sequence, slot)]. During a
-    call (`in_call`) one whose prompt the table does not hold yet waits for the next cycle."""
-    free = [i for i, s in enumerate(self._active) if s is None]
+  def _take(self, in_call: bool = False, admit: bool = True) -> list[tuple[Sequence, int]]:
+    """Drops cancelled sequences first in line; with `admit`, [(sequence, free slot)] oldest
+    first (during a call, `in_call`, none whose prompt the table lacks yet: next cycle's)."""
+    free = [i for i, s in enumerate(self._active) if s is None] if admit else []
     admitted = []
-    while free:
+    while True:
       with self._cond:
-        if not self._waiting or (in_call and not self._waiting[0].cancelled
-                                 and self._waiting[0].name not in self._table.names):
+        head = self._waiting[0] if self._waiting else None
+        if head is None or not (head.cancelled or free) or (in_call and not head.cancelled
+                                                            and head.name not in self._table.names):
           break
         seq = self._waiting.popleft()
       if seq.cancelled:
