@@ -23,7 +23,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Sequence
+from typing import MutableMapping, Sequence
 
 from spot_jax import cli, validate
 from spot_jax.cli import distributed, flags
@@ -131,19 +131,20 @@ def _check(args) -> None:
                       f"'same' or a local device index (0, 1, ...)")
 
 
-def host_devices(argv: Sequence[str]) -> None:
+def host_devices(argv: Sequence[str], environ: MutableMapping[str, str] = os.environ) -> None:
   """Before any device is used (the command line only): two host devices when the continuous
-  engine may prefill beside its decode calls (--prefill_device=auto), unless
-  JAX_NUM_CPU_DEVICES says how many. Other backends ignore it."""
+  engine may prefill beside its decode calls (--prefill_device=auto), unless JAX_NUM_CPU_DEVICES
+  or XLA_FLAGS' device count say how many. Other backends ignore it."""
   p = argparse.ArgumentParser(add_help=False)  # the full parser imports jax
   p.add_argument("--engine")
   p.add_argument("--prefill_device", default="auto")
   args, _ = p.parse_known_args(argv)
   if (args.engine == "continuous" and args.prefill_device == "auto"
-      and "JAX_NUM_CPU_DEVICES" not in os.environ):
+      and "JAX_NUM_CPU_DEVICES" not in environ
+      and "xla_force_host_platform_device_count" not in environ.get("XLA_FLAGS", "")):
     # Not by importing jax here: the engine needs JAX's asynchronous dispatch, which
     # `runtime.keep_heap` turns off when it finds jax imported.
-    os.environ["JAX_NUM_CPU_DEVICES"] = "2"
+    environ["JAX_NUM_CPU_DEVICES"] = "2"
 
 
 def listen(host: str, port: int) -> socket.socket:

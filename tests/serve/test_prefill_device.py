@@ -49,16 +49,18 @@ def test_auto_takes_the_next_device_of_the_kind_else_none():
     (["--engine=batch"], None),
     ([], None),
 ])
-def test_the_program_makes_two_host_devices_only_to_prefill_beside(monkeypatch, argv, want):
-  monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
-  service.host_devices(argv)
-  assert os.environ.get("JAX_NUM_CPU_DEVICES") == want
+def test_the_program_makes_two_host_devices_only_to_prefill_beside(argv, want):
+  environ = {"PATH": "/bin"}
+  service.host_devices(argv, environ)
+  assert environ.get("JAX_NUM_CPU_DEVICES") == want
 
 
-def test_a_set_host_device_count_is_kept(monkeypatch):
-  monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "4")
-  service.host_devices(["--engine=continuous"])
-  assert os.environ["JAX_NUM_CPU_DEVICES"] == "4"
+@pytest.mark.parametrize("environ", [{"JAX_NUM_CPU_DEVICES": "4"},
+                                     {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}])
+def test_a_set_host_device_count_is_kept(environ):
+  before = dict(environ)
+  service.host_devices(["--engine=continuous"], environ)
+  assert environ == before
 
 
 def test_making_them_does_not_import_jax():
