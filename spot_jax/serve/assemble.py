@@ -167,8 +167,10 @@ def _prefill_device(flag: str, params: Any) -> Any:
     return None
   if flag == "auto":
     device = slots.second_device(params)
+    if device is None or device.platform != "cpu":
+      return device
     size = sum(x.nbytes for x in jax.tree_util.tree_leaves(params) if hasattr(x, "nbytes"))
-    if device is not None and device.platform == "cpu" and 2 * size > host_available():
+    if 2 * size > host_available():
       print(f"note: --prefill_device=auto prefills on the serving device: a second copy of the "
             f"weights ({size / 2**30:.1f} GiB) would take over half the free host memory",
             file=sys.stderr)

@@ -101,26 +101,32 @@ def head_width(table: TableArrays) -> int:
   return big_p + big_l + 1
 
 
-def one_device(params: Any) -> tuple[Any, Any]:
-  """(`params`, their device) on one device when they live on one or are replicated (a mesh
-  of 1): the slots' state then keeps one sharding from call to call, so nothing recompiles
-  after warm-up; (`params`, None) when they are split over devices."""
+def home_device(params: Any) -> Optional[jax.Device]:
+  """The device `params` live on (the first of them when they are replicated); None when they
+  are split over devices."""
   leaves = [leaf for leaf in jax.tree_util.tree_leaves(params) if isinstance(leaf, jax.Array)]
   devices = sorted({d for leaf in leaves for d in leaf.devices()}, key=lambda d: d.id)
   if len(devices) > 1 and not all(leaf.is_fully_replicated for leaf in leaves):
-    return params, None
-  device = devices[0] if devices else jax.devices()[0]
-  return jax.device_put(params, device), device
+    return None
+  return devices[0] if devices else jax.devices()[0]
+
+
+def one_device(params: Any) -> tuple[Any, Any]:
+  """(`params`, their device) on their `home_device` (a mesh of 1): the slots' state then keeps
+  one sharding from call to call, so nothing recompiles after warm-up; (`params`, None) when
+  they are split over devices."""
+  device = home_device(params)
+  return (params, None) if device is None else (jax.device_put(params, device), device)
 
 
 def second_device(params: Any) -> Optional[jax.Device]:
-  """A device to prefill on beside the decode calls: the next local device of the kind
-  `params` live on, when they live on one (on CPU, `JAX_NUM_CPU_DEVICES=2` makes two); None
-  when there is none."""
-  _, device = one_device(params)
-  others = [d for d in jax.local_devices() if device is not None and d != device
-            and d.platform == device.platform]
-  return min(others, key=lambda d: (d.id - device.id) % 1_000_000) if others else None
+  """A device to prefill on beside the decode calls: the local device of the same kind next
+  after `params`' home (on CPU, `JAX_NUM_CPU_DEVICES=2` makes two); None when there is none or
+  they are split over devices."""
+  home = home_device(params)
+  others = sorted((d for d in jax.local_devices() if home is not None and d != home
+                   and d.platform == home.platform), key=lambda d: (d.id < home.id, d.id))
+  return others[0] if others else None
 
 
 def empty_state(model: DecoderLM, slots: int, length: int, device: Any = None) -> SlotState:
