@@ -14,7 +14,8 @@ What is quantized: every matmul kernel ("kernel" leaves: attention q/k/v/o, MLP,
 output layer). Embedding tables stay float (prompt initialisers read them; a tied output layer
 shares them), as do norms, biases and relative-position tables. Activations stay float: the
 layers' `einsum`/`dot` hand a quantized kernel to qwix, which dequantizes it into the matmul,
-so gradients reach the prompt through the dequantized weights.
+so gradients reach the prompt through the dequantized weights (and none reaches the kernel:
+the backward pass dequantizes it again, one layer at a time).
 
 A kernel either reads the embedding (its first axis is "embed" or an MLP/attention input:
 it contracts axis 0) or writes it (its last axis is "embed": it contracts all the others); the
@@ -22,6 +23,7 @@ scales run along the axes it keeps.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from typing import Any, Optional
@@ -29,6 +31,7 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import traverse_util
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -75,15 +78,42 @@ def einsum(spec: str, x: jax.Array, kernel: Any, dtype: Any, *, detach: bool = F
   for this use only (`memory.weight_as`, whose `detach` this passes on).
   """
   if is_quantized(kernel):
-    kernel = memory.tied(kernel, x, detach, integers=True).astype(dtype)
-    return qwix().einsum(spec, x.astype(dtype), kernel)
+    return _frozen(lambda x, k: qwix().einsum(spec, x.astype(dtype), k.astype(dtype)), x, kernel)
   return jnp.einsum(spec, x, memory.weight_as(kernel, dtype, x, detach=detach))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _frozen(matmul: Any, x: jax.Array, kernel: Any) -> jax.Array:
+  """`matmul(x, kernel)`, linear in x, of a frozen quantized kernel (no gradient reaches it).
+
+  Each pass dequantizes the kernel only once its input is there: the forward pass once `x` is,
+  the backward pass once the output's cotangent is. Otherwise XLA may dequantize every layer's
+  kernel at once (the backward pass's as soon as it starts), more bytes than the float
+  network's weights.
+  """
+  return matmul(x, memory.tied(kernel, x, True, integers=True))
+
+
+def _frozen_fwd(matmul: Any, x: jax.Array, kernel: Any) -> tuple[jax.Array, tuple]:
+  return _frozen(matmul, x, kernel), (x, kernel)
+
+
+def _frozen_bwd(matmul: Any, saved: tuple, grad: jax.Array) -> tuple[jax.Array, Any]:
+  x, kernel = saved
+  kernel = memory.tied(kernel, grad, True, integers=True)
+  _, pull = jax.vjp(lambda x: matmul(x, kernel), x)
+  none = lambda a: (np.zeros(a.shape, jax.dtypes.float0)  # noqa: E731
+                    if jnp.issubdtype(a.dtype, jnp.integer) else jnp.zeros_like(a))
+  return pull(grad)[0], jax.tree.map(none, kernel)
+
+
+_frozen.defvjp(_frozen_fwd, _frozen_bwd)
 
 
 def dot(x: jax.Array, kernel: Any, dtype: Any) -> jax.Array:
   """x [..., in] @ kernel [in, out] in `dtype`; a quantized kernel goes through qwix's dot."""
   if is_quantized(kernel):
-    return qwix().dot(x.astype(dtype), memory.tied(kernel, x).astype(dtype))
+    return _frozen(lambda x, k: qwix().dot(x.astype(dtype), k.astype(dtype)), x, kernel)
   return jnp.dot(x, memory.weight_as(jnp.asarray(kernel), dtype, x))
 
 
