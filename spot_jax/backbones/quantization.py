@@ -74,8 +74,8 @@ def einsum(spec: str, x: jax.Array, kernel: Any, dtype: Any, *, detach: bool = F
            ) -> jax.Array:
   """jnp.einsum(spec, x, kernel) in `dtype`; a quantized kernel goes through qwix's einsum.
 
-  The kernel (a quantized one's scales) is tied to `x`, so that it is converted or dequantized
-  for this use only (`memory.weight_as`, whose `detach` this passes on).
+  The kernel is tied to `x`, so that it is converted (`memory.weight_as`, whose `detach` this
+  passes on) or dequantized (`_frozen`: no gradient through it either way) for this use only.
   """
   if is_quantized(kernel):
     return _frozen(lambda x, k: qwix().einsum(spec, x.astype(dtype), k.astype(dtype)), x, kernel)
