@@ -356,5 +356,5 @@ class DecoderOnlyModel:
     return jax.lax.map(one, (labels, validity(labels, label_valid))).T
 
   def _empty_cache(self, prefixes: Any, batch: int, size: int) -> tuple:
-    """Per layer (key, value) [B, size, K, D] zeros, the deep prefixes written at the front."""
+    """Per layer (key, value) [B, K, size, D] zeros, the deep prefixes written at the front."""
     return decoding.empty_cache(self.config, prefixes, batch, size)

@@ -6,7 +6,7 @@ prompt then sits next to its row's tokens whatever the caller's padding), and af
 hook rolled right so that every row ends at the same index: its padding moves to the front,
 where it is masked. Every step then writes the cache at one index for the whole batch.
 
-The cache holds, per layer, keys and values [B, S, K, D] with S = P + T' + max_new_tokens
+The cache holds, per layer, keys and values [B, K, S, D] (heads-major) with S = P + T' + max_new_tokens
 (P deep-prefix entries first, written once), plus per entry its validity and its index in the
 row as given (its index before rolling). Masks use those indices, so causality and the sliding
 window (i - W < j <= i) are those of the unrolled row, and the result equals the uncached
@@ -99,17 +99,17 @@ def _roll(x: Array, valid: Array, to_end: bool) -> tuple[Array, Array, Array]:
 
 def empty_cache(config: DecoderConfig, prefixes: Optional[Prefixes], batch: int, size: int
                 ) -> tuple:
-  """Per layer (key, value) [B, size, K, D] zeros, the deep prefixes (per layer (key, value)
-  [B or 1, P, K, D], or None) written at the front."""
+  """Per layer (key, value) [B, K, size, D] zeros (heads-major, see `layers.Attention`), the
+  deep prefixes (per layer (key, value) [B or 1, P, K, D], or None) written at the front."""
   cfg = config
-  shape = (batch, size, cfg.num_kv_heads, cfg.head_dim)
+  shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
   cache = []
   for i in range(cfg.num_layers):
     pair = []
     for part in range(2):
       entry = jnp.zeros(shape, cfg.activation_dtype)
       if prefixes is not None:
-        front = prefixes[i][part].astype(cfg.activation_dtype)
+        front = jnp.swapaxes(prefixes[i][part], 1, 2).astype(cfg.activation_dtype)
         front = jnp.broadcast_to(front, (batch,) + front.shape[1:])
         entry = jax.lax.dynamic_update_slice(entry, front, (0, 0, 0, 0))
       pair.append(entry)

@@ -26,7 +26,7 @@ from spot_jax.backbones import quantization
 from spot_jax.backbones.decoder.config import DecoderConfig, RopeScaling
 
 Array = jax.Array
-KV = tuple[Array, Array]  # (key, value), each [B, S, K, D]
+KV = tuple[Array, Array]  # (key, value): deep prefixes [B, P, K, D]; a cache [B, K, S, D]
 
 
 def _param(module: nn.Module, name: str, init: Any, shape: Sequence[int],
@@ -240,8 +240,9 @@ class Attention(nn.Module):
       positions: [B, T] RoPE positions.
       mask: [B, 1, 1, T, S] bool from `attention_mask`, S the key axis (see `past`).
       past: None (S = T); deep prefixes (key, value) [B or 1, P, K, D], used raw, before the
-        new keys (S = P + T); or, with `write_index`, a cache [B, S, K, D] the new keys and
-        values are written into at `write_index` before attending over all S of it.
+        new keys (S = P + T); or, with `write_index`, a cache [B, K, S, D] (heads-major, so
+        the attention's dots read it in place) the new keys and values are written into at
+        `write_index` before attending over all S of it.
       write_index: the cache index of the first new token (a scalar), or [B] one per row (T =
         1: each row's token goes to its own index, as slots decoding apart need), or None.
       kv_only: return the inputs' (key, value) [B, T, K, D] at `positions` (key norm and RoPE
@@ -266,13 +267,14 @@ class Attention(nn.Module):
     cache = None
     if past is not None and write_index is not None and jnp.ndim(write_index) == 1:
       rows = jnp.arange(x.shape[0])
-      k = past[0].at[rows, write_index].set(k[:, 0].astype(past[0].dtype), mode="drop")
-      v = past[1].at[rows, write_index].set(v[:, 0].astype(past[1].dtype), mode="drop")
+      k = past[0].at[rows, :, write_index].set(k[:, 0].astype(past[0].dtype), mode="drop")
+      v = past[1].at[rows, :, write_index].set(v[:, 0].astype(past[1].dtype), mode="drop")
       cache = (k, v)
     elif past is not None and write_index is not None:
-      at = (0, write_index, 0, 0)
-      k = jax.lax.dynamic_update_slice(past[0], k.astype(past[0].dtype), at)
-      v = jax.lax.dynamic_update_slice(past[1], v.astype(past[1].dtype), at)
+      at = (0, 0, write_index, 0)
+      heads = lambda a, c: jnp.swapaxes(a, 1, 2).astype(c.dtype)  # noqa: E731
+      k = jax.lax.dynamic_update_slice(past[0], heads(k, past[0]), at)
+      v = jax.lax.dynamic_update_slice(past[1], heads(v, past[1]), at)
       cache = (k, v)
     elif past is not None:
       batch = x.shape[0]
@@ -283,12 +285,18 @@ class Attention(nn.Module):
     groups = cfg.num_heads // cfg.num_kv_heads
     # Query head n reads key/value head n // groups (transformers' repeat_kv).
     q = q.reshape(batch, length, cfg.num_kv_heads, groups, cfg.head_dim)
-    logits = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(dtype),
+    # A cache is heads-major and one new token (decoding) drops its length-1 axis: the dots'
+    # batch axes (b, k) then lead both operands, and XLA copies no cache into another layout.
+    kv = "bksd" if cache is not None else "bskd"
+    one = length == 1
+    logits = jnp.einsum(f"bkgd,{kv}->bkgs" if one else f"btkgd,{kv}->bkgts",
+                        q[:, 0] if one else q, k.astype(dtype),
                         preferred_element_type=jnp.float32) * cfg.attention_scale
     logits = softcap(logits, cfg.attn_logit_softcap)
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    logits = jnp.where(mask[..., 0, :] if one else mask, logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dtype))
+    out = jnp.einsum(f"bkgs,{kv}->bkgd" if one else f"bkgts,{kv}->btkgd", probs,
+                     v.astype(dtype))
     out = out.reshape(batch, length, cfg.num_heads, cfg.head_dim)
     return HeadsOut(x.shape[-1], dtype=dtype, name="out")(out), cache
 

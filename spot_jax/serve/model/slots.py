@@ -4,7 +4,7 @@ settings.
 
 The engine holds S slots; slot s owns row s of every array of a `SlotState`:
 
-  cache    per layer (key, value) [S, C, K, D]    C = H + W + N key positions
+  cache    per layer (key, value) [S, K, C, D]    C = H + W + N key positions (heads-major)
   k_index  [S, C] int32      each key position's index (RoPE position), see below
   k_valid  [S, C] bool       which key positions hold a real key
   write    [S] int32         the cache position the next token's key goes to
@@ -132,7 +132,7 @@ def second_device(params: Any) -> Optional[jax.Device]:
 def empty_state(model: DecoderLM, slots: int, length: int, device: Any = None) -> SlotState:
   """S free slots of C = `length` key positions (on `device`, default the default device)."""
   cfg = model.config
-  shape = (slots, length, cfg.num_kv_heads, cfg.head_dim)
+  shape = (slots, cfg.num_kv_heads, length, cfg.head_dim)
   fresh = lambda shape, dtype: jax.device_put(np.zeros(shape, dtype), device)  # donated apart
   cache = tuple((fresh(shape, cfg.activation_dtype), fresh(shape, cfg.activation_dtype))
                 for _ in range(cfg.num_layers))
@@ -192,7 +192,8 @@ def compute_head(model: DecoderLM, params: PyTree, table: TableArrays, index: Ar
   skip = (table.lengths[index] + 1) if cached else jnp.zeros((1,), jnp.int32)
   keep = jnp.arange(big_h, dtype=jnp.int32)[None]
   k_valid = k_valid[:, :big_h] & ((keep < big_p) | (keep - big_p < skip[:, None]))
-  return Head(tuple((k[:, :big_h], v[:, :big_h]) for k, v in cache), k_index[:, :big_h],
+  front = lambda a: jnp.swapaxes(a[:, :, :big_h], 1, 2)  # noqa: E731  (as deep prefixes)
+  return Head(tuple((front(k), front(v)) for k, v in cache), k_index[:, :big_h],
               k_valid, skip.astype(jnp.int32))
 
 
