@@ -204,12 +204,18 @@ class Engine:
     """Prefills `admitted` [(sequence, free slot)], starts the decode call, hands out the first
     tokens and then the previous cycle's tokens while it runs (the host's share overlaps the
     device's), prefills arrivals on `prefill_device` meanwhile, then books the call's tokens:
-    ends found and slots freed before the next cycle."""
+    ends found and slots freed before the next cycle. With a `prefill_device` of its own and
+    slots decoding, `admitted` too prefill there during the call (their slots idle in it)."""
     earlier, self._pending = self._pending, []
-    self._start(admitted)
-    self._insert()
+    beside = self._beside and self.running()
+    if not beside:
+      self._start(admitted)
+      self._insert()
     self._pending += earlier  # first tokens first: nobody's earlier tokens are among them
     call = self._dispatch() if self.running() else None
+    if beside:
+      self.prefills_during += len(admitted)
+      self._start(admitted, during=True)
     self._flush()
     if call is not None:
       if self._beside:
