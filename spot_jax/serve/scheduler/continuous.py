@@ -213,9 +213,11 @@ class Engine:
       self._insert()
     self._pending += earlier  # first tokens first: nobody's earlier tokens are among them
     call = self._dispatch() if self.running() else None
-    if beside:
+    if beside:  # after the dispatch: the call must not see them in their slots
+      started = self._launch(admitted)
+      self._flush()  # the earlier tokens while the prefills run
       self.prefills_during += len(admitted)
-      self._start(admitted, during=True)
+      self._book_first(started, during=True)
     self._flush()
     if call is not None:
       if self._beside:
@@ -281,8 +283,13 @@ class Engine:
     return True
 
   def _start(self, admitted: list[tuple[Sequence, int]], during: bool = False) -> None:
-    """Prefills each (sequence, free slot), which then holds it, in one compiled call per kind
-    (cached prefix or not) and batch bucket; books the first tokens and stages the rows."""
+    """Prefills each (sequence, free slot), which then holds it, and books its first token."""
+    self._book_first(self._launch(admitted), during)
+
+  def _launch(self, admitted: list[tuple[Sequence, int]]) -> list:
+    """Starts the prefills of each (sequence, free slot), which then holds it, in one compiled
+    call per kind (cached prefix or not) and batch bucket, and stages the rows; [(part,
+    cached, first tokens' `Chosen`, not yet fetched)]."""
     kinds: dict[bool, list] = {}
     for seq, slot in admitted:
       head, cached = self.prefixes.head(self._table, self._arrays, seq.name)
@@ -293,6 +300,10 @@ class Engine:
         size = bucket(self.batch_buckets, len(group))
         part, group = group[:size], group[size:]
         started.append((part, cached, self._prefill(part, size, cached)))
+    return started
+
+  def _book_first(self, started: list, during: bool) -> None:
+    """Fetches and books the first tokens of `_launch`'s prefills."""
     for part, cached, chosen in started:
       chosen = slots_lib.Chosen(*jax.device_get(tuple(chosen)))
       for row, (seq, slot, _) in enumerate(part):
