@@ -10,6 +10,7 @@
                      <module> <args>` would.
   cli_errors         The environment and log filters of the command-line tests.
   glue_data          Hand-made GLUE and SuperGLUE examples and their expected strings and metrics.
+  hlo                The copies and transposes of an array of a given size in optimized HLO text.
   k_runs             The K-run trainer tests' jobs (tests/train/test_runs.py): a byte-tiny T5
                      (dropout 0.1), a local TSV task, 8 steps.
   kill               SIGKILL of a training subprocess at a chosen moment, for the exact-resume

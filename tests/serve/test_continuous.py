@@ -26,6 +26,7 @@ from spot_jax.serve.model.server import DecodeSettings, Server
 from spot_jax.serve.catalog.table import PromptTable, ServedPrompt
 from spot_jax.serve.scheduler.continuous import Engine
 from spot_jax.serve.scheduler.sequence import Sequence
+from tests.helpers import hlo as hlo_lib
 from tests.serve.test_decoder_serving import (  # noqa: F401  pylint: disable=unused-import
     CONFIG, DECODE, EOS, LENGTHS, _server, build_setup, setup)
 
@@ -191,6 +192,20 @@ def test_the_cached_prefix_gives_the_logprobs_of_prefilling_the_prompt(setup):  
     np.testing.assert_allclose(c1.top_logprobs, p1.top_logprobs, atol=1e-5, err_msg=name)
     np.testing.assert_array_equal(c1.top_ids, p1.top_ids, err_msg=name)
     np.testing.assert_allclose(c2.top_logprobs[1], p2.top_logprobs[1], atol=1e-5, err_msg=name)
+
+
+def test_a_decode_call_reads_the_slots_caches_where_they_lie(setup):  # noqa: F811
+  """K steps of every slot attend over the heads-major caches in place: the optimized call
+  moves no cache-sized array into another layout (before, every layer and step did, twice)."""
+  backbone = setup[0]
+  model, num_slots, length = DecoderLM(CONFIG), 4, 20
+  state = slots.empty_state(model, num_slots, length)
+  sampling = slots.Sampling(*(np.zeros(num_slots, t) for t in (np.float32, np.int32)),
+                            np.ones(num_slots, np.float32),
+                            *(np.zeros(num_slots, t) for t in (np.uint32, np.int32, np.int32)))
+  hlo = slots.decode_steps.lower(model, backbone, state, sampling, steps=3).compile().as_text()
+  assert state.cache[0][0].shape == (num_slots, CONFIG.num_kv_heads, length, CONFIG.head_dim)
+  assert not hlo_lib.relayouts(hlo, state.cache[0][0].size)
 
 
 def test_a_cancelled_waiting_sequence_leaves_the_queue_while_the_slots_are_full(setup):  # noqa: F811

@@ -19,6 +19,7 @@ from flax.core import meta
 
 from spot_jax.backbones.decoder import CONFIGS, DecoderLM, decoding, hf
 from spot_jax.errors import ConfigError
+from tests.helpers import hlo as hlo_lib
 
 STEPS, PROMPT, EOS = 16, 3, 1
 LENGTHS = (9, 5, 2)
@@ -217,3 +218,18 @@ def test_bad_settings_are_one_line(kwargs, message):
   model, params, tokens, valid = _setup("decoder_tiny_llama")
   with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
     decoding.generate(model, params, tokens, valid, eos_id=EOS, **kwargs)
+
+
+def test_a_decode_step_reads_the_cache_where_it_lies():
+  """The while loop's step attends over the heads-major cache in place: the optimized program
+  moves no cache-sized array into another layout (before, every layer and step did, twice)."""
+  model, params, tokens, valid = _setup("decoder_tiny_llama")
+  cfg = model.config
+  hlo = decoding._generate.lower(  # pylint: disable=protected-access
+      model, params, jnp.asarray(tokens), jnp.asarray(valid), jax.random.PRNGKey(0),
+      jnp.float32(0), None, None, max_new_tokens=STEPS, top_k=None, eos_id=EOS
+  ).compile().as_text()
+  size = tokens.shape[1] + STEPS  # no deep prefixes
+  elements = tokens.shape[0] * cfg.num_kv_heads * size * cfg.head_dim
+  assert cfg.num_kv_heads > 1 and elements != tokens.shape[0] * size * cfg.emb_dim
+  assert not hlo_lib.relayouts(hlo, elements)
