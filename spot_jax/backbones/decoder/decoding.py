@@ -6,11 +6,12 @@ prompt then sits next to its row's tokens whatever the caller's padding), and af
 hook rolled right so that every row ends at the same index: its padding moves to the front,
 where it is masked. Every step then writes the cache at one index for the whole batch.
 
-The cache holds, per layer, keys and values [B, K, S, D] (heads-major) with S = P + T' + max_new_tokens
-(P deep-prefix entries first, written once), plus per entry its validity and its index in the
-row as given (its index before rolling). Masks use those indices, so causality and the sliding
-window (i - W < j <= i) are those of the unrolled row, and the result equals the uncached
-forward over the growing sequence. RoPE positions are P + (number of valid entries before).
+The cache holds, per layer, keys and values [B, K, S, D] (heads-major) with S = P + T' +
+max_new_tokens (P deep-prefix entries first, written once), plus per entry its validity and its
+index in the row as given (its index before rolling). Masks use those indices, so causality and
+the sliding window (i - W < j <= i) are those of the unrolled row, and the result equals the
+uncached forward over the growing sequence. RoPE positions are P + (number of valid entries
+before).
 
 `generate` is jitted with the module, `max_new_tokens`, `top_k` and `eos_id` static; the
 temperature and the rng are traced, so greedy decoding and sampling at any temperature share
