@@ -205,7 +205,8 @@ class Engine:
     tokens and then the previous cycle's tokens while it runs (the host's share overlaps the
     device's), prefills arrivals on `prefill_device` meanwhile, then books the call's tokens:
     ends found and slots freed before the next cycle. With a `prefill_device` of its own and
-    slots decoding, `admitted` too prefill there during the call (their slots idle in it)."""
+    slots decoding, `admitted` too prefill there during the call (their slots idle in it), and
+    the previous cycle's tokens go out while they do, before the first tokens."""
     earlier, self._pending = self._pending, []
     beside = self._beside and self.running()
     if not beside:
