@@ -7,7 +7,8 @@ batch bucket (powers of two up to S) and the longest member's length bucket, and
 rows, (3) starts ONE compiled call of K decode steps (`decode_steps`) over all S slots, whatever
 their prompts and sampling settings, (4) while it runs, hands the first tokens and the previous
 cycle's tokens to their sequences' `emit` callbacks (the host's work hides behind the
-device's) and, with a `prefill_device` of its own, prefills arrivals there at once, (5) books
+device's) and, with a `prefill_device` of its own, prefills arrivals there at once (and step
+(2)'s sequences too, after the call started, when slots were decoding), (5) books
 the call's tokens: a sequence that ends inside the call drops its later tokens and frees its
 slot for the next cycle. Compiled shapes: one prefill per (kind, batch bucket, length bucket),
 one insert per batch bucket, one decode call (and one prefix computation), whatever the mix.
