@@ -39,6 +39,7 @@ from spot_jax.serve.scheduler.live_catalog import GREEDY
 from spot_jax.serve.model import slots as slots_lib
 from spot_jax.serve.model import prefix_cache
 from spot_jax.serve.model.prefix_cache import PrefixCache
+from spot_jax.serve.scheduler import sequence as sequence_lib
 from spot_jax.serve.scheduler.sequence import Sequence
 
 DECODE_STEPS = 4  # decode steps per compiled call by default (see `Engine.decode_steps`)
@@ -57,8 +58,7 @@ class Engine:
     batch_buckets: the prefill's padded batch sizes (powers of two below S, and S);
       decode_steps: K, decode steps per compiled call (a call's tokens stream together).
     device: where the slots live and decode; prefill_device: where prefills run (default
-      `device`; on another, arrivals prefill while a decode call runs and join the slots after
-      it: a first token does not wait for the call in flight).
+      `device`; on another, beside the decode calls: a first token waits for no call).
     steps, calls, prefills, prefill_calls: decode steps and calls run, sequences prefilled,
       compiled prefills; prefills_during: sequences prefilled while a decode call ran.
     step_seconds: a moving average of a decode call's time.
@@ -206,19 +206,18 @@ class Engine:
     tokens and then the previous cycle's tokens while it runs (the host's share overlaps the
     device's), prefills arrivals on `prefill_device` meanwhile, then books the call's tokens:
     ends found and slots freed before the next cycle. With a `prefill_device` of its own and
-    slots decoding, `admitted` too prefill there during the call (their slots idle in it), and
-    the previous cycle's tokens go out while they do, before the first tokens."""
+    slots decoding, `admitted` prefill there during the call instead (their slots idle in it)
+    while the previous cycle's tokens go out."""
     earlier, self._pending = self._pending, []
     beside = self._beside and self.running()
     if not beside:
-      self._start(admitted)
+      self._book_first(self._launch(admitted), during=False)
       self._insert()
     self._pending += earlier  # first tokens first: nobody's earlier tokens are among them
     call = self._dispatch() if self.running() else None
     if beside:  # after the dispatch: the call must not see them in their slots
       started = self._launch(admitted)
       self._flush()  # the earlier tokens while the prefills run
-      self.prefills_during += len(admitted)
       self._book_first(started, during=True)
     self._flush()
     if call is not None:
@@ -242,8 +241,7 @@ class Engine:
         return
       admitted = self._take(in_call=True)
       more = bool(admitted)
-      self.prefills_during += len(admitted)
-      self._start(admitted, during=True)
+      self._book_first(self._launch(admitted), during=True)
       self._flush()
 
   def _watch(self) -> None:
@@ -284,14 +282,9 @@ class Engine:
         self.prefixes.head(table, self._arrays, name, count=False)
     return True
 
-  def _start(self, admitted: list[tuple[Sequence, int]], during: bool = False) -> None:
-    """Prefills each (sequence, free slot), which then holds it, and books its first token."""
-    self._book_first(self._launch(admitted), during)
-
   def _launch(self, admitted: list[tuple[Sequence, int]]) -> list:
-    """Starts the prefills of each (sequence, free slot), which then holds it, in one compiled
-    call per kind (cached prefix or not) and batch bucket, and stages the rows; [(part,
-    cached, first tokens' `Chosen`, not yet fetched)]."""
+    """Starts prefilling each (sequence, free slot), which then holds it, in one call per kind
+    (cached prefix or not) and batch bucket; [(part, cached, its unfetched `Chosen`)]."""
     kinds: dict[bool, list] = {}
     for seq, slot in admitted:
       head, cached = self.prefixes.head(self._table, self._arrays, seq.name)
@@ -308,6 +301,7 @@ class Engine:
     """Fetches and books the first tokens of `_launch`'s prefills."""
     for part, cached, chosen in started:
       chosen = slots_lib.Chosen(*jax.device_get(tuple(chosen)))
+      self.prefills_during += len(part) if during else 0
       for row, (seq, slot, _) in enumerate(part):
         if self.observe is not None:
           self.observe.prefill(cached, during)
@@ -315,19 +309,13 @@ class Engine:
 
   def _prefill(self, part: list, size: int, cached: bool) -> slots_lib.Chosen:
     """Starts one compiled prefill of `part` [(sequence, slot, head)], padded to `size` rows
-    (copies of the first, written nowhere), and stages its rows for `_insert`; its first
-    tokens' `Chosen` (not yet fetched)."""
+    (copies of the first, written nowhere), staging its rows for `_insert`; its `Chosen`."""
     width = max(bucket(self.length_buckets, len(seq.tokens)) for seq, _, _ in part)
     for seq, slot, _ in part:
-      for key, value in (("temperature", seq.temperature), ("top_k", seq.top_k),
-                         ("top_p", seq.top_p), ("seed", seq.seed % 2**32),
-                         ("choice", seq.choice), ("count", 0)):
+      for key, value in seq.sampling().items():
         self._sampling[key][slot] = value
     rows = part + part[:1] * (size - len(part))
-    tokens = np.zeros((size, width), np.int32)
-    for row, (seq, _, _) in enumerate(rows):
-      tokens[row, :len(seq.tokens)] = seq.tokens
-    valid = np.arange(width)[None] < np.asarray([len(seq.tokens) for seq, _, _ in rows])[:, None]
+    tokens, valid = sequence_lib.padded([seq for seq, _, _ in rows], width)
     index = np.asarray([self._table.index(seq.name) for seq, _, _ in rows], np.int32)
     where = np.asarray([slot for _, slot, _ in part] + [self.slots] * (size - len(part)),
                        np.int32)  # padding rows write nowhere
@@ -339,8 +327,7 @@ class Engine:
         sampling, length=self._state.k_index.shape[1], placement=self.catalog.placement,
         cached=cached)
     self._staged.append((where, rows))
-    self.prefills += len(part)
-    self.prefill_calls += 1
+    self.prefills, self.prefill_calls = self.prefills + len(part), self.prefill_calls + 1
     for seq, slot, _ in part:
       self._active[slot] = seq
       self._sampling["count"][slot] = 1  # the first token is drawn at 0
@@ -354,8 +341,7 @@ class Engine:
     sampling = slots_lib.Sampling(**{k: v.copy() for k, v in self._sampling.items()})
     self._state, chosen = slots_lib.decode_steps(self.catalog.model, self.params, self._state,
                                                  sampling, steps=self.decode_steps)
-    self.steps += self.decode_steps
-    self.calls += 1
+    self.steps, self.calls = self.steps + self.decode_steps, self.calls + 1
     if self.observe is not None:
       self.observe.step(self.decode_steps)
     return chosen, list(self._active), start
@@ -392,14 +378,9 @@ class Engine:
     pending, self._pending = self._pending, []
     for seq, event in pending:
       if event[0] == "token":
-        now = time.monotonic()
+        kind, seconds = seq.stamp(time.monotonic())
         if self.observe is not None:
-          if seq.first_at:
-            self.observe.itl(now - seq.last_at)
-          else:
-            self.observe.ttft_observed(now - seq.enqueued)
-        seq.first_at = seq.first_at or now
-        seq.last_at = now
+          (self.observe.itl if kind == "itl" else self.observe.ttft_observed)(seconds)
       seq.emit(*event)
 
   def _free_cancelled(self) -> None:

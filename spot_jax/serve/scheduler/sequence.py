@@ -41,3 +41,24 @@ class Sequence:
   enqueued: float = dataclasses.field(default_factory=time.monotonic)
   first_at: float = 0.0
   last_at: float = 0.0
+
+  def sampling(self) -> dict:
+    """Its settings by `slots.Sampling` field, for a slot starting it (count 0)."""
+    return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+            "seed": self.seed % 2**32, "choice": self.choice, "count": 0}
+
+  def stamp(self, now: float) -> tuple[str, float]:
+    """Notes a token handed out at `now` (time.monotonic()): ("ttft", seconds since it was
+    enqueued) for the first, else ("itl", seconds since the last)."""
+    gap = ("itl", now - self.last_at) if self.first_at else ("ttft", now - self.enqueued)
+    self.first_at, self.last_at = self.first_at or now, now
+    return gap
+
+
+def padded(sequences: list[Sequence], width: int) -> tuple[np.ndarray, np.ndarray]:
+  """The sequences' input ids as rows [len(sequences), width] int32, zeros after each one's
+  ids, and their validity [len(sequences), width] bool."""
+  tokens = np.zeros((len(sequences), width), np.int32)
+  for row, seq in enumerate(sequences):
+    tokens[row, :len(seq.tokens)] = seq.tokens
+  return tokens, np.arange(width)[None] < np.asarray([len(s.tokens) for s in sequences])[:, None]
