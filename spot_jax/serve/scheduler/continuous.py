@@ -34,12 +34,12 @@ from typing import Any, Optional, Sequence as Seq
 import jax
 import numpy as np
 
+from spot_jax import vocabulary
 from spot_jax.serve.scheduler.batcher import PromptGone, QueueFull, Stopping, bucket
 from spot_jax.serve.scheduler.live_catalog import GREEDY
 from spot_jax.serve.model import slots as slots_lib
 from spot_jax.serve.model import prefix_cache
 from spot_jax.serve.model.prefix_cache import PrefixCache
-from spot_jax.serve.scheduler import sequence as sequence_lib
 from spot_jax.serve.scheduler.sequence import Sequence
 
 DECODE_STEPS = 4  # decode steps per compiled call by default (see `Engine.decode_steps`)
@@ -315,7 +315,7 @@ class Engine:
       for key, value in seq.sampling().items():
         self._sampling[key][slot] = value
     rows = part + part[:1] * (size - len(part))
-    tokens, valid = sequence_lib.padded([seq for seq, _, _ in rows], width)
+    tokens, valid = vocabulary.right_padded([seq.tokens for seq, _, _ in rows], width)
     index = np.asarray([self._table.index(seq.name) for seq, _, _ in rows], np.int32)
     where = np.asarray([slot for _, slot, _ in part] + [self.slots] * (size - len(part)),
                        np.int32)  # padding rows write nowhere

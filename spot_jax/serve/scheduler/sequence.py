@@ -54,11 +54,3 @@ class Sequence:
     self.first_at, self.last_at = self.first_at or now, now
     return gap
 
-
-def padded(sequences: list[Sequence], width: int) -> tuple[np.ndarray, np.ndarray]:
-  """The sequences' input ids as rows [len(sequences), width] int32, zeros after each one's
-  ids, and their validity [len(sequences), width] bool."""
-  tokens = np.zeros((len(sequences), width), np.int32)
-  for row, seq in enumerate(sequences):
-    tokens[row, :len(seq.tokens)] = seq.tokens
-  return tokens, np.arange(width)[None] < np.asarray([len(s.tokens) for s in sequences])[:, None]
