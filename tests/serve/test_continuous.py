@@ -57,6 +57,13 @@ def _run(engine, sequences):
   return [[e[1] for e in events if e[0] == "token"] for _, events in sequences]
 
 
+def _greedy(num: int) -> slots.Sampling:
+  """Greedy settings for `num` slots (temperature 0, no top_k, top_p 1, seed 0)."""
+  return slots.Sampling(*(np.zeros(num, t) for t in (np.float32, np.int32)),
+                        np.ones(num, np.float32),
+                        *(np.zeros(num, t) for t in (np.uint32, np.int32, np.int32)))
+
+
 def _upto_eos(row):
   row = [int(t) for t in row]
   return row[:row.index(EOS) + 1] if EOS in row else row
@@ -170,8 +177,7 @@ def test_the_cached_prefix_gives_the_logprobs_of_prefilling_the_prompt(setup):  
   tokens = np.zeros((1, 10), np.int32)
   tokens[0, :LENGTHS[0]] = rows[0, :LENGTHS[0]]
   valid = tokens > 0
-  greedy = slots.Sampling(*(np.zeros(1, t) for t in (np.float32, np.int32)), np.ones(1, np.float32),
-                          *(np.zeros(1, t) for t in (np.uint32, np.int32, np.int32)))
+  greedy = _greedy(1)
   for name in names:
     index = np.asarray([table.index(name)], np.int32)
     results = []
@@ -200,10 +206,8 @@ def test_a_decode_call_reads_the_slots_caches_where_they_lie(setup):  # noqa: F8
   backbone = setup[0]
   model, num_slots, length = DecoderLM(CONFIG), 4, 20
   state = slots.empty_state(model, num_slots, length)
-  sampling = slots.Sampling(*(np.zeros(num_slots, t) for t in (np.float32, np.int32)),
-                            np.ones(num_slots, np.float32),
-                            *(np.zeros(num_slots, t) for t in (np.uint32, np.int32, np.int32)))
-  hlo = slots.decode_steps.lower(model, backbone, state, sampling, steps=3).compile().as_text()
+  hlo = slots.decode_steps.lower(model, backbone, state, _greedy(num_slots),
+                                 steps=3).compile().as_text()
   assert state.cache[0][0].shape == (num_slots, CONFIG.num_kv_heads, length, CONFIG.head_dim)
   assert not hlo_lib.relayouts(hlo, state.cache[0][0].size)
 
@@ -313,8 +317,7 @@ def test_a_batched_prefill_equals_prefills_one_by_one_and_padding_writes_nothing
     tokens[r, :LENGTHS[r]] = rows[r, :LENGTHS[r]]
   index = np.asarray([table.index(n) for n in names], np.int32)
   heads = [engine.prefixes.head(table, arrays, n)[0] for n in names]
-  greedy = slots.Sampling(*(np.zeros(4, t) for t in (np.float32, np.int32)), np.ones(4, np.float32),
-                          *(np.zeros(4, t) for t in (np.uint32, np.int32, np.int32)))
+  greedy = _greedy(4)
   length = engine._state.k_index.shape[1]  # pylint: disable=protected-access
   alone = slots.empty_state(model, 4, length)
   for r in range(3):
