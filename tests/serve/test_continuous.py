@@ -57,11 +57,18 @@ def _run(engine, sequences):
   return [[e[1] for e in events if e[0] == "token"] for _, events in sequences]
 
 
+def _settings(**columns):
+  rows = len(next(iter(columns.values())))
+  base = dict(temperature=np.ones(rows, np.float32), top_k=np.zeros(rows, np.int32),
+              top_p=np.ones(rows, np.float32), seed=np.arange(rows, dtype=np.uint32),
+              choice=np.zeros(rows, np.int32), count=np.zeros(rows, np.int32))
+  base.update({k: np.asarray(v, base[k].dtype) for k, v in columns.items()})
+  return slots.Sampling(**base)
+
+
 def _greedy(num: int) -> slots.Sampling:
   """Greedy settings for `num` slots (temperature 0, no top_k, top_p 1, seed 0)."""
-  return slots.Sampling(*(np.zeros(num, t) for t in (np.float32, np.int32)),
-                        np.ones(num, np.float32),
-                        *(np.zeros(num, t) for t in (np.uint32, np.int32, np.int32)))
+  return _settings(temperature=np.zeros(num), seed=np.zeros(num))
 
 
 def _upto_eos(row):
@@ -247,15 +254,6 @@ def test_a_cancelled_sequence_frees_its_slot_before_the_next_step(setup):  # noq
   while engine.running():
     engine._iterate()  # pylint: disable=protected-access
   assert second_events[-1][0] == "end"
-
-
-def _settings(**columns):
-  rows = len(next(iter(columns.values())))
-  base = dict(temperature=np.ones(rows, np.float32), top_k=np.zeros(rows, np.int32),
-              top_p=np.ones(rows, np.float32), seed=np.arange(rows, dtype=np.uint32),
-              choice=np.zeros(rows, np.int32), count=np.zeros(rows, np.int32))
-  base.update({k: np.asarray(v, base[k].dtype) for k, v in columns.items()})
-  return slots.Sampling(**base)
 
 
 def test_per_slot_top_k_top_p_and_a_slot_alone_among_truncating_ones():

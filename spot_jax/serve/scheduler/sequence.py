@@ -53,4 +53,3 @@ class Sequence:
     gap = ("itl", now - self.last_at) if self.first_at else ("ttft", now - self.enqueued)
     self.first_at, self.last_at = self.first_at or now, now
     return gap
-
